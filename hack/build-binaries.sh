@@ -20,7 +20,7 @@ k8s_version="$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2}; $1=="requir
 etcd_version="$(awk '$1=="go.etcd.io/etcd/server/v3" && $2 ~ /^v/ {print $2}' "$here/k8sbins/go.mod")"
 kwok_version="$(awk '$1=="sigs.k8s.io/kwok" && $2 ~ /^v/ {print $2}' "$here/kwokbin/go.mod")"
 go_version="$(go env GOVERSION)"
-sum="$(cat "$here/k8sbins/go.mod" "$here/k8sbins/go.sum" "$here/kwokbin/go.mod" "$here/kwokbin/go.sum" "$0" | sha256sum | cut -c1-12)"
+sum="$(cat "$here/k8sbins/go.mod" "$here/k8sbins/go.sum" "$here/kwokbin/go.mod" "$here/kwokbin/go.sum" | sha256sum | cut -c1-12)"
 key="k8s-${k8s_version}_etcd-${etcd_version}_kwok-${kwok_version}_${go_version}_$(go env GOOS)-$(go env GOARCH)_${sum}"
 root="${KOORD_QUEUE_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/koord-queue-py/bin}"
 out="$root/$key"

@@ -1,0 +1,69 @@
+# koord-queue-py: a Koord-Queue compatible job queue for Kubernetes (webhook + reconciler).
+# `make run` and `make test` do all the set-up on a fresh machine: virtual environment,
+# control-plane binaries (built from Go modules into ~/.cache/koord-queue-py), then the work.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST := $(PY) -m pytest
+SOURCES := shared webhook reconciler certs testenv
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+.PHONY: venv
+venv: $(STAMP) ## Create the virtual environment and install the package (when missing)
+
+.PHONY: testenv
+testenv: venv ## Build the control-plane binaries (etcd, kube-apiserver, controller-manager, scheduler, kwok)
+	$(PY) -m testenv.binaries
+
+.PHONY: run
+run: venv testenv ## Run the whole system on a local control plane; prints READY kubeconfig=.local/kubeconfig
+	$(PY) -m testenv.main
+
+.PHONY: lint
+lint: venv ## ruff, mypy --strict and the import rules (import-linter)
+	$(VENV)/bin/ruff check $(SOURCES) tests bench
+	$(VENV)/bin/ruff format --check $(SOURCES) tests bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+.PHONY: format
+format: venv ## Format the code with ruff
+	$(VENV)/bin/ruff format $(SOURCES) tests bench
+	$(VENV)/bin/ruff check --fix $(SOURCES) tests bench
+
+.PHONY: unit
+unit: venv ## Unit tests of the pure core (no cluster)
+	$(PYTEST) tests/unit
+
+.PHONY: integration
+integration: venv testenv ## Integration tests against a real etcd + kube-apiserver
+	$(PYTEST) tests/integration
+
+.PHONY: e2e
+e2e: venv testenv ## End-to-end tests: + controller-manager, scheduler and kwok fake nodes
+	$(PYTEST) tests/e2e
+
+.PHONY: test
+test: lint unit integration e2e ## Everything CI runs: lint, unit, integration, e2e
+
+.PHONY: bench
+bench: venv testenv ## Benchmarks; results in bench/results/
+	$(PY) bench/bench_core.py
+
+.PHONY: clean
+clean: ## Remove local state (.local/, caches); keeps the venv and the binary cache
+	rm -rf .local .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,195 @@
+"""Every name the Koord-Queue compatible API fixes: groups, kinds, labels, annotations, phases,
+condition types, event reasons and user-facing messages.
+
+They live in one module because compatibility is the contract (ARCHITECTURE decision 1): a typo in a
+label key silently breaks a user's existing YAML, so every other module imports the name from here
+instead of spelling it again. Texts marked "sic" keep upstream's spelling on purpose.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+# --- API groups and versions -------------------------------------------------------------------
+
+GROUP: Final = "scheduling.x-k8s.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+QUEUE_PLURAL: Final = "queues"
+QUEUEUNIT_PLURAL: Final = "queueunits"
+
+QUOTA_GROUP: Final = "scheduling.sigs.k8s.io"
+QUOTA_VERSION: Final = "v1alpha1"
+QUOTA_API_VERSION: Final = f"{QUOTA_GROUP}/{QUOTA_VERSION}"
+QUOTA_PLURAL: Final = "elasticquotas"
+
+#: Namespace of the component and of every Queue (auto-created from ElasticQuotas or hand-made).
+COMPONENT_NAMESPACE: Final = "koord-queue"
+#: The implicit root of the quota tree; never checked itself.
+ROOT_QUOTA: Final = "koordinator-root-quota"
+#: Event source component name.
+CONTROLLER_AGENT: Final = "koord-queue-controller"
+
+# --- Labels ------------------------------------------------------------------------------------
+
+QUOTA_NAME_LABEL: Final = "quota.scheduling.koordinator.sh/name"
+QUOTA_NAME_LABEL_FALLBACK: Final = "alibabacloud.com/quota-name"
+QUOTA_PARENT_LABEL: Final = "quota.scheduling.koordinator.sh/parent"
+QUEUE_POLICY_LABEL: Final = "koord-queue/queue-policy"
+PREEMPTIBLE_LABEL: Final = "quota.scheduling.alibabacloud.com/preemptible"
+OVERSOLD_TYPE_ANNOTATION: Final = "quota.scheduling.koordinator.sh/actual-quota-oversold-type"
+
+# --- Job and QueueUnit annotations ---------------------------------------------------------------
+
+SUSPEND_ANNOTATION: Final = "scheduling.x-k8s.io/suspend"
+PRIORITY_ANNOTATION: Final = "scheduling.x-k8s.io/priority"
+ACTIVE_ANNOTATION: Final = "scheduling.x-k8s.io/active"
+MAX_EXEC_TIME_ANNOTATION: Final = "scheduling.x-k8s.io/max-exec-time-seconds"
+MIN_RESOURCES_ANNOTATION: Final = "koord-queue/min-resources"
+JOB_HAS_ENQUEUED_ANNOTATION: Final = "koord-queue/job-has-enqueued"
+JOB_ENQUEUE_TIMESTAMP_ANNOTATION: Final = "koord-queue/job-enqueue-timestamp"
+JOB_DEQUEUE_TIMESTAMP_ANNOTATION: Final = "koord-queue/job-dequeue-timestamp"
+RELATED_QUEUEUNIT_ANNOTATION: Final = "koord-queue/related-queueunit"
+RELATED_PODSET_ANNOTATION: Final = "koord-queue/related-podset-name"
+
+#: The scheduling gate the webhook adds to managed pod templates (ARCHITECTURE decision 5).
+ADMISSION_GATE: Final = "koord-queue/admission"
+#: Name of the suspend template Argo Workflows get (REFERENCE §2.5).
+WORKFLOW_SUSPEND_TEMPLATE: Final = "koord-queue-suspend"
+#: Pseudo pod set used when a unit has a request but no pod sets.
+DEFAULT_REQUIREMENT_PODSET: Final = "koord-queue/default-requirement"
+
+# --- Queue annotations (REFERENCE §3.6) ---------------------------------------------------------
+
+QUEUE_ANNOTATION_PREFIX: Final = "koord-queue/"
+WAIT_FOR_PODS_RUNNING_ANNOTATION: Final = "koord-queue/wait-for-pods-running"
+ENABLE_PREEMPTION_ANNOTATION: Final = "koord-queue/enable-queueunit-preemption"
+MAX_DEPTH_ANNOTATION: Final = "koord-queue/max-depth"
+PRIORITY_THRESHOLD_ANNOTATION: Final = "koord-queue/priority-threshold"
+QUEUE_ITEMS_REFRESH_ANNOTATION: Final = "koord-queue/queue-items-refresh-interval"
+DISABLE_SHOW_QUEUE_ITEMS_ANNOTATION: Final = "koord-queue/disable-show-queue-items"
+QUEUE_ARGS_ANNOTATION: Final = "koord-queue/queue-args"
+
+DEFAULT_QUEUE_PRIORITY: Final = 1000
+DEFAULT_PRIORITY_THRESHOLD: Final = 4
+
+
+class QueuePolicy(enum.StrEnum):
+    """Policies a Queue may use. FIFO and Round exist upstream only as names and fail."""
+
+    PRIORITY = "Priority"
+    BLOCK = "Block"
+    INTELLIGENT = "Intelligent"
+
+
+class Phase(enum.StrEnum):
+    """QueueUnit phases (REFERENCE §1.2). ``""`` counts as pending and is not a member."""
+
+    ENQUEUED = "Enqueued"
+    RESERVED = "Reserved"
+    DEQUEUED = "Dequeued"
+    RUNNING = "Running"
+    SUCCEED = "Succeed"
+    FAILED = "Failed"
+    SCHED_READY = "SchedReady"
+    SCHED_SUCCEED = "SchedSucceed"
+    SCHED_FAILED = "SchedFailed"
+    TIMEOUT_BACKOFF = "TimeoutBackoff"
+    PREEMPTED = "Preempted"  # legacy, recognised but never written
+
+
+class ConditionType(enum.StrEnum):
+    QUOTA_RESERVED = "QuotaReserved"
+    ADMITTED = "Admitted"
+    PODS_READY = "PodsReady"
+    FINISHED = "Finished"
+    EVICTED = "Evicted"
+
+
+class EventReason(enum.StrEnum):
+    SCHEDULED = "Scheduled"
+    FAILED_SCHEDULING = "FailedScheduling"
+    PREEMPTED = "Preempted"
+    RECLAIMED = "Reclaimed"
+    QUEUE_NOT_FOUND = "QueueNotFound"
+    ADD_QUEUE_FAIL = "AddQueueFail"
+    RESUME = "Resume"
+    DEACTIVATED = "Deactivated"
+    MAX_EXEC_TIME_EXCEEDED = "MaximumExecutionTimeExceeded"
+
+
+class AdmissionCheckState(enum.StrEnum):
+    PENDING = "Pending"
+    READY = "Ready"
+    RETRY = "Retry"
+    REJECTED = "Rejected"
+
+
+class Message:
+    """``status.message`` texts (REFERENCE §3.8), exact."""
+
+    ENQUEUED: Final = "Enqueued"
+    ADOPTED: Final = "Deuqueued"  # sic
+    DEQUEUED: Final = "Dequeued because schedule successfully"
+    RESERVED: Final = "Reserved resources success, waiting admission checks to be ready"
+    SCHED_READY: Final = "Waiting scheduler to schedule this queueUnit"
+    CHECKS_READY: Final = "all admission checks success"
+    CHECK_FAILED: Final = "admission check failed"
+    RECLAIMING: Final = "Waiting job extension to reclaim resources."
+    BLOCKED_BY_HIGHER: Final = "job is block by others with high priority"
+    BACKOFF_RUNNING_TIMEOUT: Final = "Backoff due to running timeout"
+    ENQUEUED_AFTER_BACKOFF: Final = "Enqueued because backoff timeout"
+    ENQUEUED_AFTER_PREEMPTED: Final = "Enqueued after preempted"
+    JOB_PENDING: Final = "Job is in Pending state"
+    RUNNING: Final = "Running"
+    SUCCEEDED: Final = "Succeeded"
+    FAILED: Final = "Failed"
+    DEACTIVATED: Final = "Evicted because the queue unit is deactivated"
+    MAX_EXEC_EXCEEDED: Final = "Evicted because the maximum execution time was exceeded"
+    NO_MORE_IN_QUEUE: Final = "no more queueUnit allowed to schedule in this queue"
+    PREEMPT_FAILED_SUFFIX: Final = "; preempt failed"
+    PREEMPT_SUCCEED_SUFFIX: Final = "; preempt succeed"
+    SCHEDULED_EVENT: Final = "dequeue success"
+
+    @staticmethod
+    def queue_not_exist(queue: str) -> str:
+        return f"queue {queue} is not exist"
+
+    @staticmethod
+    def queue_not_found_event(queue: str, namespace: str, name: str) -> str:
+        return f"queue {queue} not found for queueUnit {namespace}/{name}"
+
+    @staticmethod
+    def limited(quota: str, resource: str) -> str:
+        return f"limited quotaName:{quota}, limited resKey:{resource},"  # sic, trailing comma
+
+    @staticmethod
+    def quota_spec_empty(quota: str) -> str:
+        return f"limited quotaName:{quota}, quota spec is empty but queue unit res is not empty"
+
+    @staticmethod
+    def quota_cycle(item: str, quota: str, visited: list[str]) -> str:
+        return (
+            f"CheckUsage found cycle reference, item:{item}, quotaName:{quota}, "
+            f"visited quota: {','.join(visited)}"
+        )
+
+    @staticmethod
+    def quota_missing(item: str, quota: str, visited: list[str]) -> str:
+        return (
+            f"CheckUsage found quota not exist, item:{item}, quotaName:{quota}, "
+            f"visited quota: {','.join(visited)}"
+        )
+
+    @staticmethod
+    def waiting_for_victims(victims: list[str]) -> str:
+        return f"preemption: waiting for queueUnit preempted, victims: [{','.join(victims)}]"
+
+    @staticmethod
+    def queue_preempting(queue: str) -> str:
+        return f"queue {queue} is preempting, not allowed to preempt again"
+
+    @staticmethod
+    def reclaimed_event(name: str) -> str:
+        return f"resources reclaimed, queueUnit {name} is ready for re-scheduling"

@@ -1,0 +1,522 @@
+"""A real Kubernetes control plane on loopback, for the tests, ``make run`` and the benchmarks.
+
+Two profiles (TESTING.md):
+
+* ``integration``: etcd + kube-apiserver. Enough for CRD schemas, printer columns, the webhook called
+  by the real apiserver, and the reconciler's list/watch/patch semantics.
+* ``e2e``: + kube-controller-manager (Job controller, garbage collector, ...), kube-scheduler and kwok
+  with fake nodes, so pods are created, scheduled, run and finish.
+
+Every process runs in its own session and is stopped by PID (SIGTERM, then SIGKILL after a bounded
+wait); readiness is polled with a deadline, never slept for. The PKI comes from ``certs.pki`` — the
+same code that issues the webhook's certificates in a real cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from certs import pki
+from testenv import binaries, kwok
+
+Profile = Literal["integration", "e2e"]
+
+SERVICE_CIDR = "10.0.0.0/24"
+FIRST_SERVICE_IP = "10.0.0.1"
+START_TIMEOUT_S = 120.0
+
+
+class ClusterError(RuntimeError):
+    """The control plane failed to start; the message carries the tail of the failing log."""
+
+
+def free_port() -> int:
+    """An ephemeral loopback port that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.1) -> None:
+    """Poll ``check`` until it is true or the deadline passes (then raise)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except Exception:  # a failed probe is just "not yet"
+            pass
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Component:
+    """One running binary: its process handle and its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, *, timeout: float = 10.0) -> None:
+        if not self.alive():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=timeout)
+
+
+@dataclass
+class LocalCluster:
+    """Start with :meth:`start`, stop with :meth:`stop` (or use it as a context manager)."""
+
+    profile: Profile = "integration"
+    workdir: Path | None = None
+    nodes: int = 2
+    node_cpu: str = "8"
+    node_memory: str = "32Gi"
+    pod_duration_s: float = 30.0
+    components: list[Component] = field(default_factory=list)
+    apiserver_port: int = 0
+    kubeconfig: Path = field(default_factory=Path)
+    ca_pem: bytes = b""
+    admin: pki.KeyPair | None = None
+    _own_workdir: bool = False
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    def start(self) -> None:
+        started = time.monotonic()
+        names = binaries.E2E_BINARIES if self.profile == "e2e" else binaries.INTEGRATION_BINARIES
+        bins = binaries.resolve(names)
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="koord-queue-cp-"))
+            self._own_workdir = True
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        try:
+            self._write_pki()
+            self._start_etcd(bins)
+            self._start_apiserver(bins)
+            if self.profile == "e2e":
+                self._start_controller_manager(bins)
+                self._start_scheduler(bins)
+                self._start_kwok(bins)
+                self._create_nodes()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - started
+
+    def stop(self) -> None:
+        for component in reversed(self.components):
+            component.stop()
+        self.components.clear()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {c.name} ({c.log}) ---\n{c.tail()}" for c in self.components)
+
+    # --- PKI and kubeconfig ------------------------------------------------------------------
+
+    def _path(self, *parts: str) -> Path:
+        assert self.workdir is not None
+        return self.workdir.joinpath(*parts)
+
+    def _write_pki(self) -> None:
+        now = datetime.now(UTC)
+        ca = pki.new_ca(common_name="koord-queue-local-ca", now=now)
+        serving = pki.issue_serving(
+            ca=ca,
+            common_name="kube-apiserver",
+            dns_names=[
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
+            ip_addresses=["127.0.0.1", FIRST_SERVICE_IP],
+            now=now,
+        )
+        admin = pki.issue_client(ca=ca, common_name="admin", organizations=["system:masters"], now=now)
+        proxy_ca = pki.new_ca(common_name="koord-queue-front-proxy-ca", now=now)
+        proxy_client = pki.issue_client(ca=proxy_ca, common_name="front-proxy-client", now=now)
+        sa_key, sa_pub = pki.new_signing_key()
+        pki_dir = self._path("pki")
+        pki_dir.mkdir(exist_ok=True)
+        for name, data, private in (
+            ("ca.crt", ca.cert_pem, False),
+            ("ca.key", ca.key_pem, True),
+            ("apiserver.crt", serving.cert_pem, False),
+            ("apiserver.key", serving.key_pem, True),
+            ("admin.crt", admin.cert_pem, False),
+            ("admin.key", admin.key_pem, True),
+            ("front-proxy-ca.crt", proxy_ca.cert_pem, False),
+            ("front-proxy-client.crt", proxy_client.cert_pem, False),
+            ("front-proxy-client.key", proxy_client.key_pem, True),
+            ("sa.key", sa_key, True),
+            ("sa.pub", sa_pub, False),
+        ):
+            pki.write_pem(pki_dir / name, data, private=private)
+        self.ca_pem = ca.cert_pem
+        self.admin = admin
+        self.ca = ca
+
+    def _write_kubeconfig(self) -> None:
+        assert self.admin is not None
+        self.kubeconfig = self._path("kubeconfig")
+        config = kubeconfig_dict(server=self.server, ca_pem=self.ca_pem, client=self.admin)
+        pki.write_pem(self.kubeconfig, yaml.safe_dump(config).encode(), private=True)
+
+    # --- processes ---------------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
+        log = self._path("logs", f"{name}.log")
+        handle = log.open("ab")
+        try:
+            process = subprocess.Popen(
+                argv,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
+        finally:
+            handle.close()
+        component = Component(name=name, process=process, log=log)
+        self.components.append(component)
+        return component
+
+    def _await(self, component: Component, check: Callable[[], bool], what: str) -> None:
+        """Poll ``check`` until true; fail at once with the log tail if the component dies."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if not component.alive():
+                raise ClusterError(
+                    f"{component.name} exited with {component.process.returncode} "
+                    f"while waiting for {what}:\n{component.tail()}"
+                )
+            try:
+                if check():
+                    return
+            except Exception:  # a failed probe is just "not yet"
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"timed out after {START_TIMEOUT_S:.0f}s waiting for {what}:\n{component.tail()}"
+                )
+            time.sleep(0.1)
+
+    def _start_etcd(self, bins: binaries.Binaries) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        etcd = self._spawn(
+            "etcd",
+            [
+                str(bins["etcd"]),
+                "--data-dir",
+                str(self._path("etcd")),
+                "--listen-client-urls",
+                self.etcd_url,
+                "--advertise-client-urls",
+                self.etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+                "--quota-backend-bytes=8589934592",
+            ],
+        )
+        self._await(etcd, lambda: _http_ok(f"{self.etcd_url}/health"), "etcd /health")
+
+    def _start_apiserver(self, bins: binaries.Binaries) -> None:
+        self.apiserver_port = free_port()
+        p = self._path("pki")
+        argv = [
+            str(bins["kube-apiserver"]),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.apiserver_port}",
+            f"--cert-dir={self._path('apiserver-certs')}",
+            f"--tls-cert-file={p / 'apiserver.crt'}",
+            f"--tls-private-key-file={p / 'apiserver.key'}",
+            f"--client-ca-file={p / 'ca.crt'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={p / 'sa.pub'}",
+            f"--service-account-signing-key-file={p / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            f"--requestheader-client-ca-file={p / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
+            "--enable-aggregator-routing=true",
+            "--profiling=false",
+            "--v=1",
+        ]
+        if self.profile == "integration":
+            argv.append("--disable-admission-plugins=ServiceAccount")
+        apiserver = self._spawn("kube-apiserver", argv)
+        self._write_kubeconfig()
+        self._await(apiserver, lambda: self.request("GET", "/readyz") == "ok", "kube-apiserver /readyz")
+
+    def _start_controller_manager(self, bins: binaries.Binaries) -> None:
+        port = free_port()
+        p = self._path("pki")
+        cm = self._spawn(
+            "kube-controller-manager",
+            [
+                str(bins["kube-controller-manager"]),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self._path('cm-certs')}",
+                "--controllers=job-controller,garbage-collector-controller,namespace-controller,"
+                "serviceaccount-controller,serviceaccount-token-controller,pod-garbage-collector-controller,"
+                "ttl-after-finished-controller,node-lifecycle-controller,"
+                "root-ca-certificate-publisher-controller,replicaset-controller,deployment-controller",
+                f"--root-ca-file={p / 'ca.crt'}",
+                f"--service-account-private-key-file={p / 'sa.key'}",
+                "--use-service-account-credentials=false",
+                "--node-monitor-grace-period=40s",
+                "--kube-api-qps=200",
+                "--kube-api-burst=300",
+                "--concurrent-job-syncs=20",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._await(
+            cm, lambda: _https_ok(f"https://127.0.0.1:{port}/healthz"), "kube-controller-manager /healthz"
+        )
+
+    def _start_scheduler(self, bins: binaries.Binaries) -> None:
+        port = free_port()
+        sched = self._spawn(
+            "kube-scheduler",
+            [
+                str(bins["kube-scheduler"]),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self._path('sched-certs')}",
+                "--kube-api-qps=200",
+                "--kube-api-burst=300",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._await(sched, lambda: _https_ok(f"https://127.0.0.1:{port}/healthz"), "kube-scheduler /healthz")
+
+    def _start_kwok(self, bins: binaries.Binaries) -> None:
+        config = self._path("kwok.yaml")
+        config.write_text(yaml.safe_dump_all(kwok.stages(pod_duration_s=self.pod_duration_s)))
+        home = self._path("kwok-home")
+        home.mkdir(exist_ok=True)
+        self.kwok_port = free_port()
+        self._spawn(
+            "kwok",
+            [
+                str(bins["kwok"]),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={config}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={kwok.FAKE_NODE_ANNOTATION}=fake",
+                "--node-lease-duration-seconds=40",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.244.0.1",
+                f"--server-address=127.0.0.1:{self.kwok_port}",
+            ],
+            env={"HOME": str(home)},
+        )
+
+    def _create_nodes(self) -> None:
+        for i in range(self.nodes):
+            self.add_node(f"kwok-node-{i}", cpu=self.node_cpu, memory=self.node_memory)
+
+    def add_node(self, name: str, *, cpu: str, memory: str, wait: bool = True) -> None:
+        """Create a fake node with the given capacity and (by default) wait until it is Ready."""
+        body = kwok.node(name, cpu=cpu, memory=memory)
+        self.request("POST", "/api/v1/nodes", body)
+        # The create drops status; set capacity through the status subresource.
+        self.request(
+            "PATCH",
+            f"/api/v1/nodes/{name}/status",
+            {"status": body["status"]},
+            content_type="application/merge-patch+json",
+        )
+        if wait:
+            kwok_component = next(c for c in self.components if c.name == "kwok")
+            self._await(kwok_component, lambda: self.node_ready(name), f"node {name} Ready")
+
+    def node_ready(self, name: str) -> bool:
+        node = json.loads(self.request("GET", f"/api/v1/nodes/{name}"))
+        conditions = node.get("status", {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    # --- a tiny synchronous client for set-up ------------------------------------------------
+
+    def ssl_context(self) -> ssl.SSLContext:
+        assert self.admin is not None
+        ctx = ssl.create_default_context(cadata=self.ca_pem.decode())
+        p = self._path("pki")
+        ctx.load_cert_chain(p / "admin.crt", p / "admin.key")
+        return ctx
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        timeout: float = 10.0,
+    ) -> str:
+        """One request as cluster admin; returns the body, raises urllib.error.HTTPError on 4xx/5xx."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.server + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": content_type, "Accept": "application/json"},
+        )
+        with urllib.request.urlopen(req, context=self.ssl_context(), timeout=timeout) as resp:
+            return str(resp.read().decode())
+
+    def apply_file(self, path: Path) -> None:
+        """``kubectl apply --server-side`` a file or directory with the real kubectl."""
+        kubectl = binaries.kubectl()
+        subprocess.run(
+            [
+                str(kubectl),
+                f"--kubeconfig={self.kubeconfig}",
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                str(path),
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+    def wait_for_crds(self, names: list[str], *, timeout: float = 60.0) -> None:
+        """Wait until every CRD is Established, so its resources can be used at once."""
+
+        def established(name: str) -> bool:
+            crd = json.loads(
+                self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            )
+            conditions = crd.get("status", {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        wait_until(
+            lambda: all(established(n) for n in names), timeout=timeout, what=f"CRDs {names} Established"
+        )
+
+
+def kubeconfig_dict(
+    *, server: str, ca_pem: bytes, client: pki.KeyPair, user: str = "admin"
+) -> dict[str, Any]:
+    """A kubeconfig with embedded credentials (so it can be copied anywhere)."""
+    import base64
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "local", "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": b64(client.cert_pem),
+                    "client-key-data": b64(client.key_pem),
+                },
+            }
+        ],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+        "current-context": "local",
+    }
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return bool(resp.status == 200)
+
+
+def _https_ok(url: str) -> bool:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except urllib.error.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def running(profile: Profile, **kwargs: Any) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(profile=profile, **kwargs)
+    with cluster:
+        yield cluster

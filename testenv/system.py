@@ -1,0 +1,296 @@
+"""Run our own processes (webhook, reconciler) against a local control plane.
+
+Shared by ``make run``, the integration/e2e fixtures and the benchmarks, so every caller exercises
+the system the same way: the webhook serves TLS on loopback with a certificate from ``certs.pki`` and
+is registered with the apiserver by URL; the reconciler talks to the apiserver with a kubeconfig.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from certs import pki
+from testenv import binaries
+from testenv.cluster import ClusterError, Component, LocalCluster, free_port, wait_until
+
+ROOT = binaries.PROJECT_ROOT
+CRD_DIRS = (ROOT / "manifests" / "crds", ROOT / "tests" / "crds")
+WEBHOOK_CONFIG_NAME = "koord-queue-local"
+
+
+def crd_names(path: Path) -> list[str]:
+    return [
+        doc["metadata"]["name"]
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "CustomResourceDefinition"
+    ]
+
+
+def install_crds(cluster: LocalCluster) -> None:
+    """Apply our CRDs and the foreign job kinds' test CRDs; wait until all are Established."""
+    names: list[str] = []
+    for directory in CRD_DIRS:
+        for path in sorted(directory.glob("*.yaml")):
+            if path.name == "kustomization.yaml":
+                continue
+            cluster.apply_file(path)
+            names.extend(crd_names(path))
+    cluster.wait_for_crds(names)
+
+
+@dataclass
+class Processes:
+    """Our running processes; :meth:`check` raises when one died, :meth:`stop` stops all."""
+
+    components: list[Component] = field(default_factory=list)
+    webhook_port: int = 0
+
+    def check(self) -> None:
+        for c in self.components:
+            if not c.alive():
+                raise ClusterError(f"{c.name} exited with {c.process.returncode}:\n{c.tail()}")
+
+    def stop(self) -> None:
+        for c in reversed(self.components):
+            c.stop()
+        self.components.clear()
+
+
+def _spawn(name: str, argv: list[str], logdir: Path) -> Component:
+    log = logdir / f"{name}.log"
+    with log.open("ab") as handle:
+        process = subprocess.Popen(
+            argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    return Component(name=name, process=process, log=log)
+
+
+def start_webhook(
+    cluster: LocalCluster, *, logdir: Path, register: bool = True, extra_args: list[str] | None = None
+) -> tuple[Component, int]:
+    """Start the webhook on a free loopback port with a fresh serving cert; register it."""
+    now = datetime.now(UTC)
+    serving = pki.issue_serving(
+        ca=cluster.ca,
+        common_name="koord-queue-webhook",
+        dns_names=["localhost"],
+        ip_addresses=["127.0.0.1"],
+        now=now,
+    )
+    certdir = logdir / "webhook-certs"
+    certdir.mkdir(parents=True, exist_ok=True)
+    pki.write_pem(certdir / "tls.crt", serving.cert_pem, private=False)
+    pki.write_pem(certdir / "tls.key", serving.key_pem, private=True)
+    port = free_port()
+    component = _spawn(
+        "webhook",
+        [
+            sys.executable,
+            "-m",
+            "webhook.main",
+            f"--port={port}",
+            f"--cert-file={certdir / 'tls.crt'}",
+            f"--key-file={certdir / 'tls.key'}",
+            "--metrics-port=0",
+            *(extra_args or []),
+        ],
+        logdir,
+    )
+    wait_until(
+        lambda: _webhook_healthy(cluster, port) or _dead(component), timeout=30, what="webhook /healthz"
+    )
+    if register:
+        register_webhook(cluster, port=port)
+    return component, port
+
+
+def _dead(component: Component) -> bool:
+    if not component.alive():
+        raise ClusterError(f"{component.name} exited:\n{component.tail()}")
+    return False
+
+
+def _webhook_healthy(cluster: LocalCluster, port: int) -> bool:
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context(cadata=cluster.ca_pem.decode())
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx, timeout=2) as r:
+        return bool(r.status == 200)
+
+
+def webhook_configurations(*, url: str, ca_pem: bytes) -> list[dict[str, Any]]:
+    """The local equivalents of manifests/webhook: same rules and scoping, URL instead of Service."""
+    ca = base64.b64encode(ca_pem).decode()
+    scope = {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "NotIn",
+                    "values": ["kube-system", "koord-queue"],
+                }
+            ]
+        },
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": 5,
+        "failurePolicy": "Fail",
+    }
+    quota_label = {
+        "objectSelector": {
+            "matchExpressions": [{"key": "quota.scheduling.koordinator.sh/name", "operator": "Exists"}]
+        }
+    }
+    fallback_label = {
+        "objectSelector": {"matchExpressions": [{"key": "alibabacloud.com/quota-name", "operator": "Exists"}]}
+    }
+    job_rules = [
+        {"apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"]},
+        {"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "resources": ["tfjobs", "pytorchjobs"]},
+        {"apiGroups": ["ray.io"], "apiVersions": ["v1", "v1alpha1"], "resources": ["rayjobs", "rayclusters"]},
+        {"apiGroups": ["argoproj.io"], "apiVersions": ["v1alpha1"], "resources": ["workflows"]},
+        {
+            "apiGroups": ["sparkoperator.k8s.io"],
+            "apiVersions": ["v1beta2"],
+            "resources": ["sparkapplications"],
+        },
+    ]
+
+    def rules(ops: list[str], specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**r, "operations": ops, "scope": "Namespaced"} for r in specs]
+
+    def hook(
+        name: str, path: str, ops: list[str], specs: list[dict[str, Any]], selector: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            "name": name,
+            "clientConfig": {"url": f"{url}{path}", "caBundle": ca},
+            "rules": rules(ops, specs),
+            **scope,
+            **selector,
+        }
+
+    our_kinds = [
+        {
+            "apiGroups": ["scheduling.x-k8s.io"],
+            "apiVersions": ["v1alpha1"],
+            "resources": ["queues", "queueunits"],
+        },
+        {
+            "apiGroups": ["scheduling.sigs.k8s.io"],
+            "apiVersions": ["v1alpha1"],
+            "resources": ["elasticquotas"],
+        },
+    ]
+    mutating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": WEBHOOK_CONFIG_NAME},
+        "webhooks": [
+            hook("jobs.mutate.koord-queue.x-k8s.io", "/mutate", ["CREATE"], job_rules, quota_label),
+            hook(
+                "jobs-fallback.mutate.koord-queue.x-k8s.io", "/mutate", ["CREATE"], job_rules, fallback_label
+            ),
+        ],
+    }
+    validating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": WEBHOOK_CONFIG_NAME},
+        "webhooks": [
+            hook(
+                "jobs.validate.koord-queue.x-k8s.io",
+                "/validate",
+                ["CREATE", "UPDATE"],
+                job_rules,
+                quota_label,
+            ),
+            hook(
+                "jobs-fallback.validate.koord-queue.x-k8s.io",
+                "/validate",
+                ["CREATE", "UPDATE"],
+                job_rules,
+                fallback_label,
+            ),
+            # Our own objects live in koord-queue too (auto-created Queues): validate them everywhere.
+            hook(
+                "api.validate.koord-queue.x-k8s.io",
+                "/validate",
+                ["CREATE", "UPDATE"],
+                our_kinds,
+                {"namespaceSelector": {}},
+            ),
+        ],
+    }
+    return [mutating, validating]
+
+
+def register_webhook(cluster: LocalCluster, *, port: int) -> None:
+    """Create or replace the webhook configurations, pointing at 127.0.0.1:<port>."""
+    for config in webhook_configurations(url=f"https://127.0.0.1:{port}", ca_pem=cluster.ca_pem):
+        plural = config["kind"].lower() + "s"
+        base = f"/apis/admissionregistration.k8s.io/v1/{plural}"
+        with contextlib.suppress(urllib.error.HTTPError):
+            cluster.request("DELETE", f"{base}/{WEBHOOK_CONFIG_NAME}")
+        cluster.request("POST", base, config)
+
+
+def unregister_webhook(cluster: LocalCluster) -> None:
+    for plural in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        with contextlib.suppress(urllib.error.HTTPError):
+            cluster.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/{plural}/{WEBHOOK_CONFIG_NAME}")
+
+
+def start(cluster: LocalCluster, *, logdir: Path) -> Processes:
+    """Start every process of the system that exists in this checkout."""
+    processes = Processes()
+    try:
+        if (ROOT / "webhook" / "main.py").is_file():
+            webhook, port = start_webhook(cluster, logdir=logdir)
+            processes.components.append(webhook)
+            processes.webhook_port = port
+        if (ROOT / "reconciler" / "main.py").is_file():
+            processes.components.append(start_reconciler(cluster, logdir=logdir))
+    except BaseException:
+        processes.stop()
+        raise
+    return processes
+
+
+def start_reconciler(
+    cluster: LocalCluster, *, logdir: Path, extra_args: list[str] | None = None, name: str = "reconciler"
+) -> Component:
+    component = _spawn(
+        name,
+        [sys.executable, "-m", "reconciler.main", f"--kubeconfig={cluster.kubeconfig}", *(extra_args or [])],
+        logdir,
+    )
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and component.alive():
+        time.sleep(0.05)
+    if not component.alive():
+        raise ClusterError(f"{name} exited at start:\n{component.tail()}")
+    return component
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)

@@ -1,0 +1,61 @@
+"""Session fixtures: a real control plane per layer, started once and shared by namespace.
+
+``integration_cluster`` is etcd + kube-apiserver; ``e2e_cluster`` adds the controller-manager, the
+scheduler and kwok fake nodes. Each starts lazily on first use and installs our CRDs and the test-only
+CRDs of the foreign job kinds. ``make test`` runs the layers as separate pytest invocations, so a
+session never pays for both.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from testenv import system
+from testenv.cluster import LocalCluster
+from tests import kube
+
+
+def _start(profile: str, tmp: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(
+        profile=profile,  # type: ignore[arg-type]
+        workdir=tmp,
+        nodes=int(os.environ.get("KWOK_NODES", "2")),
+        pod_duration_s=float(os.environ.get("KWOK_POD_DURATION", "3")),
+    )
+    cluster.start()
+    try:
+        system.install_crds(cluster)
+        yield cluster
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def integration_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    yield from _start("integration", tmp_path_factory.mktemp("integration-cp"))
+
+
+@pytest.fixture(scope="session")
+def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    yield from _start("e2e", tmp_path_factory.mktemp("e2e-cp"))
+
+
+@pytest.fixture
+async def namespace_in(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """A fresh namespace in whichever cluster the test uses; deleted afterwards."""
+    cluster: LocalCluster = request.getfixturevalue(
+        "e2e_cluster" if request.node.get_closest_marker("e2e") else "integration_cluster"
+    )
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    async with kube.client(cluster) as api:
+        await kube.create_namespace(api, name)
+        yield name
+        await kube.delete_namespace(api, name)

@@ -1,0 +1,90 @@
+"""Test helpers that talk to the real apiserver: an async client, kubectl, polling with a deadline.
+
+Tests wait for outcomes with :func:`eventually`, never with fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+
+from testenv import binaries
+from testenv.cluster import LocalCluster
+
+T = TypeVar("T")
+
+
+@contextlib.asynccontextmanager
+async def client(cluster: LocalCluster) -> AsyncIterator[k8s.ApiClient]:
+    api = await k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    async with api:
+        yield api
+
+
+async def create_namespace(api: k8s.ApiClient, name: str) -> None:
+    await k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+
+
+async def delete_namespace(api: k8s.ApiClient, name: str) -> None:
+    with contextlib.suppress(k8s.ApiException):
+        await k8s.CoreV1Api(api).delete_namespace(name)
+
+
+def kubectl(
+    cluster: LocalCluster, *args: str, input_text: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run the real kubectl against the cluster; returns the completed process (text)."""
+    return subprocess.run(
+        [str(binaries.kubectl()), f"--kubeconfig={cluster.kubeconfig}", *args],
+        input=input_text,
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=60,
+    )
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.1,
+    what: str = "condition",
+) -> T:
+    """Await ``probe`` until it returns something truthy, or fail after ``timeout`` seconds.
+
+    The last value (or exception) seen is put in the failure message, so a timeout says why.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = await probe()
+            if value:
+                return value
+            last = value
+        except AssertionError as err:
+            last = err
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+        await asyncio.sleep(interval)
+
+
+def custom(api: k8s.ApiClient) -> k8s.CustomObjectsApi:
+    return k8s.CustomObjectsApi(api)
+
+
+async def get_custom(
+    api: k8s.ApiClient, group: str, version: str, namespace: str, plural: str, name: str
+) -> dict[str, Any]:
+    result: dict[str, Any] = await custom(api).get_namespaced_custom_object(
+        group, version, namespace, plural, name
+    )
+    return result
