@@ -75,6 +75,7 @@ class Component:
     name: str
     process: subprocess.Popen[bytes]
     log: Path
+    ports: dict[str, int] = field(default_factory=dict)
 
     def tail(self, lines: int = 30) -> str:
         try:
@@ -205,6 +206,15 @@ class LocalCluster:
         self.ca_pem = ca.cert_pem
         self.admin = admin
         self.ca = ca
+
+    def kubeconfig_for(self, name: str, *, user: str, groups: tuple[str, ...] = ()) -> Path:
+        """A kubeconfig authenticating as ``user`` (client certificate) in ``groups``."""
+        now = datetime.now(UTC)
+        client = pki.issue_client(ca=self.ca, common_name=user, organizations=list(groups), now=now)
+        path = self._path(f"kubeconfig-{name}")
+        config = kubeconfig_dict(server=self.server, ca_pem=self.ca_pem, client=client, user=name)
+        pki.write_pem(path, yaml.safe_dump(config).encode(), private=True)
+        return path
 
     def _write_kubeconfig(self) -> None:
         assert self.admin is not None

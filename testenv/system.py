@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +28,8 @@ from testenv.cluster import ClusterError, Component, LocalCluster, free_port, wa
 ROOT = binaries.PROJECT_ROOT
 CRD_DIRS = (ROOT / "manifests" / "crds", ROOT / "tests" / "crds")
 WEBHOOK_CONFIG_NAME = "koord-queue-local"
+#: The identity the reconciler uses; the webhook lets only this user resume a queued job.
+RECONCILER_USER = "system:serviceaccount:koord-queue:koord-queue-reconciler"
 
 
 def crd_names(path: Path) -> list[str]:
@@ -49,6 +50,12 @@ def install_crds(cluster: LocalCluster) -> None:
             cluster.apply_file(path)
             names.extend(crd_names(path))
     cluster.wait_for_crds(names)
+    with contextlib.suppress(urllib.error.HTTPError):  # 409: it exists already
+        cluster.request(
+            "POST",
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "koord-queue"}},
+        )
 
 
 @dataclass
@@ -110,6 +117,7 @@ def start_webhook(
             f"--cert-file={certdir / 'tls.crt'}",
             f"--key-file={certdir / 'tls.key'}",
             "--metrics-port=0",
+            f"--reconciler-username={RECONCILER_USER}",
             *(extra_args or []),
         ],
         logdir,
@@ -279,17 +287,39 @@ def start(cluster: LocalCluster, *, logdir: Path) -> Processes:
 def start_reconciler(
     cluster: LocalCluster, *, logdir: Path, extra_args: list[str] | None = None, name: str = "reconciler"
 ) -> Component:
+    """Start the reconciler and wait until its caches are synced (``/readyz``)."""
+    # Until the RBAC proof (impersonating the real ServiceAccount) the local reconciler is a
+    # cluster admin that carries the ServiceAccount's name, which is what the webhook checks.
+    kubeconfig = cluster.kubeconfig_for(name, user=RECONCILER_USER, groups=("system:masters",))
+    health, metrics_port = free_port(), free_port()
     component = _spawn(
         name,
-        [sys.executable, "-m", "reconciler.main", f"--kubeconfig={cluster.kubeconfig}", *(extra_args or [])],
+        [
+            sys.executable,
+            "-m",
+            "reconciler.main",
+            f"--kubeconfig={kubeconfig}",
+            f"--health-port={health}",
+            f"--metrics-port={metrics_port}",
+            "--bind-address=127.0.0.1",
+            *(extra_args or []),
+        ],
         logdir,
     )
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and component.alive():
-        time.sleep(0.05)
-    if not component.alive():
-        raise ClusterError(f"{name} exited at start:\n{component.tail()}")
+    component.ports = {"health": health, "metrics": metrics_port}
+    wait_until(
+        lambda: _dead(component) or _http_ok(f"http://127.0.0.1:{health}/readyz"),
+        timeout=60,
+        what=f"{name} /readyz",
+    )
     return component
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return bool(resp.status == 200)
 
 
 def dump(obj: Any) -> str:

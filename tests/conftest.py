@@ -59,3 +59,32 @@ async def namespace_in(request: pytest.FixtureRequest) -> AsyncIterator[str]:
         await kube.create_namespace(api, name)
         yield name
         await kube.delete_namespace(api, name)
+
+
+def _system(cluster: LocalCluster, logdir: Path) -> Iterator[system.Processes]:
+    processes = system.start(cluster, logdir=logdir)
+    try:
+        yield processes
+    finally:
+        processes.stop()
+        for component in ("webhook", "reconciler"):
+            log = logdir / f"{component}.log"
+            if log.exists():
+                print(f"--- {component} log (tail) ---")
+                print("\n".join(log.read_text(errors="replace").splitlines()[-80:]))
+
+
+@pytest.fixture(scope="session")
+def system_e2e(
+    e2e_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[system.Processes]:
+    """The webhook and the reconciler running against the e2e control plane."""
+    yield from _system(e2e_cluster, tmp_path_factory.mktemp("system-e2e"))
+
+
+@pytest.fixture(scope="session")
+def system_integration(
+    integration_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[system.Processes]:
+    """The webhook and the reconciler running against the integration control plane."""
+    yield from _system(integration_cluster, tmp_path_factory.mktemp("system-integration"))

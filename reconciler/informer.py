@@ -1,0 +1,125 @@
+"""List + watch one resource into an in-memory store, forever.
+
+The cluster is the source of truth (ARCHITECTURE decision 2): the store is a cache rebuilt by a
+full list at start and after any ``410 Gone``; between lists, a watch resumes from the last
+resourceVersion seen (bookmarks keep it fresh). Transport errors back off exponentially (tenacity's
+wait strategy), so an apiserver restart costs a relist at most, never the loop.
+
+Handlers receive ``(old, new)`` pairs — ``old`` is None on add, ``new`` is None on delete — and must
+not block: they update derived state and wake the scheduler. A handler error is logged and the
+event skipped; one bad object never stops the informer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+
+from shared import kube
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[kube.Obj | None, kube.Obj | None], None]
+
+
+def key_of(obj: kube.Obj) -> str:
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace") or ""
+    return f"{namespace}/{meta.get('name', '')}" if namespace else str(meta.get("name", ""))
+
+
+class Informer:
+    """Keeps ``self.objects`` (key → raw object) in step with the cluster."""
+
+    def __init__(
+        self,
+        client: kube.Kube,
+        resource: kube.Resource,
+        *,
+        handler: Handler,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        watch_timeout_s: int = 300,
+        transform: Callable[[kube.Obj], kube.Obj] | None = None,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.handler = handler
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.watch_timeout_s = watch_timeout_s
+        self.transform = transform
+        self.objects: dict[str, kube.Obj] = {}
+        self.synced = asyncio.Event()
+        self.resource_version = ""
+        self.relists = 0
+
+    def _dispatch(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
+        try:
+            self.handler(old, new)
+        except Exception:
+            obj = new or old or {}
+            log.exception("handler failed for %s %s; event skipped", self.resource.kind, key_of(obj))
+
+    def _store(self, obj: kube.Obj) -> None:
+        if self.transform is not None:
+            obj = self.transform(obj)
+        key = key_of(obj)
+        old = self.objects.get(key)
+        self.objects[key] = obj
+        self._dispatch(old, obj)
+
+    def _remove(self, obj: kube.Obj) -> None:
+        old = self.objects.pop(key_of(obj), None)
+        if old is not None:
+            self._dispatch(old, None)
+
+    async def _relist(self) -> None:
+        items, rv = await self.client.list(
+            self.resource, namespace=self.namespace, label_selector=self.label_selector
+        )
+        seen: set[str] = set()
+        for item in items:
+            seen.add(key_of(item))
+            self._store(item)
+        for key in [k for k in self.objects if k not in seen]:
+            self._remove(self.objects[key])
+        self.resource_version = rv
+        self.relists += 1
+        self.synced.set()
+
+    async def run(self) -> None:
+        attempt = 0
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self._relist()
+                    need_list = False
+                async for kind, obj in self.client.watch(
+                    self.resource,
+                    resource_version=self.resource_version,
+                    namespace=self.namespace,
+                    label_selector=self.label_selector,
+                    timeout_seconds=self.watch_timeout_s,
+                ):
+                    attempt = 0
+                    rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if kind == "DELETED":
+                        self._remove(obj)
+                    elif kind in ("ADDED", "MODIFIED"):
+                        self._store(obj)
+                    if rv:
+                        self.resource_version = str(rv)
+            except kube.Gone:
+                log.info("%s watch expired (410); relisting", self.resource.plural)
+                need_list = True
+            except kube.KubeError as err:
+                attempt += 1
+                delay = min(10.0, 0.2 * 2 ** min(attempt, 10)) * random.uniform(0.5, 1.0)
+                log.warning("%s list/watch failed (%s); retrying in %.1fs", self.resource.plural, err, delay)
+                await asyncio.sleep(delay)
+                if err.status in (400, 403, 404):
+                    need_list = True

@@ -1,0 +1,301 @@
+"""The job extensions: the job-facing half of the system (ARCHITECTURE decision 8).
+
+For every managed job of an enabled kind this controller keeps a QueueUnit (created owned by the
+job, spec kept in step), resumes the job once its unit is admitted, releases (ungates) at most the
+admitted number of pods per pod set, carries out reclaims (deleting unbound pods only), and reports
+bound pods and the job's end back into the unit's status. Decisions come from ``shared.jobext``;
+this module only reads the informers' stores and writes.
+
+Work is keyed by job: events on the job, its unit or its pods mark the job dirty; a small pool of
+workers drains the dirty set so one job is never handled by two workers at once and a burst of
+events for the same job costs one reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from reconciler.events import EventRecorder
+from reconciler.informer import Informer, key_of
+from shared import jobext, kube, names
+from shared.jobs import registry
+from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
+
+log = logging.getLogger(__name__)
+
+QUEUE_UNITS = kube.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
+ADMITTED_PHASES = frozenset({names.Phase.DEQUEUED, names.Phase.RUNNING, names.Phase.SCHED_SUCCEED})
+
+
+def now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def resource_of(adapter: JobAdapter) -> kube.Resource:
+    group, _, version = adapter.api_version.rpartition("/")
+    return kube.Resource(group, version, adapter.plural, adapter.kind)
+
+
+@dataclass(frozen=True, slots=True)
+class JobKey:
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+
+class JobExtensions:
+    """Owns the job and pod informers; reads units from the shared unit store."""
+
+    def __init__(
+        self,
+        client: kube.Kube,
+        *,
+        adapters: tuple[JobAdapter, ...],
+        units: Callable[[], dict[str, kube.Obj]],
+        priority_classes: Callable[[], dict[str, int]],
+        events: EventRecorder,
+        workers: int = 8,
+    ) -> None:
+        self.client = client
+        self.adapters = {(a.api_version, a.kind): a for a in adapters}
+        self.units = units
+        self.priority_classes = priority_classes
+        self.events = events
+        self.workers = workers
+        self.job_informers = {
+            (a.api_version, a.kind): Informer(client, resource_of(a), handler=self._on_job(a))
+            for a in adapters
+        }
+        self.pods = Informer(client, kube.PODS, handler=self._on_pod)
+        #: unit key ("ns/name") → pod keys, from the related-queueunit annotation
+        self._pods_by_unit: dict[str, set[str]] = {}
+        self._dirty: dict[JobKey, None] = {}
+        self._wake = asyncio.Event()
+        self._busy: set[JobKey] = set()
+
+    # --- event intake ---------------------------------------------------------------------------
+
+    def informers(self) -> list[Informer]:
+        return [*self.job_informers.values(), self.pods]
+
+    def mark(self, key: JobKey) -> None:
+        self._dirty[key] = None
+        self._wake.set()
+
+    def _on_job(self, adapter: JobAdapter) -> Callable[[kube.Obj | None, kube.Obj | None], None]:
+        def handle(old: kube.Obj | None, new: kube.Obj | None) -> None:
+            obj = new or old or {}
+            meta = obj.get("metadata") or {}
+            if (
+                new is not None
+                and not adapter.is_managed(new)
+                and (old is None or not adapter.is_managed(old))
+            ):
+                return
+            self.mark(
+                JobKey(
+                    adapter.api_version,
+                    adapter.kind,
+                    str(meta.get("namespace", "")),
+                    str(meta.get("name", "")),
+                )
+            )
+
+        return handle
+
+    def on_unit(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
+        """Called by the unit informer (owned by the scheduler side)."""
+        obj = new or old or {}
+        ref = (obj.get("spec") or {}).get("consumerRef") or {}
+        api_version, kind = ref.get("apiVersion"), ref.get("kind")
+        if (api_version, kind) not in self.adapters:
+            return
+        namespace = ref.get("namespace") or (obj.get("metadata") or {}).get("namespace", "")
+        self.mark(JobKey(str(api_version), str(kind), str(namespace), str(ref.get("name", ""))))
+
+    def _unit_ref_of_pod(self, pod: kube.Obj) -> str | None:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        ref = annotations.get(names.RELATED_QUEUEUNIT_ANNOTATION)
+        return ref if isinstance(ref, str) and ref else None
+
+    def _on_pod(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
+        obj = new or old or {}
+        ref = self._unit_ref_of_pod(obj)
+        if ref is None:
+            return
+        key = key_of(obj)
+        if new is None:
+            self._pods_by_unit.get(ref, set()).discard(key)
+        else:
+            self._pods_by_unit.setdefault(ref, set()).add(key)
+        unit = self.units().get(ref)
+        if unit is not None:
+            self.on_unit(None, unit)
+
+    # --- workers --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for i in range(self.workers):
+                tg.create_task(self._worker(), name=f"job-worker-{i}")
+
+    async def _worker(self) -> None:
+        while True:
+            key = self._next()
+            if key is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._busy.add(key)
+            try:
+                await self.reconcile(key)
+            except kube.Conflict:
+                self.mark(key)  # someone wrote in between: look again with fresh objects
+            except kube.KubeError as err:
+                log.warning("job %s/%s: %s; will retry", key.namespace, key.name, err)
+                asyncio.get_running_loop().call_later(1.0, self.mark, key)
+            except Exception:
+                log.exception("job %s/%s: reconcile failed", key.namespace, key.name)
+            finally:
+                self._busy.discard(key)
+                if self._dirty:
+                    self._wake.set()
+
+    def _next(self) -> JobKey | None:
+        for key in self._dirty:
+            if key not in self._busy:
+                del self._dirty[key]
+                return key
+        return None
+
+    # --- one job --------------------------------------------------------------------------------
+
+    async def reconcile(self, key: JobKey) -> None:
+        adapter = self.adapters[(key.api_version, key.kind)]
+        store = self.job_informers[(key.api_version, key.kind)].objects
+        job = store.get(f"{key.namespace}/{key.name}")
+        if job is None or not adapter.is_managed(job):
+            return  # deletion is garbage collection's job (the unit is owned by the job)
+        unit_name = adapter.queue_unit_name(job)
+        unit_key = f"{key.namespace}/{unit_name}"
+        unit = self.units().get(unit_key)
+        status = adapter.job_status(job)
+        finished = status in (JobStatus.SUCCEEDED, JobStatus.FAILED)
+        if unit is None:
+            if not finished and (job.get("metadata") or {}).get("deletionTimestamp") is None:
+                await self._create_unit(job, adapter)
+            return
+        try:
+            desired = jobext.desired_spec(job, adapter, self.priority_classes())
+        except JobSpecError:
+            desired = None
+        if desired is not None:
+            drift = jobext.spec_drift(unit, desired)
+            if drift is not None:
+                await self.client.patch(QUEUE_UNITS, unit_name, drift, namespace=key.namespace)
+        phase = (unit.get("status") or {}).get("phase", "")
+        if phase in ADMITTED_PHASES and not finished and adapter.is_suspended(job):
+            await self.client.patch(
+                resource_of(adapter),
+                key.name,
+                adapter.resume_patch(job, now_text=now_text()),
+                namespace=key.namespace,
+            )
+            return  # the job's update brings us back with fresh objects
+        pods = self._pods_of(unit_key, adapter)
+        plan = jobext.plan_pods(unit, pods)
+        for pod in plan.delete:
+            with contextlib.suppress(kube.NotFound, kube.Conflict):
+                await self.client.delete(
+                    kube.PODS, pod.name, namespace=pod.namespace, precondition_uid=pod.uid
+                )
+        if plan.status is not None:
+            body = {
+                **plan.status,
+                "metadata": {"resourceVersion": (unit.get("metadata") or {}).get("resourceVersion")},
+            }
+            await self.client.patch(
+                QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
+            )
+            if plan.delete or plan.status:
+                self.events.record(
+                    unit,
+                    type_="Normal",
+                    reason=names.EventReason.RECLAIMED,
+                    message=names.Message.reclaimed_event(unit_name),
+                )
+            return  # the unit's update brings us back
+        await asyncio.gather(*(self._ungate(p) for p in plan.ungate))
+        if adapter.kind == "Job" and status == JobStatus.RUNNING and not any(p.bound for p in pods):
+            status = JobStatus.PENDING  # active pods that are all gated or unbound are not running
+        patch = jobext.report(unit, pods, status, now_text=now_text())
+        if patch is not None:
+            body = {
+                **patch,
+                "metadata": {"resourceVersion": (unit.get("metadata") or {}).get("resourceVersion")},
+            }
+            await self.client.patch(
+                QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
+            )
+
+    def _pods_of(self, unit_key: str, adapter: JobAdapter) -> list[jobext.PodView]:
+        views = []
+        for pod_key in sorted(self._pods_by_unit.get(unit_key, ())):
+            pod = self.pods.objects.get(pod_key)
+            if pod is None:
+                continue
+            pod_set = adapter.pod_set_of(pod)
+            if pod_set:
+                views.append(jobext.pod_view(pod, pod_set))
+        return views
+
+    async def _create_unit(self, job: kube.Obj, adapter: JobAdapter) -> None:
+        meta = job.get("metadata") or {}
+        try:
+            unit = jobext.build_queue_unit(job, adapter, self.priority_classes())
+        except JobSpecError as err:
+            self.events.record(
+                job, type_="Warning", reason="InvalidJob", message=f"cannot queue this {adapter.kind}: {err}"
+            )
+            return
+        try:
+            await self.client.create(QUEUE_UNITS, unit, namespace=str(meta.get("namespace", "")))
+        except kube.Conflict as err:
+            if err.reason != "AlreadyExists":
+                raise
+        except kube.Invalid as err:
+            self.events.record(
+                job,
+                type_="Warning",
+                reason="InvalidJob",
+                message=f"cannot create the QueueUnit for this {adapter.kind}: {err.message}",
+            )
+
+    async def _ungate(self, pod: jobext.PodView) -> None:
+        current = self.pods.objects.get(f"{pod.namespace}/{pod.name}")
+        gates: list[Any] = ((current or {}).get("spec") or {}).get("schedulingGates") or []
+        index = next((i for i, g in enumerate(gates) if g.get("name") == names.ADMISSION_GATE), None)
+        if index is None:
+            return
+        ops = [
+            {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": names.ADMISSION_GATE},
+            {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+        ]
+        with contextlib.suppress(kube.NotFound, kube.Invalid, kube.Conflict):
+            updated = await self.client.patch(
+                kube.PODS, pod.name, ops, namespace=pod.namespace, content_type=kube.JSON_PATCH
+            )
+            # Assume the write at once, so a reconcile before the watch catches up does not
+            # pick another pod to release.
+            self.pods.objects[f"{pod.namespace}/{pod.name}"] = updated
+
+
+def default_adapters() -> tuple[JobAdapter, ...]:
+    return registry.enabled_adapters(registry.DEFAULT_EXTENSIONS)

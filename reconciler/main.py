@@ -1,0 +1,220 @@
+"""The reconciler process: watches, scheduling loop, job extensions, quota→queue sync.
+
+``koord-queue-reconciler --kubeconfig ~/.kube/config`` (in a cluster: no flag, the ServiceAccount is
+used). Every part runs in one asyncio loop: informers fill the stores; the scheduling loop decides
+on a snapshot and writes admissions; the job extensions resume jobs, release pods and report; the
+event recorder writes events off the hot path. Health (``/healthz``, ``/readyz``) is served on
+``--health-port`` and Prometheus metrics on ``--metrics-port`` (10259, as upstream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from reconciler import metrics
+from reconciler.events import EventRecorder
+from reconciler.informer import Handler, Informer
+from reconciler.jobs import QUEUE_UNITS, JobExtensions
+from reconciler.quotas import QUEUES, QUOTAS, QuotaQueueSync
+from reconciler.scheduler import SchedulerLoop
+from shared import config as component_config
+from shared import kube, names
+from shared.jobs import registry
+
+log = logging.getLogger("reconciler")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="koord-queue-reconciler",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG") or None,
+        help="kubeconfig file (default: $KUBECONFIG, else the in-cluster ServiceAccount)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="KoordQueueConfiguration file (scheduling.k8s.io/v1), e.g. defaultReclaimProtectTime",
+    )
+    p.add_argument(
+        "--enabled-extensions",
+        default=",".join(registry.DEFAULT_EXTENSIONS),
+        help="job kinds to manage, comma separated (default: %(default)s; known: "
+        f"{','.join(registry.EXTENSIONS)})",
+    )
+    p.add_argument(
+        "--qps", type=float, default=200.0, help="client-side API rate limit (default %(default)s)"
+    )
+    p.add_argument("--burst", type=int, default=400, help="client-side API burst (default %(default)s)")
+    p.add_argument("--workers", type=int, default=8, help="job-extension workers (default %(default)s)")
+    p.add_argument("--health-port", type=int, default=8081, help="/healthz and /readyz port; 0 disables")
+    p.add_argument("--metrics-port", type=int, default=10259, help="Prometheus /metrics port; 0 disables")
+    p.add_argument("--bind-address", default="0.0.0.0", help="address of the health and metrics servers")
+    p.add_argument(
+        "-v",
+        "--verbosity",
+        type=int,
+        default=0,
+        help="log verbosity: 0 info, 2 scheduling decisions, 4 debug",
+    )
+    return p.parse_args(argv)
+
+
+def _fanout(*handlers: Handler) -> Handler:
+    def handle(old: kube.Obj | None, new: kube.Obj | None) -> None:
+        for h in handlers:
+            h(old, new)
+
+    return handle
+
+
+async def _serve(app: web.Application, host: str, port: int) -> web.AppRunner | None:
+    if port <= 0:
+        return None
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def health_app(ready: Callable[[], bool]) -> web.Application:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok") if ready() else web.Response(status=503, text="not synced")
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def metrics_app() -> web.Application:
+    async def serve(_: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(metrics.REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve)
+    return app
+
+
+async def run(args: argparse.Namespace) -> None:
+    settings = component_config.load(args.config) if args.config else component_config.Settings()
+    adapters = registry.enabled_adapters(args.enabled_extensions.split(","))
+    client = await kube.Kube.connect(
+        kubeconfig=args.kubeconfig, qps=args.qps, burst=args.burst, user_agent="koord-queue-reconciler"
+    )
+    runners: list[web.AppRunner] = []
+    try:
+        events = EventRecorder(client, instance=socket.gethostname())
+        priority_classes: dict[str, int] = {}
+
+        def on_priority_class(old: kube.Obj | None, new: kube.Obj | None) -> None:
+            obj = new or old or {}
+            name = (obj.get("metadata") or {}).get("name")
+            value = obj.get("value")
+            if new is None:
+                priority_classes.pop(str(name), None)
+            elif isinstance(value, int):
+                priority_classes[str(name)] = value
+
+        scheduler = SchedulerLoop(client, events=events, settings=settings)
+        pcs = Informer(client, kube.PRIORITY_CLASSES, handler=on_priority_class)
+        units: Informer
+        jobs = JobExtensions(
+            client,
+            adapters=adapters,
+            units=lambda: units.objects,
+            priority_classes=lambda: priority_classes,
+            events=events,
+            workers=args.workers,
+        )
+        units = Informer(client, QUEUE_UNITS, handler=_fanout(scheduler.on_unit, jobs.on_unit))
+        scheduler.unit_store = units.objects
+        queues = Informer(
+            client, QUEUES, namespace=names.COMPONENT_NAMESPACE, handler=_fanout(scheduler.on_queue)
+        )
+        quota_sync = QuotaQueueSync(
+            client, quotas=lambda: quotas.objects, queues=lambda: queues.objects, events=events
+        )
+        quotas = Informer(client, QUOTAS, handler=_fanout(scheduler.on_quota, quota_sync.on_quota))
+        informers = [pcs, units, queues, quotas, *jobs.informers()]
+
+        def ready() -> bool:
+            return all(i.synced.is_set() for i in informers)
+
+        for app, port in ((health_app(ready), args.health_port), (metrics_app(), args.metrics_port)):
+            runner = await _serve(app, args.bind_address, port)
+            if runner is not None:
+                runners.append(runner)
+
+        async with asyncio.TaskGroup() as tg:
+            for inf in informers:
+                tg.create_task(inf.run(), name=f"informer-{inf.resource.plural}")
+            tg.create_task(events.run(), name="events")
+            for inf in informers:
+                await inf.synced.wait()
+            log.info(
+                "caches synced: %d units, %d queues, %d quotas",
+                len(units.objects),
+                len(queues.objects),
+                len(quotas.objects),
+            )
+            tg.create_task(scheduler.run(), name="scheduler")
+            tg.create_task(jobs.run(), name="job-extensions")
+            tg.create_task(quota_sync.run(), name="quota-queues")
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+        await client.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    level = logging.DEBUG if args.verbosity >= 4 else logging.INFO
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.verbosity < 4:
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    SchedulerLoop.verbosity = args.verbosity
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(run(args), name="reconciler")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        loop.run_until_complete(task)
+    except asyncio.CancelledError:
+        log.info("stopped")
+    except component_config.ConfigError as err:
+        raise SystemExit(f"error: {err}") from None
+    except registry.UnknownExtensionError as err:
+        raise SystemExit(f"error: --enabled-extensions: {err}") from None
+    finally:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+"""Pure decisions of the job extensions: job → QueueUnit, pod gating, reclaim and usage reports.
+
+The reconciler's job-extension half (ARCHITECTURE decision 8) is four questions, each answered here
+from plain values so they can be table-tested:
+
+* :func:`build_queue_unit` / :func:`spec_drift`: what QueueUnit a job should have (REFERENCE §2.4);
+* :func:`plan_pods`: which gated pods to release and which unbound pods to delete for a reclaim
+  (ARCHITECTURE decision 5: at most ``admissions[i].replicas`` pods per pod set are ungated; reclaim
+  deletes only pods that are neither bound nor terminal, so running pods are never touched);
+* :func:`report`: the ``status`` patch that reports bound pods, pod states and the job's phase.
+
+Every function returns ``None`` (or an empty plan) when nothing needs writing, so the I/O side
+writes only on change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import names, quantities
+from shared.jobs.base import Job, JobAdapter, JobStatus, dig, text
+
+Obj = dict[str, Any]
+
+#: Annotations never copied from a job to its QueueUnit: large, and meaningless on the unit.
+_SKIPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
+
+
+def parse_int32(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        return None
+    return value if -(2**31) <= value < 2**31 else None
+
+
+def parse_bool(raw: str | None) -> bool | None:
+    """Go's strconv.ParseBool spellings; anything else is ignored (None)."""
+    if raw is None:
+        return None
+    if raw in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if raw in ("0", "f", "F", "false", "FALSE", "False"):
+        return False
+    return None
+
+
+def resolve_priority(
+    job: Job, adapter: JobAdapter, priority_classes: Mapping[str, int]
+) -> tuple[str | None, int | None]:
+    """``(className, value)``: the class's value, else the raw priority; the annotation wins."""
+    class_name, raw = adapter.priority(job)
+    value = priority_classes.get(class_name, raw) if class_name else raw
+    override = parse_int32(_annotations(job).get(names.PRIORITY_ANNOTATION))
+    if override is not None:
+        value = override
+    return class_name, value
+
+
+def _annotations(obj: Job) -> dict[str, str]:
+    found = dig(obj, "metadata", "annotations")
+    if not isinstance(found, Mapping):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _labels(obj: Job) -> dict[str, str]:
+    found = dig(obj, "metadata", "labels")
+    if not isinstance(found, Mapping):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def desired_spec(job: Job, adapter: JobAdapter, priority_classes: Mapping[str, int]) -> Obj:
+    """The QueueUnit ``spec`` the job implies. Raises ``JobSpecError`` for an unreadable job."""
+    pod_sets = adapter.pod_sets(job)
+    total: dict[str, int] = {}
+    for ps in pod_sets:
+        total = quantities.add(total, quantities.scale(ps.per_pod, ps.count))
+    class_name, value = resolve_priority(job, adapter, priority_classes)
+    resource = quantities.format_resource_list(total)
+    spec: Obj = {
+        "consumerRef": {
+            "apiVersion": adapter.api_version,
+            "kind": adapter.kind,
+            "name": text(dig(job, "metadata", "name")),
+            "namespace": text(dig(job, "metadata", "namespace")),
+        },
+        "resource": resource,
+        "request": dict(resource),
+        "podSet": [{"name": ps.name, "count": ps.count, "template": ps.template} for ps in pod_sets],
+    }
+    if class_name:
+        spec["priorityClassName"] = class_name
+    if value is not None:
+        spec["priority"] = value
+    annotations = _annotations(job)
+    active = parse_bool(annotations.get(names.ACTIVE_ANNOTATION))
+    if active is not None:
+        spec["active"] = active
+    budget = parse_int32(annotations.get(names.MAX_EXEC_TIME_ANNOTATION))
+    if budget is not None and budget > 0:
+        spec["maximumExecutionTimeSeconds"] = budget
+    return spec
+
+
+def build_queue_unit(job: Job, adapter: JobAdapter, priority_classes: Mapping[str, int]) -> Obj:
+    """The QueueUnit to create for a job: owned by it (garbage-collected with it), labels and
+    annotations copied, spec from :func:`desired_spec`. The status is written by the scheduler."""
+    meta = job.get("metadata") or {}
+    annotations = {k: v for k, v in _annotations(job).items() if k not in _SKIPPED_ANNOTATIONS}
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": "QueueUnit",
+        "metadata": {
+            "name": adapter.queue_unit_name(job),
+            "namespace": text(meta.get("namespace")),
+            "labels": _labels(job),
+            "annotations": annotations,
+            "ownerReferences": [
+                {
+                    "apiVersion": adapter.api_version,
+                    "kind": adapter.kind,
+                    "name": text(meta.get("name")),
+                    "uid": text(meta.get("uid")),
+                }
+            ],
+        },
+        "spec": desired_spec(job, adapter, priority_classes),
+    }
+
+
+def spec_drift(unit: Obj, desired: Obj) -> Obj | None:
+    """A merge patch bringing the unit's pod set counts, priority and activation in line with
+    the job, or None. ``spec.resource`` follows pod set changes except while Running (REFERENCE
+    §2.3 step 5); the whole ``podSet`` list is replaced because merge patches replace lists."""
+    current = unit.get("spec") or {}
+    patch: Obj = {}
+    old_counts = [(p.get("name"), p.get("count")) for p in current.get("podSet") or []]
+    new_counts = [(p["name"], p["count"]) for p in desired["podSet"]]
+    if old_counts != new_counts:
+        patch["podSet"] = desired["podSet"]
+        if (unit.get("status") or {}).get("phase") != names.Phase.RUNNING:
+            patch["resource"] = desired["resource"]
+    for key in ("priority", "priorityClassName", "active", "maximumExecutionTimeSeconds"):
+        if current.get(key) != desired.get(key):
+            if key == "active" and key not in desired:
+                continue  # an absent annotation leaves a hand-set spec.active alone
+            patch[key] = desired.get(key)
+    return {"spec": patch} if patch else None
+
+
+# --- pods ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What the extensions need of a pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    pod_set: str
+    created: str
+    bound: bool
+    gated: bool
+    terminal: bool
+    deleting: bool
+
+    @property
+    def live(self) -> bool:
+        return not self.terminal and not self.deleting
+
+
+def pod_view(pod: Job, pod_set: str) -> PodView:
+    gates = dig(pod, "spec", "schedulingGates")
+    gated = isinstance(gates, list) and any(dig(g, "name") == names.ADMISSION_GATE for g in gates)
+    return PodView(
+        namespace=text(dig(pod, "metadata", "namespace")),
+        name=text(dig(pod, "metadata", "name")),
+        uid=text(dig(pod, "metadata", "uid")),
+        pod_set=pod_set,
+        created=text(dig(pod, "metadata", "creationTimestamp")),
+        bound=bool(dig(pod, "spec", "nodeName")),
+        gated=gated,
+        terminal=dig(pod, "status", "phase") in ("Succeeded", "Failed"),
+        deleting=dig(pod, "metadata", "deletionTimestamp") is not None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionView:
+    name: str
+    replicas: int
+    running: int
+    reclaim: int | None
+
+
+def admissions_of(unit: Obj) -> list[AdmissionView]:
+    found: list[AdmissionView] = []
+    for a in (unit.get("status") or {}).get("admissions") or []:
+        if not isinstance(a, Mapping) or not isinstance(a.get("name"), str):
+            continue
+        reclaim = dig(a, "reclaimState", "replicas")
+        found.append(
+            AdmissionView(
+                name=a["name"],
+                replicas=_int(a.get("replicas")),
+                running=_int(a.get("running")),
+                reclaim=_int(reclaim) if reclaim is not None else None,
+            )
+        )
+    return found
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+@dataclass
+class PodPlan:
+    """What to do with a unit's pods; ``status`` is a merge patch for the unit (or None)."""
+
+    ungate: list[PodView] = field(default_factory=list)
+    delete: list[PodView] = field(default_factory=list)
+    status: Obj | None = None
+
+
+def _order(pods: Iterable[PodView]) -> list[PodView]:
+    return sorted(pods, key=lambda p: (p.created, p.name))
+
+
+def plan_pods(unit: Obj, pods: Sequence[PodView]) -> PodPlan:
+    """Release gated pods up to the admitted count and carry out any pending reclaim.
+
+    Reclaim of an admission with ``reclaimState.replicas = n`` takes back ``min(n, replicas -
+    bound)`` replicas: unbound live pods are deleted (newest first: the oldest are closest to being
+    scheduled); replicas whose pods do not exist yet are released without a delete (upstream keeps
+    such a reclaimState forever). Bound pods are never deleted, so the reclaim may take back fewer
+    replicas than asked; the reclaimState is cleared either way and the scheduler sees the result.
+    """
+    plan = PodPlan()
+    admissions = admissions_of(unit)
+    if not admissions:
+        return plan
+    by_set: dict[str, list[PodView]] = {}
+    for pod in pods:
+        if pod.live:
+            by_set.setdefault(pod.pod_set, []).append(pod)
+    new_admissions: list[Obj] = []
+    reclaimed_any = False
+    raw = {
+        a.get("name"): a for a in (unit.get("status") or {}).get("admissions") or [] if isinstance(a, Mapping)
+    }
+    for adm in admissions:
+        live = by_set.get(adm.name, [])
+        bound = [p for p in live if p.bound]
+        replicas = adm.replicas
+        entry = dict(raw.get(adm.name) or {"name": adm.name})
+        if adm.reclaim is not None:
+            take = max(0, min(adm.reclaim, replicas - len(bound)))
+            unbound = [p for p in live if not p.bound]
+            victims = list(reversed(_order(unbound)))[:take]
+            plan.delete.extend(victims)
+            replicas -= take
+            entry["replicas"] = replicas
+            entry.pop("reclaimState", None)
+            reclaimed_any = True
+            deleted = {p.uid for p in victims}
+            live = [p for p in live if p.uid not in deleted]
+        released = [p for p in live if p.bound or not p.gated]
+        missing = replicas - len(released)
+        if missing > 0:
+            plan.ungate.extend(_order(p for p in live if not p.bound and p.gated)[:missing])
+        new_admissions.append(entry)
+    if reclaimed_any:
+        plan.status = {"status": {"admissions": new_admissions}}
+    return plan
+
+
+def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_text: str) -> Obj | None:
+    """The status patch reporting bound pods and the job's life, or None when nothing changed.
+
+    ``admissions[i].running`` counts the bound live pods of the pod set; ``podState`` counts bound
+    (running) and unbound (pending) live pods. A finished job's unit moves to Succeed or Failed
+    with ``admissions = []``, which releases its quota (REFERENCE §2.8). A unit that was admitted
+    (Dequeued) moves to Running once the job runs.
+    """
+    status = unit.get("status") or {}
+    phase = status.get("phase") or ""
+    if phase in (names.Phase.SUCCEED, names.Phase.FAILED):
+        return None
+    if job_status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        done = job_status == JobStatus.SUCCEEDED
+        return {
+            "status": {
+                "phase": names.Phase.SUCCEED if done else names.Phase.FAILED,
+                "message": names.Message.SUCCEEDED if done else names.Message.FAILED,
+                "admissions": [],
+                "podState": {"running": 0, "pending": 0},
+                "lastUpdateTime": now_text,
+            }
+        }
+    raw_admissions = [a for a in status.get("admissions") or [] if isinstance(a, Mapping)]
+    if not raw_admissions:
+        return None
+    live = [p for p in pods if p.live]
+    bound_by_set: dict[str, int] = {}
+    for pod in live:
+        if pod.bound:
+            bound_by_set[pod.pod_set] = bound_by_set.get(pod.pod_set, 0) + 1
+    patch: Obj = {}
+    new_admissions = []
+    changed = False
+    for a in raw_admissions:
+        entry = dict(a)
+        running = bound_by_set.get(str(a.get("name")), 0)
+        if entry.get("running") != running:
+            entry["running"] = running
+            changed = True
+        if _int(entry.get("replicas")) < running:
+            entry["replicas"] = running
+            changed = True
+        new_admissions.append(entry)
+    if changed:
+        patch["admissions"] = new_admissions
+    bound_total = sum(1 for p in live if p.bound)
+    pod_state = {"running": bound_total, "pending": len(live) - bound_total}
+    if (status.get("podState") or {}) != pod_state and (status.get("podState") or bound_total or live):
+        patch["podState"] = pod_state
+    if job_status == JobStatus.RUNNING and phase == names.Phase.DEQUEUED:
+        patch["phase"] = names.Phase.RUNNING
+        patch["message"] = names.Message.RUNNING
+    if not patch:
+        return None
+    patch["lastUpdateTime"] = now_text
+    return {"status": patch}

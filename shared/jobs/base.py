@@ -1,0 +1,308 @@
+"""The job adapter protocol: how the queue sees one kind of job (ARCHITECTURE decision 7).
+
+Every supported job kind (batch Job, Kubeflow TFJob/PyTorchJob, RayJob/RayCluster, Argo Workflow,
+SparkApplication) is reduced to the same few answers: is it ours (``is_managed``), how is it held
+and released (``suspend_patch``/``resume_patch``), what does it ask for (``pod_sets``: pod sets x
+per-pod requests x counts), how important is it (``priority``), which pod set does a pod belong to
+(``pod_set_of``) and where is it in its life (``job_status``). The webhook uses the first two on the
+admission path; the reconciler's job extensions use all of them.
+
+Everything here is pure: functions over the raw job JSON (``Mapping[str, Any]``) returning plain
+values, no I/O, no clock (a timestamp is always a parameter). Two kinds of readers exist on purpose:
+
+* the *lenient* readers (:func:`dig`, :func:`annotations_of`, ...) never raise; predicates such as
+  ``is_managed`` or ``job_status`` use them because they run on every admission request, including
+  objects the apiserver has not validated yet, and must be total;
+* the *strict* readers (:func:`require_mapping`, :func:`optional_int`, ...) raise
+  :class:`JobSpecError` with a field path; ``pod_sets`` uses them because a wrong-typed replica count
+  must be reported to the user, not silently read as 1.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NotRequired, Protocol, TypedDict
+
+from shared import names, quantities
+
+Job = Mapping[str, Any]
+"""A job (or pod) as raw Kubernetes JSON."""
+
+Segment = str | int
+"""One step of a path into a JSON document: an object key or a list index."""
+
+
+class JobSpecError(ValueError):
+    """The job's spec cannot be read: ``path`` names the field, ``detail`` says what is wrong."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"{path}: {detail}")
+        self.path = path
+        self.detail = detail
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is in its life, as the job extensions see it (REFERENCE §2.2)."""
+
+    CREATED = "Created"
+    QUEUING = "Queuing"
+    PENDING = "Pending"
+    RUNNING = "Running"
+    FAILED = "Failed"
+    SUCCEEDED = "Succeeded"
+
+
+@dataclass(frozen=True, slots=True)
+class JobPodSet:
+    """One group of identical pods: ``count`` pods shaped like ``template``.
+
+    ``per_pod`` holds the milli-unit requests of one pod (see ``podspec.pod_requests``), so the
+    demand of the set is ``per_pod x count``.
+    """
+
+    name: str
+    count: int
+    template: dict[str, Any]
+    per_pod: dict[str, int]
+
+
+class JsonPatchOp(TypedDict):
+    """One RFC 6902 operation. ``value`` is absent for ``remove``."""
+
+    op: str
+    path: str
+    value: NotRequired[Any]
+
+
+class JobAdapter(Protocol):
+    """What the queue needs to know about one job kind. Implementations are stateless."""
+
+    @property
+    def extension(self) -> str:
+        """Name used by ``--enabled-extensions`` (``job``, ``tfjob``, ...)."""
+
+    @property
+    def api_version(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def plural(self) -> str: ...
+    @property
+    def queue_unit_suffix(self) -> str:
+        """Appended to the job name (with a dash) to name its QueueUnit; may be empty."""
+
+    def queue_unit_name(self, job: Job) -> str: ...
+    def is_managed(self, job: Job) -> bool: ...
+    def quota_name(self, job: Job) -> str | None: ...
+    def has_started(self, job: Job) -> bool: ...
+    def is_suspended(self, job: Job) -> bool: ...
+
+    def suspend_state(self, job: Job) -> dict[str, bool]:
+        """Every field that can hold the job, by field path, and whether it currently does.
+
+        The validating webhook forbids a user to flip *any* of them from held to released while
+        the job is queued: releasing one of two markers (Kubeflow's annotation vs.
+        ``runPolicy.suspend``) is enough to start some operators.
+        """
+
+    def suspend_patch(self, job: Job, *, now_text: str) -> list[JsonPatchOp]:
+        """JSON Patch for CREATE: hold the job, gate its pod templates, stamp the enqueue time."""
+
+    def resume_patch(self, job: Job, *, now_text: str) -> dict[str, Any]:
+        """Merge patch releasing the job and stamping the dequeue time."""
+
+    def suspend_merge_patch(self, job: Job) -> dict[str, Any]:
+        """Merge patch holding the job again (preemption, deactivation) and clearing the dequeue time."""
+
+    def pod_sets(self, job: Job) -> list[JobPodSet]:
+        """The job's pod sets; raises :class:`JobSpecError` when the spec cannot be read."""
+
+    def priority(self, job: Job) -> tuple[str | None, int | None]:
+        """``(priorityClassName, raw priority)`` as written on the job; either may be missing."""
+
+    def pod_set_of(self, pod: Job) -> str | None: ...
+    def job_status(self, job: Job) -> JobStatus: ...
+
+
+# --- lenient readers: never raise ---------------------------------------------------------------
+
+
+def dig(obj: object, *keys: Segment) -> Any:
+    """Follow ``keys`` into ``obj``; ``None`` as soon as a step is missing or has the wrong type."""
+    for key in keys:
+        if isinstance(key, str):
+            if not isinstance(obj, Mapping):
+                return None
+            obj = obj.get(key)
+        else:
+            if not isinstance(obj, list) or not 0 <= key < len(obj):
+                return None
+            obj = obj[key]
+    return obj
+
+
+def string_map(value: object) -> dict[str, str]:
+    """The string-to-string entries of ``value`` (labels, annotations); ``{}`` for anything else."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def annotations_of(obj: Job) -> dict[str, str]:
+    return string_map(dig(obj, "metadata", "annotations"))
+
+
+def labels_of(obj: Job) -> dict[str, str]:
+    return string_map(dig(obj, "metadata", "labels"))
+
+
+def text(value: object) -> str:
+    """``value`` if it is a string, else ``""``."""
+    return value if isinstance(value, str) else ""
+
+
+def name_of(obj: Job) -> str:
+    return text(dig(obj, "metadata", "name"))
+
+
+def namespace_of(obj: Job) -> str:
+    return text(dig(obj, "metadata", "namespace"))
+
+
+def quota_name(obj: Job) -> str | None:
+    """The quota the job is charged to: the Koordinator label, else the legacy Alibaba one."""
+    found = labels_of(obj)
+    return found.get(names.QUOTA_NAME_LABEL) or found.get(names.QUOTA_NAME_LABEL_FALLBACK) or None
+
+
+def has_condition(obj: Job, kind: str, *, status: str = "True") -> bool:
+    """True when ``status.conditions`` holds a condition of type ``kind`` with ``status``."""
+    conditions = dig(obj, "status", "conditions")
+    if not isinstance(conditions, list):
+        return False
+    return any(dig(c, "type") == kind and dig(c, "status") == status for c in conditions)
+
+
+def owner_kinds(obj: Job, *, controller_only: bool = False) -> list[tuple[str, str, str]]:
+    """``(apiVersion, kind, name)`` of every well-formed owner reference."""
+    refs = dig(obj, "metadata", "ownerReferences")
+    found: list[tuple[str, str, str]] = []
+    for ref in refs if isinstance(refs, list) else []:
+        if controller_only and dig(ref, "controller") is not True:
+            continue
+        api_version, kind, owner = (
+            text(dig(ref, "apiVersion")),
+            text(dig(ref, "kind")),
+            text(dig(ref, "name")),
+        )
+        if kind and owner:
+            found.append((api_version, kind, owner))
+    return found
+
+
+def is_enqueued(obj: Job) -> bool:
+    """The webhook (or an upstream extension) has put the job in the queue."""
+    found = annotations_of(obj)
+    return bool(
+        found.get(names.JOB_HAS_ENQUEUED_ANNOTATION) or found.get(names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION)
+    )
+
+
+def is_dequeued(obj: Job) -> bool:
+    """The reconciler has admitted and resumed the job (an empty value counts as absent)."""
+    return bool(annotations_of(obj).get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION))
+
+
+def template_priority(template: object) -> tuple[str | None, int | None]:
+    """``(priorityClassName, priority)`` from a pod template's spec."""
+    class_name = text(dig(template, "spec", "priorityClassName")) or None
+    value = dig(template, "spec", "priority")
+    return class_name, value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# --- strict readers: raise JobSpecError with a field path --------------------------------------
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def field_path(segments: Sequence[Segment]) -> str:
+    """Kubernetes-style field path: ``spec.template.spec.containers[0]``, ``metadata.labels[a/b]``."""
+    out = ""
+    for seg in segments:
+        if isinstance(seg, int):
+            out += f"[{seg}]"
+        elif _IDENTIFIER.fullmatch(seg):
+            out += f".{seg}" if out else seg
+        else:
+            out += f"[{seg}]"
+    return out
+
+
+def require_mapping(value: object, path: str) -> Mapping[str, Any]:
+    if value is None:
+        raise JobSpecError(path, "Required value")
+    if not isinstance(value, Mapping):
+        raise JobSpecError(path, f"Invalid value: must be an object, not {_type_name(value)}")
+    return value
+
+
+def optional_mapping(value: object, path: str) -> Mapping[str, Any]:
+    """``value`` as an object; ``{}`` when missing or null."""
+    return {} if value is None else require_mapping(value, path)
+
+
+def optional_list(value: object, path: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise JobSpecError(path, f"Invalid value: must be a list, not {_type_name(value)}")
+    return value
+
+
+def optional_int(value: object, path: str, *, default: int, minimum: int = 0) -> int:
+    """An integer field (JSON numbers only; ``2.0`` is accepted as the apiserver does)."""
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JobSpecError(path, f"Invalid value: must be an integer, not {_type_name(value)}")
+    if value < minimum:
+        raise JobSpecError(path, f"Invalid value: {value}: must be greater than or equal to {minimum}")
+    return value
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object" if isinstance(value, Mapping) else type(value).__name__
+
+
+def check_unique_names(pod_sets: Iterable[JobPodSet], path: str) -> list[JobPodSet]:
+    """Pod set names key the QueueUnit's ``podSet`` list, so two sets may not share one."""
+    result = list(pod_sets)
+    seen: set[str] = set()
+    for pod_set in result:
+        if pod_set.name in seen:
+            raise JobSpecError(path, f'Duplicate value: pod set "{pod_set.name}"')
+        seen.add(pod_set.name)
+    return result
+
+
+def total_request(adapter: JobAdapter, job: Job) -> dict[str, int]:
+    """Σ per_pod x count over the job's pod sets (the QueueUnit's ``spec.resource``)."""
+    total: dict[str, int] = {}
+    for pod_set in adapter.pod_sets(job):
+        total = quantities.add(total, quantities.scale(pod_set.per_pod, pod_set.count))
+    return total

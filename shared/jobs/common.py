@@ -1,0 +1,124 @@
+"""Behaviour shared by the concrete adapters: naming, quota label, enqueue stamps, pod-template gating.
+
+Each adapter module subclasses :class:`AdapterBase` and fills in what differs per kind; what every
+kind does the same way lives here once, so a fix (say, to how the enqueue stamp is written) reaches
+all kinds at the same time. The contract test in ``tests/unit/test_job_adapters.py`` runs over every
+registered adapter to keep them consistent.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from shared import names
+from shared.jobs import base
+from shared.jobs.base import Job, JobPodSet, Segment
+from shared.jobs.patches import PatchBuilder
+from shared.jobs.podspec import template_requests
+
+_ANNOTATIONS = ("metadata", "annotations")
+
+
+class AdapterBase:
+    """Defaults for the :class:`~shared.jobs.base.JobAdapter` protocol; subclasses set the identity."""
+
+    extension: str
+    api_version: str
+    kind: str
+    plural: str
+    queue_unit_suffix: str
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.api_version}/{self.kind}>"
+
+    def queue_unit_name(self, job: Job) -> str:
+        name = base.name_of(job)
+        return f"{name}-{self.queue_unit_suffix}" if name and self.queue_unit_suffix else name
+
+    def quota_name(self, job: Job) -> str | None:
+        return base.quota_name(job)
+
+    def is_managed(self, job: Job) -> bool:
+        return self.quota_name(job) is not None
+
+    def has_started(self, job: Job) -> bool:
+        return bool(base.dig(job, "status", "startTime"))
+
+    def pod_set_of(self, pod: Job) -> str | None:
+        """The related-podset annotation the webhook stamped; else the kind's own pod labels."""
+        return base.annotations_of(pod).get(names.RELATED_PODSET_ANNOTATION) or self.pod_set_from_labels(pod)
+
+    def pod_set_from_labels(self, pod: Job) -> str | None:
+        """Fallback for pods created from a template the webhook never saw (adopted jobs)."""
+        return None
+
+    def queue_unit_ref(self, job: Job) -> str | None:
+        """``<namespace>/<unit name>``; ``None`` while the name is unknown (``generateName``)."""
+        name = self.queue_unit_name(job)
+        return f"{base.namespace_of(job)}/{name}" if name else None
+
+    def dequeue_merge(self, now_text: str | None) -> dict[str, Any]:
+        """The dequeue-timestamp part of a merge patch (``None`` removes it)."""
+        return {"metadata": {"annotations": {names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION: now_text}}}
+
+    # --- helpers for suspend_patch -------------------------------------------------------------
+
+    def begin_suspend(self, job: Job, *, now_text: str) -> PatchBuilder:
+        """A builder that has stamped the enqueue annotations.
+
+        A dequeue timestamp supplied by the user on CREATE is removed: it is what marks a job as
+        admitted, and leaving it would let the user resume the job past the queue.
+        """
+        builder = PatchBuilder(job)
+        builder.set((*_ANNOTATIONS, names.JOB_HAS_ENQUEUED_ANNOTATION), "true")
+        builder.set((*_ANNOTATIONS, names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION), now_text)
+        builder.remove((*_ANNOTATIONS, names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION))
+        return builder
+
+    def gate_template(
+        self, builder: PatchBuilder, template: Sequence[Segment], *, pod_set: str, job: Job
+    ) -> None:
+        """Gate one pod template and label it with its QueueUnit and pod set.
+
+        The scheduling gate keeps every pod of the template Pending until the reconciler removes
+        it for an admitted replica (ARCHITECTURE decision 5). A missing template is left alone:
+        the apiserver or the operator rejects such a job anyway.
+        """
+        if builder.get(template) is None:
+            return
+        ref = self.queue_unit_ref(job)
+        if ref is not None:
+            builder.set((*template, *_ANNOTATIONS, names.RELATED_QUEUEUNIT_ANNOTATION), ref)
+        if pod_set:
+            builder.set((*template, *_ANNOTATIONS, names.RELATED_PODSET_ANNOTATION), pod_set)
+        builder.append_unique(
+            (*template, "spec", "schedulingGates"), {"name": names.ADMISSION_GATE}, key="name"
+        )
+
+
+def template_pod_set(name: str, count: int, template: object, path: str) -> JobPodSet:
+    """A pod set made of ``count`` pods created from a real PodTemplateSpec."""
+    mapping = base.require_mapping(template, path)
+    per_pod = template_requests(mapping, path)
+    try:
+        copied = copy.deepcopy(dict(mapping))
+    except RecursionError:
+        raise base.JobSpecError(path, "Invalid value: nested too deeply") from None
+    return JobPodSet(name=name, count=count, template=copied, per_pod=per_pod)
+
+
+def synthetic_template(
+    pod_set: str, requests: dict[str, str], *, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A PodTemplateSpec for kinds without real templates (Spark, Workflow): one container asking for
+    ``requests`` (also as limits), tagged with the pod set so ``pod_set_of`` maps it back."""
+    metadata: dict[str, Any] = {"annotations": {names.RELATED_PODSET_ANNOTATION: pod_set}}
+    if labels:
+        metadata["labels"] = dict(labels)
+    resources = {"requests": dict(requests), "limits": dict(requests)}
+    return {
+        "metadata": metadata,
+        "spec": {"containers": [{"name": "default", "image": "non-exist", "resources": resources}]},
+    }

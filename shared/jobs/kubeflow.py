@@ -1,0 +1,127 @@
+"""Adapters for Kubeflow ``kubeflow.org/v1`` TFJob and PyTorchJob (REFERENCE §2.5, ``tfjob.go``).
+
+A Kubeflow job is held two ways at once: the training operator honours ``spec.runPolicy.suspend``,
+and upstream Koord-Queue reads the annotation ``scheduling.x-k8s.io/suspend``. We write both, so
+either reader sees the job held, and the validating webhook watches both (``suspend_state``).
+
+Each replica type (``Chief``, ``PS``, ``Worker``, ``Master``, ...) is one pod set named after the
+lowercased type; unlike upstream, which skips ``Master`` when it labels templates, every replica's
+template is gated, because a Master pod that starts early holds resources the queue never granted.
+Replica types are visited in sorted order so pod sets and priorities are deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shared import names
+from shared.jobs import base
+from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp
+from shared.jobs.common import AdapterBase, template_pod_set
+from shared.jobs.patches import deep_merge
+
+_SUSPEND_PATH = f"metadata.annotations[{names.SUSPEND_ANNOTATION}]"
+_OPERATOR_ROLE_LABEL = "training.kubeflow.org/replica-type"
+
+
+class KubeflowAdapter(AdapterBase):
+    """Shared behaviour; subclasses name the replica-spec field and the pod role labels."""
+
+    api_version = "kubeflow.org/v1"
+    replica_field: str
+    role_labels: tuple[str, ...]
+
+    def _replicas(self, job: Job) -> list[tuple[str, Mapping[str, Any]]]:
+        """Replica specs in sorted order, skipping malformed entries (lenient)."""
+        specs = base.dig(job, "spec", self.replica_field)
+        if not isinstance(specs, Mapping):
+            return []
+        return [(role, specs[role]) for role in sorted(specs) if isinstance(specs[role], Mapping)]
+
+    def is_suspended(self, job: Job) -> bool:
+        return any(self.suspend_state(job).values())
+
+    def suspend_state(self, job: Job) -> dict[str, bool]:
+        return {
+            "spec.runPolicy.suspend": base.dig(job, "spec", "runPolicy", "suspend") is True,
+            _SUSPEND_PATH: base.annotations_of(job).get(names.SUSPEND_ANNOTATION) == "true",
+        }
+
+    def suspend_patch(self, job: Job, *, now_text: str) -> list[JsonPatchOp]:
+        builder = self.begin_suspend(job, now_text=now_text)
+        builder.set(("metadata", "annotations", names.SUSPEND_ANNOTATION), "true")
+        builder.set(("spec", "runPolicy", "suspend"), True)
+        for role, _ in self._replicas(job):
+            template = ("spec", self.replica_field, role, "template")
+            self.gate_template(builder, template, pod_set=role.lower(), job=job)
+        return builder.ops
+
+    def resume_patch(self, job: Job, *, now_text: str) -> dict[str, Any]:
+        body = {
+            "metadata": {"annotations": {names.SUSPEND_ANNOTATION: "false"}},
+            "spec": {"runPolicy": {"suspend": False}},
+        }
+        return deep_merge(self.dequeue_merge(now_text), body)
+
+    def suspend_merge_patch(self, job: Job) -> dict[str, Any]:
+        body = {
+            "metadata": {"annotations": {names.SUSPEND_ANNOTATION: "true"}},
+            "spec": {"runPolicy": {"suspend": True}},
+        }
+        return deep_merge(self.dequeue_merge(None), body)
+
+    def pod_sets(self, job: Job) -> list[JobPodSet]:
+        path = f"spec.{self.replica_field}"
+        specs = base.require_mapping(base.dig(job, "spec", self.replica_field), path)
+        result = []
+        for role in sorted(specs):
+            where = f"{path}[{role}]"
+            spec = base.require_mapping(specs[role], where)
+            count = base.optional_int(spec.get("replicas"), f"{where}.replicas", default=1)
+            result.append(template_pod_set(role.lower(), count, spec.get("template"), f"{where}.template"))
+        return base.check_unique_names(result, path)
+
+    def priority(self, job: Job) -> tuple[str | None, int | None]:
+        replicas = self._replicas(job)
+        # Upstream reads the first non-Master role; a Master-only job falls back to Master.
+        preferred = [spec for role, spec in replicas if role != "Master"] or [spec for _, spec in replicas]
+        return base.template_priority(preferred[0].get("template")) if preferred else (None, None)
+
+    def pod_set_from_labels(self, pod: Job) -> str | None:
+        found = base.labels_of(pod)
+        for key in (_OPERATOR_ROLE_LABEL, *self.role_labels):
+            if found.get(key):
+                return found[key].lower()
+        return None
+
+    def job_status(self, job: Job) -> JobStatus:
+        if base.has_condition(job, "Succeeded"):
+            return JobStatus.SUCCEEDED
+        if base.has_condition(job, "Failed"):
+            return JobStatus.FAILED
+        if base.has_condition(job, "Running") or base.has_condition(job, "Scheduled"):
+            return JobStatus.RUNNING
+        if not self.is_suspended(job):
+            return JobStatus.PENDING
+        if base.has_condition(job, "Queuing") or base.is_enqueued(job):
+            return JobStatus.QUEUING
+        return JobStatus.CREATED
+
+
+class TFJobAdapter(KubeflowAdapter):
+    extension = "tfjob"
+    kind = "TFJob"
+    plural = "tfjobs"
+    queue_unit_suffix = "tf-qu"
+    replica_field = "tfReplicaSpecs"
+    role_labels = ("job-role",)
+
+
+class PyTorchJobAdapter(KubeflowAdapter):
+    extension = "pytorchjob"
+    kind = "PyTorchJob"
+    plural = "pytorchjobs"
+    queue_unit_suffix = "py-qu"
+    replica_field = "pytorchReplicaSpecs"
+    role_labels = ("pytorch-replica-type", "job-role")

@@ -1,0 +1,63 @@
+"""The one list of job adapters, and lookups by kind and by extension name.
+
+Adapters are listed explicitly (ARCHITECTURE decision 7): adding a kind means adding a line here,
+and the contract test in ``tests/unit/test_job_adapters.py`` picks it up automatically. Extension
+names match upstream's ``--enabled-extensions`` values (REFERENCE §2.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from shared.jobs import batch_job, kubeflow, ray, spark, workflow
+from shared.jobs.base import JobAdapter
+
+ADAPTERS: Final[tuple[JobAdapter, ...]] = (
+    batch_job.BatchJobAdapter(),
+    kubeflow.TFJobAdapter(),
+    kubeflow.PyTorchJobAdapter(),
+    ray.RayJobAdapter(api_version="ray.io/v1", extension="rayjob"),
+    ray.RayJobAdapter(api_version="ray.io/v1alpha1", extension="rayjobv1alpha1"),
+    ray.RayClusterAdapter(),
+    workflow.WorkflowAdapter(),
+    spark.SparkApplicationAdapter(),
+)
+
+_BY_EXTENSION: Final = {adapter.extension: adapter for adapter in ADAPTERS}
+_BY_KIND: Final = {(adapter.api_version, adapter.kind): adapter for adapter in ADAPTERS}
+
+EXTENSIONS: Final[tuple[str, ...]] = tuple(adapter.extension for adapter in ADAPTERS)
+#: Enabled unless configured otherwise. RayCluster is opt-in, as upstream's chart has it: most
+#: RayClusters are created by RayJobs, and long-lived interactive clusters rarely want queueing.
+DEFAULT_EXTENSIONS: Final[tuple[str, ...]] = tuple(e for e in EXTENSIONS if e != "raycluster")
+
+
+class UnknownExtensionError(ValueError):
+    """An extension name that no adapter has."""
+
+
+def by_kind(api_version: str, kind: str) -> JobAdapter | None:
+    """The adapter for ``apiVersion``/``kind`` (e.g. ``batch/v1``, ``Job``), if any."""
+    return _BY_KIND.get((api_version, kind))
+
+
+def by_extension(name: str) -> JobAdapter:
+    try:
+        return _BY_EXTENSION[name]
+    except KeyError:
+        raise UnknownExtensionError(_unknown_message([name])) from None
+
+
+def enabled_adapters(extension_names: Iterable[str]) -> tuple[JobAdapter, ...]:
+    """The adapters for ``extension_names`` in registry order; unknown names are all reported."""
+    wanted = {name.strip() for name in extension_names if name.strip()}
+    unknown = sorted(wanted - _BY_EXTENSION.keys())
+    if unknown:
+        raise UnknownExtensionError(_unknown_message(unknown))
+    return tuple(adapter for adapter in ADAPTERS if adapter.extension in wanted)
+
+
+def _unknown_message(unknown: list[str]) -> str:
+    listed = ", ".join(repr(name) for name in unknown)
+    return f"unknown job extension(s) {listed}; known extensions: {', '.join(EXTENSIONS)}"

@@ -1,0 +1,371 @@
+"""The one module that talks to the Kubernetes API (ARCHITECTURE import rules).
+
+kubernetes-asyncio loads the configuration (kubeconfig or in-cluster service account, with token
+refresh) and owns the HTTPS session; this module sends raw JSON through that session instead of the
+generated model classes. Why: the reconciler handles every object as plain JSON parsed once at the
+edge (``shared.model``), orjson is several times faster than building model objects, and one uniform
+path serves built-in kinds, our CRDs and foreign CRDs alike.
+
+It adds what a controller needs on top: a client-side rate limit (QPS and burst, like client-go),
+counters of requests and writes (the benchmarks report writes per admitted job), typed errors
+(:class:`NotFound`, :class:`Conflict`, :class:`Gone`, ...), and a streaming watch that yields
+``(type, object)`` pairs and surfaces ``410 Gone`` so the caller relists.
+
+Error tree::
+
+    KubeError (status, reason, message)
+     ├── NotFound        404
+     ├── Conflict        409 (write conflicts; also AlreadyExists, see ``reason``)
+     ├── Gone            410 (a watch or list resourceVersion that is too old)
+     ├── Invalid         422
+     └── TooManyRequests 429
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import quote, urlencode
+
+import aiohttp
+import orjson
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+log = logging.getLogger(__name__)
+
+JSON: Final = "application/json"
+MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
+STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
+
+Obj = dict[str, Any]
+
+
+class KubeError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 for a transport error)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    pass
+
+
+class Gone(KubeError):
+    pass
+
+
+class Invalid(KubeError):
+    pass
+
+
+class TooManyRequests(KubeError):
+    pass
+
+
+_ERRORS: dict[int, type[KubeError]] = {
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    422: Invalid,
+    429: TooManyRequests,
+}
+
+
+def error_for(status: int, body: bytes) -> KubeError:
+    """Build the typed error from an API ``Status`` body (or whatever the server sent)."""
+    reason, message = "", body[:500].decode(errors="replace")
+    with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
+        status_obj = orjson.loads(body)
+        reason = str(status_obj.get("reason", ""))
+        message = str(status_obj.get("message", message))
+    return _ERRORS.get(status, KubeError)(status, reason, message)
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """Where a kind lives in the API: ``/api/v1`` for the core group, ``/apis/<g>/<v>`` otherwise."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str = "") -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if namespace and self.namespaced:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{quote(name, safe='')}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+
+PODS: Final = Resource("", "v1", "pods", "Pod")
+EVENTS: Final = Resource("", "v1", "events", "Event")
+NAMESPACES: Final = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+SECRETS: Final = Resource("", "v1", "secrets", "Secret")
+PRIORITY_CLASSES: Final = Resource(
+    "scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False
+)
+LEASES: Final = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+
+
+class RateLimiter:
+    """Token bucket: ``qps`` tokens per second, at most ``burst`` banked (client-go semantics)."""
+
+    def __init__(self, *, qps: float, burst: int) -> None:
+        self.qps = qps
+        self.burst = max(1, burst)
+        self._tokens = float(self.burst)
+        self._stamp = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        if self.qps <= 0:
+            return
+        async with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.qps)
+            self._stamp = now
+            if self._tokens < 1:
+                await asyncio.sleep((1 - self._tokens) / self.qps)
+                self._tokens = 1.0
+                self._stamp = time.monotonic()
+            self._tokens -= 1
+
+
+class Kube:
+    """An API client for one process. Create with :meth:`connect`; close with :meth:`close`."""
+
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        *,
+        qps: float,
+        burst: int,
+        user_agent: str,
+        impersonate: str | None = None,
+    ) -> None:
+        self._api = api
+        self._limiter = RateLimiter(qps=qps, burst=burst)
+        self._host = str(api.configuration.host).rstrip("/")
+        self._headers = {"User-Agent": user_agent, "Accept": JSON}
+        if impersonate:
+            self._headers["Impersonate-User"] = impersonate
+        #: requests sent, by verb (GET, LIST, WATCH, POST, PATCH, PUT, DELETE)
+        self.requests: Counter[str] = Counter()
+
+    @classmethod
+    async def connect(
+        cls,
+        *,
+        kubeconfig: str | None = None,
+        qps: float = 200.0,
+        burst: int = 400,
+        user_agent: str = "koord-queue-py",
+        impersonate: str | None = None,
+        pool_size: int = 64,
+    ) -> Kube:
+        """Load the kubeconfig (or the in-cluster service account when none is given)."""
+        configuration = k8s_client.Configuration()
+        if kubeconfig:
+            await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        configuration.connection_pool_maxsize = pool_size
+        api = k8s_client.ApiClient(configuration)
+        return cls(api, qps=qps, burst=burst, user_agent=user_agent, impersonate=impersonate)
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def __aenter__(self) -> Kube:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def writes(self) -> int:
+        return sum(n for verb, n in self.requests.items() if verb in ("POST", "PATCH", "PUT", "DELETE"))
+
+    async def _headers_for(self, content_type: str | None) -> dict[str, str]:
+        headers = dict(self._headers)
+        if content_type:
+            headers["Content-Type"] = content_type
+        await self._api.update_params_for_auth(headers, [], ["BearerToken"])
+        return headers
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float = 30.0,
+        verb: str | None = None,
+    ) -> Obj:
+        """One API call; returns the decoded JSON body or raises a :class:`KubeError`."""
+        await self._limiter.acquire()
+        self.requests[verb or method] += 1
+        headers = await self._headers_for(content_type or (JSON if body is not None else None))
+        url = self._host + path + (f"?{urlencode(query)}" if query else "")
+        data = None if body is None else orjson.dumps(body)
+        session = self._api.rest_client.pool_manager
+        try:
+            async with session.request(
+                method, url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                payload = await resp.read()
+                if resp.status >= 300:
+                    raise error_for(resp.status, payload)
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise KubeError(0, type(err).__name__, str(err) or type(err).__name__) from err
+        if not payload:
+            return {}
+        result: Obj = orjson.loads(payload)
+        return result
+
+    # --- conveniences -------------------------------------------------------------------------
+
+    async def get(self, res: Resource, name: str, *, namespace: str | None = None) -> Obj:
+        return await self.request("GET", res.path(namespace, name))
+
+    async def list(
+        self,
+        res: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = 500,
+    ) -> tuple[list[Obj], str]:
+        """Every object (paginated) and the list's resourceVersion to watch from."""
+        items: list[Obj] = []
+        query: dict[str, Any] = {"limit": page_size}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        while True:
+            page = await self.request("GET", res.path(namespace), query=query, verb="LIST")
+            kind = res.kind
+            for item in page.get("items") or []:
+                item.setdefault("apiVersion", res.api_version)
+                item.setdefault("kind", kind)
+                items.append(item)
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return items, str(meta.get("resourceVersion", ""))
+            query["continue"] = token
+
+    async def create(self, res: Resource, obj: Obj, *, namespace: str | None = None) -> Obj:
+        return await self.request("POST", res.path(namespace), body=obj)
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Any,
+        *,
+        namespace: str | None = None,
+        subresource: str = "",
+        content_type: str = MERGE_PATCH,
+    ) -> Obj:
+        return await self.request(
+            "PATCH", res.path(namespace, name, subresource), body=patch, content_type=content_type
+        )
+
+    async def replace(
+        self, res: Resource, name: str, obj: Obj, *, namespace: str | None = None, subresource: str = ""
+    ) -> Obj:
+        return await self.request("PUT", res.path(namespace, name, subresource), body=obj)
+
+    async def delete(
+        self,
+        res: Resource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        precondition_uid: str | None = None,
+        propagation: str | None = None,
+    ) -> Obj:
+        body: Obj | None = None
+        if precondition_uid or propagation:
+            body = {"apiVersion": "v1", "kind": "DeleteOptions"}
+            if precondition_uid:
+                body["preconditions"] = {"uid": precondition_uid}
+            if propagation:
+                body["propagationPolicy"] = propagation
+        return await self.request("DELETE", res.path(namespace, name), body=body)
+
+    async def watch(
+        self,
+        res: Resource,
+        *,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """Stream ``(type, object)`` from ``resource_version``; BOOKMARKs included.
+
+        Raises :class:`Gone` when the server says the version is too old (the caller relists). The
+        stream ends normally when the server closes it after ``timeout_seconds``.
+        """
+        await self._limiter.acquire()
+        self.requests["WATCH"] += 1
+        query: dict[str, Any] = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": timeout_seconds,
+        }
+        if label_selector:
+            query["labelSelector"] = label_selector
+        headers = await self._headers_for(None)
+        url = self._host + res.path(namespace) + "?" + urlencode(query)
+        session = self._api.rest_client.pool_manager
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30)
+        try:
+            async with session.get(url, headers=headers, timeout=timeout) as resp:
+                if resp.status >= 300:
+                    raise error_for(resp.status, await resp.read())
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    event = orjson.loads(line)
+                    kind = event.get("type", "")
+                    obj = event.get("object") or {}
+                    if kind == "ERROR":
+                        code = int(obj.get("code", 500))
+                        raise error_for(code, orjson.dumps(obj))
+                    if kind != "BOOKMARK":
+                        obj.setdefault("apiVersion", res.api_version)
+                        obj.setdefault("kind", res.kind)
+                    yield kind, obj
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise KubeError(0, type(err).__name__, str(err) or type(err).__name__) from err

@@ -1,0 +1,485 @@
+"""Parsed, immutable views of QueueUnits, Queues and ElasticQuotas: the only input of the core.
+
+Raw Kubernetes objects (plain dicts from the API) are parsed here exactly once, at the edge; every
+decision module past this point reads typed, frozen values and never digs in raw dicts (STYLE).
+Parsing never raises on user data: a malformed field is replaced by its documented default and a
+human-readable entry is appended to ``problems`` (with the field path), which the reconciler turns
+into a status message and an event. One bad object must never stop the reconcile loop. When a bad
+field makes a unit's demand unknowable (an unparsable quantity) the unit also gets ``invalid``: the
+scheduler parks it with that text instead of guessing and over-admitting.
+
+Quantities are exact milli-units (``shared.quantities``); times are float epoch seconds parsed from
+RFC 3339 text. Pure: standard library and sibling ``shared`` modules only, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from shared import names, podspec, quantities
+from shared.admission_checks import CheckState, QueueAdmissionCheck, parse_selector
+from shared.durations import DurationError, format_time, parse_duration, parse_time
+from shared.quantities import QuantityError, Resources
+
+__all__ = [
+    "Admission",
+    "CheckState",
+    "PodSet",
+    "QueueConfig",
+    "Quota",
+    "Unit",
+    "format_time",
+    "parse_queue",
+    "parse_quota",
+    "parse_time",
+    "parse_unit",
+    "quota_name_of",
+    "with_grants",
+    "with_reclaim",
+]
+
+DEFAULT_ITEMS_REFRESH_SECONDS = 15.0
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go strconv.ParseBool
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """One ``status.admissions`` entry: replicas admitted for a pod set and how many run."""
+
+    name: str
+    replicas: int
+    running: int
+    resources: Resources = field(default_factory=dict)
+    reclaim_replicas: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodSet:
+    """One ``spec.podSet`` entry reduced to ``count`` pods of ``per_pod`` resources."""
+
+    name: str
+    count: int
+    min_count: int | None
+    per_pod: Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """A QueueUnit as the scheduler sees it. ``key`` is ``namespace/name``."""
+
+    key: str
+    namespace: str
+    name: str
+    uid: str = ""
+    created: float = 0.0
+    priority: int = 0
+    quota: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    active: bool = True
+    pod_sets: tuple[PodSet, ...] = ()
+    admissions: tuple[Admission, ...] = ()
+    phase: str = ""
+    message: str = ""
+    request: Resources = field(default_factory=dict)
+    resource: Resources = field(default_factory=dict)
+    last_allocate_time: float | None = None
+    last_update_time: float | None = None
+    admission_checks: tuple[CheckState, ...] = ()
+    consumer_kind: str | None = None
+    attempts: int = 0
+    conditions: tuple[Mapping[str, object], ...] = ()
+    requeue_count: int | None = None
+    requeue_at: float | None = None
+    queue: str = ""
+    resource_version: str = ""
+    problems: tuple[str, ...] = ()
+    invalid: str | None = None
+
+    @property
+    def preemptible(self) -> bool:
+        """Upstream ``IsJobPreemptible``: the preemptible label equals ``"true"``."""
+        return self.labels.get(names.PREEMPTIBLE_LABEL) == "true"
+
+    def admission(self, name: str) -> Admission | None:
+        for adm in self.admissions:
+            if adm.name == name:
+                return adm
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """A Queue's spec and tuning annotations (REFERENCE §1.1, §3.6).
+
+    ``policy`` is ``None`` when ``spec.queuePolicy`` names an unsupported strategy; ``policy_error``
+    then carries upstream's text for the ``AddQueueFail`` event and the queue admits nothing.
+    """
+
+    name: str
+    policy: names.QueuePolicy | None = names.QueuePolicy.PRIORITY
+    policy_error: str | None = None
+    priority: int = 0
+    wait_for_pods_running: bool = False
+    enable_preemption: bool = False
+    max_depth: int = -1
+    priority_threshold: int = names.DEFAULT_PRIORITY_THRESHOLD
+    admission_checks: tuple[QueueAdmissionCheck, ...] = ()
+    items_refresh_seconds: float = DEFAULT_ITEMS_REFRESH_SECONDS
+    disable_show_items: bool = False
+    parent: str = ""
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """An ElasticQuota: only ``max`` limits admission; ``parent`` empty means the root."""
+
+    name: str
+    namespace: str = ""
+    parent: str = ""
+    min: Resources = field(default_factory=dict)
+    max: Resources = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+
+
+# --- small tolerant readers -----------------------------------------------------------------------
+
+
+class _Reader:
+    """Collects problems while reading one object; every getter returns a safe default."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def obj(self, raw: object, path: str) -> Mapping[str, object]:
+        if raw is None:
+            return {}
+        if isinstance(raw, Mapping):
+            return raw
+        self.problems.append(f"{path}: expected an object, got {type(raw).__name__}")
+        return {}
+
+    def str_map(self, raw: object, path: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for key, value in self.obj(raw, path).items():
+            if isinstance(key, str) and isinstance(value, str):
+                out[key] = value
+            else:
+                self.problems.append(f"{path}.{key}: expected a string value")
+        return out
+
+    def text(self, raw: object, path: str, default: str = "") -> str:
+        if raw is None:
+            return default
+        if isinstance(raw, str):
+            return raw
+        self.problems.append(f"{path}: expected a string, got {type(raw).__name__}")
+        return default
+
+    def integer(self, raw: object, path: str, default: int) -> int:
+        if raw is None:
+            return default
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or int(raw) != raw:
+            self.problems.append(f"{path}: expected an integer, got {raw!r}")
+            return default
+        return int(raw)
+
+    def boolean(self, raw: object, path: str, default: bool) -> bool:
+        if raw is None:
+            return default
+        if isinstance(raw, bool):
+            return raw
+        self.problems.append(f"{path}: expected a boolean, got {raw!r}")
+        return default
+
+    def go_bool(self, annotations: Mapping[str, str], key: str, default: bool) -> bool:
+        value = annotations.get(key)
+        if value is None:
+            return default
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        self.problems.append(f'metadata.annotations[{key}]: {value!r} is not a boolean, using "{default}"')
+        return default
+
+    def go_int(self, annotations: Mapping[str, str], key: str, default: int) -> int:
+        value = annotations.get(key)
+        if value is None:
+            return default
+        try:
+            return int(value.strip(), 10)
+        except ValueError:
+            self.problems.append(f"metadata.annotations[{key}]: {value!r} is not an integer, using {default}")
+            return default
+
+    def resources(self, raw: object, path: str) -> tuple[Resources, bool]:
+        """Parse a resource list; a bad entry is recorded and makes the second value False."""
+        mapping = self.obj(raw, path)
+        try:
+            return quantities.parse_resource_list(mapping, path=path), True
+        except QuantityError as err:
+            self.problems.append(str(err))
+        # Keep the good entries so that logs and visibility still show something useful.
+        out: Resources = {}
+        for key, value in mapping.items():
+            try:
+                out[str(key)] = quantities.parse_milli(value)  # type: ignore[arg-type]
+            except QuantityError:
+                continue
+        return dict(sorted(out.items())), False
+
+    def items(self, raw: object, path: str) -> list[Mapping[str, object]]:
+        if raw is None:
+            return []
+        if not isinstance(raw, list):
+            self.problems.append(f"{path}: expected a list, got {type(raw).__name__}")
+            return []
+        return [self.obj(item, f"{path}[{i}]") for i, item in enumerate(raw)]
+
+
+def _metadata(r: _Reader, raw: Mapping[str, object]) -> tuple[str, str, Mapping[str, object]]:
+    meta = r.obj(raw.get("metadata"), "metadata")
+    name = r.text(meta.get("name"), "metadata.name")
+    if not name:
+        r.problems.append("metadata.name: missing")
+    namespace = r.text(meta.get("namespace"), "metadata.namespace")
+    return name, namespace, meta
+
+
+def quota_name_of(labels: Mapping[str, str]) -> str | None:
+    """The quota (and so queue) a unit maps to: the koordinator label, else the fallback label."""
+    return labels.get(names.QUOTA_NAME_LABEL) or labels.get(names.QUOTA_NAME_LABEL_FALLBACK) or None
+
+
+# --- QueueUnit -------------------------------------------------------------------------------------
+
+
+def parse_unit(raw: Mapping[str, object]) -> Unit:
+    """Parse a QueueUnit object. Never raises on malformed content (see the module docstring)."""
+    r = _Reader()
+    raw = r.obj(raw, "")
+    name, namespace, meta = _metadata(r, raw)
+    spec = r.obj(raw.get("spec"), "spec")
+    status = r.obj(raw.get("status"), "status")
+    labels = r.str_map(meta.get("labels"), "metadata.labels")
+    created = parse_time(meta.get("creationTimestamp"))
+    if created is None:
+        r.problems.append(f"metadata.creationTimestamp: {meta.get('creationTimestamp')!r} is not RFC 3339")
+    invalid: list[str] = []
+    pod_sets: list[PodSet] = []
+    for i, item in enumerate(r.items(spec.get("podSet"), "spec.podSet")):
+        path = f"spec.podSet[{i}]"
+        ps_name = r.text(item.get("name"), f"{path}.name", "main") or "main"
+        count = max(0, r.integer(item.get("count"), f"{path}.count", 1))
+        min_count = item.get("minCount")
+        template = r.obj(item.get("template"), f"{path}.template")
+        try:
+            per_pod = podspec.pod_requests(r.obj(template.get("spec"), f"{path}.template.spec"), path=path)
+        except QuantityError as err:
+            r.problems.append(str(err))
+            invalid.append(str(err))
+            per_pod = {}
+        pod_sets.append(
+            PodSet(
+                name=ps_name,
+                count=count,
+                min_count=None if min_count is None else r.integer(min_count, f"{path}.minCount", 1),
+                per_pod=per_pod,
+            )
+        )
+    request, ok = r.resources(spec.get("request"), "spec.request")
+    if not ok and not pod_sets:
+        invalid.append("spec.request has an invalid quantity")
+    resource, _ = r.resources(spec.get("resource"), "spec.resource")
+    admissions: list[Admission] = []
+    for i, item in enumerate(r.items(status.get("admissions"), "status.admissions")):
+        path = f"status.admissions[{i}]"
+        reclaim = r.obj(item.get("reclaimState"), f"{path}.reclaimState") if "reclaimState" in item else None
+        res, _ = r.resources(item.get("resources"), f"{path}.resources")
+        admissions.append(
+            Admission(
+                name=r.text(item.get("name"), f"{path}.name"),
+                replicas=r.integer(item.get("replicas"), f"{path}.replicas", 0),
+                running=r.integer(item.get("running"), f"{path}.running", 0),
+                resources=res,
+                reclaim_replicas=(
+                    None
+                    if reclaim is None or item.get("reclaimState") is None
+                    else r.integer(reclaim.get("replicas"), f"{path}.reclaimState.replicas", 0)
+                ),
+            )
+        )
+    checks = tuple(
+        CheckState(
+            name=r.text(item.get("name"), f"status.admissionChecks[{i}].name"),
+            state=r.text(item.get("state"), f"status.admissionChecks[{i}].state"),
+            message=r.text(item.get("message"), f"status.admissionChecks[{i}].message"),
+            last_transition_time=r.text(
+                item.get("lastTransitionTime"), f"status.admissionChecks[{i}].lastTransitionTime"
+            ),
+        )
+        for i, item in enumerate(r.items(status.get("admissionChecks"), "status.admissionChecks"))
+    )
+    requeue = r.obj(status.get("requeueState"), "status.requeueState")
+    consumer = r.obj(spec.get("consumerRef"), "spec.consumerRef")
+    priority = r.integer(spec.get("priority"), "spec.priority", 0)
+    return Unit(
+        key=f"{namespace}/{name}",
+        namespace=namespace,
+        name=name,
+        uid=r.text(meta.get("uid"), "metadata.uid"),
+        created=created or 0.0,
+        priority=priority,
+        quota=quota_name_of(labels),
+        labels=labels,
+        annotations=r.str_map(meta.get("annotations"), "metadata.annotations"),
+        active=r.boolean(spec.get("active"), "spec.active", True),
+        pod_sets=tuple(pod_sets),
+        admissions=tuple(admissions),
+        phase=r.text(status.get("phase"), "status.phase"),
+        message=r.text(status.get("message"), "status.message"),
+        request=request,
+        resource=resource,
+        last_allocate_time=parse_time(status.get("lastAllocateTime")),
+        last_update_time=parse_time(status.get("lastUpdateTime")),
+        admission_checks=checks,
+        consumer_kind=r.text(consumer.get("kind"), "spec.consumerRef.kind") or None,
+        attempts=r.integer(status.get("attempts"), "status.attempts", 0),
+        conditions=tuple(r.items(status.get("conditions"), "status.conditions")),
+        requeue_count=(
+            r.integer(requeue.get("count"), "status.requeueState.count", 0) if "count" in requeue else None
+        ),
+        requeue_at=parse_time(requeue.get("requeueAt")),
+        queue=r.text(spec.get("queue"), "spec.queue"),
+        resource_version=r.text(meta.get("resourceVersion"), "metadata.resourceVersion"),
+        problems=tuple(r.problems),
+        invalid="; ".join(invalid) or None,
+    )
+
+
+def with_grants(unit: Unit, grants: Mapping[str, int], *, phase: str, message: str, now: float) -> Unit:
+    """The unit as it looks once an admission is written: ``replicas += granted`` per pod set.
+
+    Missing pod sets are appended with ``running=0`` (upstream's dequeue). The reconciler uses this
+    to *assume* the admission into its cache before the API write (ARCHITECTURE decision 3).
+    """
+    admissions = list(unit.admissions)
+    for podset in sorted(grants):
+        granted = grants[podset]
+        for i, adm in enumerate(admissions):
+            if adm.name == podset:
+                admissions[i] = dataclasses.replace(adm, replicas=adm.replicas + granted)
+                break
+        else:
+            admissions.append(Admission(name=podset, replicas=granted, running=0))
+    return dataclasses.replace(
+        unit,
+        admissions=tuple(admissions),
+        phase=phase,
+        message=message,
+        last_allocate_time=now,
+        last_update_time=now,
+    )
+
+
+def with_reclaim(unit: Unit, reclaim: Mapping[str, int], *, message: str, now: float) -> Unit:
+    """The victim as it looks once marked: ``reclaimState.replicas`` set on the named admissions."""
+    admissions = tuple(
+        dataclasses.replace(adm, reclaim_replicas=reclaim[adm.name]) if adm.name in reclaim else adm
+        for adm in unit.admissions
+    )
+    return dataclasses.replace(unit, admissions=admissions, message=message, last_update_time=now)
+
+
+# --- Queue and ElasticQuota ----------------------------------------------------------------------
+
+
+def parse_queue(raw: Mapping[str, object]) -> QueueConfig:
+    """Parse a Queue object; unsupported policies and bad annotations become ``problems``."""
+    r = _Reader()
+    raw = r.obj(raw, "")
+    name, _, meta = _metadata(r, raw)
+    spec = r.obj(raw.get("spec"), "spec")
+    annotations = r.str_map(meta.get("annotations"), "metadata.annotations")
+    labels = r.str_map(meta.get("labels"), "metadata.labels")
+    policy_text = r.text(spec.get("queuePolicy"), "spec.queuePolicy")
+    policy: names.QueuePolicy | None
+    policy_error: str | None = None
+    if not policy_text:
+        policy = names.QueuePolicy.PRIORITY  # an unset policy defaults to Priority
+    elif policy_text in names.QueuePolicy.__members__.values():
+        policy = names.QueuePolicy(policy_text)
+    else:
+        policy = None
+        policy_error = "unsupported strategy"
+        r.problems.append(f"spec.queuePolicy: unsupported strategy {policy_text!r}")
+    checks: list[QueueAdmissionCheck] = []
+    for i, item in enumerate(r.items(spec.get("admissionChecks"), "spec.admissionChecks")):
+        path = f"spec.admissionChecks[{i}]"
+        selector = None
+        if item.get("labelSelector") is not None:
+            selector, errors = parse_selector(item.get("labelSelector"), path=f"{path}.labelSelector")
+            r.problems.extend(errors)
+        checks.append(QueueAdmissionCheck(name=r.text(item.get("name"), f"{path}.name"), selector=selector))
+    refresh = DEFAULT_ITEMS_REFRESH_SECONDS
+    refresh_text = annotations.get(names.QUEUE_ITEMS_REFRESH_ANNOTATION)
+    if refresh_text is not None:
+        try:
+            refresh = parse_duration(refresh_text)
+        except DurationError as err:
+            r.problems.append(f"metadata.annotations[{names.QUEUE_ITEMS_REFRESH_ANNOTATION}]: {err}")
+        if refresh <= 0:
+            refresh = DEFAULT_ITEMS_REFRESH_SECONDS
+    return QueueConfig(
+        name=name,
+        policy=policy,
+        policy_error=policy_error,
+        priority=r.integer(spec.get("priority"), "spec.priority", 0),
+        wait_for_pods_running=r.go_bool(annotations, names.WAIT_FOR_PODS_RUNNING_ANNOTATION, False),
+        enable_preemption=r.go_bool(annotations, names.ENABLE_PREEMPTION_ANNOTATION, False),
+        max_depth=r.go_int(annotations, names.MAX_DEPTH_ANNOTATION, -1),
+        priority_threshold=r.go_int(
+            annotations, names.PRIORITY_THRESHOLD_ANNOTATION, names.DEFAULT_PRIORITY_THRESHOLD
+        ),
+        admission_checks=tuple(checks),
+        items_refresh_seconds=refresh,
+        disable_show_items=names.DISABLE_SHOW_QUEUE_ITEMS_ANNOTATION in annotations,
+        parent=labels.get(names.QUOTA_PARENT_LABEL, ""),
+        problems=tuple(r.problems),
+    )
+
+
+def parse_quota(raw: Mapping[str, object]) -> Quota:
+    """Parse an ElasticQuota.
+
+    A malformed ``max`` entry fails *closed*: that resource gets a max of 0 (nothing requesting it
+    is admitted) rather than silently becoming unlimited by being dropped.
+    """
+    r = _Reader()
+    raw = r.obj(raw, "")
+    name, namespace, meta = _metadata(r, raw)
+    spec = r.obj(raw.get("spec"), "spec")
+    labels = r.str_map(meta.get("labels"), "metadata.labels")
+    minimum, _ = r.resources(spec.get("min"), "spec.min")
+    maximum, ok = r.resources(spec.get("max"), "spec.max")
+    if not ok:
+        for key in r.obj(spec.get("max"), "spec.max"):
+            maximum.setdefault(str(key), 0)
+        maximum = dict(sorted(maximum.items()))
+    return Quota(
+        name=name,
+        namespace=namespace,
+        parent=labels.get(names.QUOTA_PARENT_LABEL, "") or "",
+        min=minimum,
+        max=maximum,
+        labels=labels,
+        annotations=r.str_map(meta.get("annotations"), "metadata.annotations"),
+        problems=tuple(r.problems),
+    )

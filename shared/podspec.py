@@ -1,0 +1,100 @@
+"""Per-pod resource requests of a pod spec, the unit every quota decision is made of.
+
+A QueueUnit pod set says "``count`` pods like this template"; quota is charged per pod, so the
+template must be reduced to one resource list once, when the unit is parsed (``shared.model``). The
+rules follow Kubernetes' ``resourcehelper.PodRequests`` so that what we reserve is what the
+kube-scheduler will later account for the same pods:
+
+* each container asks for ``requests[r]``, falling back to ``limits[r]`` per resource (the API
+  server defaults requests from limits; upstream Koord-Queue copies limits into requests when it
+  builds pod sets, REFERENCE §2.4);
+* regular containers are summed;
+* init containers run one at a time before them, so the pod needs the maximum of that sum and each
+  init container; restartable init containers (sidecars, ``restartPolicy: Always``) keep running,
+  so they are added to the sum and to every later init container;
+* ``overhead`` (RuntimeClass) is added last.
+
+Pure: standard library and ``shared.quantities`` only. Bad quantities raise
+:class:`~shared.quantities.QuantityError` naming the field path; ``shared.model`` turns that into a
+recorded problem instead of letting one bad object stop the reconcile loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shared import quantities
+from shared.quantities import QuantityError, Resources
+
+__all__ = ["container_requests", "pod_requests"]
+
+
+def _mapping(value: object, path: str) -> Mapping[str, object]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise QuantityError(f"{path}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def container_requests(container: Mapping[str, object], *, path: str = "container") -> Resources:
+    """One container's effective requests: ``requests[r]`` else ``limits[r]``, per resource."""
+    resources = _mapping(container.get("resources"), f"{path}.resources")
+    limits = quantities.parse_resource_list(
+        _mapping(resources.get("limits"), f"{path}.resources.limits"), path=f"{path}.resources.limits"
+    )
+    requests = quantities.parse_resource_list(
+        _mapping(resources.get("requests"), f"{path}.resources.requests"),
+        path=f"{path}.resources.requests",
+    )
+    merged = dict(limits)
+    merged.update(requests)
+    return {name: merged[name] for name in sorted(merged)}
+
+
+def _containers(spec: Mapping[str, object], field: str, path: str) -> list[Mapping[str, object]]:
+    raw = spec.get(field)
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise QuantityError(f"{path}.{field}: expected a list, got {type(raw).__name__}")
+    out: list[Mapping[str, object]] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise QuantityError(f"{path}.{field}[{i}]: expected an object, got {type(item).__name__}")
+        out.append(item)
+    return out
+
+
+def _max(a: Mapping[str, int], b: Mapping[str, int]) -> Resources:
+    return {name: max(a.get(name, 0), b.get(name, 0)) for name in sorted(a.keys() | b.keys())}
+
+
+def pod_requests(spec: Mapping[str, object] | None, *, path: str = "spec") -> Resources:
+    """Return the resources one pod of ``spec`` needs, in milli-units, keys sorted, zeros dropped.
+
+    Raises :class:`QuantityError` (with the field path) on a malformed quantity or structure.
+    """
+    if spec is None:
+        return {}
+    if not isinstance(spec, Mapping):
+        raise QuantityError(f"{path}: expected an object, got {type(spec).__name__}")
+    total: Resources = {}
+    for i, container in enumerate(_containers(spec, "containers", path)):
+        total = quantities.add(total, container_requests(container, path=f"{path}.containers[{i}]"))
+    init_peak: Resources = {}
+    sidecars: Resources = {}
+    for i, container in enumerate(_containers(spec, "initContainers", path)):
+        own = container_requests(container, path=f"{path}.initContainers[{i}]")
+        if container.get("restartPolicy") == "Always":
+            total = quantities.add(total, own)
+            sidecars = quantities.add(sidecars, own)
+            during = sidecars
+        else:
+            during = quantities.add(own, sidecars)
+        init_peak = _max(init_peak, during)
+    result = _max(total, init_peak)
+    overhead = _mapping(spec.get("overhead"), f"{path}.overhead")
+    if overhead:
+        result = quantities.add(result, quantities.parse_resource_list(overhead, path=f"{path}.overhead"))
+    return {name: value for name, value in result.items() if value != 0}

@@ -1,0 +1,484 @@
+"""Per-queue scheduling state, kept incrementally from watch events (REFERENCE §3.5, §3.7).
+
+Upstream keeps, per queue, a sorted slice of units, an ``assumed`` set, an ``updating`` set, a set
+of blocked quotas, a scan cursor and a preemption flag, and mutates them from informer callbacks.
+:class:`QueueState` keeps the same facts, derived from the units themselves wherever possible so
+that a restarted reconciler rebuilds the same state from a relist (ARCHITECTURE decision 2):
+
+* ``lanes``: the *waiting* units (not dequeued, not satisfied, not in backoff, no reclaim in
+  progress) as sorted lists of ``sort_key + (key,)`` maintained with ``bisect`` (O(log n) search),
+  one lane for Priority/Block, two (high, low) for Intelligent. Inactive units keep their place.
+* ``assumed``: units holding quota whose pods are not all running (the preemption candidates and,
+  with ``wait-for-pods-running``, what holds the queue), also sorted by the queue's key.
+* ``in_flight`` / ``marks``: victims whose reclaim is observed on the unit, or decided and not yet
+  observed ("capacity on the way", ARCHITECTURE decision 4); ``round``: the one preemption round a
+  queue may run at a time.
+* ``updating``: units admitted by a plan whose write has not been observed yet.
+* ``blocked``: Block/Intelligent's blocked quota. Units reach a queue through their quota label, so
+  every unit of a queue has the same quota and upstream's set of blocked quotas is one flag here.
+* ``parked``: the last failure message per unit, and the availability epoch it was computed at:
+  a unit whose quota chain has seen no release since it failed still fails, and is not re-examined.
+* ``dirty``: whether anything that could change a decision happened since the last scan.
+
+Cursor semantics are replaced by a batch rescan from the head of each dirty queue (see
+``shared.scheduling``). Pure: no I/O, no clock (times are passed in).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from shared.model import QueueConfig, Unit
+from shared.names import Phase, QueuePolicy
+from shared.ordering import SortKey, lane_of, unit_key
+from shared.predicates import (
+    TERMINAL_PHASES,
+    dequeued,
+    has_reclaim,
+    reserved_any_resource,
+    reserved_not_run,
+    satisfied,
+)
+from shared.quantities import Resources
+from shared.quota import Chain, remaining_request
+
+__all__ = [
+    "MARK_OBSERVE_TIMEOUT",
+    "Entry",
+    "Mark",
+    "ParkRecord",
+    "PreemptRound",
+    "QueueState",
+    "SchedulerState",
+    "is_assumed",
+    "is_waiting",
+    "queue_item_details",
+]
+
+#: A decided mark not observed on the victim within this many seconds is taken as a failed write.
+MARK_OBSERVE_TIMEOUT = 60.0
+
+Item = tuple[int | float | str, ...]
+
+
+class _ChainSource(Protocol):
+    """What :meth:`SchedulerState.on_release` needs from :class:`shared.quota.QuotaLedger`."""
+
+    @property
+    def tree_epoch(self) -> int: ...
+
+    def chain(self, name: str) -> Chain: ...
+
+
+def is_waiting(unit: Unit) -> bool:
+    """A unit competes for admission: it still needs replicas and nothing is in progress for it."""
+    return (
+        unit.phase not in TERMINAL_PHASES
+        and unit.phase != Phase.TIMEOUT_BACKOFF
+        and not has_reclaim(unit)
+        and not dequeued(unit)
+        and not satisfied(unit)
+    )
+
+
+def is_assumed(unit: Unit) -> bool:
+    """Holds quota but not all pods run (upstream's ``assumed`` membership, derived)."""
+    return unit.phase not in TERMINAL_PHASES and reserved_not_run(unit) and reserved_any_resource(unit)
+
+
+@dataclass(slots=True)
+class Entry:
+    """What the scan needs about a waiting unit, cached so the scan never recomputes it."""
+
+    item: Item
+    lane: int
+    request: Resources
+    active: bool
+    invalid: str | None
+    name: str
+    namespace: str
+    priority: int
+
+
+@dataclass(slots=True)
+class ParkRecord:
+    message: str
+    epoch: int
+    quota_failure: bool
+
+
+@dataclass(slots=True)
+class Mark:
+    reclaim: dict[str, int]
+    marked_at: float
+
+
+@dataclass(slots=True)
+class PreemptRound:
+    """The queue's single preemption round: who preempts, and whom it is waiting for."""
+
+    preemptor: str
+    victims: set[str] = field(default_factory=set)
+    started_at: float = 0.0
+
+
+class _Demand:
+    """Smallest request per resource over the active waiting units (a multiset per resource).
+
+    Lets the scan skip a whole queue once what is left in its quota is below every request.
+    """
+
+    __slots__ = ("count", "empty", "values")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.empty = 0
+        self.values: dict[str, list[int]] = {}
+
+    def add(self, request: Resources) -> None:
+        self.count += 1
+        if not request:
+            self.empty += 1
+        for r, v in request.items():
+            bisect.insort(self.values.setdefault(r, []), v)
+
+    def remove(self, request: Resources) -> None:
+        self.count -= 1
+        if not request:
+            self.empty -= 1
+        for r, v in request.items():
+            values = self.values[r]
+            del values[bisect.bisect_left(values, v)]
+            if not values:
+                del self.values[r]
+
+    def minimums(self) -> dict[str, int]:
+        """Per resource requested by *every* unit, the smallest request."""
+        return {r: vals[0] for r, vals in sorted(self.values.items()) if len(vals) == self.count}
+
+
+class QueueState:
+    """Everything the scheduler remembers about one queue between cycles."""
+
+    def __init__(self, config: QueueConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.lanes: tuple[list[Item], list[Item]] = ([], [])
+        self.entries: dict[str, Entry] = {}
+        self.assumed: list[Item] = []
+        self.assumed_items: dict[str, Item] = {}
+        self.in_flight: dict[str, dict[str, int]] = {}
+        self.marks: dict[str, Mark] = {}
+        self.updating: set[str] = set()
+        self.blocked = False
+        self.parked: dict[str, ParkRecord] = {}
+        self.unparked: set[str] = set()
+        self.round: PreemptRound | None = None
+        self.dirty = True
+        self.wake_at: float | None = None
+        self.last_attempt_at: float | None = None
+        self.demand = _Demand()
+        self.active_in_lane = [0, 0]
+
+    @property
+    def policy(self) -> QueuePolicy | None:
+        return self.config.policy
+
+    def sort_key(self, unit: Unit) -> SortKey:
+        return unit_key(unit, self.config.policy)
+
+    # --- watch events -------------------------------------------------------------------------------
+
+    def upsert(self, unit: Unit) -> None:
+        """Fold the current state of a unit labelled with this queue's quota into the state."""
+        key = unit.key
+        reclaim = {a.name: a.reclaim_replicas for a in unit.admissions if a.reclaim_replicas is not None}
+        if reclaim:
+            self.in_flight[key] = reclaim
+            self.marks.pop(key, None)
+        elif self.in_flight.pop(key, None) is not None:
+            self.dirty = True
+        self._set_assumed(unit)
+        if is_waiting(unit):
+            entry = self._entry(unit)
+            old = self.entries.get(key)
+            if old != entry:
+                if old is not None:
+                    self._drop_entry(key, old)
+                self._add_entry(key, entry)
+                self.parked.pop(key, None)
+                if entry.active or entry.invalid is not None:
+                    self.unparked.add(key)
+                else:
+                    self.unparked.discard(key)
+                self.blocked = False
+                self.dirty = True
+        else:
+            old = self.entries.get(key)
+            if old is not None:
+                self._drop_entry(key, old)
+                self.dirty = True
+            self.parked.pop(key, None)
+            self.unparked.discard(key)
+            self.updating.discard(key)
+
+    def remove(self, key: str) -> None:
+        """The unit was deleted or moved to another queue."""
+        old = self.entries.get(key)
+        if old is not None:
+            self._drop_entry(key, old)
+        item = self.assumed_items.pop(key, None)
+        if item is not None:
+            del self.assumed[bisect.bisect_left(self.assumed, item)]
+        for table in (self.in_flight, self.marks, self.parked):
+            table.pop(key, None)
+        self.unparked.discard(key)
+        self.updating.discard(key)
+        if self.round is not None:
+            self.round.victims.discard(key)
+            if self.round.preemptor == key:
+                self.round = None
+        self.blocked = False
+        self.dirty = True
+
+    def release(self) -> None:
+        """Quota on this queue's chain was released: blocked units may fit again."""
+        self.blocked = False
+        self.dirty = True
+
+    # --- plan feedback ----------------------------------------------------------------------------
+
+    def forget_admit(self, key: str) -> None:
+        """The admission write failed: the unit competes again (upstream's Unreserve)."""
+        self.updating.discard(key)
+        self.dirty = True
+
+    def forget_marks(self, keys: set[str] | frozenset[str]) -> None:
+        """Marking writes failed or were skipped: those victims are no longer on the way."""
+        for key in keys:
+            self.marks.pop(key, None)
+        self.dirty = True
+
+    def expire(self, now: float) -> None:
+        """Drop marks never observed and end a round that has nothing left to wait for."""
+        for key in sorted(self.marks):
+            if now - self.marks[key].marked_at > MARK_OBSERVE_TIMEOUT:
+                del self.marks[key]
+                self.dirty = True
+        round_ = self.round
+        if round_ is None:
+            return
+        waiting = round_.preemptor in self.entries and round_.preemptor not in self.updating
+        if not waiting or not any(self.on_the_way(v) for v in round_.victims):
+            self.round = None
+            self.dirty = True
+
+    def on_the_way(self, key: str) -> bool:
+        """A reclaim was decided for ``key`` and has not finished."""
+        return key in self.in_flight or key in self.marks
+
+    def reclaim_on_the_way(self, key: str) -> dict[str, int]:
+        mark = self.marks.get(key)
+        if mark is not None:
+            return mark.reclaim
+        return self.in_flight.get(key, {})
+
+    # --- internals ----------------------------------------------------------------------------------
+
+    def _entry(self, unit: Unit) -> Entry:
+        return Entry(
+            item=(*self.sort_key(unit), unit.key),
+            lane=lane_of(unit, self.config),
+            request=remaining_request(unit),
+            active=unit.active and unit.invalid is None,
+            invalid=unit.invalid,
+            name=unit.name,
+            namespace=unit.namespace,
+            priority=unit.priority,
+        )
+
+    def _add_entry(self, key: str, entry: Entry) -> None:
+        self.entries[key] = entry
+        bisect.insort(self.lanes[entry.lane], entry.item)
+        if entry.active:
+            self.demand.add(entry.request)
+            self.active_in_lane[entry.lane] += 1
+
+    def _drop_entry(self, key: str, entry: Entry) -> None:
+        del self.entries[key]
+        lane = self.lanes[entry.lane]
+        del lane[bisect.bisect_left(lane, entry.item)]
+        if entry.active:
+            self.demand.remove(entry.request)
+            self.active_in_lane[entry.lane] -= 1
+
+    def _set_assumed(self, unit: Unit) -> None:
+        key = unit.key
+        old = self.assumed_items.get(key)
+        new = (*self.sort_key(unit), key) if is_assumed(unit) else None
+        if old == new:
+            return
+        if old is not None:
+            del self.assumed[bisect.bisect_left(self.assumed, old)]
+            del self.assumed_items[key]
+            if new is None and self.config.wait_for_pods_running:
+                self.blocked = False  # upstream: a unit that left assumed unblocks the queue
+        if new is not None:
+            bisect.insort(self.assumed, new)
+            self.assumed_items[key] = new
+        self.dirty = True
+
+
+def rebuild(
+    state: QueueState, config: QueueConfig, units: Mapping[str, Unit], members: set[str]
+) -> QueueState:
+    """A state for a changed Queue spec, keeping what is in progress (marks, round, admissions)."""
+    fresh = QueueState(config)
+    fresh.marks = state.marks
+    fresh.round = state.round
+    fresh.updating = state.updating
+    fresh.last_attempt_at = state.last_attempt_at
+    for key in sorted(members):
+        fresh.upsert(units[key])
+    return fresh
+
+
+def queue_item_details(state: QueueState) -> list[dict[str, object]]:
+    """``Queue.status.queueItemDetails["active"]``: waiting units with 1-based positions.
+
+    Intelligent lists its high sub-queue then its low one, numbered continuously (REFERENCE §3.6).
+    """
+    out: list[dict[str, object]] = []
+    for lane in state.lanes:
+        for item in lane:
+            entry = state.entries[str(item[-1])]
+            out.append(
+                {
+                    "name": entry.name,
+                    "namespace": entry.namespace,
+                    "priority": entry.priority,
+                    "position": len(out) + 1,
+                }
+            )
+    return out
+
+
+class SchedulerState:
+    """All queues' states plus the routing of units to queues by their quota label.
+
+    Units whose label names a queue that does not exist (or whose Queue has an unsupported policy)
+    wait in ``orphans`` and are parked once with ``queue <q> is not exist``; they move into the
+    queue as soon as it appears. Units without a quota label are not tracked at all (REFERENCE §4.1).
+    ``dirty`` names the queues a cycle must rescan; ``timers`` the queues to rescan at a given time.
+    """
+
+    def __init__(self) -> None:
+        self.queues: dict[str, QueueState] = {}
+        self.configs: dict[str, QueueConfig] = {}
+        self.members: dict[str, set[str]] = {}
+        self.orphans: dict[str, set[str]] = {}
+        self.orphans_parked: set[str] = set()
+        self.dirty: set[str] = set()
+        self.timers: dict[str, float] = {}
+        self._dependents: dict[str, set[str]] = {}
+        self._dependents_epoch: tuple[int, int] | None = None
+
+    def put_unit(self, old: Unit | None, unit: Unit, units: Mapping[str, Unit]) -> None:
+        if old is not None and old.quota and old.quota != unit.quota:
+            self._detach(old.key, old.quota)
+        name = unit.quota
+        if not name:
+            return
+        self.members.setdefault(name, set()).add(unit.key)
+        state = self.queues.get(name)
+        if state is not None:
+            state.upsert(unit)
+            self._sync_dirty(state)
+        elif is_waiting(unit):
+            self.orphans.setdefault(name, set()).add(unit.key)
+        else:
+            self._drop_orphan(name, unit.key)
+
+    def delete_unit(self, unit: Unit) -> None:
+        if unit.quota:
+            self._detach(unit.key, unit.quota)
+
+    def put_queue(self, config: QueueConfig, units: Mapping[str, Unit]) -> None:
+        name = config.name
+        self.configs[name] = config
+        self._dependents_epoch = None
+        if config.policy is None:
+            self._unqueue(name, units)
+            return
+        members = self.members.get(name, set())
+        state = self.queues.get(name)
+        if state is None:
+            state = rebuild(QueueState(config), config, units, members)
+            self.queues[name] = state
+            self.orphans.pop(name, None)
+            for key in members:
+                self.orphans_parked.discard(key)
+        elif state.config != config:
+            state = rebuild(state, config, units, members)
+            self.queues[name] = state
+        else:
+            return
+        self.dirty.add(name)
+
+    def delete_queue(self, name: str, units: Mapping[str, Unit]) -> None:
+        self.configs.pop(name, None)
+        self._dependents_epoch = None
+        self._unqueue(name, units)
+
+    def on_release(self, quotas: frozenset[str] | set[str], chain_of: _ChainSource) -> None:
+        """Wake the queues whose quota chain contains a quota that released usage or changed."""
+        if not quotas:
+            return
+        epoch = (chain_of.tree_epoch, len(self.queues))
+        if self._dependents_epoch != epoch:
+            self._dependents = {}
+            for qname in sorted(self.queues):
+                for quota in (*chain_of.chain(qname).names, qname):
+                    self._dependents.setdefault(quota, set()).add(qname)
+            self._dependents_epoch = epoch
+        for quota in sorted(quotas):
+            for qname in sorted(self._dependents.get(quota, ())):
+                self.queues[qname].release()
+                self.dirty.add(qname)
+
+    def mark_dirty(self, state: QueueState) -> None:
+        self._sync_dirty(state)
+
+    # --- internals ----------------------------------------------------------------------------------
+
+    def _sync_dirty(self, state: QueueState) -> None:
+        if state.dirty:
+            self.dirty.add(state.name)
+
+    def _detach(self, key: str, name: str) -> None:
+        self.members.get(name, set()).discard(key)
+        state = self.queues.get(name)
+        if state is not None:
+            state.remove(key)
+            self.dirty.add(name)
+        self._drop_orphan(name, key)
+
+    def _drop_orphan(self, name: str, key: str) -> None:
+        orphans = self.orphans.get(name)
+        if orphans is not None:
+            orphans.discard(key)
+            if not orphans:
+                del self.orphans[name]
+        self.orphans_parked.discard(key)
+
+    def _unqueue(self, name: str, units: Mapping[str, Unit]) -> None:
+        """The queue is gone or unusable: its waiting units become orphans."""
+        self.queues.pop(name, None)
+        self.dirty.discard(name)
+        self.timers.pop(name, None)
+        for key in sorted(self.members.get(name, set())):
+            if is_waiting(units[key]):
+                self.orphans.setdefault(name, set()).add(key)

@@ -1,0 +1,306 @@
+"""Queue-level preemption planner: which admitted-but-not-running units to reclaim, and when.
+
+Specification: seed 000 ("Queue-Level Preemption"), REFERENCE §5, issue 5. Two entry points, both
+pure functions of a queue's state, the units and ``now``; the scheduler turns their outcome into a
+:class:`MarkVictims` decision and remembers the marks until they are observed.
+
+* :func:`plan_reserve` (the *reserve* path): the preemptor passed the quota filter, but with
+  ``wait-for-pods-running`` the queue is held by assumed units (holding quota, pods not all
+  running). Every assumed unit that sorts after the preemptor is marked in one round.
+* :func:`plan_preempt` (the *preempt* path): the quota filter failed. Gated by
+  ``wait-for-pods-running`` *and* ``enable-queueunit-preemption``. A dry run walks the assumed units
+  from the lowest priority and stops as soon as the released resources cover the preemptor's request
+  for every requested resource.
+
+A victim (seed 000 "Victim Selection Rules"): sorts after the preemptor in the queue's order; has an
+admission with ``replicas != running`` and no ``reclaimState`` (reclaimable = ``replicas -
+running`` replicas of that pod set); and its ``lastAllocateTime`` is older than the reclaim protect
+time. Bound pods are never reclaimed, so a unit whose pods all run is never a victim.
+
+Where we do better than upstream (each keeps the documented behaviour in the documented cases):
+
+* **Capacity on the way** (seed 002, ARCHITECTURE decision 4): victims already marked and not yet
+  reclaimed count as released capacity, so a preemptor requeued while they are reclaimed marks
+  nobody new unless they are not enough; nothing is ever marked twice.
+* **No useless marking.** Upstream marks victims even when the preemptor could still not be
+  admitted afterwards. We mark nothing when an assumed unit that can never be this preemptor's
+  victim (it sorts before it) would still hold the queue, when a protected unit would (we retry
+  when its protection ends), or when even every candidate would not free enough quota. If all
+  candidates together cannot cover the full request but can cover the *shortfall* (the request
+  minus what is free now), the shortest prefix covering the shortfall is marked (upstream would
+  mark the whole walk).
+* **One round per queue** is a real round here: it lasts until the preemptor is admitted or gone,
+  or until none of its victims is still being reclaimed; another unit asking meanwhile is rejected
+  with upstream's text.
+
+Pure: standard library and sibling modules only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from shared import quantities
+from shared.model import QueueConfig, Unit
+from shared.names import EventReason, Message, QueuePolicy
+from shared.policies import Item, QueueState
+from shared.predicates import expected_pod_sets
+from shared.quantities import Resources
+from shared.quota import UsageView
+
+__all__ = [
+    "INTELLIGENT_UNSUPPORTED",
+    "NO_VICTIMS",
+    "PREEMPTION_DISABLED",
+    "PREEMPTION_NEEDS_WAIT",
+    "MarkVictims",
+    "PreemptOutcome",
+    "Reclaimable",
+    "Victim",
+    "disabled_reason",
+    "first_holder",
+    "plan_preempt",
+    "plan_reserve",
+    "reclaimable",
+]
+
+PREEMPTION_NEEDS_WAIT = "preemption is disabled because wait-for-pods-running is disabled"
+PREEMPTION_DISABLED = "preemption is disabled in queue"
+NO_VICTIMS = "no victims found"
+INTELLIGENT_UNSUPPORTED = "preemption not supported in intelligent queue yet"
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """One unit to mark: ``reclaim`` maps pod set -> ``reclaimState.replicas`` to write."""
+
+    key: str
+    name: str
+    reclaim: Mapping[str, int]
+    resources: Resources
+
+
+@dataclass(frozen=True, slots=True)
+class MarkVictims:
+    """Plan decision: write the reclaim states, message, ``Evicted`` condition and event."""
+
+    queue: str
+    preemptor: str
+    victims: tuple[Victim, ...]
+    path: str  # "reserve" or "preempt"
+    message: str = Message.RECLAIMING
+    reason: EventReason = EventReason.PREEMPTED
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaimable:
+    reclaim: dict[str, int]
+    resources: Resources
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptOutcome:
+    """What a preemption attempt decided.
+
+    ``victims`` are newly marked; ``waiting_for`` names victims already on the way that the
+    preemptor counts on; ``error`` is upstream's error text when nothing is (or was) marked;
+    ``wake_at`` is when a protected candidate becomes reclaimable.
+    """
+
+    victims: tuple[Victim, ...] = ()
+    waiting_for: tuple[str, ...] = ()
+    error: str | None = None
+    wake_at: float | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.error is None and bool(self.victims or self.waiting_for)
+
+
+@dataclass(slots=True)
+class _Ctx:
+    state: QueueState
+    units: Mapping[str, Unit]
+    now: float
+    protect: float
+    admitted: list[Item] = field(default_factory=list)
+
+
+def protected_until(unit: Unit, *, now: float, protect: float) -> float | None:
+    """When the reclaim protection of ``unit`` ends, or ``None`` if it is not protected now."""
+    if protect <= 0 or unit.last_allocate_time is None:
+        return None
+    until = unit.last_allocate_time + protect
+    return until if now < until else None
+
+
+def reclaimable(unit: Unit, *, now: float, protect: float) -> Reclaimable | None:
+    """Upstream ``GetResourcesCanReclaim``: replicas admitted but not running, unless protected or
+    already carrying a ``reclaimState``; ``None`` when there is nothing to reclaim now."""
+    if protected_until(unit, now=now, protect=protect) is not None:
+        return None
+    per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
+    reclaim: dict[str, int] = {}
+    resources: Resources = {}
+    for adm in unit.admissions:
+        missing = adm.replicas - adm.running
+        if adm.reclaim_replicas is not None or missing <= 0:
+            continue
+        reclaim[adm.name] = missing
+        resources = quantities.add(resources, quantities.scale(per_pod.get(adm.name, {}), missing))
+    return Reclaimable(reclaim, resources) if reclaim else None
+
+
+def _on_the_way(ctx: _Ctx, preemptor: Item) -> tuple[list[str], Resources]:
+    """Victims already marked and not yet reclaimed that sort after the preemptor."""
+    state = ctx.state
+    names: list[tuple[Item, str]] = []
+    released: Resources = {}
+    for key in sorted(state.in_flight.keys() | state.marks.keys()):
+        unit = ctx.units.get(key)
+        if unit is None:
+            continue
+        item = (*state.sort_key(unit), key)
+        if item <= preemptor:
+            continue
+        per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
+        for podset, replicas in sorted(state.reclaim_on_the_way(key).items()):
+            released = quantities.add(released, quantities.scale(per_pod.get(podset, {}), replicas))
+        names.append((item, unit.name))
+    return [name for _, name in sorted(names)], released
+
+
+def first_holder(state: QueueState, admitted: list[Item], exclude: str) -> Item | None:
+    """The first unit (in queue order) holding the queue under ``wait-for-pods-running``: assumed
+    and not being reclaimed, or admitted earlier in this cycle; ``exclude`` (the asker) never holds
+    the queue against itself."""
+    first = admitted[0] if admitted else None
+    for item in state.assumed:
+        key = str(item[-1])
+        if key != exclude and not state.on_the_way(key):
+            return item if first is None or item < first else first
+    return first
+
+
+def disabled_reason(config: QueueConfig) -> str | None:
+    """Why the preempt path can never run in a queue with ``config`` (``None``: it can)."""
+    if config.policy is QueuePolicy.INTELLIGENT:
+        return INTELLIGENT_UNSUPPORTED
+    if not config.wait_for_pods_running:
+        return PREEMPTION_NEEDS_WAIT
+    if not config.enable_preemption:
+        return PREEMPTION_DISABLED
+    return None
+
+
+def _gate(ctx: _Ctx, preemptor: str, *, preempt_path: bool) -> str | None:
+    config = ctx.state.config
+    if preempt_path:
+        reason = disabled_reason(config)
+        if reason is not None:
+            return reason
+    elif config.policy is QueuePolicy.INTELLIGENT:
+        return Message.NO_MORE_IN_QUEUE
+    round_ = ctx.state.round
+    if round_ is not None and round_.preemptor != preemptor:
+        return Message.queue_preempting(ctx.state.name)
+    return None
+
+
+def plan_reserve(
+    preemptor: Item,
+    *,
+    state: QueueState,
+    units: Mapping[str, Unit],
+    now: float,
+    protect: float,
+    admitted: list[Item],
+) -> PreemptOutcome:
+    """Reserve path: the queue is held by assumed units; mark all of them if all can be victims.
+
+    ``admitted`` are the items admitted earlier in this cycle in this queue (they hold it too).
+    """
+    ctx = _Ctx(state, units, now, protect, admitted)
+    key = str(preemptor[-1])
+    error = _gate(ctx, key, preempt_path=False)
+    if error is not None:
+        return PreemptOutcome(error=error)
+    holder = first_holder(state, admitted, key)
+    if holder is not None and holder < preemptor:
+        return PreemptOutcome(error=Message.NO_MORE_IN_QUEUE)
+    victims: list[Victim] = []
+    for item in state.assumed:
+        victim_key = str(item[-1])
+        if victim_key == key or state.on_the_way(victim_key):
+            continue
+        unit = units[victim_key]
+        found = reclaimable(unit, now=now, protect=protect)
+        if found is None:
+            # A holder we may not reclaim (yet): marking the others would not free the queue.
+            until = protected_until(unit, now=now, protect=protect)
+            return PreemptOutcome(error=Message.NO_MORE_IN_QUEUE, wake_at=until)
+        victims.append(Victim(victim_key, unit.name, found.reclaim, found.resources))
+    if not victims:
+        waiting, _ = _on_the_way(ctx, preemptor)
+        return PreemptOutcome(waiting_for=tuple(waiting))
+    return PreemptOutcome(victims=tuple(victims))
+
+
+def plan_preempt(
+    preemptor: Item,
+    request: Mapping[str, int],
+    *,
+    state: QueueState,
+    units: Mapping[str, Unit],
+    view: UsageView,
+    now: float,
+    protect: float,
+    admitted: list[Item],
+) -> PreemptOutcome:
+    """Preempt path (filter failed): the shortest lowest-first prefix of candidates that covers."""
+    ctx = _Ctx(state, units, now, protect, admitted)
+    key = str(preemptor[-1])
+    error = _gate(ctx, key, preempt_path=True)
+    if error is not None:
+        return PreemptOutcome(error=error)
+    holder = first_holder(state, admitted, key)
+    if holder is not None and holder < preemptor:
+        return PreemptOutcome(error=Message.NO_MORE_IN_QUEUE)
+    headroom = view.headroom(state.name)
+    if headroom is None:
+        return PreemptOutcome(error=NO_VICTIMS)
+    waiting, released = _on_the_way(ctx, preemptor)
+    shortfall = {r: v - headroom[r] for r, v in request.items() if r in headroom and v > headroom[r]}
+    if quantities.covers(released, request) or (shortfall and quantities.covers(released, shortfall)):
+        return PreemptOutcome(waiting_for=tuple(waiting))
+    # Walk the assumed units from the lowest priority while they sort after the preemptor.
+    walked: list[Victim] = []
+    wake: float | None = None
+    total = dict(released)
+    for item in reversed(state.assumed):
+        if item <= preemptor:
+            break
+        victim_key = str(item[-1])
+        if state.on_the_way(victim_key):
+            continue
+        unit = units[victim_key]
+        found = reclaimable(unit, now=now, protect=protect)
+        if found is None:
+            until = protected_until(unit, now=now, protect=protect)
+            if until is not None and (wake is None or until < wake):
+                wake = until
+            continue
+        walked.append(Victim(victim_key, unit.name, found.reclaim, found.resources))
+        total = quantities.add(total, found.resources)
+        if quantities.covers(total, request):
+            return PreemptOutcome(victims=tuple(walked), waiting_for=tuple(waiting))
+    # The whole walk cannot cover the request: cover the shortfall against what is free now.
+    if not shortfall or not quantities.covers(total, shortfall):
+        return PreemptOutcome(error=NO_VICTIMS, wake_at=wake)
+    total = dict(released)
+    for count, victim in enumerate(walked, start=1):
+        total = quantities.add(total, victim.resources)
+        if quantities.covers(total, shortfall):
+            return PreemptOutcome(victims=tuple(walked[:count]), waiting_for=tuple(waiting))
+    return PreemptOutcome(error=NO_VICTIMS, wake_at=wake)  # pragma: no cover - covered above

@@ -1,0 +1,339 @@
+"""Quota usage and the quota filter: what units hold, and whether a request fits (REFERENCE §4).
+
+Usage is computed from ``status.admissions`` (ARCHITECTURE decision 2: the cluster is the source of
+truth), kept per quota *and* per ancestor, and updated on every watch event in O(depth). Where
+upstream falls short we do better, deliberately:
+
+* **Symmetric accounting.** Upstream adds a unit's admissions but removes its ``spec.resource``, so
+  usage drifts. Here one function, :func:`reserved_resources`, computes what a unit holds; the
+  ledger remembers exactly what it added per unit and removes exactly that, so usage after any
+  sequence of events equals the sum over the units present (a restart rebuilds the same numbers).
+* **Exact milli arithmetic**: cpu ``500m`` stays 500 milli-cpu; upstream rounds it up to 1.
+* **The request checked is the remaining demand** (pod sets minus admitted replicas), not the
+  whole ``spec.resource``, so a partially admitted unit is not double counted.
+
+What a unit holds, per admission: ``max(per_pod x replicas, admissions[i].resources)`` per resource.
+``reclaimState`` is **not** subtracted (as upstream): a marked victim keeps holding its quota until
+the job extension has deleted its pods and shrunk ``replicas``. Otherwise the preemptor could be
+admitted while the victim's pods still exist, and sampled usage could exceed ``max``. Units in a
+terminal phase hold nothing (upstream clears their admissions at the same moment). Legacy units with
+no admissions but a "dequeued" phase hold ``spec.resource``.
+
+The filter walks from the unit's quota up the parent chain to ``koordinator-root-quota`` (never
+checked itself) and at every level compares the request with ``max - used``: resources absent from
+``max`` are unlimited; an empty ``max`` rejects any non-empty request; ``min`` is ignored (as
+upstream). A cycle or a missing ancestor fails with upstream's texts.
+
+Pure: standard library and sibling modules only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from shared import names, quantities
+from shared.model import Quota, Unit
+from shared.names import Message
+from shared.predicates import TERMINAL_PHASES, expected_pod_sets, v1_dequeued
+from shared.quantities import Resources
+
+__all__ = [
+    "Chain",
+    "QuotaLedger",
+    "UsageView",
+    "remaining_grants",
+    "remaining_request",
+    "reserved_resources",
+]
+
+
+def _nonzero(res: Mapping[str, int]) -> Resources:
+    return {name: res[name] for name in sorted(res) if res[name] != 0}
+
+
+def reserved_resources(unit: Unit) -> Resources:
+    """What ``unit`` holds in its quota; the single source for both adding and removing usage."""
+    if unit.phase in TERMINAL_PHASES:
+        return {}
+    if not unit.admissions:
+        return _nonzero(unit.resource) if v1_dequeued(unit) else {}
+    per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
+    total: Resources = {}
+    for adm in unit.admissions:
+        base = quantities.scale(per_pod.get(adm.name, {}), max(adm.replicas, 0))
+        held = {r: max(base.get(r, 0), adm.resources.get(r, 0)) for r in base.keys() | adm.resources.keys()}
+        total = quantities.add(total, held)
+    return _nonzero(total)
+
+
+def remaining_grants(unit: Unit) -> dict[str, int]:
+    """Replicas still missing per pod set (``count - admitted``), only the positive ones."""
+    admitted = {adm.name: adm.replicas for adm in unit.admissions}
+    grants: dict[str, int] = {}
+    for ps in expected_pod_sets(unit):
+        missing = ps.count - admitted.get(ps.name, 0)
+        if missing > 0:
+            grants[ps.name] = missing
+    return grants
+
+
+def remaining_request(unit: Unit) -> Resources:
+    """The demand the quota filter checks: sum of ``per_pod x missing replicas``, zeros dropped."""
+    per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
+    total: Resources = {}
+    for podset, missing in remaining_grants(unit).items():
+        total = quantities.add(total, quantities.scale(per_pod[podset], missing))
+    return _nonzero(total)
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """The quotas from a leaf up to the root, and the structural error that cut the walk short.
+
+    ``names`` are the existing quotas walked, leaf first. ``error`` is ``"cycle"`` or ``"missing"``
+    with ``error_quota`` the name at which it happened.
+    """
+
+    names: tuple[str, ...]
+    error: str | None = None
+    error_quota: str = ""
+
+    def message(self, item: str) -> str | None:
+        if self.error == "cycle":
+            return Message.quota_cycle(item, self.error_quota, list(self.names))
+        if self.error == "missing":
+            return Message.quota_missing(item, self.error_quota, list(self.names))
+        return None
+
+
+class QuotaLedger:
+    """Quota tree plus usage per quota (including every descendant's), kept incrementally.
+
+    ``put_unit``/``delete_unit`` return the quotas whose usage *decreased* (a release), which is
+    what makes parked units schedulable again. ``epoch(name)`` changes whenever the availability of
+    any quota on ``name``'s chain may have grown (a release there, or any quota spec change).
+    """
+
+    def __init__(self) -> None:
+        self._quotas: dict[str, Quota] = {}
+        self._self_used: dict[str, Resources] = {}
+        self._used: dict[str, Resources] = {}
+        self._contrib: dict[str, tuple[str, Resources]] = {}
+        self._chains: dict[str, Chain] = {}
+        self._releases: dict[str, int] = {}
+        self._tree_epoch = 0
+
+    # --- the tree ---------------------------------------------------------------------------------
+
+    @property
+    def quotas(self) -> Mapping[str, Quota]:
+        return self._quotas
+
+    @property
+    def tree_epoch(self) -> int:
+        """Changes on every change of any quota spec (limits or parents)."""
+        return self._tree_epoch
+
+    def put_quota(self, quota: Quota) -> bool:
+        """Add or replace a quota; returns False when nothing relevant changed (status updates)."""
+        old = self._quotas.get(quota.name)
+        if old is not None and (old.parent, old.max) == (quota.parent, quota.max):
+            self._quotas[quota.name] = quota
+            return False
+        self._quotas[quota.name] = quota
+        self._tree_epoch += 1
+        if old is None or old.parent != quota.parent:
+            self._rebuild()
+        return True
+
+    def delete_quota(self, name: str) -> None:
+        if self._quotas.pop(name, None) is not None:
+            self._tree_epoch += 1
+            self._rebuild()
+
+    def chain(self, name: str) -> Chain:
+        """Cycle-safe walk from ``name`` to the root (cached until the tree changes)."""
+        cached = self._chains.get(name)
+        if cached is not None:
+            return cached
+        walked: list[str] = []
+        current = name
+        chain = Chain(names=())
+        while current != names.ROOT_QUOTA:
+            if current in walked:
+                chain = Chain(tuple(walked), "cycle", current)
+                break
+            quota = self._quotas.get(current)
+            if quota is None:
+                chain = Chain(tuple(walked), "missing", current)
+                break
+            walked.append(current)
+            if not quota.parent:
+                chain = Chain(tuple(walked))
+                break
+            current = quota.parent
+        else:
+            chain = Chain(tuple(walked))
+        self._chains[name] = chain
+        return chain
+
+    def _rebuild(self) -> None:
+        self._chains.clear()
+        self._used = {}
+        for leaf in sorted(self._self_used):
+            for name in self.chain(leaf).names:
+                self._used[name] = quantities.add(self._used.get(name, {}), self._self_used[leaf])
+
+    # --- usage ------------------------------------------------------------------------------------
+
+    def used(self, name: str) -> Resources:
+        """Usage of ``name`` including all its descendants (a copy, zeros dropped)."""
+        return _nonzero(self._used.get(name, {}))
+
+    def self_used(self, name: str) -> Resources:
+        """Usage of the units labelled with ``name`` itself (a copy, zeros dropped)."""
+        return _nonzero(self._self_used.get(name, {}))
+
+    def contribution(self, key: str) -> tuple[str, Resources] | None:
+        return self._contrib.get(key)
+
+    def epoch(self, name: str) -> int:
+        return self._tree_epoch + sum(self._releases.get(n, 0) for n in self.chain(name).names)
+
+    def put_unit(self, unit: Unit) -> frozenset[str]:
+        """Record what ``unit`` holds now; returns the quotas whose usage decreased."""
+        held = reserved_resources(unit) if unit.quota else {}
+        return self._set(unit.key, (unit.quota, held) if unit.quota and held else None)
+
+    def delete_unit(self, key: str) -> frozenset[str]:
+        return self._set(key, None)
+
+    def apply(self, old: Unit | None, new: Unit | None) -> frozenset[str]:
+        """Watch-event form: ``(None, u)`` add, ``(u, u')`` update, ``(u, None)`` delete."""
+        if new is None:
+            return self.delete_unit(old.key) if old is not None else frozenset()
+        released = frozenset[str]()
+        if old is not None and old.key != new.key:
+            released = self.delete_unit(old.key)
+        return released | self.put_unit(new)
+
+    def _set(self, key: str, new: tuple[str, Resources] | None) -> frozenset[str]:
+        old = self._contrib.get(key)
+        if old == new:
+            return frozenset()
+        delta: dict[str, dict[str, int]] = {}
+        if old is not None:
+            self._contrib.pop(key)
+            self._move(old[0], old[1], -1, delta)
+        if new is not None:
+            self._contrib[key] = new
+            self._move(new[0], new[1], 1, delta)
+        released = frozenset(n for n, d in delta.items() if any(v < 0 for v in d.values()))
+        for name in released:
+            self._releases[name] = self._releases.get(name, 0) + 1
+        return released
+
+    def _move(self, leaf: str, res: Resources, sign: int, delta: dict[str, dict[str, int]]) -> None:
+        own = self._self_used.setdefault(leaf, {})
+        for r, v in res.items():
+            own[r] = own.get(r, 0) + sign * v
+        if quantities.is_zero(own):
+            del self._self_used[leaf]
+        for name in self.chain(leaf).names:
+            used = self._used.setdefault(name, {})
+            d = delta.setdefault(name, {})
+            for r, v in res.items():
+                used[r] = used.get(r, 0) + sign * v
+                d[r] = d.get(r, 0) + sign * v
+
+    def view(self) -> UsageView:
+        return UsageView(self)
+
+
+class UsageView:
+    """The ledger plus the admissions decided earlier in the current cycle (never written back).
+
+    Each admission of a cycle is added here at once, so later decisions of the same cycle see it
+    and nothing is over-admitted; the reconciler then assumes the admission into the real cache.
+    """
+
+    __slots__ = ("_extra", "ledger", "level")
+
+    def __init__(self, ledger: QuotaLedger) -> None:
+        self.ledger = ledger
+        self._extra: dict[str, dict[str, int]] = {}
+        self.level: str | None = None
+
+    def used(self, name: str, resource: str) -> int:
+        extra = self._extra.get(name)
+        base = self.ledger._used.get(name)
+        return (base.get(resource, 0) if base else 0) + (extra.get(resource, 0) if extra else 0)
+
+    def reserve(self, quota: str, request: Mapping[str, int]) -> None:
+        for name in self.ledger.chain(quota).names:
+            extra = self._extra.setdefault(name, {})
+            for r, v in request.items():
+                extra[r] = extra.get(r, 0) + v
+
+    def check(self, request: Mapping[str, int], quota: str, *, item: str) -> str | None:
+        """``None`` when ``request`` fits at every level, else upstream's failure text.
+
+        After a failure, :attr:`level` names the quota that refused (``None`` for a structural
+        error), so the scheduler knows which releases can help.
+        """
+        chain = self.ledger.chain(quota)
+        quotas = self.ledger._quotas
+        for name in chain.names:
+            limits = quotas[name].max
+            self.level = name
+            if not limits:
+                if request:
+                    return Message.quota_spec_empty(name)
+                continue
+            for r in sorted(request):
+                if r in limits and limits[r] - self.used(name, r) < request[r]:
+                    return Message.limited(name, r)
+        self.level = None
+        return chain.message(item)
+
+    def headroom(self, quota: str) -> Resources | None:
+        """Per resource, the smallest ``max - used`` along the chain (absent = unlimited).
+
+        ``None`` when nothing can ever fit by freeing usage (a structural error); an empty ``max``
+        shows as ``{"*": 0}``-like impossibility via ``None`` too.
+        """
+        chain = self.ledger.chain(quota)
+        if chain.error is not None:
+            return None
+        room: dict[str, int] = {}
+        for name in chain.names:
+            limits = self.ledger._quotas[name].max
+            if not limits:
+                return None
+            for r, cap in limits.items():
+                free = cap - self.used(name, r)
+                room[r] = min(room.get(r, free), free)
+        return room
+
+    def exhausted(self, quota: str, minimums: Mapping[str, int], *, any_empty: bool) -> bool:
+        """True when no unit of ``quota`` can fit: for some level and resource, the smallest
+        request among them exceeds what is left (``minimums`` holds, per resource, the minimum over
+        units that *all* request it; ``any_empty`` says some unit requests nothing). Sets
+        :attr:`level` like :meth:`check`."""
+        chain = self.ledger.chain(quota)
+        self.level = None
+        if chain.error is not None:
+            return True
+        for name in chain.names:
+            limits = self.ledger._quotas[name].max
+            self.level = name
+            if not limits:
+                if not any_empty:
+                    return True
+                continue
+            for r, smallest in minimums.items():
+                if r in limits and limits[r] - self.used(name, r) < smallest:
+                    return True
+        self.level = None
+        return False

@@ -1,0 +1,120 @@
+"""ElasticQuota → Queue: the Queue every quota gets (REFERENCE §4.3), as pure decisions.
+
+Each ElasticQuota gets a Queue of the same name in namespace ``koord-queue`` with priority 1000, the
+policy named by the quota's label ``koord-queue/queue-policy`` (Priority when absent), every
+``koord-queue/*`` annotation of the quota, and the quota's parent label. On every quota update the
+policy is derived again (it overwrites a hand-set ``spec.queuePolicy``, as upstream does), synced
+annotations are added or updated while the Queue's other annotations are kept, and the parent label
+follows the quota.
+
+Two deliberate differences from upstream: an unsupported policy label (FIFO, Round, a typo) does not
+leave a Queue that can never schedule; the Queue uses Priority and the reconciler reports the label
+with a Warning ``AddQueueFail`` event on the Queue. And the reconciler marks the Queues it creates,
+so deleting a quota never deletes a Queue an admin made by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shared import names
+
+Obj = dict[str, Any]
+
+#: Marks Queues created from a quota (deleted with it).
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE: Final = "koord-queue-elasticquota"
+
+SUPPORTED: Final = tuple(p.value for p in names.QueuePolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueIntent:
+    """The Queue a quota implies, and the complaint about its policy label, if any."""
+
+    queue: Obj
+    policy_problem: str | None
+
+
+def _str_map(value: object) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def synced_annotations(quota: Obj) -> dict[str, str]:
+    """The quota annotations a Queue carries: every ``koord-queue/*`` key except the policy key."""
+    found = _str_map((quota.get("metadata") or {}).get("annotations"))
+    return {
+        k: v
+        for k, v in found.items()
+        if k.startswith(names.QUEUE_ANNOTATION_PREFIX) and k != names.QUEUE_POLICY_LABEL
+    }
+
+
+def intent(quota: Obj) -> QueueIntent:
+    meta = quota.get("metadata") or {}
+    labels = _str_map(meta.get("labels"))
+    raw_policy = labels.get(names.QUEUE_POLICY_LABEL, "")
+    problem = None
+    policy = names.QueuePolicy.PRIORITY.value
+    if raw_policy in SUPPORTED:
+        policy = raw_policy
+    elif raw_policy:
+        problem = (
+            f'unsupported queue policy "{raw_policy}" in label {names.QUEUE_POLICY_LABEL} of '
+            f"ElasticQuota {meta.get('namespace', '')}/{meta.get('name', '')}: supported policies "
+            f"are {', '.join(SUPPORTED)}; the queue uses {policy} until the label is fixed"
+        )
+    queue_labels = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+    parent = labels.get(names.QUOTA_PARENT_LABEL)
+    if parent:
+        queue_labels[names.QUOTA_PARENT_LABEL] = parent
+    queue = {
+        "apiVersion": names.API_VERSION,
+        "kind": "Queue",
+        "metadata": {
+            "name": str(meta.get("name", "")),
+            "namespace": names.COMPONENT_NAMESPACE,
+            "labels": queue_labels,
+            "annotations": synced_annotations(quota),
+        },
+        "spec": {"queuePolicy": policy, "priority": names.DEFAULT_QUEUE_PRIORITY},
+    }
+    return QueueIntent(queue=queue, policy_problem=problem)
+
+
+def update_patch(existing: Obj, wanted: Obj) -> Obj | None:
+    """A merge patch bringing an existing Queue in line with the quota, or None.
+
+    Only what the quota owns is touched: the policy, the synced annotations and the parent label.
+    ``spec.priority`` and other annotations an admin set on the Queue are kept.
+    """
+    meta = existing.get("metadata") or {}
+    spec = existing.get("spec") or {}
+    wanted_meta = wanted["metadata"]
+    patch: Obj = {}
+    if spec.get("queuePolicy") != wanted["spec"]["queuePolicy"]:
+        patch["spec"] = {"queuePolicy": wanted["spec"]["queuePolicy"]}
+    have_ann = _str_map(meta.get("annotations"))
+    ann = {k: v for k, v in wanted_meta["annotations"].items() if have_ann.get(k) != v}
+    have_labels = _str_map(meta.get("labels"))
+    labels: dict[str, str | None] = {}
+    parent = wanted_meta["labels"].get(names.QUOTA_PARENT_LABEL)
+    if have_labels.get(names.QUOTA_PARENT_LABEL) != parent:
+        labels[names.QUOTA_PARENT_LABEL] = parent  # None removes it
+    metadata: Obj = {}
+    if ann:
+        metadata["annotations"] = ann
+    if labels:
+        metadata["labels"] = labels
+    if metadata:
+        patch["metadata"] = metadata
+    return patch or None
+
+
+def created_from_quota(queue: Obj) -> bool:
+    labels = _str_map((queue.get("metadata") or {}).get("labels"))
+    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE

@@ -1,0 +1,556 @@
+"""One scheduling cycle as a pure function of the cache: ``schedule(snapshot, state, now) -> Plan``.
+
+ARCHITECTURE decision 3: decide on a snapshot, then act. The plan lists decisions in the order they
+were taken; the reconciler applies them (assume the admission into its cache, write, forget on
+failure; write the victims' reclaim states; write the parked units' messages and events).
+
+How a cycle works (REFERENCE §3.4-3.7, with the deliberate differences stated):
+
+1. Units whose quota label names no usable queue are parked once with ``queue <q> is not exist``
+   (``queue_not_found=True``: the reconciler emits ``QueueNotFound`` once per unit).
+2. Queues are served **strictly in order** of ``spec.priority`` (higher first), then name; upstream
+   runs queues concurrently. Only queues where something changed since their last scan (a unit
+   added, updated or removed, quota released on their chain, a spec change, a timer) are scanned:
+   an unchanged queue would decide the same again.
+3. Each scanned queue is walked from its head (upstream's scan cursor is replaced by this batch
+   rescan) and may admit **many** units; every admission is added to the cycle's usage view at once,
+   so later decisions in the same cycle see it and nothing is over-admitted.
+4. Per unit: skip units being admitted, inactive units (they keep their place) and, with Block or
+   Intelligent, everything once the quota is blocked. Then the quota **filter** (remaining demand vs
+   ``max - used`` up the parent chain); on failure the preempt path runs and the unit is parked
+   with the filter text plus ``"; preempt succeed"`` or ``"; preempt failed"``. On success, with
+   ``wait-for-pods-running`` and a non-empty assumed set, the reserve path runs. Otherwise the unit
+   is admitted to ``Reserved`` (an admission check of the queue selects it) or ``Dequeued``.
+5. Policies: Priority lets lower units bypass one that failed; Block blocks the quota (the rest of
+   the queue) until a release, add or delete for it, or 3 minutes without an attempt; Intelligent
+   blocks on any failure too, and scans its low sub-queue only when no high unit is left waiting.
+   ``max-depth`` caps the scan (also for Intelligent, where upstream parses and then ignores it).
+6. Cost control without changing outcomes: a queue scan stops as soon as no later unit can be
+   admitted in this cycle (its quota's headroom is below the smallest pending request; a unit that
+   sorts before it holds the queue under ``wait-for-pods-running``; a preemption round is waiting);
+   units never examined since they (re)entered the queue still get one park with their own reason.
+   A unit parked for quota whose chain has seen no release since is not re-examined.
+
+A unit in a queue whose preemption round is in progress is not admitted if it sorts after the
+preemptor: the preemptor is first in line for the quota being freed (Kueue's lesson, see
+KUEUE-LESSONS §3.5). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from shared.admission_checks import matched_checks
+from shared.model import QueueConfig, Quota, Unit, with_grants
+from shared.names import EventReason, Message, Phase, QueuePolicy
+from shared.ordering import queue_key
+from shared.policies import (
+    Item,
+    Mark,
+    ParkRecord,
+    PreemptRound,
+    QueueState,
+    SchedulerState,
+    queue_item_details,
+)
+from shared.predicates import has_reclaim, satisfied
+from shared.preemption import (
+    NO_VICTIMS,
+    MarkVictims,
+    PreemptOutcome,
+    disabled_reason,
+    first_holder,
+    plan_preempt,
+    plan_reserve,
+)
+from shared.quantities import Resources
+from shared.quota import QuotaLedger, UsageView, remaining_grants
+
+__all__ = [
+    "BLOCK_STALE_SECONDS",
+    "Admit",
+    "Cache",
+    "Decision",
+    "Park",
+    "Plan",
+    "Snapshot",
+    "UnitNotes",
+    "beyond_depth_message",
+    "invalid_message",
+    "schedule",
+]
+
+#: Block/Intelligent: blocked quotas are cleared after this long without any attempt (upstream).
+BLOCK_STALE_SECONDS = 180.0
+
+
+def beyond_depth_message(queue: str, depth: int) -> str:
+    return f"waiting in queue {queue}: position is beyond the queue's max-depth {depth}"
+
+
+def invalid_message(problem: str) -> str:
+    return f"QueueUnit cannot be scheduled: {problem}; fix its spec to make it schedulable"
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Admit ``key``: add ``grants`` (pod set -> replicas) to ``status.admissions``."""
+
+    key: str
+    queue: str
+    grants: Mapping[str, int]
+    phase: Phase
+    message: str
+    admission_checks: tuple[str, ...]
+    request: Resources
+    reason: EventReason = EventReason.SCHEDULED
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """Leave ``key`` waiting with ``message`` (Warning ``FailedScheduling``).
+
+    ``repeated`` says the message equals the last one given (in memory or in ``status.message``):
+    the reconciler may skip the write and the event. ``preempt_error`` is for logs only.
+    """
+
+    key: str
+    queue: str
+    message: str
+    reason: EventReason = EventReason.FAILED_SCHEDULING
+    queue_not_found: bool = False
+    repeated: bool = False
+    preempt_error: str | None = None
+
+
+Decision = Admit | Park | MarkVictims
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The decisions of one cycle, in order, and when to run again if nothing else happens."""
+
+    decisions: tuple[Decision, ...] = ()
+    wake_at: float | None = None
+    examined: int = 0
+
+    @property
+    def admits(self) -> list[Admit]:
+        return [d for d in self.decisions if isinstance(d, Admit)]
+
+    @property
+    def parks(self) -> list[Park]:
+        return [d for d in self.decisions if isinstance(d, Park)]
+
+    @property
+    def marks(self) -> list[MarkVictims]:
+        return [d for d in self.decisions if isinstance(d, MarkVictims)]
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What a cycle reads: every known unit by key and the quota ledger built from them."""
+
+    units: dict[str, Unit] = field(default_factory=dict)
+    ledger: QuotaLedger = field(default_factory=QuotaLedger)
+    reclaim_protect_seconds: float = 0.0
+
+
+class _Stop(enum.Enum):
+    BLOCKED = "blocked"  # Block/Intelligent quota blocked, or Block holding after a preemption
+    EXHAUSTED = "exhausted"  # no pending request fits the headroom any more
+    HELD = "held"  # wait-for-pods-running: a unit sorting earlier holds the queue
+    PREEMPTING = "preempting"  # behind a preemptor whose round is in progress
+    HIGH_WAITING = "high-waiting"  # Intelligent: high units still wait
+
+
+class _Cycle:
+    def __init__(self, snapshot: Snapshot, state: SchedulerState, now: float) -> None:
+        self.units = snapshot.units
+        self.ledger = snapshot.ledger
+        self.protect = snapshot.reclaim_protect_seconds
+        self.state = state
+        self.now = now
+        self.view: UsageView = snapshot.ledger.view()
+        self.decisions: list[Decision] = []
+        self.examined = 0
+        self.admitted: dict[str, list[Item]] = {}
+        self.epochs: dict[str, int] = {}
+
+    # --- helpers ------------------------------------------------------------------------------------
+
+    def epoch(self, qs: QueueState) -> int:
+        value = self.epochs.get(qs.name)
+        if value is None:
+            value = self.epochs[qs.name] = self.ledger.epoch(qs.name)
+        return value
+
+    def park(
+        self, qs: QueueState, key: str, message: str, *, quota_failure: bool, preempt_error: str | None = None
+    ) -> None:
+        previous = qs.parked.get(key)
+        repeated = (previous is not None and previous.message == message) or self.units[
+            key
+        ].message == message
+        qs.parked[key] = ParkRecord(message, self.epoch(qs), quota_failure)
+        qs.unparked.discard(key)
+        self.decisions.append(
+            Park(key=key, queue=qs.name, message=message, repeated=repeated, preempt_error=preempt_error)
+        )
+
+    def may_preempt(self, qs: QueueState, key: str, item: Item) -> bool:
+        """Could the preempt path mark anything for ``key`` (or, a fortiori, a later unit)?"""
+        cfg = qs.config
+        if cfg.policy is QueuePolicy.INTELLIGENT or not (cfg.wait_for_pods_running and cfg.enable_preemption):
+            return False
+        if qs.round is not None and qs.round.preemptor != key:
+            return False
+        return bool(qs.assumed) and qs.assumed[-1] > item
+
+    def holds(self, qs: QueueState, key: str) -> bool:
+        """Under wait-for-pods-running, is the queue held by some other unit right now?"""
+        return first_holder(qs, self.admitted.get(qs.name, []), key) is not None
+
+    def stop_reason(self, qs: QueueState, key: str, item: Item) -> _Stop | None:
+        if qs.config.wait_for_pods_running:
+            holder = first_holder(qs, self.admitted.get(qs.name, []), key)
+            if holder is not None and holder < item:
+                return _Stop.HELD
+        minimums = qs.demand.minimums()
+        if self.view.exhausted(qs.name, minimums, any_empty=qs.demand.empty > 0) and not self.may_preempt(
+            qs, key, item
+        ):
+            return _Stop.EXHAUSTED
+        return None
+
+    def reason_text(self, qs: QueueState, stop: _Stop) -> str:
+        if stop is _Stop.HELD:
+            return Message.NO_MORE_IN_QUEUE
+        if stop is _Stop.PREEMPTING:
+            return Message.queue_preempting(qs.name)
+        return Message.BLOCKED_BY_HIGHER
+
+    # --- one queue ----------------------------------------------------------------------------------
+
+    def scan(self, qs: QueueState) -> None:
+        qs.expire(self.now)
+        qs.dirty = False
+        qs.wake_at = None
+        if qs.config.policy is QueuePolicy.INTELLIGENT:
+            stop = self.scan_lane(qs, 0)
+            high_left = qs.active_in_lane[0] - sum(
+                1 for k in qs.updating if k in qs.entries and qs.entries[k].lane == 0
+            )
+            if stop is None and high_left > 0:
+                stop = _Stop.HIGH_WAITING
+            if stop is None:
+                self.scan_lane(qs, 1)
+            else:
+                self.park_unparked(qs, 1, 0, _Stop.BLOCKED if stop is _Stop.BLOCKED else _Stop.HIGH_WAITING)
+        else:
+            self.scan_lane(qs, 0)
+        self.set_timer(qs)
+
+    def scan_lane(self, qs: QueueState, lane_no: int) -> _Stop | None:
+        lane = qs.lanes[lane_no]
+        depth = qs.config.max_depth
+        limit = len(lane) if depth <= 0 else min(len(lane), depth)
+        policy = qs.config.policy
+        check_stop = True
+        pos = 0
+        while pos < limit:
+            item = lane[pos]
+            pos += 1
+            key = str(item[-1])
+            entry = qs.entries[key]
+            if key in qs.updating:
+                continue
+            if not entry.active:
+                if entry.invalid is not None and key in qs.unparked:
+                    self.park(qs, key, invalid_message(entry.invalid), quota_failure=False)
+                continue
+            stop: _Stop | None = None
+            round_ = qs.round
+            if qs.blocked:
+                stop = _Stop.BLOCKED
+            elif (
+                round_ is not None
+                and round_.preemptor != key
+                and round_.preemptor in qs.entries
+                and qs.entries[round_.preemptor].item < item
+            ):
+                stop = _Stop.PREEMPTING
+            elif check_stop:
+                stop = self.stop_reason(qs, key, item)
+                check_stop = False
+            if stop is not None:
+                self.park_unparked(qs, lane_no, pos - 1, stop)
+                return stop
+            record = qs.parked.get(key)
+            if (
+                record is not None
+                and record.quota_failure
+                and record.epoch == self.epoch(qs)
+                and not self.may_preempt(qs, key, item)
+            ):
+                if policy is QueuePolicy.PRIORITY:
+                    continue
+                qs.last_attempt_at = self.now
+                qs.blocked = True  # still failing: Block/Intelligent stop here as upstream would
+                self.park_unparked(qs, lane_no, pos, _Stop.BLOCKED)
+                return _Stop.BLOCKED
+            qs.last_attempt_at = self.now
+            preempted = self.attempt(qs, key, item)
+            if preempted is None:
+                continue  # admitted
+            check_stop = True
+            if policy is QueuePolicy.PRIORITY:
+                continue
+            if not preempted:
+                qs.blocked = True
+            self.park_unparked(qs, lane_no, pos, _Stop.BLOCKED)
+            return _Stop.BLOCKED
+        self.park_unparked(qs, lane_no, limit, None)
+        return None
+
+    def attempt(self, qs: QueueState, key: str, item: Item) -> bool | None:
+        """Try one unit. ``None``: admitted; otherwise whether a preemption is under way for it."""
+        self.examined += 1
+        cfg = qs.config
+        entry = qs.entries[key]
+        admitted = self.admitted.setdefault(qs.name, [])
+        failure = self.view.check(entry.request, qs.name, item=key)
+        if failure is not None:
+            outcome = plan_preempt(
+                item,
+                entry.request,
+                state=qs,
+                units=self.units,
+                view=self.view,
+                now=self.now,
+                protect=self.protect,
+                admitted=admitted,
+            )
+            self.apply_outcome(qs, key, outcome, path="preempt")
+            suffix = Message.PREEMPT_SUCCEED_SUFFIX if outcome.succeeded else Message.PREEMPT_FAILED_SUFFIX
+            self.park(qs, key, failure + suffix, quota_failure=True, preempt_error=outcome.error)
+            return outcome.succeeded
+        if cfg.wait_for_pods_running and self.holds(qs, key):
+            outcome = plan_reserve(
+                item, state=qs, units=self.units, now=self.now, protect=self.protect, admitted=admitted
+            )
+            self.apply_outcome(qs, key, outcome, path="reserve")
+            names = [v.name for v in outcome.victims] or list(outcome.waiting_for)
+            message = outcome.error or Message.waiting_for_victims(names)
+            self.park(qs, key, message, quota_failure=False, preempt_error=outcome.error)
+            return outcome.succeeded
+        unit = self.units[key]
+        checks = matched_checks(cfg.admission_checks, unit.labels)
+        self.view.reserve(qs.name, entry.request)
+        admitted.append(item)
+        qs.updating.add(key)
+        qs.parked.pop(key, None)
+        qs.unparked.discard(key)
+        self.decisions.append(
+            Admit(
+                key=key,
+                queue=qs.name,
+                grants=remaining_grants(unit),
+                phase=Phase.RESERVED if checks else Phase.DEQUEUED,
+                message=Message.RESERVED if checks else Message.DEQUEUED,
+                admission_checks=checks,
+                request=entry.request,
+            )
+        )
+        return None
+
+    def apply_outcome(self, qs: QueueState, key: str, outcome: PreemptOutcome, *, path: str) -> None:
+        if outcome.wake_at is not None and (qs.wake_at is None or outcome.wake_at < qs.wake_at):
+            qs.wake_at = outcome.wake_at
+        if not outcome.victims:
+            return
+        if qs.round is None:
+            qs.round = PreemptRound(preemptor=key, started_at=self.now)
+        for victim in outcome.victims:
+            qs.round.victims.add(victim.key)
+            qs.marks[victim.key] = Mark(dict(victim.reclaim), self.now)
+        qs.dirty = True  # re-check the preemptor once the marks are written
+        self.decisions.append(MarkVictims(queue=qs.name, preemptor=key, victims=outcome.victims, path=path))
+
+    def park_unparked(self, qs: QueueState, lane_no: int, start: int, stop: _Stop | None) -> None:
+        """Give every unit not examined since it (re)entered the queue its own reason, once."""
+        if not qs.unparked:
+            return
+        lane = qs.lanes[lane_no]
+        depth = qs.config.max_depth
+        pending = sorted(
+            (qs.entries[k].item, k)
+            for k in qs.unparked
+            if qs.entries[k].lane == lane_no and k not in qs.updating and qs.entries[k].active
+        )
+        for item, key in pending:
+            pos = bisect.bisect_left(lane, item)
+            if pos < start:
+                continue
+            if depth > 0 and pos >= depth:
+                self.park(qs, key, beyond_depth_message(qs.name, depth), quota_failure=False)
+                continue
+            if stop is None:
+                continue
+            failure = self.view.check(qs.entries[key].request, qs.name, item=key)
+            if failure is not None:
+                round_ = qs.round
+                busy = round_ is not None and round_.preemptor != key
+                why = disabled_reason(qs.config) or (
+                    Message.queue_preempting(qs.name) if busy else NO_VICTIMS
+                )
+                self.park(
+                    qs, key, failure + Message.PREEMPT_FAILED_SUFFIX, quota_failure=True, preempt_error=why
+                )
+            elif stop is not _Stop.EXHAUSTED:
+                self.park(qs, key, self.reason_text(qs, stop), quota_failure=False)
+
+    def set_timer(self, qs: QueueState) -> None:
+        times = [t for t in (qs.wake_at,) if t is not None]
+        if qs.blocked and qs.last_attempt_at is not None:
+            times.append(qs.last_attempt_at + BLOCK_STALE_SECONDS)
+        if qs.marks:
+            times.append(min(m.marked_at for m in qs.marks.values()) + 60.0)
+        if times:
+            self.state.timers[qs.name] = max(min(times), self.now)
+        else:
+            self.state.timers.pop(qs.name, None)
+        if qs.dirty:
+            self.state.dirty.add(qs.name)
+
+
+def schedule(snapshot: Snapshot, state: SchedulerState, now: float) -> Plan:
+    """Run one cycle. Deterministic: the same snapshot, state and ``now`` give the same plan.
+
+    Mutates only ``state`` (the scheduler's memory: dirty flags, parked messages, blocked quotas,
+    marks and rounds, admissions in flight); never ``snapshot``.
+    """
+    cycle = _Cycle(snapshot, state, now)
+    for qname in sorted(state.orphans):
+        for key in sorted(state.orphans[qname]):
+            if key not in state.orphans_parked:
+                state.orphans_parked.add(key)
+                message = Message.queue_not_exist(qname)
+                cycle.decisions.append(
+                    Park(
+                        key=key,
+                        queue=qname,
+                        message=message,
+                        queue_not_found=True,
+                        repeated=snapshot.units[key].message == message,
+                    )
+                )
+    for qname in sorted(state.timers):
+        if state.timers[qname] <= now:
+            del state.timers[qname]
+            state.dirty.add(qname)
+            if qname in state.queues:
+                stale = state.queues[qname]
+                if stale.blocked and (stale.last_attempt_at or 0.0) + BLOCK_STALE_SECONDS <= now:
+                    stale.blocked = False
+    due = sorted(
+        (state.queues[q] for q in state.dirty if q in state.queues), key=lambda qs: queue_key(qs.config)
+    )
+    state.dirty.clear()
+    for qs in due:
+        cycle.scan(qs)
+    wake = min(state.timers.values(), default=None)
+    return Plan(decisions=tuple(cycle.decisions), wake_at=wake, examined=cycle.examined)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitNotes:
+    """What a unit event implies beyond the cache: ``reclaimed`` -> Normal event ``Reclaimed``."""
+
+    released: bool = False
+    reclaimed: bool = False
+
+
+class Cache:
+    """The reconciler's view of the cluster for scheduling: feed it every watch event, call
+    :meth:`schedule`, then :meth:`assume` each admission before writing it (and :meth:`forget` it
+    if the write fails), and :meth:`forget_marks` for victims whose marking could not be written.
+
+    All updates are incremental (O(log n) per unit event, O(depth) for usage); a relist simply
+    feeds every object again and reaches the same state.
+    """
+
+    def __init__(self, *, reclaim_protect_seconds: float = 0.0) -> None:
+        self.snapshot = Snapshot(reclaim_protect_seconds=reclaim_protect_seconds)
+        self.state = SchedulerState()
+
+    @property
+    def units(self) -> Mapping[str, Unit]:
+        return self.snapshot.units
+
+    @property
+    def ledger(self) -> QuotaLedger:
+        return self.snapshot.ledger
+
+    def put_unit(self, unit: Unit) -> UnitNotes:
+        old = self.snapshot.units.get(unit.key)
+        self.snapshot.units[unit.key] = unit
+        released = self.ledger.put_unit(unit)
+        self.state.put_unit(old, unit, self.snapshot.units)
+        self.state.on_release(released, self.ledger)
+        reclaimed = old is not None and has_reclaim(old) and not has_reclaim(unit) and not satisfied(unit)
+        return UnitNotes(released=bool(released), reclaimed=reclaimed)
+
+    def delete_unit(self, key: str) -> UnitNotes:
+        old = self.snapshot.units.pop(key, None)
+        if old is None:
+            return UnitNotes()
+        released = self.ledger.delete_unit(key)
+        self.state.delete_unit(old)
+        self.state.on_release(released, self.ledger)
+        return UnitNotes(released=bool(released))
+
+    def put_queue(self, config: QueueConfig) -> None:
+        self.state.put_queue(config, self.snapshot.units)
+
+    def delete_queue(self, name: str) -> None:
+        self.state.delete_queue(name, self.snapshot.units)
+
+    def put_quota(self, quota: Quota) -> None:
+        if self.ledger.put_quota(quota):
+            self.state.on_release({quota.name}, self.ledger)
+
+    def delete_quota(self, name: str) -> None:
+        self.ledger.delete_quota(name)
+        self.state.on_release({name}, self.ledger)
+
+    def schedule(self, now: float) -> Plan:
+        return schedule(self.snapshot, self.state, now)
+
+    def assume(self, admit: Admit, *, now: float) -> tuple[Unit, Unit]:
+        """Fold an admission into the cache before writing it; returns ``(before, after)``."""
+        before = self.snapshot.units[admit.key]
+        after = with_grants(before, admit.grants, phase=admit.phase, message=admit.message, now=now)
+        self.put_unit(after)
+        return before, after
+
+    def forget(self, before: Unit) -> None:
+        """The admission write failed: restore the unit as it was and let it compete again."""
+        self.put_unit(before)
+        state = self.state.queues.get(before.quota or "")
+        if state is not None:
+            state.forget_admit(before.key)
+            self.state.mark_dirty(state)
+
+    def forget_marks(self, queue: str, keys: set[str] | frozenset[str]) -> None:
+        state = self.state.queues.get(queue)
+        if state is not None:
+            state.forget_marks(keys)
+            self.state.mark_dirty(state)
+
+    def queue_item_details(self, queue: str) -> list[dict[str, object]]:
+        state = self.state.queues.get(queue)
+        return [] if state is None else queue_item_details(state)

@@ -1,0 +1,380 @@
+"""Pure validation of our annotations and objects, reporting *every* error with its field path.
+
+The validating webhook turns these lists into one denial message, in the shape Kubernetes users
+know from ``field.ErrorList`` (``spec.queuePolicy: Unsupported value: "FIFO": supported values:
+"Priority", "Block", "Intelligent"``), so a user fixes everything in one round. Checked here:
+
+* job annotations read by the job extensions (REFERENCE §2.4, §2.9): priority, active,
+  max-exec-time-seconds, min-resources;
+* Queue: policy and the ``koord-queue/*`` tuning annotations (REFERENCE §3.6);
+* QueueUnit: pod sets and quantities (REFERENCE §1.2);
+* ElasticQuota: quantities, ``min <= max``, a parent that is not itself; and, because an
+  ElasticQuota's ``koord-queue/*`` annotations and policy label are copied onto the Queue created
+  for it (REFERENCE §4.3), the same Queue checks on those.
+
+Scalars are parsed the way upstream's Go code parses them (``strconv.ParseBool``,
+``strconv.ParseInt``, ``time.ParseDuration``), so we neither reject what upstream accepted nor accept
+what it would silently ignore. Everything here is pure and total: any JSON value yields a list.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shared import durations, names, quantities
+from shared.jobs import base, podspec
+from shared.jobs.base import JobSpecError
+
+MAX_POD_SETS: Final = 8
+INT32_MIN: Final = -(1 << 31)
+INT32_MAX: Final = (1 << 31) - 1
+
+_GO_TRUE: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE: Final = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+_GO_INT: Final = re.compile(r"[+-]?[0-9]+")
+_DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_POLICIES: Final = tuple(policy.value for policy in names.QueuePolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One problem: ``path`` is the field, ``message`` what is wrong (``Invalid value: ...``)."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+def _show(value: object) -> str:
+    """A value as Kubernetes prints it in errors (Go ``%#v``-like), cut short when long.
+
+    Containers are summarised, never dumped: they can be huge or nested deeper than the
+    recursion limit, and the field path already says where they are.
+    """
+    if isinstance(value, Mapping):
+        return "{...}"
+    if isinstance(value, list):
+        return "[...]"
+    if isinstance(value, str | bool | float) or value is None:
+        shown = json.dumps(value, ensure_ascii=False)
+    else:
+        shown = str(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def invalid(path: str, value: object, detail: str) -> FieldError:
+    return FieldError(path, f"Invalid value: {_show(value)}: {detail}")
+
+
+def required(path: str, detail: str = "") -> FieldError:
+    return FieldError(path, f"Required value: {detail}" if detail else "Required value")
+
+
+def not_supported(path: str, value: object, supported: Iterable[str]) -> FieldError:
+    listed = ", ".join(f'"{s}"' for s in supported)
+    return FieldError(path, f"Unsupported value: {_show(value)}: supported values: {listed}")
+
+
+def forbidden(path: str, detail: str) -> FieldError:
+    return FieldError(path, f"Forbidden: {detail}")
+
+
+def too_many(path: str, actual: int, limit: int) -> FieldError:
+    return FieldError(path, f"Too many: {actual}: must have at most {limit} items")
+
+
+def duplicate(path: str, value: object) -> FieldError:
+    return FieldError(path, f"Duplicate value: {_show(value)}")
+
+
+def from_spec_error(err: JobSpecError) -> FieldError:
+    return FieldError(err.path, err.detail)
+
+
+def aggregate(errors: Iterable[FieldError]) -> str:
+    """One message for many errors, as ``ErrorList.ToAggregate().Error()`` prints it."""
+    texts = [str(e) for e in errors]
+    return texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+
+
+def ratchet(new: list[FieldError], old: Iterable[FieldError]) -> list[FieldError]:
+    """Errors of an updated object that its previous version did not already have.
+
+    On UPDATE only *new* problems are reported, so an object stored before the webhook existed
+    (or before a rule was added) can still get its finalizers removed or its status moved on.
+    """
+    seen = set(old)
+    return [e for e in new if e not in seen]
+
+
+# --- Go scalar parsing ---------------------------------------------------------------------------
+
+
+def parse_go_bool(value: str) -> bool | None:
+    """``strconv.ParseBool``: the value, or ``None`` when Go would return an error."""
+    if value in _GO_TRUE:
+        return True
+    return False if value in _GO_FALSE else None
+
+
+def parse_go_int(value: str, *, bits: int = 64) -> int | None:
+    """``strconv.ParseInt(value, 10, bits)``: no spaces, no underscores, in range, else ``None``."""
+    if not _GO_INT.fullmatch(value) or len(value) > 40:
+        return None
+    number = int(value)
+    limit = 1 << (bits - 1)
+    return number if -limit <= number < limit else None
+
+
+def _annotation(key: str) -> str:
+    return f"metadata.annotations[{key}]"
+
+
+def _int_field(value: object, path: str, *, minimum: int = INT32_MIN) -> list[FieldError]:
+    """An optional int32 field of a CRD (the schema may be missing, so check the type too)."""
+    if value is None:
+        return []
+    if isinstance(value, bool) or not isinstance(value, int):
+        return [invalid(path, value, "must be an integer")]
+    if not minimum <= value <= INT32_MAX:
+        return [invalid(path, value, f"must be between {minimum} and {INT32_MAX}")]
+    return []
+
+
+# --- resource lists ------------------------------------------------------------------------------
+
+
+def validate_resource_list(raw: object, path: str) -> tuple[dict[str, int], list[FieldError]]:
+    """Parse a ResourceList, collecting one error per bad entry; returns the good entries too."""
+    if raw is None:
+        return {}, []
+    if not isinstance(raw, Mapping):
+        return {}, [invalid(path, raw, "must be a map of resource names to quantities")]
+    parsed: dict[str, int] = {}
+    errors: list[FieldError] = []
+    for name, value in raw.items():
+        try:
+            parsed.update(podspec.parse_resources({name: value}, path))
+        except JobSpecError as err:
+            errors.append(from_spec_error(err))
+    return parsed, errors
+
+
+def _pod_template_quantities(template: Mapping[str, Any], path: str) -> list[FieldError]:
+    spec = base.dig(template, "spec")
+    if spec is None:
+        return []
+    if not isinstance(spec, Mapping):
+        return [invalid(f"{path}.spec", spec, "must be an object")]
+    errors: list[FieldError] = []
+    for field in ("initContainers", "containers"):
+        containers = spec.get(field)
+        if containers is not None and not isinstance(containers, list):
+            errors.append(invalid(f"{path}.spec.{field}", containers, "must be a list"))
+            continue
+        for i, container in enumerate(containers or []):
+            for kind in ("requests", "limits"):
+                raw = base.dig(container, "resources", kind)
+                errors += validate_resource_list(raw, f"{path}.spec.{field}[{i}].resources.{kind}")[1]
+    errors += validate_resource_list(spec.get("overhead"), f"{path}.spec.overhead")[1]
+    return errors
+
+
+# --- jobs ----------------------------------------------------------------------------------------
+
+
+def validate_job_annotations(
+    annotations: Mapping[str, str], *, unchanged: Mapping[str, str] | None = None
+) -> list[FieldError]:
+    """The scheduling annotations of a managed job; entries equal in ``unchanged`` are skipped."""
+    old = unchanged or {}
+    errors: list[FieldError] = []
+
+    def changed(key: str) -> str | None:
+        value = annotations.get(key)
+        return None if value is None or old.get(key) == value else value
+
+    if (value := changed(names.PRIORITY_ANNOTATION)) is not None and parse_go_int(value, bits=32) is None:
+        errors.append(invalid(_annotation(names.PRIORITY_ANNOTATION), value, "must be a 32-bit integer"))
+    if (value := changed(names.ACTIVE_ANNOTATION)) is not None and parse_go_bool(value) is None:
+        errors.append(invalid(_annotation(names.ACTIVE_ANNOTATION), value, 'must be "true" or "false"'))
+    if (value := changed(names.MAX_EXEC_TIME_ANNOTATION)) is not None:
+        number = parse_go_int(value, bits=32)
+        if number is None or number <= 0:
+            detail = "must be a positive 32-bit integer (seconds)"
+            errors.append(invalid(_annotation(names.MAX_EXEC_TIME_ANNOTATION), value, detail))
+    if (value := changed(names.MIN_RESOURCES_ANNOTATION)) is not None:
+        path = _annotation(names.MIN_RESOURCES_ANNOTATION)
+        try:
+            errors += validate_resource_list(podspec.load_resource_text(value, path), path)[1]
+        except JobSpecError as err:
+            errors.append(from_spec_error(err))
+    return errors
+
+
+# --- Queue ---------------------------------------------------------------------------------------
+
+
+def validate_queue_annotations(annotations: Mapping[str, str]) -> list[FieldError]:
+    """The ``koord-queue/*`` tuning annotations a Queue is configured by (REFERENCE §3.6)."""
+    errors: list[FieldError] = []
+    for key in (names.WAIT_FOR_PODS_RUNNING_ANNOTATION, names.ENABLE_PREEMPTION_ANNOTATION):
+        if (value := annotations.get(key)) is not None and parse_go_bool(value) is None:
+            errors.append(invalid(_annotation(key), value, 'must be "true" or "false"'))
+    if (value := annotations.get(names.MAX_DEPTH_ANNOTATION)) is not None and parse_go_int(value) is None:
+        errors.append(invalid(_annotation(names.MAX_DEPTH_ANNOTATION), value, "must be an integer"))
+    key = names.PRIORITY_THRESHOLD_ANNOTATION
+    if (value := annotations.get(key)) is not None and parse_go_int(value, bits=32) is None:
+        errors.append(invalid(_annotation(key), value, "must be a 32-bit integer"))
+    if (value := annotations.get(names.QUEUE_ITEMS_REFRESH_ANNOTATION)) is not None:
+        path = _annotation(names.QUEUE_ITEMS_REFRESH_ANNOTATION)
+        try:
+            if durations.parse_duration_ns(value) <= 0:
+                errors.append(invalid(path, value, "must be a positive duration such as 15s or 1m30s"))
+        except ValueError:  # DurationError, or a number too long for int()
+            errors.append(invalid(path, value, "must be a Go duration such as 100ms, 15s or 1m30s"))
+    return errors
+
+
+def _policy(value: object, path: str) -> list[FieldError]:
+    if value is None or value == "":
+        return []
+    if not isinstance(value, str) or value not in _POLICIES:
+        return [not_supported(path, value, _POLICIES)]
+    return []
+
+
+def validate_queue(obj: Mapping[str, Any]) -> list[FieldError]:
+    """A ``scheduling.x-k8s.io/v1alpha1`` Queue."""
+    errors = validate_queue_annotations(base.annotations_of(obj))
+    spec = obj.get("spec")
+    if spec is None:
+        return errors
+    if not isinstance(spec, Mapping):
+        return [*errors, invalid("spec", spec, "must be an object")]
+    errors += _policy(spec.get("queuePolicy"), "spec.queuePolicy")
+    errors += _int_field(spec.get("priority"), "spec.priority")
+    checks = spec.get("admissionChecks")
+    if checks is not None and not isinstance(checks, list):
+        errors.append(invalid("spec.admissionChecks", checks, "must be a list"))
+        checks = None
+    seen: set[str] = set()
+    for i, check in enumerate(checks or []):
+        path = f"spec.admissionChecks[{i}]"
+        name = base.dig(check, "name")
+        if not isinstance(check, Mapping):
+            errors.append(invalid(path, check, "must be an object"))
+        elif not isinstance(name, str) or not name:
+            errors.append(required(f"{path}.name", "the name of an admission check"))
+        elif name in seen:
+            errors.append(duplicate(f"{path}.name", name))
+        else:
+            seen.add(name)
+        selector = base.dig(check, "labelSelector")
+        if selector is not None and not isinstance(selector, Mapping):
+            errors.append(invalid(f"{path}.labelSelector", selector, "must be a label selector object"))
+    return errors
+
+
+# --- QueueUnit -----------------------------------------------------------------------------------
+
+
+def _pod_set(item: object, path: str, seen: set[str]) -> list[FieldError]:
+    if not isinstance(item, Mapping):
+        return [invalid(path, item, "must be an object")]
+    errors: list[FieldError] = []
+    name = item.get("name", "main")
+    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.fullmatch(name):
+        detail = "must be a DNS label: at most 63 lowercase letters, digits and '-'"
+        errors.append(invalid(f"{path}.name", name, detail))
+    elif name in seen:
+        errors.append(duplicate(f"{path}.name", name))
+    else:
+        seen.add(name)
+    count, min_count = item.get("count"), item.get("minCount")
+    count_errors = _int_field(count, f"{path}.count", minimum=0)
+    errors += count_errors
+    errors += _int_field(min_count, f"{path}.minCount", minimum=1)
+    number = 1 if count is None else count
+    if (
+        not count_errors
+        and isinstance(min_count, int)
+        and not isinstance(min_count, bool)
+        and min_count > number
+    ):
+        detail = f"must be less than or equal to count ({number})"
+        errors.append(invalid(f"{path}.minCount", min_count, detail))
+    template = item.get("template")
+    if template is None:
+        errors.append(required(f"{path}.template", "the pod template of this pod set"))
+    elif not isinstance(template, Mapping):
+        errors.append(invalid(f"{path}.template", template, "must be a pod template object"))
+    else:
+        errors += _pod_template_quantities(template, f"{path}.template")
+    return errors
+
+
+def validate_queue_unit(obj: Mapping[str, Any]) -> list[FieldError]:
+    """A ``scheduling.x-k8s.io/v1alpha1`` QueueUnit."""
+    spec = obj.get("spec")
+    if spec is None:
+        return []
+    if not isinstance(spec, Mapping):
+        return [invalid("spec", spec, "must be an object")]
+    errors = _int_field(spec.get("priority"), "spec.priority")
+    errors += _int_field(
+        spec.get("maximumExecutionTimeSeconds"), "spec.maximumExecutionTimeSeconds", minimum=1
+    )
+    if "active" in spec and spec["active"] is not None and not isinstance(spec["active"], bool):
+        errors.append(invalid("spec.active", spec["active"], "must be true or false"))
+    for field in ("resource", "request"):
+        errors += validate_resource_list(spec.get(field), f"spec.{field}")[1]
+    pod_sets = spec.get("podSet")
+    if pod_sets is None:
+        return errors
+    if not isinstance(pod_sets, list):
+        return [*errors, invalid("spec.podSet", pod_sets, "must be a list")]
+    if len(pod_sets) > MAX_POD_SETS:
+        errors.append(too_many("spec.podSet", len(pod_sets), MAX_POD_SETS))
+    seen: set[str] = set()
+    for i, item in enumerate(pod_sets):
+        errors += _pod_set(item, f"spec.podSet[{i}]", seen)
+    return errors
+
+
+# --- ElasticQuota --------------------------------------------------------------------------------
+
+
+def validate_elastic_quota(obj: Mapping[str, Any]) -> list[FieldError]:
+    """A ``scheduling.sigs.k8s.io/v1alpha1`` ElasticQuota (and the Queue it will configure)."""
+    errors = validate_queue_annotations(base.annotations_of(obj))
+    found_labels = base.labels_of(obj)
+    errors += _policy(
+        found_labels.get(names.QUEUE_POLICY_LABEL), f"metadata.labels[{names.QUEUE_POLICY_LABEL}]"
+    )
+    parent = found_labels.get(names.QUOTA_PARENT_LABEL)
+    if parent and parent == base.name_of(obj):
+        detail = (
+            "a quota cannot be its own parent; name another quota, "
+            f"or remove the label to use {names.ROOT_QUOTA}"
+        )
+        errors.append(invalid(f"metadata.labels[{names.QUOTA_PARENT_LABEL}]", parent, detail))
+    spec = obj.get("spec")
+    if spec is None:
+        return errors
+    if not isinstance(spec, Mapping):
+        return [*errors, invalid("spec", spec, "must be an object")]
+    minimum, min_errors = validate_resource_list(spec.get("min"), "spec.min")
+    maximum, max_errors = validate_resource_list(spec.get("max"), "spec.max")
+    errors += min_errors + max_errors
+    for name in quantities.less_or_equal(minimum, maximum):
+        shown_max = _show(spec["max"][name])
+        detail = f"must be less than or equal to spec.max[{name}] ({shown_max})"
+        errors.append(invalid(f"spec.min[{name}]", spec["min"][name], detail))
+    return errors

@@ -1,0 +1,630 @@
+"""Job adapters: one contract test over every registered adapter, then per-kind tables.
+
+The contract (ARCHITECTURE decision 7): a minimal managed job of each kind is suspended and gated by
+its ``suspend_patch`` (applied with the strict RFC 6902 applier below, which fails on a missing
+parent exactly as the apiserver does), re-mutating it yields a valid patch, its pod sets are
+non-empty, ``resume_patch`` releases it and ``pod_set_of`` maps a pod built from every template.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared import names
+from shared.jobs import base, registry
+from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
+from shared.jobs.patches import escape, pointer
+from shared.jobs.podspec import parse_min_resources, pod_requests
+
+NOW = "2025-01-02T03:04:05Z"
+QUOTA = {names.QUOTA_NAME_LABEL: "team-a"}
+GATED = {"job", "tfjob", "pytorchjob", "rayjob", "rayjobv1alpha1", "raycluster"}
+GATE = {"name": names.ADMISSION_GATE}
+
+
+# --- RFC 6902 / RFC 7386 appliers (strict: a missing parent is an error, as in the apiserver) -----
+
+
+def _unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def apply_patch(doc: dict[str, Any], ops: list[base.JsonPatchOp]) -> dict[str, Any]:
+    result = copy.deepcopy(doc)
+    for op in ops:
+        assert op["path"].startswith("/"), op
+        tokens = [_unescape(t) for t in op["path"].split("/")[1:]]
+        parent: Any = result
+        for token in tokens[:-1]:
+            parent = parent[int(token)] if isinstance(parent, list) else parent[token]
+        last = tokens[-1]
+        if op["op"] == "add":
+            if isinstance(parent, list):
+                parent.append(op["value"]) if last == "-" else parent.insert(int(last), op["value"])
+            else:
+                assert isinstance(parent, dict), f"parent of {op['path']} is not an object"
+                parent[last] = copy.deepcopy(op["value"])
+        elif op["op"] == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        elif op["op"] == "replace":
+            assert last in parent
+            parent[last] = copy.deepcopy(op["value"])
+        else:
+            raise AssertionError(f"unexpected op {op}")
+    return result
+
+
+def merge_patch(doc: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(doc) if isinstance(doc, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+# --- builders -------------------------------------------------------------------------------------
+
+
+def container(cpu: str = "1", memory: str = "1Gi", **extra: Any) -> dict[str, Any]:
+    return {
+        "name": "c",
+        "image": "busybox",
+        "resources": {"requests": {"cpu": cpu, "memory": memory}},
+        **extra,
+    }
+
+
+def template(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {"spec": {"containers": list(containers) or [container()], **spec}}
+
+
+def meta(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": "ns", "labels": dict(QUOTA), **extra}
+
+
+def batch_job(**spec: Any) -> dict[str, Any]:
+    body = {"parallelism": 2, "template": template(), **spec}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta("train"), "spec": body}
+
+
+def kubeflow_job(kind: str, field: str, roles: dict[str, int | None]) -> dict[str, Any]:
+    specs = {role: {"replicas": n, "template": template()} for role, n in roles.items()}
+    return {"apiVersion": "kubeflow.org/v1", "kind": kind, "metadata": meta("tf"), "spec": {field: specs}}
+
+
+def ray_cluster_spec(*groups: tuple[str | None, int | None]) -> dict[str, Any]:
+    workers = []
+    for name, replicas in groups:
+        group: dict[str, Any] = {"replicas": replicas, "template": template(container("2", "4Gi"))}
+        if name is not None:
+            group["groupName"] = name
+        workers.append(group)
+    return {"headGroupSpec": {"template": template()}, "workerGroupSpecs": workers}
+
+
+def ray_job(api_version: str = "ray.io/v1") -> dict[str, Any]:
+    spec = {"entrypoint": "python x.py", "rayClusterSpec": ray_cluster_spec(("Small-Group", 2))}
+    return {"apiVersion": api_version, "kind": "RayJob", "metadata": meta("ray"), "spec": spec}
+
+
+def ray_cluster() -> dict[str, Any]:
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": meta("rc"),
+        "spec": ray_cluster_spec((None, 3)),
+    }
+
+
+def workflow(min_resources: str | None = '{"cpu": "4", "memory": "8Gi"}') -> dict[str, Any]:
+    metadata = meta("wf")
+    if min_resources is not None:
+        metadata["annotations"] = {names.MIN_RESOURCES_ANNOTATION: min_resources}
+    spec = {"entrypoint": "main", "templates": [{"name": "main", "container": {"image": "busybox"}}]}
+    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": metadata, "spec": spec}
+
+
+def spark_app(**spec: Any) -> dict[str, Any]:
+    body = {
+        "type": "Scala",
+        "mode": "cluster",
+        "driver": {"cores": 1, "memory": "512m"},
+        "executor": {"instances": 2, "cores": 2, "memory": "1g", "memoryOverhead": "512m"},
+        **spec,
+    }
+    return {
+        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "kind": "SparkApplication",
+        "metadata": meta("sp"),
+        "spec": body,
+    }
+
+
+SAMPLES = {
+    "job": batch_job,
+    "tfjob": lambda: kubeflow_job("TFJob", "tfReplicaSpecs", {"PS": 1, "Worker": 2}),
+    "pytorchjob": lambda: kubeflow_job("PyTorchJob", "pytorchReplicaSpecs", {"Master": 1, "Worker": 3}),
+    "rayjob": ray_job,
+    "rayjobv1alpha1": lambda: ray_job("ray.io/v1alpha1"),
+    "raycluster": ray_cluster,
+    "workflow": workflow,
+    "sparkapp": spark_app,
+}
+ADAPTERS = {adapter.extension: adapter for adapter in registry.ADAPTERS}
+
+
+def pod_from(pod_template: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": copy.deepcopy(pod_template.get("metadata", {})), "spec": pod_template.get("spec", {})}
+
+
+# --- the contract ---------------------------------------------------------------------------------
+
+
+def test_every_registered_adapter_has_a_sample() -> None:
+    assert set(SAMPLES) == set(registry.EXTENSIONS)
+
+
+@pytest.fixture(params=registry.EXTENSIONS)
+def case(request: pytest.FixtureRequest) -> tuple[JobAdapter, dict[str, Any]]:
+    adapter = registry.by_extension(request.param)
+    job = SAMPLES[request.param]()
+    assert (job["apiVersion"], job["kind"]) == (adapter.api_version, adapter.kind)
+    return adapter, job
+
+
+def test_a_fresh_labelled_job_is_managed_and_not_started(case: tuple[JobAdapter, dict[str, Any]]) -> None:
+    adapter, job = case
+    assert adapter.is_managed(job)
+    assert adapter.quota_name(job) == "team-a"
+    assert not adapter.has_started(job)
+    assert not adapter.is_suspended(job)
+    assert adapter.job_status(job) in (JobStatus.CREATED, JobStatus.PENDING)
+
+
+def test_an_unlabelled_job_is_not_managed(case: tuple[JobAdapter, dict[str, Any]]) -> None:
+    adapter, job = case
+    del job["metadata"]["labels"]
+    assert not adapter.is_managed(job)
+    job["metadata"]["labels"] = {names.QUOTA_NAME_LABEL_FALLBACK: "legacy"}
+    assert adapter.is_managed(job) and adapter.quota_name(job) == "legacy"
+
+
+def test_suspend_patch_holds_gates_and_stamps_the_job(case: tuple[JobAdapter, dict[str, Any]]) -> None:
+    adapter, job = case
+    original = copy.deepcopy(job)
+    mutated = apply_patch(job, adapter.suspend_patch(job, now_text=NOW))
+    assert job == original, "the adapter must not modify its input"
+    assert adapter.is_suspended(mutated)
+    assert all(adapter.suspend_state(mutated).values())
+    annotations = mutated["metadata"]["annotations"]
+    assert annotations[names.JOB_HAS_ENQUEUED_ANNOTATION] == "true"
+    assert annotations[names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION] == NOW
+    assert adapter.job_status(mutated) is JobStatus.QUEUING
+    pod_sets = adapter.pod_sets(mutated)
+    assert pod_sets and all(p.count >= 0 for p in pod_sets)
+    for pod_set in pod_sets:
+        gates = pod_set.template.get("spec", {}).get("schedulingGates", [])
+        assert gates.count(GATE) == (1 if adapter.extension in GATED else 0)
+        assert adapter.pod_set_of(pod_from(pod_set.template)) == pod_set.name
+    # Nothing outside metadata.annotations and spec is touched.
+    assert {k: v for k, v in mutated.items() if k not in ("metadata", "spec")} == {
+        k: v for k, v in original.items() if k not in ("metadata", "spec")
+    }
+    assert mutated["metadata"]["labels"] == original["metadata"]["labels"]
+
+
+def test_mutating_a_mutated_job_gives_a_valid_patch_and_no_duplicates(
+    case: tuple[JobAdapter, dict[str, Any]],
+) -> None:
+    adapter, job = case
+    once = apply_patch(job, adapter.suspend_patch(job, now_text=NOW))
+    twice = apply_patch(once, adapter.suspend_patch(once, now_text=NOW))
+    assert twice == once
+
+
+def test_resume_then_suspend_merge_patches(case: tuple[JobAdapter, dict[str, Any]]) -> None:
+    adapter, job = case
+    queued = apply_patch(job, adapter.suspend_patch(job, now_text=NOW))
+    resumed = merge_patch(queued, adapter.resume_patch(queued, now_text="later"))
+    assert not adapter.is_suspended(resumed)
+    assert not any(adapter.suspend_state(resumed).values())
+    assert base.is_dequeued(resumed)
+    assert adapter.job_status(resumed) in (JobStatus.PENDING, JobStatus.RUNNING)
+    held = merge_patch(resumed, adapter.suspend_merge_patch(resumed))
+    assert adapter.is_suspended(held) and not base.is_dequeued(held)
+    assert adapter.job_status(held) is JobStatus.QUEUING
+
+
+def test_identity_and_queue_unit_name(case: tuple[JobAdapter, dict[str, Any]]) -> None:
+    adapter, job = case
+    name = job["metadata"]["name"]
+    expected = f"{name}-{adapter.queue_unit_suffix}" if adapter.queue_unit_suffix else name
+    assert adapter.queue_unit_name(job) == expected
+    assert adapter.plural == adapter.plural.lower() and adapter.plural.endswith("s")
+    class_name, value = adapter.priority(job)
+    assert class_name is None or isinstance(class_name, str)
+    assert value is None or isinstance(value, int)
+
+
+def test_total_request_is_the_sum_over_pod_sets(case: tuple[JobAdapter, dict[str, Any]]) -> None:
+    adapter, job = case
+    total = base.total_request(adapter, job)
+    expected: dict[str, int] = {}
+    for pod_set in adapter.pod_sets(job):
+        for resource, milli in pod_set.per_pod.items():
+            expected[resource] = expected.get(resource, 0) + milli * pod_set.count
+    assert total == dict(sorted(expected.items()))
+
+
+def test_predicates_are_total_on_garbage(case: tuple[JobAdapter, dict[str, Any]]) -> None:
+    adapter, _ = case
+    for garbage in ({}, {"metadata": 1, "spec": [], "status": "x"}, {"spec": {"suspend": "yes"}}):
+        adapter.is_managed(garbage)
+        adapter.has_started(garbage)
+        adapter.is_suspended(garbage)
+        adapter.job_status(garbage)
+        adapter.priority(garbage)
+        adapter.pod_set_of(garbage)
+        try:  # an unreadable spec is reported, never a KeyError/TypeError
+            ops = adapter.suspend_patch({"metadata": {"labels": QUOTA}, "spec": 5}, now_text=NOW)
+        except JobSpecError:
+            continue
+        assert all(not op["path"].startswith("/spec/") for op in ops)
+
+
+# --- JSON Patch construction ----------------------------------------------------------------------
+
+
+def test_pointer_escapes_tilde_and_slash() -> None:
+    assert escape("a~b/c") == "a~0b~1c"
+    assert (
+        pointer(("metadata", "annotations", "koord-queue/x~y")) == "/metadata/annotations/koord-queue~1x~0y"
+    )
+
+
+def test_missing_parents_are_created_in_order() -> None:
+    job = batch_job()
+    ops = ADAPTERS["job"].suspend_patch(job, now_text=NOW)
+    paths = [op["path"] for op in ops]
+    assert paths.index("/metadata/annotations") < paths.index(
+        "/metadata/annotations/koord-queue~1job-has-enqueued"
+    )
+    assert paths.index("/spec/template/metadata") < paths.index("/spec/template/metadata/annotations")
+    assert {"op": "add", "path": "/spec/template/spec/schedulingGates", "value": [GATE]} in ops
+
+
+def test_kubeflow_run_policy_is_created_before_its_suspend_field() -> None:
+    job = SAMPLES["tfjob"]()
+    paths = [op["path"] for op in ADAPTERS["tfjob"].suspend_patch(job, now_text=NOW)]
+    assert paths.index("/spec/runPolicy") < paths.index("/spec/runPolicy/suspend")
+
+
+def test_a_user_supplied_dequeue_stamp_is_removed_on_create() -> None:
+    job = batch_job()
+    job["metadata"]["annotations"] = {names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION: "forged"}
+    mutated = apply_patch(job, ADAPTERS["job"].suspend_patch(job, now_text=NOW))
+    assert not base.is_dequeued(mutated)
+
+
+def test_existing_gates_are_kept_and_ours_appended() -> None:
+    job = batch_job()
+    job["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "other"}]
+    mutated = apply_patch(job, ADAPTERS["job"].suspend_patch(job, now_text=NOW))
+    assert mutated["spec"]["template"]["spec"]["schedulingGates"] == [{"name": "other"}, GATE]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    annotations=st.one_of(st.none(), st.just({}), st.dictionaries(st.text(max_size=8), st.text(max_size=4))),
+    template_meta=st.one_of(
+        st.none(), st.just({}), st.just({"annotations": None}), st.just({"labels": {"a": "b"}})
+    ),
+    gates=st.one_of(st.none(), st.just([]), st.just([{"name": "x"}]), st.just([GATE])),
+    suspend=st.sampled_from([None, True, False]),
+)
+def test_job_patches_apply_whatever_the_object_shape(
+    annotations: dict[str, str] | None, template_meta: dict[str, Any] | None, gates: Any, suspend: bool | None
+) -> None:
+    job = batch_job()
+    if annotations is not None:
+        job["metadata"]["annotations"] = annotations
+    if template_meta is not None:
+        job["spec"]["template"]["metadata"] = template_meta
+    if gates is not None:
+        job["spec"]["template"]["spec"]["schedulingGates"] = gates
+    if suspend is not None:
+        job["spec"]["suspend"] = suspend
+    mutated = apply_patch(job, ADAPTERS["job"].suspend_patch(job, now_text=NOW))
+    assert mutated["spec"]["suspend"] is True
+    assert mutated["spec"]["template"]["spec"]["schedulingGates"].count(GATE) == 1
+    for key, value in (annotations or {}).items():
+        ours = (
+            names.JOB_HAS_ENQUEUED_ANNOTATION,
+            names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION,
+            names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION,
+        )
+        if key not in ours:
+            assert mutated["metadata"]["annotations"][key] == value
+
+
+# --- per-kind tables: pod sets --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "completions", "succeeded", "count"),
+    [
+        (None, None, None, 1),
+        (3, None, None, 3),
+        (3, 10, 8, 2),
+        (5, 2, None, 2),
+        (0, None, None, 0),
+        (2, 4, 4, 0),
+        (2, 4, 9, 0),
+    ],
+)
+def test_batch_job_pod_set_count(
+    parallelism: int | None, completions: int | None, succeeded: int | None, count: int
+) -> None:
+    job = batch_job(parallelism=parallelism, completions=completions)
+    if succeeded is not None:
+        job["status"] = {"succeeded": succeeded}
+    [pod_set] = ADAPTERS["job"].pod_sets(job)
+    assert (pod_set.name, pod_set.count) == ("train", count)
+    assert pod_set.per_pod == {"cpu": 1000, "memory": 1024**3 * 1000}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (lambda j: j["spec"].update(parallelism="3"), "spec.parallelism"),
+        (lambda j: j["spec"].update(parallelism=-1), "spec.parallelism"),
+        (lambda j: j["spec"].update(template=None), "spec.template"),
+        (lambda j: j["spec"]["template"]["spec"].update(containers={}), "spec.template.spec.containers"),
+        (
+            lambda j: j["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"].update(
+                cpu="lots"
+            ),
+            "spec.template.spec.containers[0].resources.requests[cpu]",
+        ),
+        (
+            lambda j: j["spec"]["template"]["spec"]["containers"][0]["resources"].update(limits=[]),
+            "spec.template.spec.containers[0].resources.limits",
+        ),
+    ],
+)
+def test_unreadable_specs_raise_job_spec_error_with_the_path(mutate: Any, path: str) -> None:
+    job = batch_job()
+    mutate(job)
+    with pytest.raises(JobSpecError) as info:
+        ADAPTERS["job"].pod_sets(job)
+    assert info.value.path == path
+
+
+def test_pod_requests_follow_the_scheduler_rule() -> None:
+    spec = {
+        "containers": [
+            container("1", "1Gi"),
+            {"name": "limits-only", "resources": {"limits": {"cpu": "500m", "nvidia.com/gpu": "1"}}},
+        ],
+        "initContainers": [
+            {"name": "big-init", "resources": {"requests": {"cpu": "4"}}},
+            {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"cpu": "250m"}}},
+            {"name": "late-init", "resources": {"requests": {"memory": "3Gi"}}},
+        ],
+        "overhead": {"cpu": "100m"},
+    }
+    gib = 1024**3 * 1000
+    # steady: 1 + 0.5 + 0.25 (sidecar) cpu; init peak: 4 cpu alone, then 3Gi + 0.25 cpu.
+    assert pod_requests(spec, "spec") == {"cpu": 4100, "memory": 3 * gib, "nvidia.com/gpu": 1000}
+
+
+def test_kubeflow_pod_sets_are_lowercased_replica_types() -> None:
+    job = kubeflow_job("PyTorchJob", "pytorchReplicaSpecs", {"Worker": None, "Master": 1})
+    pod_sets = ADAPTERS["pytorchjob"].pod_sets(job)
+    assert [(p.name, p.count) for p in pod_sets] == [("master", 1), ("worker", 1)]
+
+
+def test_ray_pod_sets_are_head_and_worker_groups() -> None:
+    job = ray_job()
+    job["spec"]["rayClusterSpec"] = ray_cluster_spec(("GPU", 4), (None, None))
+    pod_sets = ADAPTERS["rayjob"].pod_sets(job)
+    assert [(p.name, p.count) for p in pod_sets] == [("head", 1), ("gpu", 4), ("worker", 1)]
+    assert pod_sets[1].per_pod == {"cpu": 2000, "memory": 4 * 1024**3 * 1000}
+
+
+def test_ray_duplicate_group_names_are_rejected() -> None:
+    job = ray_job()
+    job["spec"]["rayClusterSpec"] = ray_cluster_spec(("a", 1), ("A", 1))
+    with pytest.raises(JobSpecError, match="Duplicate"):
+        ADAPTERS["rayjob"].pod_sets(job)
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({}, [("driver", 1, 1000, 512), ("executor", 2, 2000, 1536)]),
+        ({"mode": "client"}, [("executor", 2, 2000, 1536)]),
+        (
+            {"executor": {"coreRequest": "500m", "cores": 4, "memory": "2g"}, "driver": {"coreLimit": "2"}},
+            [("driver", 1, 2000, 0), ("executor", 1, 500, 2048)],
+        ),
+        (
+            {
+                "executor": {"cores": 1, "memory": "1024"},
+                "dynamicAllocation": {"enabled": True, "initialExecutors": 5},
+            },
+            [("driver", 1, 1000, 512), ("executor", 5, 1000, 1024)],
+        ),
+    ],
+)
+def test_spark_pod_sets(spec: dict[str, Any], expected: list[tuple[str, int, int, int]]) -> None:
+    pod_sets = ADAPTERS["sparkapp"].pod_sets(spark_app(**spec))
+    mib = 1024**2 * 1000
+    got = [(p.name, p.count, p.per_pod.get("cpu", 0), p.per_pod.get("memory", 0) // mib) for p in pod_sets]
+    assert got == expected
+
+
+def test_spark_gpu_and_bad_memory() -> None:
+    job = spark_app(executor={"instances": 1, "gpu": {"name": "nvidia.com/gpu", "quantity": 2}})
+    assert ADAPTERS["sparkapp"].pod_sets(job)[1].per_pod == {"nvidia.com/gpu": 2000}
+    with pytest.raises(JobSpecError) as info:
+        ADAPTERS["sparkapp"].pod_sets(spark_app(driver={"memory": "1.5x"}))
+    assert info.value.path == "spec.driver.memory"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"cpu": "4", "memory": "8Gi"}', {"cpu": 4000, "memory": 8 * 1024**3 * 1000}),
+        ("cpu: 2\nmemory: 1Gi\n", {"cpu": 2000, "memory": 1024**3 * 1000}),
+        ("cpu: 0.5", {"cpu": 500}),
+        ("", {}),
+    ],
+)
+def test_min_resources_json_or_yaml(text: str, expected: dict[str, int]) -> None:
+    assert parse_min_resources(text, "a") == expected
+
+
+@pytest.mark.parametrize("text", ["{not json", "- a\n- b", "cpu: [1]", "cpu: -1", "{1: 2}", "[" * 5000])
+def test_min_resources_errors_are_job_spec_errors(text: str) -> None:
+    with pytest.raises(JobSpecError):
+        parse_min_resources(text, "a")
+
+
+def test_workflow_pod_set_from_min_resources() -> None:
+    [pod_set] = ADAPTERS["workflow"].pod_sets(workflow())
+    assert (pod_set.name, pod_set.count) == ("default", 1)
+    assert pod_set.per_pod == {"cpu": 4000, "memory": 8 * 1024**3 * 1000}
+    assert pod_set.template["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "4", "memory": "8Gi"}
+    [empty] = ADAPTERS["workflow"].pod_sets(workflow(None))
+    assert empty.per_pod == {}
+
+
+def test_workflow_suspend_template_is_appended_once() -> None:
+    adapter = ADAPTERS["workflow"]
+    job = workflow()
+    once = apply_patch(job, adapter.suspend_patch(job, now_text=NOW))
+    templates = once["spec"]["templates"]
+    assert templates[-1] == {"name": names.WORKFLOW_SUSPEND_TEMPLATE, "suspend": {}}
+    del job["spec"]["templates"]
+    created = apply_patch(job, adapter.suspend_patch(job, now_text=NOW))
+    assert created["spec"]["templates"] == [{"name": names.WORKFLOW_SUSPEND_TEMPLATE, "suspend": {}}]
+
+
+# --- per-kind tables: management, status, pod mapping, priority -----------------------------------
+
+
+def test_children_of_managed_kinds_are_not_managed() -> None:
+    job = batch_job()
+    job["metadata"]["ownerReferences"] = [
+        {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "r", "uid": "u", "controller": True}
+    ]
+    assert not ADAPTERS["job"].is_managed(job)
+    job["metadata"]["ownerReferences"][0] = {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "name": "c",
+        "controller": True,
+    }
+    assert ADAPTERS["job"].is_managed(job)
+    cluster = ray_cluster()
+    cluster["metadata"]["labels"]["ray.io/originated-from-crd"] = "RayJob"
+    assert not ADAPTERS["raycluster"].is_managed(cluster)
+    selector_job = ray_job()
+    selector_job["spec"]["clusterSelector"] = {"ray.io/cluster": "shared"}
+    assert not ADAPTERS["rayjob"].is_managed(selector_job)
+
+
+@pytest.mark.parametrize(
+    ("extension", "status", "annotations", "expected"),
+    [
+        ("job", {"conditions": [{"type": "Complete", "status": "True"}]}, {}, JobStatus.SUCCEEDED),
+        ("job", {"conditions": [{"type": "Failed", "status": "True"}]}, {}, JobStatus.FAILED),
+        ("job", {"conditions": [{"type": "Failed", "status": "False"}], "active": 2}, {}, JobStatus.RUNNING),
+        ("job", {}, {names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION: "t"}, JobStatus.PENDING),
+        ("job", {}, {names.JOB_HAS_ENQUEUED_ANNOTATION: "true"}, JobStatus.QUEUING),
+        ("job", {}, {}, JobStatus.CREATED),
+        ("tfjob", {"conditions": [{"type": "Succeeded", "status": "True"}]}, {}, JobStatus.SUCCEEDED),
+        ("tfjob", {"conditions": [{"type": "Running", "status": "True"}]}, {}, JobStatus.RUNNING),
+        ("rayjob", {"jobDeploymentStatus": "Complete"}, {}, JobStatus.SUCCEEDED),
+        ("rayjob", {"jobDeploymentStatus": "Running"}, {}, JobStatus.RUNNING),
+        ("rayjob", {}, {names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION: "t"}, JobStatus.QUEUING),
+        ("raycluster", {"state": "ready"}, {}, JobStatus.RUNNING),
+        ("sparkapp", {"applicationState": {"state": "FAILED"}}, {}, JobStatus.FAILED),
+        ("sparkapp", {"applicationState": {"state": "RUNNING"}}, {}, JobStatus.RUNNING),
+        ("sparkapp", {"applicationState": {"state": {}}}, {}, JobStatus.CREATED),
+        ("workflow", {"phase": "Error"}, {}, JobStatus.FAILED),
+        ("workflow", {"phase": "Running"}, {names.JOB_HAS_ENQUEUED_ANNOTATION: "true"}, JobStatus.RUNNING),
+        ("workflow", {}, {}, JobStatus.CREATED),
+    ],
+)
+def test_job_status(
+    extension: str, status: dict[str, Any], annotations: dict[str, str], expected: JobStatus
+) -> None:
+    job = SAMPLES[extension]()
+    job["status"] = status
+    job["metadata"]["annotations"] = annotations
+    assert ADAPTERS[extension].job_status(job) is expected
+
+
+@pytest.mark.parametrize(
+    ("extension", "metadata", "expected"),
+    [
+        ("job", {"ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train"}]}, "train"),
+        ("job", {"labels": {"batch.kubernetes.io/job-name": "train"}}, "train"),
+        ("tfjob", {"labels": {"job-role": "Worker"}}, "worker"),
+        ("tfjob", {"labels": {"training.kubeflow.org/replica-type": "ps"}}, "ps"),
+        ("pytorchjob", {"labels": {"pytorch-replica-type": "Master", "job-role": "x"}}, "master"),
+        ("rayjob", {"labels": {"ray.io/group": "headgroup"}}, "head"),
+        ("rayjob", {"labels": {"ray.io/group": "GPU"}}, "gpu"),
+        ("raycluster", {"labels": {"ray.io/group": ""}}, "worker"),
+        ("sparkapp", {"labels": {"spark-role": "executor"}}, "executor"),
+        ("workflow", {"labels": {"workflows.argoproj.io/workflow": "wf"}}, "default"),
+        ("job", {"annotations": {names.RELATED_PODSET_ANNOTATION: "x"}, "labels": {"job-name": "y"}}, "x"),
+        ("sparkapp", {"labels": {"spark-role": "shuffle"}}, None),
+        ("tfjob", {}, None),
+    ],
+)
+def test_pod_set_of_uses_annotation_then_kind_labels(
+    extension: str, metadata: dict[str, Any], expected: str | None
+) -> None:
+    assert ADAPTERS[extension].pod_set_of({"metadata": metadata}) == expected
+
+
+def test_priority_per_kind() -> None:
+    job = batch_job(template=template(priorityClassName="high", priority=100))
+    assert ADAPTERS["job"].priority(job) == ("high", 100)
+    tf = kubeflow_job("TFJob", "tfReplicaSpecs", {"Master": 1, "Worker": 1})
+    tf["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["priorityClassName"] = "w"
+    tf["spec"]["tfReplicaSpecs"]["Master"]["template"]["spec"]["priorityClassName"] = "m"
+    assert ADAPTERS["tfjob"].priority(tf) == ("w", None)
+    spark = spark_app(batchSchedulerOptions={"priorityClassName": "batch"})
+    assert ADAPTERS["sparkapp"].priority(spark) == ("batch", None)
+    wf = workflow()
+    wf["spec"]["priority"] = 7
+    wf["spec"]["templates"][0]["priorityClassName"] = "entry"
+    assert ADAPTERS["workflow"].priority(wf) == ("entry", 7)
+
+
+# --- registry -------------------------------------------------------------------------------------
+
+
+def test_registry_lookups() -> None:
+    assert registry.EXTENSIONS == (
+        "job", "tfjob", "pytorchjob", "rayjob", "rayjobv1alpha1", "raycluster", "workflow", "sparkapp"
+    )  # fmt: skip
+    assert "raycluster" not in registry.DEFAULT_EXTENSIONS
+    assert registry.by_kind("ray.io/v1alpha1", "RayJob") is registry.by_extension("rayjobv1alpha1")
+    assert registry.by_kind("batch/v1", "CronJob") is None
+    assert [a.extension for a in registry.enabled_adapters(["sparkapp", " job", ""])] == ["job", "sparkapp"]
+    with pytest.raises(registry.UnknownExtensionError, match=r"'mpijob', 'nope'.*known extensions: job"):
+        registry.enabled_adapters(["job", "nope", "mpijob"])

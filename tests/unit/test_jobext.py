@@ -1,0 +1,173 @@
+"""The job extensions' pure decisions: job → QueueUnit, pod release, reclaim and usage reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared import jobext, names
+from shared.jobs import registry
+from shared.jobs.base import JobStatus
+
+JOB = registry.by_extension("job")
+
+
+def job(
+    name: str = "train",
+    *,
+    parallelism: int = 2,
+    cpu: str = "1",
+    priority_class: str | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": cpu}}}]
+    }
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": "u-1",
+            "labels": {names.QUOTA_NAME_LABEL: "team-a"},
+            "annotations": annotations or {},
+        },
+        "spec": {"parallelism": parallelism, "suspend": True, "template": {"spec": spec}},
+    }
+
+
+def test_a_job_becomes_a_queue_unit_owned_by_it_with_priority_from_its_class() -> None:
+    unit = jobext.build_queue_unit(job(priority_class="high"), JOB, {"high": 100})
+    assert unit["metadata"]["name"] == "train"
+    assert unit["metadata"]["ownerReferences"] == [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u-1"}
+    ]
+    assert unit["metadata"]["labels"] == {names.QUOTA_NAME_LABEL: "team-a"}
+    spec = unit["spec"]
+    assert spec["consumerRef"] == {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": "train",
+        "namespace": "ns",
+    }
+    assert spec["priority"] == 100 and spec["priorityClassName"] == "high"
+    assert [(p["name"], p["count"]) for p in spec["podSet"]] == [("train", 2)]
+    assert spec["resource"] == spec["request"] == {"cpu": "2"}
+
+
+@pytest.mark.parametrize(("annotation", "expected"), [("99", 99), ("not-a-number", 20), ("-5", -5)])
+def test_the_priority_annotation_overrides_the_class_value_unless_unparsable(
+    annotation: str, expected: int
+) -> None:
+    unit = jobext.build_queue_unit(
+        job(priority_class="mid", annotations={names.PRIORITY_ANNOTATION: annotation}), JOB, {"mid": 20}
+    )
+    assert unit["spec"]["priority"] == expected
+
+
+def test_activation_and_budget_annotations_reach_the_spec() -> None:
+    unit = jobext.build_queue_unit(
+        job(annotations={names.ACTIVE_ANNOTATION: "false", names.MAX_EXEC_TIME_ANNOTATION: "2"}), JOB, {}
+    )
+    assert unit["spec"]["active"] is False
+    assert unit["spec"]["maximumExecutionTimeSeconds"] == 2
+
+
+def test_spec_drift_is_none_when_in_step_and_a_patch_when_the_class_changes() -> None:
+    unit = jobext.build_queue_unit(job(priority_class="a"), JOB, {"a": 1, "b": 2})
+    assert jobext.spec_drift(unit, jobext.desired_spec(job(priority_class="a"), JOB, {"a": 1})) is None
+    patch = jobext.spec_drift(unit, jobext.desired_spec(job(priority_class="b"), JOB, {"b": 2}))
+    assert patch == {"spec": {"priority": 2, "priorityClassName": "b"}}
+
+
+def pod(
+    name: str,
+    *,
+    bound: bool = False,
+    gated: bool = True,
+    phase: str = "Pending",
+    created: str = "2026-01-01T00:00:00Z",
+) -> jobext.PodView:
+    return jobext.PodView(
+        namespace="ns",
+        name=name,
+        uid=f"uid-{name}",
+        pod_set="main",
+        created=created,
+        bound=bound,
+        gated=gated,
+        terminal=phase in ("Succeeded", "Failed"),
+        deleting=False,
+    )
+
+
+def unit_with(replicas: int, *, running: int = 0, reclaim: int | None = None) -> dict[str, Any]:
+    admission: dict[str, Any] = {"name": "main", "replicas": replicas, "running": running}
+    if reclaim is not None:
+        admission["reclaimState"] = {"replicas": reclaim}
+    return {
+        "metadata": {"name": "u", "resourceVersion": "7"},
+        "status": {"phase": "Dequeued", "admissions": [admission]},
+    }
+
+
+@pytest.mark.parametrize(("replicas", "released"), [(2, 2), (5, 5), (0, 0)])
+def test_exactly_the_admitted_number_of_pods_is_released(replicas: int, released: int) -> None:
+    pods = [pod(f"p{i}", created=f"2026-01-01T00:00:0{i}Z") for i in range(5)]
+    plan = jobext.plan_pods(unit_with(replicas), pods)
+    assert [p.name for p in plan.ungate] == [f"p{i}" for i in range(released)]
+    assert plan.delete == [] and plan.status is None
+
+
+def test_already_released_and_bound_pods_count_toward_the_admitted_number() -> None:
+    pods = [pod("a", bound=True, gated=False), pod("b", gated=False), pod("c"), pod("d")]
+    plan = jobext.plan_pods(unit_with(3), pods)
+    assert [p.name for p in plan.ungate] == ["c"]
+
+
+def test_reclaim_deletes_only_unbound_pods_and_shrinks_replicas() -> None:
+    pods = [pod("bound", bound=True, gated=False), pod("pending-1", gated=False), pod("pending-2")]
+    plan = jobext.plan_pods(unit_with(3, running=1, reclaim=2), pods)
+    assert sorted(p.name for p in plan.delete) == ["pending-1", "pending-2"]
+    assert plan.status == {"status": {"admissions": [{"name": "main", "replicas": 1, "running": 1}]}}
+
+
+def test_reclaim_never_takes_back_bound_replicas() -> None:
+    pods = [pod("a", bound=True, gated=False), pod("b", bound=True, gated=False)]
+    plan = jobext.plan_pods(unit_with(2, running=2, reclaim=2), pods)
+    assert plan.delete == []
+    assert plan.status == {"status": {"admissions": [{"name": "main", "replicas": 2, "running": 2}]}}
+
+
+def test_reclaim_of_replicas_whose_pods_do_not_exist_needs_no_delete() -> None:
+    plan = jobext.plan_pods(unit_with(2, reclaim=2), [])
+    assert plan.delete == []
+    assert plan.status == {"status": {"admissions": [{"name": "main", "replicas": 0, "running": 0}]}}
+
+
+def test_report_counts_bound_pods_and_moves_a_running_job_to_running() -> None:
+    pods = [pod("a", bound=True, gated=False), pod("b")]
+    patch = jobext.report(unit_with(2), pods, JobStatus.RUNNING, now_text="T")
+    assert patch is not None
+    status = patch["status"]
+    assert status["admissions"][0]["running"] == 1
+    assert status["podState"] == {"running": 1, "pending": 1}
+    assert status["phase"] == names.Phase.RUNNING and status["message"] == "Running"
+
+
+def test_a_finished_job_releases_its_quota() -> None:
+    patch = jobext.report(unit_with(2, running=2), [], JobStatus.SUCCEEDED, now_text="T")
+    assert patch is not None
+    assert patch["status"]["phase"] == names.Phase.SUCCEED
+    assert patch["status"]["admissions"] == []
+
+
+def test_report_is_silent_when_nothing_changed() -> None:
+    unit = unit_with(1, running=1)
+    unit["status"]["podState"] = {"running": 1, "pending": 0}
+    unit["status"]["phase"] = names.Phase.RUNNING
+    assert jobext.report(unit, [pod("a", bound=True, gated=False)], JobStatus.RUNNING, now_text="T") is None

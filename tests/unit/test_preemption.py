@@ -1,0 +1,356 @@
+"""Queue-level preemption: seed 000's example and troubleshooting table, REFERENCE §8 S3-S5, the
+victim rules, one round per queue, capacity on the way (seed 002), and property tests."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared import quantities
+from shared.names import Message
+from shared.ordering import priority_key
+from shared.preemption import (
+    NO_VICTIMS,
+    PREEMPTION_DISABLED,
+    PREEMPTION_NEEDS_WAIT,
+    MarkVictims,
+    reclaimable,
+)
+from shared.scheduling import Plan
+from tests.unit.test_model import BASE_TIME, QueueBuilder, queue, quota, unit
+from tests.unit.test_scheduling import World, admits, parked
+
+
+def _marked(plan: Plan) -> dict[str, dict[str, int]]:
+    return {v.key.split("/", 1)[1]: dict(v.reclaim) for m in plan.marks for v in m.victims}
+
+
+def _seed_world(q: QueueBuilder, *, cpu: str = "2", protect: float = 0.0) -> World:
+    w = World(quota("team-a", cpu=cpu, memory="8Gi"), queues=(q,), protect=protect)
+    w.add(unit("low-priority-job").quota("team-a").priority(10).cpu("2"))
+    assert admits(w.cycle()) == ["low-priority-job"]
+    return w
+
+
+# --- seed 000 and S3: the preempt path ------------------------------------------------------------
+
+
+def test_seed_example_and_s3_filter_path_preemption() -> None:
+    w = _seed_world(queue("team-a").preemption())
+    w.add(unit("high-priority-job").quota("team-a").priority(100).cpu("2"))
+    # Step 2: the quota is exhausted, the low unit is marked, the preemptor waits.
+    plan = w.cycle()
+    assert _marked(plan) == {"low-priority-job": {"low-priority-job": 1}}
+    (mark,) = plan.marks
+    assert (mark.preemptor, mark.path, mark.message) == (
+        "default/high-priority-job",
+        "preempt",
+        Message.RECLAIMING,
+    )
+    park = parked(plan, "high-priority-job")
+    assert park is not None
+    assert park.message == Message.limited("team-a", "cpu") + Message.PREEMPT_SUCCEED_SUFFIX
+    low = w.u("low-priority-job")
+    assert low.admissions[0].reclaim_replicas == 1 and low.message == Message.RECLAIMING
+    # Requeued while the victim is reclaimed: no further marking, and not admitted.
+    plan = w.cycle()
+    assert admits(plan) == [] and plan.marks == []
+    # Step 3: the job extension reclaims; step 4: the preemptor is admitted.
+    assert w.reclaim("low-priority-job") is True
+    plan = w.cycle()
+    assert admits(plan) == ["high-priority-job"]
+    low_park = parked(plan, "low-priority-job")
+    assert low_park is not None and low_park.message.endswith(Message.PREEMPT_FAILED_SUFFIX)
+    assert w.cache.ledger.used("team-a") == {"cpu": 2000}
+
+
+def test_the_preemptor_stays_enqueued_until_the_freed_quota_is_reported() -> None:
+    w = _seed_world(queue("team-a").preemption())
+    w.add(unit("high-priority-job").quota("team-a").priority(100).cpu("2"))
+    w.cycle()
+    for _ in range(3):
+        assert admits(w.cycle(dt=30)) == []
+
+
+# --- S4, S5: the reserve path ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["Priority", "Block"])
+def test_s4_reserve_path_marks_then_admits_without_waiting_for_reclaim(policy: str) -> None:
+    w = _seed_world(queue("team-a").policy(policy).preemption(), cpu="4")
+    w.add(unit("high").quota("team-a").priority(100).cpu("1"))
+    plan = w.cycle()
+    assert _marked(plan) == {"low-priority-job": {"low-priority-job": 1}}
+    assert plan.marks[0].path == "reserve"
+    park = parked(plan, "high")
+    assert park is not None and park.message == Message.waiting_for_victims(["low-priority-job"])
+    assert admits(w.cycle()) == ["high"]
+    assert w.cache.state.configs["team-a"].policy == policy
+
+
+def test_s5_the_victim_is_readmitted_after_its_reclaim() -> None:
+    w = _seed_world(queue("team-a").preemption(), cpu="4")
+    w.add(unit("high").quota("team-a").priority(100).cpu("1"))
+    w.cycle()
+    assert admits(w.cycle()) == ["high"]
+    w.run("high")
+    assert w.reclaim("low-priority-job") is True
+    assert admits(w.cycle()) == ["low-priority-job"]
+    low = w.u("low-priority-job")
+    assert low.admissions[0].replicas == 1 and low.admissions[0].reclaim_replicas is None
+
+
+def test_reserve_path_works_with_wait_for_pods_running_alone() -> None:
+    w = _seed_world(queue("team-a").wait_for_pods_running(), cpu="4")
+    w.add(unit("high").quota("team-a").priority(100).cpu("1"))
+    assert _marked(w.cycle()) == {"low-priority-job": {"low-priority-job": 1}}
+
+
+# --- seed 000 troubleshooting table ---------------------------------------------------------------
+
+
+def test_no_wait_for_pods_running_means_no_victim() -> None:
+    w = _seed_world(queue("team-a").annotate("koord-queue/enable-queueunit-preemption", "true"))
+    w.add(unit("high").quota("team-a").priority(100).cpu("2"))
+    plan = w.cycle()
+    assert plan.marks == []
+    assert parked(plan, "high").preempt_error == PREEMPTION_NEEDS_WAIT  # type: ignore[union-attr]
+
+
+def test_no_enable_preemption_means_no_preempt_path() -> None:
+    w = _seed_world(queue("team-a").wait_for_pods_running())
+    w.add(unit("high").quota("team-a").priority(100).cpu("2"))
+    plan = w.cycle()
+    assert plan.marks == []
+    park = parked(plan, "high")
+    assert park is not None and park.message.endswith(Message.PREEMPT_FAILED_SUFFIX)
+    assert park.preempt_error == PREEMPTION_DISABLED
+
+
+def test_a_job_whose_pods_all_run_is_never_a_victim() -> None:
+    w = _seed_world(queue("team-a").preemption())
+    w.run("low-priority-job")
+    w.add(unit("high").quota("team-a").priority(100).cpu("2"))
+    plan = w.cycle()
+    assert plan.marks == []
+    assert parked(plan, "high").preempt_error == NO_VICTIMS  # type: ignore[union-attr]
+
+
+def test_a_fresh_admission_is_protected_then_becomes_a_victim() -> None:
+    w = _seed_world(queue("team-a").preemption(), protect=300)
+    w.add(unit("high").quota("team-a").priority(100).cpu("2"))
+    plan = w.cycle(dt=10)
+    assert plan.marks == []
+    assert plan.wake_at is not None
+    w.now = plan.wake_at - 1
+    plan = w.cycle(dt=2)  # past the protect time: the timer rescans the queue
+    assert _marked(plan) == {"low-priority-job": {"low-priority-job": 1}}
+
+
+def test_reclaimable_honours_the_rules() -> None:
+    base = unit("v").cpu("1", 3)
+    assert reclaimable(base.admitted(3, 1).build(), now=BASE_TIME, protect=0) is not None
+    found = reclaimable(unit("v").cpu("1", 3).admitted(3, 1).build(), now=BASE_TIME, protect=0)
+    assert found is not None and found.reclaim == {"v": 2} and found.resources == {"cpu": 2000}
+    assert reclaimable(unit("v").cpu("1").admitted(1, 1).build(), now=BASE_TIME, protect=0) is None
+    assert reclaimable(unit("v").cpu("1").admitted(1, 0, reclaim=1).build(), now=BASE_TIME, protect=0) is None
+    young = unit("v").cpu("1").admitted(1).allocated_at(0).build()
+    assert reclaimable(young, now=BASE_TIME + 59, protect=60) is None
+    assert reclaimable(young, now=BASE_TIME + 60, protect=60) is not None
+
+
+# --- ordering, rounds, capacity on the way --------------------------------------------------------
+
+
+def test_equal_priority_older_units_are_not_victims_of_newer_ones() -> None:
+    w = _seed_world(queue("team-a").preemption())
+    w.add(unit("same").quota("team-a").priority(10).cpu("2"))
+    plan = w.cycle()
+    assert plan.marks == []
+
+
+def test_the_dry_run_takes_the_lowest_priority_first_and_stops_when_covered() -> None:
+    w = World(quota("q", cpu="6"), queues=(queue("q").preemption(),))
+    for name, prio in (("p1", 1), ("p3", 3), ("p2", 2)):
+        w.add(unit(name).quota("q").priority(prio).cpu("2").admitted(1))
+    w.add(unit("big").quota("q").priority(50).cpu("3"))
+    plan = w.cycle()
+    assert _marked(plan) == {"p1": {"p1": 1}, "p2": {"p2": 1}}
+
+
+def test_a_second_preemptor_is_rejected_while_a_round_is_in_progress() -> None:
+    w = World(quota("q", cpu="2"), queues=(queue("q").preemption(),))
+    w.add(unit("low").quota("q").priority(1).cpu("2"))
+    w.cycle()
+    w.add(unit("mid").quota("q").priority(50).cpu("2"))
+    assert _marked(w.cycle()) == {"low": {"low": 1}}
+    w.add(unit("top").quota("q").priority(90).cpu("1"))
+    plan = w.cycle()
+    assert plan.marks == []
+    park = parked(plan, "top")
+    assert park is not None and park.preempt_error == Message.queue_preempting("q")
+
+
+def test_units_behind_a_waiting_preemptor_are_held() -> None:
+    w = World(quota("q", cpu="4"), queues=(queue("q").preemption(),))
+    w.add(unit("low").quota("q").priority(1).cpu("3"))
+    w.cycle()
+    w.add(unit("high").quota("q").priority(90).cpu("4"), unit("small").quota("q").priority(5).cpu("1"))
+    plan = w.cycle()
+    assert _marked(plan) == {"low": {"low": 1}}
+    assert admits(plan) == []
+    assert parked(plan, "small").message == Message.queue_preempting("q")  # type: ignore[union-attr]
+    w.reclaim("low")
+    assert admits(w.cycle()) == ["high"]
+
+
+def test_marked_victims_count_as_capacity_on_the_way_until_they_are_not_enough() -> None:
+    w = World(quota("q", cpu="4"), queues=(queue("q").preemption(),))
+    for name in ("a", "b"):
+        w.add(unit(name).quota("q").priority(1).cpu("2").admitted(1))
+    w.add(unit("p").quota("q").priority(90).cpu("2"))
+    assert _marked(w.cycle()) == {"b": {"b": 1}}
+    assert w.cycle().marks == []  # b is on the way: nothing more
+    # The preemptor now needs more than b frees: a is marked too, never b again.
+    w.replace("p", pod_sets=(w.u("p").pod_sets[0].__class__("p", 2, None, {"cpu": 2000}),))
+    plan = w.cycle()
+    assert _marked(plan) == {"a": {"a": 1}}
+
+
+def test_a_failed_marking_write_can_be_forgotten() -> None:
+    w = _seed_world(queue("team-a").preemption())
+    w.add(unit("high").quota("team-a").priority(100).cpu("2"))
+    plan = w.cycle(apply=False)
+    assert _marked(plan) == {"low-priority-job": {"low-priority-job": 1}}
+    assert w.cycle(apply=False).marks == []
+    w.cache.forget_marks("team-a", {"default/low-priority-job"})
+    assert _marked(w.cycle()) == {"low-priority-job": {"low-priority-job": 1}}
+
+
+def test_an_unobserved_mark_expires() -> None:
+    w = _seed_world(queue("team-a").preemption())
+    w.add(unit("high").quota("team-a").priority(100).cpu("2"))
+    w.cycle(apply=False)
+    assert _marked(w.cycle(dt=61, apply=False)) == {"low-priority-job": {"low-priority-job": 1}}
+
+
+def test_no_marking_while_a_higher_unit_holds_the_queue() -> None:
+    w = World(quota("q", cpu="10"), queues=(queue("q").wait_for_pods_running(),))
+    w.add(unit("top").quota("q").priority(99).cpu("1"))
+    w.cycle()
+    w.add(unit("low").quota("q").priority(1).cpu("1").admitted(1))  # assumed, after the newcomer
+    w.add(unit("mid").quota("q").priority(50).cpu("1"))
+    plan = w.cycle()
+    assert plan.marks == []
+    assert parked(plan, "mid").message == Message.NO_MORE_IN_QUEUE  # type: ignore[union-attr]
+
+
+# --- property tests -------------------------------------------------------------------------------
+
+_assumed = st.lists(
+    st.tuples(st.integers(0, 20), st.integers(1, 4), st.integers(1, 3), st.integers(0, 2)),
+    min_size=1,
+    max_size=12,
+)
+
+
+def _random_world(assumed: list[tuple[int, int, int, int]], room: int) -> World:
+    total = sum(cpu * replicas for _, cpu, replicas, _ in assumed)
+    w = World(quota("q", cpu=str(total + room)), queues=(queue("q").preemption(),))
+    for i, (prio, cpu, replicas, running) in enumerate(assumed):
+        w.add(
+            unit(f"a{i}")
+            .quota("q")
+            .priority(prio)
+            .created(i)
+            .cpu(str(cpu), replicas)
+            .admitted(replicas, min(running, replicas))
+        )
+    return w
+
+
+@settings(max_examples=150, deadline=None)
+@given(assumed=_assumed, prio=st.integers(0, 25), cpu=st.integers(1, 12), room=st.integers(0, 3))
+def test_preempt_path_properties(
+    assumed: list[tuple[int, int, int, int]], prio: int, cpu: int, room: int
+) -> None:
+    w = _random_world(assumed, room)
+    w.add(unit("p").quota("q").priority(prio).created(100).cpu(str(cpu)))
+    twin = copy.deepcopy(w)
+    plan = w.cycle(apply=False)
+    assert plan == twin.cycle(apply=False)  # same snapshot -> same plan
+    marks: list[MarkVictims] = plan.marks
+    if not marks:
+        return
+    (mark,) = marks
+    preemptor = priority_key(w.u("p"))
+    keys = [v.key for v in mark.victims]
+    assert len(keys) == len(set(keys))
+    for v in mark.victims:
+        assert priority_key(w.cache.units[v.key]) > preemptor  # a victim never sorts before
+    if mark.path != "preempt":
+        return
+    # The shortest lowest-first prefix of reclaimable candidates that covers the request.
+    candidates = sorted(
+        (u for u in w.cache.units.values() if u.key != "default/p" and priority_key(u) > preemptor),
+        key=priority_key,
+        reverse=True,
+    )
+    found = [(u.key, reclaimable(u, now=w.now, protect=0)) for u in candidates]
+    prefix = [(k, r) for k, r in found if r is not None]
+    request = {"cpu": cpu * 1000}
+    used = w.cache.ledger.used("q").get("cpu", 0)
+    shortfall = {"cpu": cpu * 1000 - (w.cache.ledger.quotas["q"].max["cpu"] - used)}
+    target = request if quantities.covers(_sum(prefix), request) else shortfall
+    released: dict[str, int] = {}
+    expected: list[str] = []
+    for k, r in prefix:
+        assert r is not None
+        expected.append(k)
+        released = quantities.add(released, r.resources)
+        if quantities.covers(released, target):
+            break
+    assert keys == expected
+
+
+def _sum(items: list[tuple[str, object]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for _, r in items:
+        total = quantities.add(total, r.resources)  # type: ignore[attr-defined]
+    return total
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    assumed=_assumed,
+    arrivals=st.lists(st.tuples(st.integers(0, 25), st.integers(1, 6)), min_size=1, max_size=4),
+    steps=st.lists(st.sampled_from(["cycle", "reclaim", "run"]), max_size=10),
+)
+def test_no_unit_is_ever_marked_twice_and_usage_never_exceeds_max(
+    assumed: list[tuple[int, int, int, int]], arrivals: list[tuple[int, int]], steps: list[str]
+) -> None:
+    w = _random_world(assumed, 0)
+    for i, (prio, cpu) in enumerate(arrivals):
+        w.add(unit(f"p{i}").quota("q").priority(prio).created(100 + i).cpu(str(cpu)))
+    limit = w.cache.ledger.quotas["q"].max["cpu"]
+    in_reclaim: set[str] = set()
+    for step in ["cycle", *steps, "cycle"]:
+        if step == "cycle":
+            plan = w.cycle()
+            for m in plan.marks:
+                for v in m.victims:
+                    assert v.key not in in_reclaim, "marked twice"
+                    in_reclaim.add(v.key)
+        elif step == "reclaim" and in_reclaim:
+            key = sorted(in_reclaim)[0]
+            w.reclaim(key.split("/", 1)[1])
+            in_reclaim.discard(key)
+        elif step == "run":
+            for key in sorted(w.cache.units):
+                if key not in in_reclaim:
+                    w.run(key.split("/", 1)[1])
+                    break
+        assert w.cache.ledger.used("q").get("cpu", 0) <= limit

@@ -1,0 +1,78 @@
+"""ElasticQuota → Queue (REFERENCE §4.3, scenario S31) as pure decisions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared import names, quotaqueues
+
+
+def quota(
+    *, policy: str | None = None, annotations: dict[str, str] | None = None, parent: str | None = None
+) -> dict[str, Any]:
+    labels = {}
+    if policy is not None:
+        labels[names.QUEUE_POLICY_LABEL] = policy
+    if parent is not None:
+        labels[names.QUOTA_PARENT_LABEL] = parent
+    return {
+        "metadata": {
+            "name": "team-a",
+            "namespace": "kube-system",
+            "labels": labels,
+            "annotations": annotations or {},
+        }
+    }
+
+
+def test_a_quota_gets_a_queue_of_its_name_with_its_policy_annotations_and_parent() -> None:
+    intent = quotaqueues.intent(
+        quota(
+            policy="Block",
+            parent="root-a",
+            annotations={names.WAIT_FOR_PODS_RUNNING_ANNOTATION: "true", "unrelated/key": "x"},
+        )
+    )
+    queue = intent.queue
+    assert intent.policy_problem is None
+    assert queue["metadata"]["name"] == "team-a"
+    assert queue["metadata"]["namespace"] == names.COMPONENT_NAMESPACE
+    assert queue["spec"] == {"queuePolicy": "Block", "priority": 1000}
+    assert queue["metadata"]["annotations"] == {names.WAIT_FOR_PODS_RUNNING_ANNOTATION: "true"}
+    assert queue["metadata"]["labels"][names.QUOTA_PARENT_LABEL] == "root-a"
+    assert quotaqueues.created_from_quota(queue)
+
+
+def test_without_a_policy_label_the_queue_uses_priority() -> None:
+    assert quotaqueues.intent(quota()).queue["spec"]["queuePolicy"] == "Priority"
+
+
+def test_an_unsupported_policy_falls_back_to_priority_and_says_why() -> None:
+    intent = quotaqueues.intent(quota(policy="FIFO"))
+    assert intent.queue["spec"]["queuePolicy"] == "Priority"
+    assert intent.policy_problem is not None
+    assert '"FIFO"' in intent.policy_problem and "Intelligent" in intent.policy_problem
+
+
+def test_an_update_reverts_a_hand_set_policy_and_keeps_other_annotations() -> None:
+    existing = {
+        "metadata": {
+            "annotations": {"mine": "keep", names.MAX_DEPTH_ANNOTATION: "3"},
+            "labels": {names.QUOTA_PARENT_LABEL: "old"},
+        },
+        "spec": {"queuePolicy": "Block", "priority": 5},
+    }
+    wanted = quotaqueues.intent(quota(annotations={names.MAX_DEPTH_ANNOTATION: "4"})).queue
+    patch = quotaqueues.update_patch(existing, wanted)
+    assert patch == {
+        "spec": {"queuePolicy": "Priority"},
+        "metadata": {
+            "annotations": {names.MAX_DEPTH_ANNOTATION: "4"},
+            "labels": {names.QUOTA_PARENT_LABEL: None},
+        },
+    }
+
+
+def test_no_patch_when_the_queue_is_in_step() -> None:
+    wanted = quotaqueues.intent(quota(policy="Block")).queue
+    assert quotaqueues.update_patch(wanted, wanted) is None

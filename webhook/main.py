@@ -1,0 +1,134 @@
+"""Command line of the admission webhook (``koord-queue-webhook``).
+
+Parses flags into a :class:`~webhook.server.ServerConfig`, sets up one-line logging to stderr and
+runs the server until SIGTERM. Flag errors (unknown extension, one TLS file without the other) exit
+with status 2 and a message before anything listens, so a bad Deployment fails its rollout at once.
+At the default verbosity logs never contain object contents; ``-v`` adds denial messages and
+tracebacks of internal errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from shared import admission
+from shared.jobs import registry
+from webhook import server
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number (0-65535), got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="koord-queue-webhook",
+        description="koord-queue admission webhook: holds and gates managed jobs, validates queue objects.",
+    )
+    parser.add_argument(
+        "--bind-address", default="0.0.0.0", help="address to listen on (default: %(default)s)"
+    )
+    parser.add_argument("--port", type=_port, default=9443, help="HTTPS port (default: %(default)s)")
+    parser.add_argument(
+        "--cert-file", type=Path, help="PEM serving certificate (chain); reloaded when it changes"
+    )
+    parser.add_argument("--key-file", type=Path, help="PEM private key of --cert-file")
+    parser.add_argument(
+        "--cert-reload-interval",
+        type=float,
+        default=10.0,
+        help="seconds between checks of the certificate files (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--enabled-extensions",
+        default=",".join(registry.DEFAULT_EXTENSIONS),
+        help=f"comma-separated job kinds, of: {', '.join(registry.EXTENSIONS)} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--reconciler-username",
+        default=admission.DEFAULT_RECONCILER_USERNAME,
+        help="the only user allowed to resume a queued job (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=8080,
+        help="plain-HTTP /metrics port, 0 disables (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=server.DEFAULT_MAX_BODY_BYTES,
+        help="largest AdmissionReview accepted; larger bodies get HTTP 413 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shutdown-delay",
+        type=float,
+        default=3.0,
+        help="seconds to report not-ready before closing on SIGTERM (default: %(default)s)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging (includes denial messages)"
+    )
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None = None) -> tuple[server.ServerConfig, bool]:
+    """The server configuration and the verbosity; exits with status 2 on bad flags."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.cert_file is None) != (args.key_file is None):
+        parser.error("--cert-file and --key-file must be given together")
+    try:
+        extensions = frozenset(e.strip() for e in args.enabled_extensions.split(",") if e.strip())
+        admission_config = admission.AdmissionConfig(
+            enabled_extensions=extensions, reconciler_username=args.reconciler_username
+        )
+    except registry.UnknownExtensionError as err:
+        parser.error(str(err))
+    config = server.ServerConfig(
+        admission=admission_config,
+        host=args.bind_address,
+        port=args.port,
+        cert_file=args.cert_file,
+        key_file=args.key_file,
+        metrics_port=args.metrics_port,
+        max_body_bytes=args.max_body_bytes,
+        cert_reload_interval=args.cert_reload_interval,
+        shutdown_delay=args.shutdown_delay,
+    )
+    return config, bool(args.verbose)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config, verbose = parse_config(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        asyncio.run(server.run(config))
+    except (OSError, ValueError) as err:  # port in use, unreadable certificate, ...
+        logging.getLogger("webhook").error("cannot start: %s", err)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

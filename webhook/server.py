@@ -1,0 +1,300 @@
+"""The admission webhook's HTTP(S) server: a thin async shell around ``shared.admission``.
+
+Flow of one request: refuse a ``Content-Encoding`` (400), read the body (at most
+``max_body_bytes``, else 413), decode it with orjson (else 400), check the AdmissionReview envelope
+(else 400 with the reason), decide (pure, in ``shared.admission``), answer JSON. The decision code
+is total by design and fuzzed; should it still raise, the review is answered ``allowed: false``
+with a generic message (never a 5xx and never a traceback to the caller) and one line is logged.
+
+TLS and certificate rotation. The listening socket is created once with a *listening* SSLContext
+(TLS 1.2+, ECDHE with AES-GCM or ChaCha20 only). Its ``sni_callback`` runs at the start of every
+handshake (OpenSSL calls it whether or not the client sends SNI) and assigns the *current* context
+to the new connection. A background task (``cleanup_ctx``) polls the certificate and key files;
+when their mtime, size or inode changes it builds a fresh context from them and swaps it in as
+current. New connections get the new certificate, established connections keep theirs, nothing
+is closed, and a broken pair on disk (half-written, mismatched) is logged and ignored until the files
+change again. Kubernetes Secret volumes change by an atomic symlink swap, which changes the inode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+from aiohttp import web
+
+from shared import admission
+from shared.admission import AdmissionConfig, Operation
+from webhook.metrics import CONTENT_TYPE, Result, WebhookMetrics
+
+log = logging.getLogger("webhook")
+
+CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20"
+DEFAULT_MAX_BODY_BYTES: Final = 3 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    host: str = "0.0.0.0"
+    port: int = 9443
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    metrics_port: int = 8080
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    cert_reload_interval: float = 10.0
+    shutdown_delay: float = 3.0
+
+
+@dataclass(slots=True)
+class ServerState:
+    """Mutable run state: readiness drops to false when shutdown starts (endpoints drain first)."""
+
+    ready: bool = True
+
+
+def make_ssl_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    """A server context with our TLS policy and the given certificate chain and key."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(CIPHERS)  # TLS 1.2 suites; TLS 1.3 suites are all AEAD already
+    context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+class ReloadingTLS:
+    """The listening context plus the current serving context (see the module docstring)."""
+
+    def __init__(self, cert_file: Path, key_file: Path) -> None:
+        self.cert_file, self.key_file = cert_file, key_file
+        self._stamp = self._file_stamp()
+        self.current = make_ssl_context(cert_file, key_file)
+        self.listening = make_ssl_context(cert_file, key_file)
+        self.listening.sni_callback = self._select
+
+    def _select(self, connection: Any, server_name: str | None, context: ssl.SSLContext) -> None:
+        connection.context = self.current
+
+    def _file_stamp(self) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            stats = (self.cert_file.stat(), self.key_file.stat())
+        except OSError:
+            return None
+        return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in stats)
+
+    def reload_if_changed(self) -> bool | None:
+        """``None`` when the files did not change, else whether the new pair was loaded."""
+        stamp = self._file_stamp()
+        if stamp is None or stamp == self._stamp:
+            return None
+        self._stamp = stamp
+        try:
+            self.current = make_ssl_context(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError, ValueError) as err:
+            log.warning("serving certificate not reloaded, keeping the previous one: %s", err)
+            return False
+        log.info("serving certificate reloaded from %s", self.cert_file)
+        return True
+
+
+CONFIG_KEY: Final = web.AppKey("config", ServerConfig)
+METRICS_KEY: Final = web.AppKey("metrics", WebhookMetrics)
+STATE_KEY: Final = web.AppKey("state", ServerState)
+TLS_KEY: Final = web.AppKey("tls", ReloadingTLS)
+
+
+def now_text() -> str:
+    """The enqueue timestamp the webhook stamps: RFC 3339, UTC, seconds."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _error(status: int, reason: str) -> web.Response:
+    return web.json_response({"error": reason}, status=status, dumps=lambda v: orjson.dumps(v).decode())
+
+
+def _result_of(response: dict[str, Any]) -> Result:
+    if not response.get("allowed"):
+        return Result.DENIED
+    return Result.PATCHED if "patch" in response else Result.ALLOWED
+
+
+async def _review(request: web.Request, operation: Operation) -> web.Response:
+    app = request.app
+    metrics = app[METRICS_KEY]
+    started = time.perf_counter()
+
+    def done(result: Result, kind: str = "unknown") -> None:
+        metrics.observe(operation=operation, kind=kind, result=result, seconds=time.perf_counter() - started)
+
+    if request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
+        # The apiserver never compresses reviews; refusing encodings also rules out zip bombs.
+        done(Result.MALFORMED)
+        return _error(400, "Content-Encoding is not supported; send the AdmissionReview as plain JSON")
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        done(Result.TOO_LARGE)
+        limit = app[CONFIG_KEY].max_body_bytes
+        return _error(413, f"the request body exceeds the limit of {limit} bytes")
+    except Exception:  # undecodable Content-Encoding, broken chunking, a client that went away
+        done(Result.MALFORMED)
+        return _error(400, "the request body could not be read (check Content-Encoding and framing)")
+    try:
+        payload = orjson.loads(body)
+        parsed = admission.parse_review(payload)
+    except orjson.JSONDecodeError:
+        done(Result.MALFORMED)
+        return _error(400, "the request body is not valid UTF-8 JSON")
+    except admission.MalformedReview as err:
+        done(Result.MALFORMED)
+        return _error(400, str(err))
+    try:
+        response = admission.decide(
+            parsed, operation=operation, config=app[CONFIG_KEY].admission, now_text=now_text()
+        )
+        result = _result_of(response)
+    except Exception as err:  # the decision is meant to be total; never let a bug become a 5xx
+        log.error(
+            "%s of %s uid=%s failed: %s",
+            operation,
+            parsed.kind,
+            parsed.uid,
+            type(err).__name__,
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )
+        message = "internal error in the koord-queue webhook; the request was not admitted, retry later"
+        status = {"code": 500, "reason": "InternalError", "message": message}
+        response = {"uid": parsed.uid, "allowed": False, "status": status}
+        result = Result.ERROR
+    done(result, parsed.kind)
+    if result is Result.DENIED:
+        log.info(
+            "denied %s %s %s/%s uid=%s", operation, parsed.kind, parsed.namespace, parsed.name, parsed.uid
+        )
+        log.debug("denial of uid=%s: %s", parsed.uid, response.get("status", {}).get("message"))
+    answer = {"apiVersion": admission.REVIEW_API_VERSION, "kind": "AdmissionReview", "response": response}
+    return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
+
+async def mutate(request: web.Request) -> web.Response:
+    return await _review(request, Operation.MUTATE)
+
+
+async def validate(request: web.Request) -> web.Response:
+    return await _review(request, Operation.VALIDATE)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[STATE_KEY].ready:
+        return web.Response(text="ok")
+    return web.Response(text="shutting down", status=503)
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    body = request.app[METRICS_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _certificate_reloader(app: web.Application) -> AsyncIterator[None]:
+    """Poll the certificate files while the app runs (a ``cleanup_ctx`` generator)."""
+    tls, metrics = app[TLS_KEY], app[METRICS_KEY]
+
+    async def poll() -> None:
+        while True:
+            await asyncio.sleep(app[CONFIG_KEY].cert_reload_interval)
+            outcome = tls.reload_if_changed()
+            if outcome is not None:
+                metrics.certificate_reloads.labels("ok" if outcome else "failed").inc()
+
+    task = asyncio.create_task(poll(), name="webhook-certificate-reloader")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def make_app(config: ServerConfig, *, metrics: WebhookMetrics | None = None) -> web.Application:
+    """The admission app. Loads the TLS files now (fail fast) when both are configured."""
+    app = web.Application(client_max_size=config.max_body_bytes)
+    app[CONFIG_KEY] = config
+    app[METRICS_KEY] = metrics or WebhookMetrics()
+    app[STATE_KEY] = ServerState()
+    if config.cert_file is not None and config.key_file is not None:
+        app[TLS_KEY] = ReloadingTLS(config.cert_file, config.key_file)
+        app.cleanup_ctx.append(_certificate_reloader)
+    app.router.add_post("/mutate", mutate)
+    app.router.add_post("/mutate/{kind}", mutate)
+    app.router.add_post("/validate", validate)
+    app.router.add_post("/validate/{kind}", validate)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def make_metrics_app(admission_app: web.Application) -> web.Application:
+    """Plain-HTTP side app: ``/metrics`` and ``/healthz`` for Prometheus and probes."""
+    app = web.Application()
+    app[METRICS_KEY] = admission_app[METRICS_KEY]
+    app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    """An AppRunner with the server settings the webhook needs.
+
+    ``auto_decompress=False``: aiohttp would otherwise inflate ``Content-Encoding`` bodies inside its
+    HTTP parser, where a corrupt stream can stall the connection before our handler runs; the
+    handler refuses encoded bodies instead. Access logs are off (one line per review is noise at
+    hundreds of reviews per second; denials are logged by the handler).
+    """
+    return web.AppRunner(app, access_log=None, auto_decompress=False, shutdown_timeout=10.0)
+
+
+async def run(config: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
+    """Serve until ``stop`` is set (by default: until SIGTERM or SIGINT), then drain and close."""
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+    app = make_app(config)
+    runners: list[web.AppRunner] = []
+    try:
+        runner = make_runner(app)
+        await runner.setup()
+        runners.append(runner)
+        ssl_context = app[TLS_KEY].listening if TLS_KEY in app else None
+        if ssl_context is None:
+            log.warning("no --cert-file/--key-file: serving plain HTTP (the apiserver requires HTTPS)")
+        await web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context).start()
+        if config.metrics_port:
+            metrics_runner = make_runner(make_metrics_app(app))
+            await metrics_runner.setup()
+            runners.append(metrics_runner)
+            await web.TCPSite(metrics_runner, config.host, config.metrics_port).start()
+        log.info("webhook serving on %s:%d (metrics port %d)", config.host, config.port, config.metrics_port)
+        await stop.wait()
+        app[STATE_KEY].ready = False
+        log.info("shutting down in %.1fs", config.shutdown_delay)
+        await asyncio.sleep(config.shutdown_delay)
+    finally:
+        for each in reversed(runners):
+            await each.cleanup()
