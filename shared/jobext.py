@@ -278,7 +278,12 @@ def plan_pods(unit: Obj, pods: Sequence[PodView]) -> PodPlan:
             plan.ungate.extend(_order(p for p in live if not p.bound and p.gated)[:missing])
         new_admissions.append(entry)
     if reclaimed_any:
-        plan.status = {"status": {"admissions": new_admissions}}
+        status: Obj = {"admissions": new_admissions}
+        if all(_int(a.get("replicas")) == 0 for a in new_admissions):
+            # Nothing is held any more: the unit is back in its queue, and says so.
+            status["phase"] = names.Phase.ENQUEUED.value
+            status["message"] = names.Message.ENQUEUED_AFTER_PREEMPTED
+        plan.status = {"status": status}
     return plan
 
 

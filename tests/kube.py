@@ -88,3 +88,49 @@ async def get_custom(
         group, version, namespace, plural, name
     )
     return result
+
+
+class Recorder:
+    """Every version of every object of one resource, in etcd order, from a watch.
+
+    The resourceVersion is taken before the caller creates anything, so the watch replays every
+    change from then on, however late its request reaches the apiserver; per-object histories
+    (``versions``) and global order (``seen``) are both kept.
+    """
+
+    def __init__(self, cluster: LocalCluster, resource: object, namespace: str | None = None) -> None:
+        self.cluster = cluster
+        self.resource = resource
+        self.namespace = namespace
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._client: Any = None
+
+    async def __aenter__(self) -> Recorder:
+        from shared import kube as kq
+
+        self._client = await kq.Kube.connect(kubeconfig=str(self.cluster.kubeconfig))
+        _, rv = await self._client.list(self.resource, namespace=self.namespace)
+
+        async def follow() -> None:
+            while True:
+                nonlocal rv
+                async for kind, obj in self._client.watch(
+                    self.resource, namespace=self.namespace, resource_version=rv
+                ):
+                    rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        self.seen.append((kind, obj))
+
+        self._task = asyncio.create_task(follow())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self._client.close()
+
+    def versions(self, name: str) -> list[dict[str, Any]]:
+        return [obj for _, obj in self.seen if obj["metadata"]["name"] == name]

@@ -143,10 +143,16 @@ def test_reclaim_never_takes_back_bound_replicas() -> None:
     assert plan.status == {"status": {"admissions": [{"name": "main", "replicas": 2, "running": 2}]}}
 
 
-def test_reclaim_of_replicas_whose_pods_do_not_exist_needs_no_delete() -> None:
+def test_reclaim_of_replicas_whose_pods_do_not_exist_needs_no_delete_and_requeues_the_unit() -> None:
     plan = jobext.plan_pods(unit_with(2, reclaim=2), [])
     assert plan.delete == []
-    assert plan.status == {"status": {"admissions": [{"name": "main", "replicas": 0, "running": 0}]}}
+    assert plan.status == {
+        "status": {
+            "admissions": [{"name": "main", "replicas": 0, "running": 0}],
+            "phase": "Enqueued",
+            "message": names.Message.ENQUEUED_AFTER_PREEMPTED,
+        }
+    }
 
 
 def test_report_counts_bound_pods_and_moves_a_running_job_to_running() -> None:
