@@ -17,12 +17,15 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from certs.manager import WebhookCertManager
 from reconciler import metrics
 from reconciler.events import EventRecorder
 from reconciler.informer import Handler, Informer
@@ -68,6 +71,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, default=10259, help="Prometheus /metrics port; 0 disables")
     p.add_argument("--bind-address", default="0.0.0.0", help="address of the health and metrics servers")
     p.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run several replicas: only the holder of the Lease acts, all serve health and metrics",
+    )
+    p.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("POD_NAMESPACE") or names.COMPONENT_NAMESPACE,
+        help="namespace of the Lease (default: $POD_NAMESPACE, else %(default)s)",
+    )
+    p.add_argument("--leader-election-id", default="koord-queue-reconciler", help="name of the Lease")
+    p.add_argument(
+        "--leader-election-identity",
+        default="",
+        help="this candidate's identity in the Lease (default: <hostname>_<random>)",
+    )
+    p.add_argument("--lease-duration", type=float, default=15.0, help="seconds (default %(default)s)")
+    p.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (default %(default)s)")
+    p.add_argument("--retry-period", type=float, default=2.0, help="seconds (default %(default)s)")
+    p.add_argument(
+        "--manage-webhook-certs",
+        action="store_true",
+        help="issue and rotate the webhook's serving certificate (a Secret) and inject its CA "
+        "into the webhook configurations",
+    )
+    p.add_argument(
+        "--webhook-namespace",
+        default=os.environ.get("POD_NAMESPACE") or names.COMPONENT_NAMESPACE,
+        help="namespace of the webhook Service and Secret (default %(default)s)",
+    )
+    p.add_argument("--webhook-service", default="koord-queue-webhook", help="webhook Service name")
+    p.add_argument("--webhook-secret", default="koord-queue-webhook-cert", help="webhook certificate Secret")
+    p.add_argument(
+        "--webhook-configuration",
+        default="koord-queue",
+        help="name of the Mutating/ValidatingWebhookConfiguration to inject the CA into",
+    )
+    p.add_argument(
         "-v",
         "--verbosity",
         type=int,
@@ -88,7 +128,7 @@ def _fanout(*handlers: Handler) -> Handler:
 async def _serve(app: web.Application, host: str, port: int) -> web.AppRunner | None:
     if port <= 0:
         return None
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
@@ -168,10 +208,8 @@ async def run(args: argparse.Namespace) -> None:
             if runner is not None:
                 runners.append(runner)
 
-        async with asyncio.TaskGroup() as tg:
-            for inf in informers:
-                tg.create_task(inf.run(), name=f"informer-{inf.resource.plural}")
-            tg.create_task(events.run(), name="events")
+        async def act() -> None:
+            """What only the leader does; every replica keeps its caches warm for a fast take-over."""
             for inf in informers:
                 await inf.synced.wait()
             log.info(
@@ -180,13 +218,58 @@ async def run(args: argparse.Namespace) -> None:
                 len(queues.objects),
                 len(quotas.objects),
             )
-            tg.create_task(scheduler.run(), name="scheduler")
-            tg.create_task(jobs.run(), name="job-extensions")
-            tg.create_task(quota_sync.run(), name="quota-queues")
+            async with asyncio.TaskGroup() as acting:
+                acting.create_task(events.run(), name="events")
+                acting.create_task(scheduler.run(), name="scheduler")
+                acting.create_task(jobs.run(), name="job-extensions")
+                acting.create_task(quota_sync.run(), name="quota-queues")
+                if args.manage_webhook_certs:
+                    certs = WebhookCertManager(
+                        client,
+                        namespace=args.webhook_namespace,
+                        secret=args.webhook_secret,
+                        service=args.webhook_service,
+                        configuration=args.webhook_configuration,
+                    )
+                    acting.create_task(certs.run(), name="webhook-certs")
+
+        try:
+            await _supervise(informers, act, args, client)
+        except* kube.LeadershipLost as group:
+            raise group.exceptions[0] from None
     finally:
         for runner in runners:
             await runner.cleanup()
         await client.close()
+
+
+async def _supervise(
+    informers: list[Informer],
+    act: Callable[[], Coroutine[Any, Any, None]],
+    args: argparse.Namespace,
+    client: kube.Kube,
+) -> None:
+    """Informers on every replica; ``act`` directly, or only while holding the Lease."""
+    async with asyncio.TaskGroup() as tg:
+        for inf in informers:
+            tg.create_task(inf.run(), name=f"informer-{inf.resource.plural}")
+        if args.leader_elect:
+            identity = args.leader_election_identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+            tg.create_task(
+                kube.lead(
+                    client,
+                    name=args.leader_election_id,
+                    namespace=args.leader_election_namespace,
+                    identity=identity,
+                    work=act,
+                    lease_s=args.lease_duration,
+                    renew_s=args.renew_deadline,
+                    retry_s=args.retry_period,
+                ),
+                name="leader-election",
+            )
+        else:
+            tg.create_task(act(), name="act")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -208,6 +291,11 @@ def main(argv: list[str] | None = None) -> None:
         log.info("stopped")
     except component_config.ConfigError as err:
         raise SystemExit(f"error: {err}") from None
+    except kube.ClientConfigError as err:
+        raise SystemExit(f"error: {err}") from None
+    except kube.LeadershipLost as err:
+        log.error("%s; exiting so that a restart starts from fresh state", err)
+        raise SystemExit(1) from None
     except registry.UnknownExtensionError as err:
         raise SystemExit(f"error: --enabled-extensions: {err}") from None
     finally:

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote, urlencode
@@ -56,6 +56,10 @@ class KubeError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+
+
+class ClientConfigError(Exception):
+    """No usable kubeconfig or in-cluster credentials; the message says what is missing."""
 
 
 class NotFound(KubeError):
@@ -191,13 +195,26 @@ class Kube:
     ) -> Kube:
         """Load the kubeconfig (or the in-cluster service account when none is given)."""
         configuration = k8s_client.Configuration()
+        try:
+            await cls._load(configuration, kubeconfig)
+        except (k8s_config.ConfigException, OSError) as err:
+            where = kubeconfig or "the in-cluster ServiceAccount"
+            raise ClientConfigError(f"cannot load API credentials from {where}: {err}") from None
+        configuration.connection_pool_maxsize = pool_size
+        api = k8s_client.ApiClient(configuration)
+        return cls(api, qps=qps, burst=burst, user_agent=user_agent, impersonate=impersonate)
+
+    @staticmethod
+    async def _load(configuration: k8s_client.Configuration, kubeconfig: str | None) -> None:
         if kubeconfig:
             await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         else:
             k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        configuration.connection_pool_maxsize = pool_size
-        api = k8s_client.ApiClient(configuration)
-        return cls(api, qps=qps, burst=burst, user_agent=user_agent, impersonate=impersonate)
+
+    @property
+    def api_client(self) -> k8s_client.ApiClient:
+        """The underlying kubernetes-asyncio client (for its leader election)."""
+        return self._api
 
     async def close(self) -> None:
         await self._api.close()
@@ -369,3 +386,42 @@ class Kube:
                     yield kind, obj
         except (aiohttp.ClientError, TimeoutError) as err:
             raise KubeError(0, type(err).__name__, str(err) or type(err).__name__) from err
+
+
+class LeadershipLost(Exception):
+    """The Lease was lost (or could not be renewed in time): stop acting at once."""
+
+
+async def lead(
+    client: Kube,
+    *,
+    name: str,
+    namespace: str,
+    identity: str,
+    work: Callable[[], Awaitable[None]],
+    lease_s: float = 15.0,
+    renew_s: float = 10.0,
+    retry_s: float = 2.0,
+) -> None:
+    """Wait for the Lease ``namespace/name``, run ``work`` while holding it; raise when it is lost.
+
+    kubernetes-asyncio's LeaseLock does the election (client-go semantics: a candidate takes over
+    a Lease whose holder has not renewed it within ``lease_s``). ``work`` is cancelled the moment
+    renewal fails, and :class:`LeadershipLost` is raised so the process exits and restarts with
+    fresh state instead of acting on a cache another leader has moved past.
+    """
+    from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
+    from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
+
+    async def started() -> None:
+        log.info("%s: leading as %s", name, identity)
+        await work()
+
+    async def stopped() -> None:
+        log.warning("%s: leadership lost by %s", name, identity)
+
+    lock = LeaseLock(name, namespace, identity, client.api_client)
+    # The Lease stores whole seconds; the library formats the duration into it as given.
+    config = electionconfig.Config(lock, max(1, round(lease_s)), renew_s, retry_s, started, stopped)
+    await leaderelection.LeaderElection(config).run()
+    raise LeadershipLost(f"lease {namespace}/{name} lost by {identity}")

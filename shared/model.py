@@ -30,6 +30,7 @@ __all__ = [
     "QueueConfig",
     "Quota",
     "Unit",
+    "evolve",
     "format_time",
     "parse_queue",
     "parse_quota",
@@ -103,12 +104,6 @@ class Unit:
     def preemptible(self) -> bool:
         """Upstream ``IsJobPreemptible``: the preemptible label equals ``"true"``."""
         return self.labels.get(names.PREEMPTIBLE_LABEL) == "true"
-
-    def admission(self, name: str) -> Admission | None:
-        for adm in self.admissions:
-            if adm.name == name:
-                return adm
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +359,22 @@ def parse_unit(raw: Mapping[str, object]) -> Unit:
     )
 
 
+_UNIT_FIELDS = tuple(f.name for f in dataclasses.fields(Unit))
+_UNIT_FIELD_SET = frozenset(_UNIT_FIELDS)
+
+
+def evolve(unit: Unit, **changes: object) -> Unit:
+    """``dataclasses.replace`` for :class:`Unit`, about 4x faster (it is on the admission path):
+    fields are copied slot by slot instead of through ``__init__``. Values are not re-validated."""
+    unknown = changes.keys() - _UNIT_FIELD_SET
+    if unknown:
+        raise TypeError(f"Unit has no field(s) {sorted(unknown)}")
+    new = object.__new__(Unit)
+    for name in _UNIT_FIELDS:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(unit, name))
+    return new
+
+
 def with_grants(unit: Unit, grants: Mapping[str, int], *, phase: str, message: str, now: float) -> Unit:
     """The unit as it looks once an admission is written: ``replicas += granted`` per pod set.
 
@@ -379,7 +390,7 @@ def with_grants(unit: Unit, grants: Mapping[str, int], *, phase: str, message: s
                 break
         else:
             admissions.append(Admission(name=podset, replicas=granted, running=0))
-    return dataclasses.replace(
+    return evolve(
         unit,
         admissions=tuple(admissions),
         phase=phase,
@@ -395,7 +406,7 @@ def with_reclaim(unit: Unit, reclaim: Mapping[str, int], *, message: str, now: f
         dataclasses.replace(adm, reclaim_replicas=reclaim[adm.name]) if adm.name in reclaim else adm
         for adm in unit.admissions
     )
-    return dataclasses.replace(unit, admissions=admissions, message=message, last_update_time=now)
+    return evolve(unit, admissions=admissions, message=message, last_update_time=now)
 
 
 # --- Queue and ElasticQuota ----------------------------------------------------------------------

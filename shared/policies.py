@@ -1,27 +1,23 @@
 """Per-queue scheduling state, kept incrementally from watch events (REFERENCE §3.5, §3.7).
 
-Upstream keeps, per queue, a sorted slice of units, an ``assumed`` set, an ``updating`` set, a set
-of blocked quotas, a scan cursor and a preemption flag, and mutates them from informer callbacks.
-:class:`QueueState` keeps the same facts, derived from the units themselves wherever possible so
-that a restarted reconciler rebuilds the same state from a relist (ARCHITECTURE decision 2):
+Upstream keeps per queue a sorted slice, ``assumed`` and ``updating`` sets, blocked quotas, a scan
+cursor and a preemption flag, mutated from informer callbacks. :class:`QueueState` keeps the same
+facts, derived from the units wherever possible so that a relist after a restart rebuilds the same
+state (ARCHITECTURE decision 2):
 
 * ``lanes``: the *waiting* units (not dequeued, not satisfied, not in backoff, no reclaim in
-  progress) as sorted lists of ``sort_key + (key,)`` maintained with ``bisect`` (O(log n) search),
-  one lane for Priority/Block, two (high, low) for Intelligent. Inactive units keep their place.
-* ``assumed``: units holding quota whose pods are not all running (the preemption candidates and,
-  with ``wait-for-pods-running``, what holds the queue), also sorted by the queue's key.
-* ``in_flight`` / ``marks``: victims whose reclaim is observed on the unit, or decided and not yet
-  observed ("capacity on the way", ARCHITECTURE decision 4); ``round``: the one preemption round a
-  queue may run at a time.
+  progress) as sorted lists of ``sort_key + (key,)`` kept with ``bisect``; one lane for
+  Priority/Block, two (high, low) for Intelligent. Inactive units keep their place.
+* ``assumed``: units holding quota whose pods are not all running, sorted the same way.
+* ``in_flight`` / ``marks``: victims whose reclaim is observed on the unit, or decided and not
+  yet observed ("capacity on the way", decision 4); ``round``: the queue's one preemption round.
 * ``updating``: units admitted by a plan whose write has not been observed yet.
-* ``blocked``: Block/Intelligent's blocked quota. Units reach a queue through their quota label, so
-  every unit of a queue has the same quota and upstream's set of blocked quotas is one flag here.
-* ``parked``: the last failure message per unit, and the availability epoch it was computed at:
-  a unit whose quota chain has seen no release since it failed still fails, and is not re-examined.
+* ``blocked``: Block/Intelligent's blocked quota. Units reach a queue through their quota label,
+  so all units of a queue share one quota and upstream's set of blocked quotas is one flag here.
+* ``parked``: each unit's last failure and the availability epoch it was computed at.
 * ``dirty``: whether anything that could change a decision happened since the last scan.
 
-Cursor semantics are replaced by a batch rescan from the head of each dirty queue (see
-``shared.scheduling``). Pure: no I/O, no clock (times are passed in).
+Pure: no I/O, no clock (times are passed in).
 """
 
 from __future__ import annotations
@@ -29,21 +25,20 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from shared.model import QueueConfig, Unit
 from shared.names import Phase, QueuePolicy
 from shared.ordering import SortKey, lane_of, unit_key
 from shared.predicates import (
     TERMINAL_PHASES,
-    dequeued,
     has_reclaim,
     reserved_any_resource,
     reserved_not_run,
     satisfied,
+    v1_dequeued,
 )
 from shared.quantities import Resources
-from shared.quota import Chain, remaining_request
+from shared.quota import Demand, QuotaLedger, remaining_request
 
 __all__ = [
     "MARK_OBSERVE_TIMEOUT",
@@ -53,6 +48,8 @@ __all__ = [
     "PreemptRound",
     "QueueState",
     "SchedulerState",
+    "beyond_depth_message",
+    "invalid_message",
     "is_assumed",
     "is_waiting",
     "queue_item_details",
@@ -64,22 +61,22 @@ MARK_OBSERVE_TIMEOUT = 60.0
 Item = tuple[int | float | str, ...]
 
 
-class _ChainSource(Protocol):
-    """What :meth:`SchedulerState.on_release` needs from :class:`shared.quota.QuotaLedger`."""
+def beyond_depth_message(queue: str, depth: int) -> str:
+    return f"waiting in queue {queue}: position is beyond the queue's max-depth {depth}"
 
-    @property
-    def tree_epoch(self) -> int: ...
 
-    def chain(self, name: str) -> Chain: ...
+def invalid_message(problem: str) -> str:
+    return f"QueueUnit cannot be scheduled: {problem}; fix its spec to make it schedulable"
 
 
 def is_waiting(unit: Unit) -> bool:
     """A unit competes for admission: it still needs replicas and nothing is in progress for it."""
+    # Equivalent to "not dequeued and not satisfied" (dequeued needs satisfied unless v1/terminal).
     return (
         unit.phase not in TERMINAL_PHASES
         and unit.phase != Phase.TIMEOUT_BACKOFF
         and not has_reclaim(unit)
-        and not dequeued(unit)
+        and not v1_dequeued(unit)
         and not satisfied(unit)
     )
 
@@ -105,9 +102,12 @@ class Entry:
 
 @dataclass(slots=True)
 class ParkRecord:
+    """The last park of a unit; ``level`` is the quota that refused it (``None``: not known)."""
+
     message: str
     epoch: int
     quota_failure: bool
+    level: str | None = None
 
 
 @dataclass(slots=True)
@@ -123,41 +123,6 @@ class PreemptRound:
     preemptor: str
     victims: set[str] = field(default_factory=set)
     started_at: float = 0.0
-
-
-class _Demand:
-    """Smallest request per resource over the active waiting units (a multiset per resource).
-
-    Lets the scan skip a whole queue once what is left in its quota is below every request.
-    """
-
-    __slots__ = ("count", "empty", "values")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.empty = 0
-        self.values: dict[str, list[int]] = {}
-
-    def add(self, request: Resources) -> None:
-        self.count += 1
-        if not request:
-            self.empty += 1
-        for r, v in request.items():
-            bisect.insort(self.values.setdefault(r, []), v)
-
-    def remove(self, request: Resources) -> None:
-        self.count -= 1
-        if not request:
-            self.empty -= 1
-        for r, v in request.items():
-            values = self.values[r]
-            del values[bisect.bisect_left(values, v)]
-            if not values:
-                del self.values[r]
-
-    def minimums(self) -> dict[str, int]:
-        """Per resource requested by *every* unit, the smallest request."""
-        return {r: vals[0] for r, vals in sorted(self.values.items()) if len(vals) == self.count}
 
 
 class QueueState:
@@ -180,8 +145,11 @@ class QueueState:
         self.dirty = True
         self.wake_at: float | None = None
         self.last_attempt_at: float | None = None
-        self.demand = _Demand()
+        self.demand = Demand()
         self.active_in_lane = [0, 0]
+        #: Quotas that refused this queue's units in its last scan; only releases there can help.
+        #: ``None`` means unknown (wake on any release on the chain).
+        self.limiting: frozenset[str] | None = None
 
     @property
     def policy(self) -> QueuePolicy | None:
@@ -220,7 +188,10 @@ class QueueState:
             old = self.entries.get(key)
             if old is not None:
                 self._drop_entry(key, old)
-                self.dirty = True
+                # Our own admission landing frees nothing for the others, except where a waiting
+                # unit's mere presence matters (Intelligent's high sub-queue, the max-depth window).
+                if key not in self.updating or self._presence_matters():
+                    self.dirty = True
             self.parked.pop(key, None)
             self.unparked.discard(key)
             self.updating.discard(key)
@@ -276,6 +247,9 @@ class QueueState:
             self.round = None
             self.dirty = True
 
+    def _presence_matters(self) -> bool:
+        return self.config.policy is QueuePolicy.INTELLIGENT or self.config.max_depth > 0
+
     def on_the_way(self, key: str) -> bool:
         """A reclaim was decided for ``key`` and has not finished."""
         return key in self.in_flight or key in self.marks
@@ -329,7 +303,8 @@ class QueueState:
         if new is not None:
             bisect.insort(self.assumed, new)
             self.assumed_items[key] = new
-        self.dirty = True
+        if self.config.wait_for_pods_running:  # only then does the assumed set hold the queue
+            self.dirty = True
 
 
 def rebuild(
@@ -433,7 +408,7 @@ class SchedulerState:
         self._dependents_epoch = None
         self._unqueue(name, units)
 
-    def on_release(self, quotas: frozenset[str] | set[str], chain_of: _ChainSource) -> None:
+    def on_release(self, quotas: frozenset[str] | set[str], chain_of: QuotaLedger) -> None:
         """Wake the queues whose quota chain contains a quota that released usage or changed."""
         if not quotas:
             return
@@ -444,13 +419,39 @@ class SchedulerState:
                 for quota in (*chain_of.chain(qname).names, qname):
                     self._dependents.setdefault(quota, set()).add(qname)
             self._dependents_epoch = epoch
-        for quota in sorted(quotas):
-            for qname in sorted(self._dependents.get(quota, ())):
-                self.queues[qname].release()
+        woken: set[str] = set()
+        for quota in quotas:
+            woken.update(self._dependents.get(quota, ()))
+        for qname in sorted(woken):
+            state = self.queues[qname]
+            if state.limiting is None or not state.limiting.isdisjoint(quotas):
+                state.release()
                 self.dirty.add(qname)
+
+    def wake_all(self) -> None:
+        """The quota tree changed shape: every queue may see different limits."""
+        for qname in sorted(self.queues):
+            self.queues[qname].release()
+            self.queues[qname].limiting = None
+            self.dirty.add(qname)
 
     def mark_dirty(self, state: QueueState) -> None:
         self._sync_dirty(state)
+
+    def new_orphans(self) -> list[tuple[str, str]]:
+        """``(queue, unit key)`` of orphans not parked yet, in order; they count as parked now."""
+        found = [(q, k) for q in sorted(self.orphans) for k in sorted(self.orphans[q] - self.orphans_parked)]
+        self.orphans_parked.update(k for _, k in found)
+        return found
+
+    def fire_timers(self, now: float, *, block_stale: float) -> None:
+        """Queues whose timer is due become dirty; a block older than ``block_stale`` is lifted."""
+        for qname in sorted(q for q, at in self.timers.items() if at <= now):
+            del self.timers[qname]
+            self.dirty.add(qname)
+            state = self.queues.get(qname)
+            if state is not None and state.blocked and (state.last_attempt_at or 0.0) + block_stale <= now:
+                state.blocked = False
 
     # --- internals ----------------------------------------------------------------------------------
 

@@ -74,6 +74,8 @@ def reserved_any_resource(unit: Unit) -> bool:
 
 def satisfied(unit: Unit) -> bool:
     """``IsQueueUnitSatisfied``: every expected pod set has admitted replicas >= its count."""
+    if not unit.admissions:
+        return all(ps.count <= 0 for ps in expected_pod_sets(unit))
     admitted = {adm.name: adm.replicas for adm in unit.admissions}
     return all(admitted.get(ps.name, 0) >= ps.count for ps in expected_pod_sets(unit))
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from shared import quantities
 from shared.model import QueueConfig, Unit
 from shared.names import EventReason, Message, QueuePolicy
-from shared.policies import Item, QueueState
+from shared.policies import Item, Mark, PreemptRound, QueueState
 from shared.predicates import expected_pod_sets
 from shared.quantities import Resources
 from shared.quota import UsageView
@@ -60,9 +60,12 @@ __all__ = [
     "Victim",
     "disabled_reason",
     "first_holder",
+    "may_preempt",
     "plan_preempt",
     "plan_reserve",
     "reclaimable",
+    "record_outcome",
+    "skip_reason",
 ]
 
 PREEMPTION_NEEDS_WAIT = "preemption is disabled because wait-for-pods-running is disabled"
@@ -304,3 +307,40 @@ def plan_preempt(
         if quantities.covers(total, shortfall):
             return PreemptOutcome(victims=tuple(walked[:count]), waiting_for=tuple(waiting))
     return PreemptOutcome(error=NO_VICTIMS, wake_at=wake)  # pragma: no cover - covered above
+
+
+def may_preempt(state: QueueState, key: str, item: Item) -> bool:
+    """Could the preempt path mark anything for ``key`` (or, a fortiori, a unit sorting after)?
+
+    Cheap and conservative: lets the scheduler skip a whole exhausted queue when it is False.
+    """
+    cfg = state.config
+    if disabled_reason(cfg) is not None:
+        return False
+    if state.round is not None and state.round.preemptor != key:
+        return False
+    return bool(state.assumed) and state.assumed[-1] > item
+
+
+def record_outcome(
+    state: QueueState, preemptor: str, outcome: PreemptOutcome, *, now: float, path: str
+) -> MarkVictims | None:
+    """Remember what an attempt decided: the wake-up time, the round, and the marks (until they are
+    observed on the victims, so nothing is marked twice); returns the plan decision, if any."""
+    if outcome.wake_at is not None and (state.wake_at is None or outcome.wake_at < state.wake_at):
+        state.wake_at = outcome.wake_at
+    if not outcome.victims:
+        return None
+    if state.round is None:
+        state.round = PreemptRound(preemptor=preemptor, started_at=now)
+    for victim in outcome.victims:
+        state.round.victims.add(victim.key)
+        state.marks[victim.key] = Mark(dict(victim.reclaim), now)
+    state.dirty = True  # re-check the preemptor once the marks are written
+    return MarkVictims(queue=state.name, preemptor=preemptor, victims=outcome.victims, path=path)
+
+
+def skip_reason(state: QueueState, key: str) -> str:
+    """The preemption error (for logs) of a unit the scan did not try because none could succeed."""
+    busy = state.round is not None and state.round.preemptor != key
+    return disabled_reason(state.config) or (Message.queue_preempting(state.name) if busy else NO_VICTIMS)

@@ -29,6 +29,7 @@ Pure: standard library and sibling modules only.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ from shared.quantities import Resources
 
 __all__ = [
     "Chain",
+    "Demand",
     "QuotaLedger",
     "UsageView",
     "remaining_grants",
@@ -59,16 +61,22 @@ def reserved_resources(unit: Unit) -> Resources:
     if not unit.admissions:
         return _nonzero(unit.resource) if v1_dequeued(unit) else {}
     per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
-    total: Resources = {}
+    total: dict[str, int] = {}
     for adm in unit.admissions:
-        base = quantities.scale(per_pod.get(adm.name, {}), max(adm.replicas, 0))
-        held = {r: max(base.get(r, 0), adm.resources.get(r, 0)) for r in base.keys() | adm.resources.keys()}
-        total = quantities.add(total, held)
+        replicas = max(adm.replicas, 0)
+        held = {r: v * replicas for r, v in per_pod.get(adm.name, {}).items()}
+        for r, v in adm.resources.items():
+            if v > held.get(r, 0):
+                held[r] = v
+        for r, v in held.items():
+            total[r] = total.get(r, 0) + v
     return _nonzero(total)
 
 
 def remaining_grants(unit: Unit) -> dict[str, int]:
     """Replicas still missing per pod set (``count - admitted``), only the positive ones."""
+    if not unit.admissions:
+        return {ps.name: ps.count for ps in expected_pod_sets(unit) if ps.count > 0}
     admitted = {adm.name: adm.replicas for adm in unit.admissions}
     grants: dict[str, int] = {}
     for ps in expected_pod_sets(unit):
@@ -79,11 +87,13 @@ def remaining_grants(unit: Unit) -> dict[str, int]:
 
 
 def remaining_request(unit: Unit) -> Resources:
-    """The demand the quota filter checks: sum of ``per_pod x missing replicas``, zeros dropped."""
+    """The demand the quota filter checks: sum of ``per_pod x missing replicas``, zeros dropped,
+    keys sorted."""
     per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
-    total: Resources = {}
+    total: dict[str, int] = {}
     for podset, missing in remaining_grants(unit).items():
-        total = quantities.add(total, quantities.scale(per_pod[podset], missing))
+        for r, v in per_pod[podset].items():
+            total[r] = total.get(r, 0) + v * missing
     return _nonzero(total)
 
 
@@ -337,3 +347,43 @@ class UsageView:
                     return True
         self.level = None
         return False
+
+
+class Demand:
+    """Smallest request per resource over a queue's active waiting units (a multiset per
+    resource, kept with ``bisect``): with :meth:`UsageView.exhausted` it lets the scheduler skip a
+    whole queue once what is left in its quota is below every pending request."""
+
+    __slots__ = ("_minimums", "count", "empty", "values")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.empty = 0
+        self.values: dict[str, list[int]] = {}
+        self._minimums: dict[str, int] | None = None
+
+    def add(self, request: Resources) -> None:
+        self._minimums = None
+        self.count += 1
+        if not request:
+            self.empty += 1
+        for r, v in request.items():
+            bisect.insort(self.values.setdefault(r, []), v)
+
+    def remove(self, request: Resources) -> None:
+        self._minimums = None
+        self.count -= 1
+        if not request:
+            self.empty -= 1
+        for r, v in request.items():
+            values = self.values[r]
+            del values[bisect.bisect_left(values, v)]
+            if not values:
+                del self.values[r]
+
+    def minimums(self) -> dict[str, int]:
+        """Per resource requested by *every* unit, the smallest request (cached; do not modify)."""
+        if self._minimums is None:
+            values = sorted(self.values.items())
+            self._minimums = {r: vals[0] for r, vals in values if len(vals) == self.count}
+        return self._minimums

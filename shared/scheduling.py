@@ -1,39 +1,32 @@
 """One scheduling cycle as a pure function of the cache: ``schedule(snapshot, state, now) -> Plan``.
 
-ARCHITECTURE decision 3: decide on a snapshot, then act. The plan lists decisions in the order they
-were taken; the reconciler applies them (assume the admission into its cache, write, forget on
-failure; write the victims' reclaim states; write the parked units' messages and events).
-
-How a cycle works (REFERENCE §3.4-3.7, with the deliberate differences stated):
+ARCHITECTURE decision 3: decide on a snapshot, then act; the reconciler applies the plan in order
+(assume each admission into the cache, write, forget on failure; write the victims' reclaim states;
+write parked units' messages and events). How a cycle works (REFERENCE §3.4-3.7):
 
 1. Units whose quota label names no usable queue are parked once with ``queue <q> is not exist``
    (``queue_not_found=True``: the reconciler emits ``QueueNotFound`` once per unit).
-2. Queues are served **strictly in order** of ``spec.priority`` (higher first), then name; upstream
-   runs queues concurrently. Only queues where something changed since their last scan (a unit
-   added, updated or removed, quota released on their chain, a spec change, a timer) are scanned:
-   an unchanged queue would decide the same again.
-3. Each scanned queue is walked from its head (upstream's scan cursor is replaced by this batch
-   rescan) and may admit **many** units; every admission is added to the cycle's usage view at once,
-   so later decisions in the same cycle see it and nothing is over-admitted.
-4. Per unit: skip units being admitted, inactive units (they keep their place) and, with Block or
-   Intelligent, everything once the quota is blocked. Then the quota **filter** (remaining demand vs
-   ``max - used`` up the parent chain); on failure the preempt path runs and the unit is parked
-   with the filter text plus ``"; preempt succeed"`` or ``"; preempt failed"``. On success, with
-   ``wait-for-pods-running`` and a non-empty assumed set, the reserve path runs. Otherwise the unit
-   is admitted to ``Reserved`` (an admission check of the queue selects it) or ``Dequeued``.
-5. Policies: Priority lets lower units bypass one that failed; Block blocks the quota (the rest of
-   the queue) until a release, add or delete for it, or 3 minutes without an attempt; Intelligent
-   blocks on any failure too, and scans its low sub-queue only when no high unit is left waiting.
-   ``max-depth`` caps the scan (also for Intelligent, where upstream parses and then ignores it).
-6. Cost control without changing outcomes: a queue scan stops as soon as no later unit can be
-   admitted in this cycle (its quota's headroom is below the smallest pending request; a unit that
-   sorts before it holds the queue under ``wait-for-pods-running``; a preemption round is waiting);
-   units never examined since they (re)entered the queue still get one park with their own reason.
-   A unit parked for quota whose chain has seen no release since is not re-examined.
-
-A unit in a queue whose preemption round is in progress is not admitted if it sorts after the
-preemptor: the preemptor is first in line for the quota being freed (Kueue's lesson, see
-KUEUE-LESSONS §3.5). Pure: no I/O, no clock.
+2. Queues are served **strictly in order** of ``spec.priority``, then name (upstream runs them
+   concurrently). Only queues where something changed since their last scan are scanned (a unit
+   event, a release on a quota that limited them, a spec change, a timer).
+3. A scanned queue is walked from its head (a batch rescan replaces upstream's cursor) and may
+   admit **many** units; each admission enters the cycle's usage view at once, so nothing is
+   over-admitted within the cycle.
+4. Per unit: skip units being admitted and inactive units (they keep their place); run the quota
+   **filter**; on failure the preempt path runs and the unit is parked with the filter text plus
+   ``"; preempt succeed"`` / ``"; preempt failed"``; on success, under ``wait-for-pods-running``
+   with the queue held, the reserve path runs; otherwise admit to ``Reserved`` (a queue admission
+   check selects the unit) or ``Dequeued``.
+5. Policies: Priority lets lower units bypass a failed one; Block blocks the quota until a release,
+   add or delete for it (or 3 minutes without an attempt); Intelligent blocks on failure too and
+   scans its low sub-queue only when no high unit waits. ``max-depth`` caps the scan (Intelligent
+   included, where upstream parses and ignores it). Units sorting after a preemptor whose round is
+   in progress wait for it: it is first in line for the quota being freed.
+6. Cost control without changing outcomes: a scan stops once no later unit can be admitted (the
+   headroom is below every pending request; a unit sorting earlier holds the queue; a round is in
+   progress); units not examined since they (re)entered the queue still get one park with their
+   own reason; a unit parked for quota is not re-examined until its chain releases something.
+   Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -49,22 +42,24 @@ from shared.names import EventReason, Message, Phase, QueuePolicy
 from shared.ordering import queue_key
 from shared.policies import (
     Item,
-    Mark,
     ParkRecord,
-    PreemptRound,
     QueueState,
     SchedulerState,
+    beyond_depth_message,
+    invalid_message,
     queue_item_details,
 )
 from shared.predicates import has_reclaim, satisfied
 from shared.preemption import (
-    NO_VICTIMS,
     MarkVictims,
     PreemptOutcome,
     disabled_reason,
     first_holder,
+    may_preempt,
     plan_preempt,
     plan_reserve,
+    record_outcome,
+    skip_reason,
 )
 from shared.quantities import Resources
 from shared.quota import QuotaLedger, UsageView, remaining_grants
@@ -78,21 +73,11 @@ __all__ = [
     "Plan",
     "Snapshot",
     "UnitNotes",
-    "beyond_depth_message",
-    "invalid_message",
     "schedule",
 ]
 
 #: Block/Intelligent: blocked quotas are cleared after this long without any attempt (upstream).
 BLOCK_STALE_SECONDS = 180.0
-
-
-def beyond_depth_message(queue: str, depth: int) -> str:
-    return f"waiting in queue {queue}: position is beyond the queue's max-depth {depth}"
-
-
-def invalid_message(problem: str) -> str:
-    return f"QueueUnit cannot be scheduled: {problem}; fix its spec to make it schedulable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +164,7 @@ class _Cycle:
         self.examined = 0
         self.admitted: dict[str, list[Item]] = {}
         self.epochs: dict[str, int] = {}
+        self.levels: set[str | None] = set()
 
     # --- helpers ------------------------------------------------------------------------------------
 
@@ -192,27 +178,15 @@ class _Cycle:
         self, qs: QueueState, key: str, message: str, *, quota_failure: bool, preempt_error: str | None = None
     ) -> None:
         previous = qs.parked.get(key)
-        repeated = (previous is not None and previous.message == message) or self.units[
-            key
-        ].message == message
-        qs.parked[key] = ParkRecord(message, self.epoch(qs), quota_failure)
+        repeated = message in (self.units[key].message, previous.message if previous else None)
+        level = self.view.level if quota_failure else None
+        if quota_failure:
+            self.levels.add(level)
+        qs.parked[key] = ParkRecord(message, self.epoch(qs), quota_failure, level)
         qs.unparked.discard(key)
         self.decisions.append(
             Park(key=key, queue=qs.name, message=message, repeated=repeated, preempt_error=preempt_error)
         )
-
-    def may_preempt(self, qs: QueueState, key: str, item: Item) -> bool:
-        """Could the preempt path mark anything for ``key`` (or, a fortiori, a later unit)?"""
-        cfg = qs.config
-        if cfg.policy is QueuePolicy.INTELLIGENT or not (cfg.wait_for_pods_running and cfg.enable_preemption):
-            return False
-        if qs.round is not None and qs.round.preemptor != key:
-            return False
-        return bool(qs.assumed) and qs.assumed[-1] > item
-
-    def holds(self, qs: QueueState, key: str) -> bool:
-        """Under wait-for-pods-running, is the queue held by some other unit right now?"""
-        return first_holder(qs, self.admitted.get(qs.name, []), key) is not None
 
     def stop_reason(self, qs: QueueState, key: str, item: Item) -> _Stop | None:
         if qs.config.wait_for_pods_running:
@@ -220,18 +194,12 @@ class _Cycle:
             if holder is not None and holder < item:
                 return _Stop.HELD
         minimums = qs.demand.minimums()
-        if self.view.exhausted(qs.name, minimums, any_empty=qs.demand.empty > 0) and not self.may_preempt(
+        if self.view.exhausted(qs.name, minimums, any_empty=qs.demand.empty > 0) and not may_preempt(
             qs, key, item
         ):
+            self.levels.add(self.view.level)
             return _Stop.EXHAUSTED
         return None
-
-    def reason_text(self, qs: QueueState, stop: _Stop) -> str:
-        if stop is _Stop.HELD:
-            return Message.NO_MORE_IN_QUEUE
-        if stop is _Stop.PREEMPTING:
-            return Message.queue_preempting(qs.name)
-        return Message.BLOCKED_BY_HIGHER
 
     # --- one queue ----------------------------------------------------------------------------------
 
@@ -239,6 +207,7 @@ class _Cycle:
         qs.expire(self.now)
         qs.dirty = False
         qs.wake_at = None
+        self.levels = set()
         if qs.config.policy is QueuePolicy.INTELLIGENT:
             stop = self.scan_lane(qs, 0)
             high_left = qs.active_in_lane[0] - sum(
@@ -249,9 +218,11 @@ class _Cycle:
             if stop is None:
                 self.scan_lane(qs, 1)
             else:
-                self.park_unparked(qs, 1, 0, _Stop.BLOCKED if stop is _Stop.BLOCKED else _Stop.HIGH_WAITING)
+                low = stop if stop in (_Stop.BLOCKED, _Stop.HELD) else _Stop.HIGH_WAITING
+                self.park_unparked(qs, 1, 0, low)
         else:
             self.scan_lane(qs, 0)
+        qs.limiting = None if None in self.levels else frozenset(str(n) for n in self.levels)
         self.set_timer(qs)
 
     def scan_lane(self, qs: QueueState, lane_no: int) -> _Stop | None:
@@ -294,8 +265,9 @@ class _Cycle:
                 record is not None
                 and record.quota_failure
                 and record.epoch == self.epoch(qs)
-                and not self.may_preempt(qs, key, item)
+                and not may_preempt(qs, key, item)
             ):
+                self.levels.add(record.level)
                 if policy is QueuePolicy.PRIORITY:
                     continue
                 qs.last_attempt_at = self.now
@@ -324,21 +296,26 @@ class _Cycle:
         admitted = self.admitted.setdefault(qs.name, [])
         failure = self.view.check(entry.request, qs.name, item=key)
         if failure is not None:
-            outcome = plan_preempt(
-                item,
-                entry.request,
-                state=qs,
-                units=self.units,
-                view=self.view,
-                now=self.now,
-                protect=self.protect,
-                admitted=admitted,
+            why = disabled_reason(cfg)
+            outcome = (
+                PreemptOutcome(error=why)
+                if why is not None
+                else plan_preempt(
+                    item,
+                    entry.request,
+                    state=qs,
+                    units=self.units,
+                    view=self.view,
+                    now=self.now,
+                    protect=self.protect,
+                    admitted=admitted,
+                )
             )
             self.apply_outcome(qs, key, outcome, path="preempt")
             suffix = Message.PREEMPT_SUCCEED_SUFFIX if outcome.succeeded else Message.PREEMPT_FAILED_SUFFIX
             self.park(qs, key, failure + suffix, quota_failure=True, preempt_error=outcome.error)
             return outcome.succeeded
-        if cfg.wait_for_pods_running and self.holds(qs, key):
+        if cfg.wait_for_pods_running and first_holder(qs, admitted, key) is not None:
             outcome = plan_reserve(
                 item, state=qs, units=self.units, now=self.now, protect=self.protect, admitted=admitted
             )
@@ -368,17 +345,9 @@ class _Cycle:
         return None
 
     def apply_outcome(self, qs: QueueState, key: str, outcome: PreemptOutcome, *, path: str) -> None:
-        if outcome.wake_at is not None and (qs.wake_at is None or outcome.wake_at < qs.wake_at):
-            qs.wake_at = outcome.wake_at
-        if not outcome.victims:
-            return
-        if qs.round is None:
-            qs.round = PreemptRound(preemptor=key, started_at=self.now)
-        for victim in outcome.victims:
-            qs.round.victims.add(victim.key)
-            qs.marks[victim.key] = Mark(dict(victim.reclaim), self.now)
-        qs.dirty = True  # re-check the preemptor once the marks are written
-        self.decisions.append(MarkVictims(queue=qs.name, preemptor=key, victims=outcome.victims, path=path))
+        mark = record_outcome(qs, key, outcome, now=self.now, path=path)
+        if mark is not None:
+            self.decisions.append(mark)
 
     def park_unparked(self, qs: QueueState, lane_no: int, start: int, stop: _Stop | None) -> None:
         """Give every unit not examined since it (re)entered the queue its own reason, once."""
@@ -386,6 +355,7 @@ class _Cycle:
             return
         lane = qs.lanes[lane_no]
         depth = qs.config.max_depth
+        waits = {_Stop.HELD: Message.NO_MORE_IN_QUEUE, _Stop.PREEMPTING: Message.queue_preempting(qs.name)}
         pending = sorted(
             (qs.entries[k].item, k)
             for k in qs.unparked
@@ -402,16 +372,10 @@ class _Cycle:
                 continue
             failure = self.view.check(qs.entries[key].request, qs.name, item=key)
             if failure is not None:
-                round_ = qs.round
-                busy = round_ is not None and round_.preemptor != key
-                why = disabled_reason(qs.config) or (
-                    Message.queue_preempting(qs.name) if busy else NO_VICTIMS
-                )
-                self.park(
-                    qs, key, failure + Message.PREEMPT_FAILED_SUFFIX, quota_failure=True, preempt_error=why
-                )
-            elif stop is not _Stop.EXHAUSTED:
-                self.park(qs, key, self.reason_text(qs, stop), quota_failure=False)
+                text, why = failure + Message.PREEMPT_FAILED_SUFFIX, skip_reason(qs, key)
+                self.park(qs, key, text, quota_failure=True, preempt_error=why)
+            elif stop is not _Stop.EXHAUSTED:  # it fits but was not tried: say what it waits for
+                self.park(qs, key, waits.get(stop, Message.BLOCKED_BY_HIGHER), quota_failure=False)
 
     def set_timer(self, qs: QueueState) -> None:
         times = [t for t in (qs.wake_at,) if t is not None]
@@ -434,28 +398,11 @@ def schedule(snapshot: Snapshot, state: SchedulerState, now: float) -> Plan:
     marks and rounds, admissions in flight); never ``snapshot``.
     """
     cycle = _Cycle(snapshot, state, now)
-    for qname in sorted(state.orphans):
-        for key in sorted(state.orphans[qname]):
-            if key not in state.orphans_parked:
-                state.orphans_parked.add(key)
-                message = Message.queue_not_exist(qname)
-                cycle.decisions.append(
-                    Park(
-                        key=key,
-                        queue=qname,
-                        message=message,
-                        queue_not_found=True,
-                        repeated=snapshot.units[key].message == message,
-                    )
-                )
-    for qname in sorted(state.timers):
-        if state.timers[qname] <= now:
-            del state.timers[qname]
-            state.dirty.add(qname)
-            if qname in state.queues:
-                stale = state.queues[qname]
-                if stale.blocked and (stale.last_attempt_at or 0.0) + BLOCK_STALE_SECONDS <= now:
-                    stale.blocked = False
+    for qname, key in state.new_orphans():
+        message = Message.queue_not_exist(qname)
+        repeated = snapshot.units[key].message == message
+        cycle.decisions.append(Park(key, qname, message, queue_not_found=True, repeated=repeated))
+    state.fire_timers(now, block_stale=BLOCK_STALE_SECONDS)
     due = sorted(
         (state.queues[q] for q in state.dirty if q in state.queues), key=lambda qs: queue_key(qs.config)
     )
@@ -475,25 +422,16 @@ class UnitNotes:
 
 
 class Cache:
-    """The reconciler's view of the cluster for scheduling: feed it every watch event, call
-    :meth:`schedule`, then :meth:`assume` each admission before writing it (and :meth:`forget` it
-    if the write fails), and :meth:`forget_marks` for victims whose marking could not be written.
-
-    All updates are incremental (O(log n) per unit event, O(depth) for usage); a relist simply
-    feeds every object again and reaches the same state.
-    """
+    """The reconciler's scheduling cache: feed it every watch event, call :meth:`schedule`, then
+    :meth:`assume` each admission before writing it (:meth:`forget` it if the write fails) and
+    :meth:`forget_marks` for victims whose marking could not be written. Updates are incremental
+    (O(log n) per unit event, O(depth) for usage); a relist feeds everything again, same state."""
 
     def __init__(self, *, reclaim_protect_seconds: float = 0.0) -> None:
         self.snapshot = Snapshot(reclaim_protect_seconds=reclaim_protect_seconds)
         self.state = SchedulerState()
-
-    @property
-    def units(self) -> Mapping[str, Unit]:
-        return self.snapshot.units
-
-    @property
-    def ledger(self) -> QuotaLedger:
-        return self.snapshot.ledger
+        self.units: Mapping[str, Unit] = self.snapshot.units
+        self.ledger: QuotaLedger = self.snapshot.ledger
 
     def put_unit(self, unit: Unit) -> UnitNotes:
         old = self.snapshot.units.get(unit.key)
@@ -520,12 +458,17 @@ class Cache:
         self.state.delete_queue(name, self.snapshot.units)
 
     def put_quota(self, quota: Quota) -> None:
-        if self.ledger.put_quota(quota):
+        old = self.ledger.quotas.get(quota.name)
+        if not self.ledger.put_quota(quota):
+            return
+        if old is None or old.parent != quota.parent:
+            self.state.wake_all()
+        else:
             self.state.on_release({quota.name}, self.ledger)
 
     def delete_quota(self, name: str) -> None:
         self.ledger.delete_quota(name)
-        self.state.on_release({name}, self.ledger)
+        self.state.wake_all()
 
     def schedule(self, now: float) -> Plan:
         return schedule(self.snapshot, self.state, now)

@@ -54,10 +54,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.1) -> None:
-    """Poll ``check`` until it is true or the deadline passes (then raise)."""
+def wait_until(
+    check: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.1,
+    process: Component | None = None,
+) -> None:
+    """Poll ``check`` until it is true or the deadline passes (then raise).
+
+    With ``process``, fail at once (with its log tail) if that process exits while waiting.
+    """
     deadline = time.monotonic() + timeout
     while True:
+        if process is not None and not process.alive():
+            raise ClusterError(
+                f"{process.name} exited with {process.process.returncode} while waiting "
+                f"for {what}:\n{process.tail()}"
+            )
         try:
             if check():
                 return

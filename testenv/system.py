@@ -123,17 +123,11 @@ def start_webhook(
         logdir,
     )
     wait_until(
-        lambda: _webhook_healthy(cluster, port) or _dead(component), timeout=30, what="webhook /healthz"
+        lambda: _webhook_healthy(cluster, port), timeout=30, what="webhook /healthz", process=component
     )
     if register:
         register_webhook(cluster, port=port)
     return component, port
-
-
-def _dead(component: Component) -> bool:
-    if not component.alive():
-        raise ClusterError(f"{component.name} exited:\n{component.tail()}")
-    return False
 
 
 def _webhook_healthy(cluster: LocalCluster, port: int) -> bool:
@@ -308,7 +302,7 @@ def start_reconciler(
     )
     component.ports = {"health": health, "metrics": metrics_port}
     wait_until(
-        lambda: _dead(component) or _http_ok(f"http://127.0.0.1:{health}/readyz"),
+        lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"),
         timeout=60,
         what=f"{name} /readyz",
     )

@@ -389,3 +389,13 @@ def test_format_duration_and_rfc3339_round_trip() -> None:
     assert model.parse_time(model.format_time(BASE_TIME)) == BASE_TIME
     assert model.parse_time("2024-01-01T00:00:00.5+01:00") == pytest.approx(1704063600.5)
     assert model.parse_time("nonsense") is None
+
+
+def test_evolve_equals_dataclasses_replace_and_rejects_unknown_fields() -> None:
+    import dataclasses
+
+    u = unit("a").quota("q").cpu("1").build()
+    changed = model.evolve(u, priority=7, phase="Dequeued")
+    assert changed == dataclasses.replace(u, priority=7, phase="Dequeued")
+    with pytest.raises(TypeError, match="nope"):
+        model.evolve(u, nope=1)

@@ -17,6 +17,7 @@ from shared.preemption import (
     PREEMPTION_DISABLED,
     PREEMPTION_NEEDS_WAIT,
     MarkVictims,
+    Reclaimable,
     reclaimable,
 )
 from shared.scheduling import Plan
@@ -308,7 +309,6 @@ def test_preempt_path_properties(
     released: dict[str, int] = {}
     expected: list[str] = []
     for k, r in prefix:
-        assert r is not None
         expected.append(k)
         released = quantities.add(released, r.resources)
         if quantities.covers(released, target):
@@ -316,10 +316,10 @@ def test_preempt_path_properties(
     assert keys == expected
 
 
-def _sum(items: list[tuple[str, object]]) -> dict[str, int]:
+def _sum(items: list[tuple[str, Reclaimable]]) -> dict[str, int]:
     total: dict[str, int] = {}
     for _, r in items:
-        total = quantities.add(total, r.resources)  # type: ignore[attr-defined]
+        total = quantities.add(total, r.resources)
     return total
 
 
@@ -354,3 +354,15 @@ def test_no_unit_is_ever_marked_twice_and_usage_never_exceeds_max(
                     w.run(key.split("/", 1)[1])
                     break
         assert w.cache.ledger.used("q").get("cpu", 0) <= limit
+
+
+def test_s21_block_with_wait_for_pods_running_and_a_late_high_priority_job() -> None:
+    w = World(quota("q", cpu="10"), queues=(queue("q").policy("Block").wait_for_pods_running(),))
+    w.add(unit("pi-1").quota("q").priority(1).cpu("1"), unit("pi-2").quota("q").priority(1).cpu("1"))
+    plan = w.cycle()
+    assert admits(plan) == ["pi-1"]
+    assert parked(plan, "pi-2").message == Message.NO_MORE_IN_QUEUE  # type: ignore[union-attr]
+    assert w.cache.state.queues["q"].blocked
+    w.add(unit("pi-3").quota("q").priority(100).cpu("1"))
+    assert _marked(w.cycle()) == {"pi-1": {"pi-1": 1}}
+    assert admits(w.cycle()) == ["pi-3"]

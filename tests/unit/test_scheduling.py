@@ -11,6 +11,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from shared.model import Admission, QueueConfig, Quota, Unit, with_reclaim
 from shared.names import Message, Phase
 from shared.preemption import MarkVictims
@@ -333,3 +336,68 @@ def test_the_same_snapshot_and_state_give_the_same_plan() -> None:
         )
     twin = copy.deepcopy(w.cache)
     assert w.cache.schedule(w.now) == twin.schedule(w.now)
+
+
+# --- properties -----------------------------------------------------------------------------------
+
+_QUOTAS = (("root", None, "6"), ("left", "root", "4"), ("right", "root", "4"), ("solo", None, "3"))
+_POLICIES = ("Priority", "Block", "Intelligent")
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "add", "add", "run", "finish", "delete", "priority", "active", "cycle"]),
+        st.integers(0, 11),
+        st.sampled_from(["left", "right", "solo", "root", "ghost"]),
+        st.integers(0, 6),
+        st.sampled_from(["500m", "1", "2"]),
+    ),
+    max_size=40,
+)
+
+
+def _limits_hold(w: World) -> None:
+    for name, _, cpu in _QUOTAS:
+        assert w.cache.ledger.used(name).get("cpu", 0) <= int(cpu) * 1000, name
+
+
+@settings(max_examples=120, deadline=None)
+@given(ops=_ops, policies=st.tuples(*(st.sampled_from(_POLICIES) for _ in range(4))), wait=st.booleans())
+def test_no_over_admission_and_no_missed_admission(
+    ops: list[tuple[str, int, str, int, str]], policies: tuple[str, ...], wait: bool
+) -> None:
+    queues = []
+    for (name, _, _), policy in zip(_QUOTAS, policies, strict=True):
+        q = queue(name).policy(policy).priority(len(name))
+        queues.append(q.wait_for_pods_running() if wait else q)
+    w = World(*(quota(n, parent=p, cpu=c) for n, p, c in _QUOTAS), queues=tuple(queues))
+    for op, ident, label, prio, cpu in ops:
+        name = f"u{ident}"
+        present = f"default/{name}" in w.cache.units
+        if op == "add" and not present:
+            w.add(unit(name).quota(label).priority(prio).created(ident).cpu(cpu, 1 + prio % 2))
+        elif op == "cycle":
+            w.cycle()
+        elif present and op == "run":
+            w.run(name)
+        elif present and op == "finish":
+            w.finish(name)
+        elif present and op == "delete":
+            w.delete(name)
+        elif present and op == "priority":
+            w.replace(name, priority=prio)
+        elif present and op == "active":
+            w.replace(name, active=not w.u(name).active)
+        _limits_hold(w)
+    for _ in range(3):
+        w.cycle()
+        _limits_hold(w)
+    # A restarted reconciler (a fresh cache fed the same units) finds nothing more to admit.
+    fresh = Cache()
+    for n, p, c in _QUOTAS:
+        fresh.put_quota(quota(n, parent=p, cpu=c))
+    for q in queues:
+        fresh.put_queue(q.build())
+    for key in sorted(w.cache.units):
+        fresh.put_unit(w.cache.units[key])
+    for name, _, _ in _QUOTAS:
+        assert fresh.ledger.used(name) == w.cache.ledger.used(name)
+    assert fresh.schedule(w.now + 1).admits == []
