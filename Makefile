@@ -64,6 +64,16 @@ test: lint unit integration e2e ## Everything CI runs: lint, unit, integration, 
 bench: venv testenv ## Benchmarks; results in bench/results/
 	$(PY) bench/bench_core.py
 
+IMAGE ?= koord-queue-py:0.1.0
+
+.PHONY: image
+image: ## Build the container image (needs a Docker daemon): IMAGE=registry/name:tag
+	docker build -t $(IMAGE) .
+
+.PHONY: manifests
+manifests: ## Render the install manifests (kubectl kustomize manifests/)
+	kubectl kustomize manifests/
+
 .PHONY: clean
 clean: ## Remove local state (.local/, caches); keeps the venv and the binary cache
 	rm -rf .local .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -49,6 +49,9 @@ def container_requests(container: Mapping[str, object], *, path: str = "containe
     )
     merged = dict(limits)
     merged.update(requests)
+    for name in sorted(merged):
+        if merged[name] < 0:
+            raise QuantityError(f"{path}.resources.requests[{name}]: must be greater than or equal to 0")
     return {name: merged[name] for name in sorted(merged)}
 
 

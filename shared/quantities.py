@@ -171,7 +171,8 @@ def _with_suffix(units: int, table: tuple[tuple[str, int], ...]) -> str:
 
 
 def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
+    """Kubernetes field-path style for a map key: ``spec.max[cpu]``."""
+    return f"{path}[{key}]" if path else key
 
 
 def parse_resource_list(raw: Mapping[str, object], *, path: str = "") -> Resources:

@@ -24,8 +24,9 @@ from typing import Any
 
 import yaml
 
+from shared import podspec as shared_podspec
 from shared import quantities
-from shared.jobs.base import JobSpecError, optional_list, optional_mapping, require_mapping
+from shared.jobs.base import JobSpecError, optional_mapping, require_mapping
 
 # libyaml when available: the pure-Python loader is ~10x slower on large annotations.
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -52,39 +53,15 @@ def parse_resources(raw: object, path: str) -> dict[str, int]:
     return dict(sorted(parsed.items()))
 
 
-def max_each(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
-    """Per-resource maximum over the union of keys."""
-    return {name: max(a.get(name, 0), b.get(name, 0)) for name in sorted(a.keys() | b.keys())}
-
-
-def container_requests(container: object, path: str) -> dict[str, int]:
-    """One container's effective requests: ``requests`` over ``limits`` per resource."""
-    resources = optional_mapping(require_mapping(container, path).get("resources"), f"{path}.resources")
-    effective = parse_resources(resources.get("limits"), f"{path}.resources.limits")
-    effective.update(parse_resources(resources.get("requests"), f"{path}.resources.requests"))
-    return dict(sorted(effective.items()))
-
-
 def pod_requests(spec: object, path: str) -> dict[str, int]:
-    """Requests of one pod built from the pod spec ``spec`` (see the module docstring)."""
+    """Requests of one pod built from the pod spec ``spec``: ``shared.podspec`` decides (one rule for
+    the webhook, the job extensions and the scheduler); its errors become :class:`JobSpecError`."""
     pod = require_mapping(spec, path)
-    total: dict[str, int] = {}
-    for i, container in enumerate(optional_list(pod.get("containers"), f"{path}.containers")):
-        total = quantities.add(total, container_requests(container, f"{path}.containers[{i}]"))
-    sidecars: dict[str, int] = {}
-    init_peak: dict[str, int] = {}
-    for i, container in enumerate(optional_list(pod.get("initContainers"), f"{path}.initContainers")):
-        where = f"{path}.initContainers[{i}]"
-        own = container_requests(container, where)
-        if require_mapping(container, where).get("restartPolicy") == "Always":
-            total = quantities.add(total, own)
-            sidecars = quantities.add(sidecars, own)
-            step = sidecars
-        else:
-            step = quantities.add(own, sidecars)
-        init_peak = max_each(init_peak, step)
-    total = max_each(total, init_peak)
-    return quantities.add(total, parse_resources(pod.get("overhead"), f"{path}.overhead"))
+    try:
+        return shared_podspec.pod_requests(pod, path=path)
+    except quantities.QuantityError as err:
+        where, _, detail = str(err).partition(": ")
+        raise JobSpecError(where or path, f"Invalid value: {detail or err}") from None
 
 
 def template_requests(template: object, path: str) -> dict[str, int]:

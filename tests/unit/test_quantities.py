@@ -250,11 +250,11 @@ def test_parse_resource_list_converts_every_entry_and_sorts_keys() -> None:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"cpu": "lots"}, "spec.max.cpu: invalid quantity 'lots'"),
-        ({"cpu": None}, "spec.max.cpu: invalid quantity None"),
-        ({"cpu": True}, "spec.max.cpu: invalid quantity True"),
-        ({"cpu": [1]}, "spec.max.cpu: invalid quantity [1]"),
-        ({"cpu": float("nan")}, "spec.max.cpu: invalid quantity nan"),
+        ({"cpu": "lots"}, "spec.max[cpu]: invalid quantity 'lots'"),
+        ({"cpu": None}, "spec.max[cpu]: invalid quantity None"),
+        ({"cpu": True}, "spec.max[cpu]: invalid quantity True"),
+        ({"cpu": [1]}, "spec.max[cpu]: invalid quantity [1]"),
+        ({"cpu": float("nan")}, "spec.max[cpu]: invalid quantity nan"),
         ({3: "1"}, "spec.max: resource name 3 must be a string"),
     ],
 )

@@ -1,0 +1,51 @@
+# syntax=docker/dockerfile:1
+#
+# One image for both processes:
+#   reconciler: the default ENTRYPOINT (koord-queue-reconciler)
+#   webhook:    command: ["koord-queue-webhook"] (manifests/webhook.yaml)
+#
+# Build:  docker build -t koord-queue-py:0.1.0 .
+#
+# The builder installs the package (not editable) into a virtual environment; the final image gets
+# only that environment on a slim Python base: no compiler, no pip, no source tree besides the
+# installed packages, and a non-root user (uid/gid 65532) so runAsNonRoot can verify it.
+# Both stages must use the same base image: the venv's python is a symlink to the base's interpreter.
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+RUN python -m venv /opt/venv
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY shared ./shared
+COPY webhook ./webhook
+COPY reconciler ./reconciler
+COPY certs ./certs
+# Wheels exist for every dependency (aiohttp, orjson, cryptography, pyyaml, ...), so no build tools
+# are needed even here. pip byte-compiles at install time: the running containers have a read-only
+# root filesystem and never write .pyc files. Then a smoke import of both entry points; testenv
+# (the local control plane for tests) is not shipped, so its console script goes; pip goes last.
+RUN /opt/venv/bin/pip install /src \
+ && /opt/venv/bin/python -c "import webhook.main, reconciler.main, certs" \
+ && rm -f /opt/venv/bin/koord-queue-localcluster \
+ && /opt/venv/bin/pip uninstall --yes pip setuptools
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="koord-queue-py" \
+      org.opencontainers.image.description="Koord-Queue compatible job queueing for Kubernetes: admission webhook and reconciler" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --gid 65532 nonroot \
+ && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin nonroot
+COPY --from=builder /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp
+USER 65532:65532
+WORKDIR /tmp
+# reconciler: 8081 health, 10259 metrics; webhook: 9443 HTTPS, 8080 metrics
+EXPOSE 8081 10259 9443 8080
+ENTRYPOINT ["koord-queue-reconciler"]

@@ -1,0 +1,571 @@
+"""The install manifests (``manifests/``, one ``kubectl apply -k``) against the real kube-apiserver.
+
+Covers: the kustomization renders every component; a server-side dry run of the whole install is
+accepted; the reconciler's RBAC is explicit (no wildcards), equals the table below and grants exactly
+that when the apiserver is asked (SubjectAccessReview), while the webhook's ServiceAccount is bound
+to nothing; the webhook configurations carry the same webhooks, rules and scoping as the local test
+setup (``testenv.system.webhook_configurations``); the component config parses without warnings; the
+Deployments are hardened (the apiserver's PodSecurity admission accepts their pods under the
+``restricted`` level the namespace enforces) and wired to their Services, PDBs, Secret, ConfigMap and
+flags.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.error
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from reconciler import main as reconciler_main
+from shared import admission, names
+from shared import config as component_config
+from testenv import binaries, system
+from testenv.cluster import LocalCluster
+from tests import kube
+from webhook import main as webhook_main
+
+pytestmark = pytest.mark.integration
+
+MANIFESTS = binaries.PROJECT_ROOT / "manifests"
+NAMESPACE = names.COMPONENT_NAMESPACE
+RECONCILER_SA = "koord-queue-reconciler"
+WEBHOOK_SA = "koord-queue-webhook"
+CERT_SECRET = "koord-queue-webhook-cert"
+LEASE = "koord-queue-reconciler"
+WEBHOOK_CONFIGURATION = "koord-queue"
+
+Doc = dict[str, Any]
+
+#: The reconciler's permissions: (namespace or "" for the ClusterRole, apiGroup, resource,
+#: resourceNames, verbs). Each line is a call the code makes (or, for reads, the informer's
+#: get/list/watch); change it together with manifests/rbac/reconciler.yaml.
+RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("", "scheduling.x-k8s.io", "queueunits", (), ("get", "list", "watch", "create", "patch")),
+    ("", "scheduling.x-k8s.io", "queueunits/status", (), ("patch",)),
+    ("", "scheduling.sigs.k8s.io", "elasticquotas", (), ("get", "list", "watch")),
+    ("", "scheduling.k8s.io", "priorityclasses", (), ("get", "list", "watch")),
+    ("", "batch", "jobs", (), ("get", "list", "watch", "patch")),
+    ("", "kubeflow.org", "tfjobs", (), ("get", "list", "watch", "patch")),
+    ("", "kubeflow.org", "pytorchjobs", (), ("get", "list", "watch", "patch")),
+    ("", "ray.io", "rayjobs", (), ("get", "list", "watch", "patch")),
+    ("", "ray.io", "rayclusters", (), ("get", "list", "watch", "patch")),
+    ("", "argoproj.io", "workflows", (), ("get", "list", "watch", "patch")),
+    ("", "sparkoperator.k8s.io", "sparkapplications", (), ("get", "list", "watch", "patch")),
+    ("", "", "pods", (), ("get", "list", "watch", "patch", "delete")),
+    ("", "", "events", (), ("create", "patch")),
+    (
+        "",
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        (WEBHOOK_CONFIGURATION,),
+        ("get", "update", "patch"),
+    ),
+    (
+        "",
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        (WEBHOOK_CONFIGURATION,),
+        ("get", "update", "patch"),
+    ),
+    (NAMESPACE, "scheduling.x-k8s.io", "queues", (), ("get", "list", "watch", "create", "patch", "delete")),
+    (NAMESPACE, "scheduling.x-k8s.io", "queues/status", (), ("patch",)),
+    (NAMESPACE, "coordination.k8s.io", "leases", (), ("create",)),
+    (NAMESPACE, "coordination.k8s.io", "leases", (LEASE,), ("get", "update")),
+    (NAMESPACE, "", "secrets", (), ("create",)),
+    (NAMESPACE, "", "secrets", (CERT_SECRET,), ("get", "update")),
+)
+CLUSTER_SCOPED = {"priorityclasses", "mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
+#: A namespace standing for "any namespace where users run jobs".
+USER_NAMESPACE = "team-a"
+
+#: (namespace, group, resource, name, verb) the reconciler must NOT be allowed.
+RECONCILER_DENIED = (
+    (NAMESPACE, "", "secrets", "other-secret", "get"),
+    (NAMESPACE, "", "secrets", "", "list"),
+    ("default", "", "secrets", CERT_SECRET, "get"),
+    (USER_NAMESPACE, "", "secrets", "", "create"),
+    (USER_NAMESPACE, "scheduling.x-k8s.io", "queueunits", "u", "delete"),
+    (USER_NAMESPACE, "scheduling.x-k8s.io", "queueunits", "u", "update"),
+    (USER_NAMESPACE, "scheduling.x-k8s.io", "queues", "", "create"),
+    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "q", "patch"),
+    (USER_NAMESPACE, "batch", "jobs", "j", "update"),
+    (USER_NAMESPACE, "batch", "jobs", "j", "delete"),
+    (USER_NAMESPACE, "", "pods", "", "create"),
+    (USER_NAMESPACE, "", "pods", "p", "update"),
+    (USER_NAMESPACE, "", "events", "e", "delete"),
+    (NAMESPACE, "coordination.k8s.io", "leases", "other-lease", "update"),
+    ("default", "coordination.k8s.io", "leases", "", "create"),
+    ("", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "someone-else", "patch"),
+    ("", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "", "list"),
+    ("", "apiextensions.k8s.io", "customresourcedefinitions", "", "list"),
+    ("", "", "namespaces", "", "list"),
+    ("", "", "nodes", "", "list"),
+)
+#: A sample of what the webhook's identity must not do: it needs nothing at all.
+WEBHOOK_DENIED = (
+    (USER_NAMESPACE, "", "pods", "", "list"),
+    (USER_NAMESPACE, "batch", "jobs", "", "list"),
+    (USER_NAMESPACE, "", "events", "", "create"),
+    (USER_NAMESPACE, "scheduling.x-k8s.io", "queueunits", "", "list"),
+    (NAMESPACE, "", "secrets", CERT_SECRET, "get"),
+    (NAMESPACE, "coordination.k8s.io", "leases", LEASE, "get"),
+    ("", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", WEBHOOK_CONFIGURATION, "get"),
+)
+
+
+# --- rendering -------------------------------------------------------------------------------------
+
+
+def render() -> list[Doc]:
+    """``kubectl kustomize manifests/`` (needs no cluster), parsed."""
+    out = subprocess.run(
+        [str(binaries.kubectl()), "kustomize", str(MANIFESTS)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[Doc]:
+    return render()
+
+
+def find(docs: list[Doc], kind: str, name: str) -> Doc:
+    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected exactly one {kind} {name}, found {len(matches)}"
+    return matches[0]
+
+
+def of_kind(docs: list[Doc], *kinds: str) -> list[Doc]:
+    return [d for d in docs if d["kind"] in kinds]
+
+
+def test_kustomize_renders_every_component(integration_cluster: LocalCluster) -> None:
+    out = kube.kubectl(integration_cluster, "kustomize", str(MANIFESTS)).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    present = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    expected = {
+        ("Namespace", NAMESPACE),
+        ("CustomResourceDefinition", "queues.scheduling.x-k8s.io"),
+        ("CustomResourceDefinition", "queueunits.scheduling.x-k8s.io"),
+        ("CustomResourceDefinition", "elasticquotas.scheduling.sigs.k8s.io"),
+        ("ServiceAccount", WEBHOOK_SA),
+        ("ServiceAccount", RECONCILER_SA),
+        ("ClusterRole", RECONCILER_SA),
+        ("ClusterRoleBinding", RECONCILER_SA),
+        ("Role", RECONCILER_SA),
+        ("RoleBinding", RECONCILER_SA),
+        ("ConfigMap", "koord-queue-config"),
+        ("Deployment", "koord-queue-reconciler"),
+        ("Deployment", "koord-queue-webhook"),
+        ("Service", "koord-queue-reconciler"),
+        ("Service", "koord-queue-webhook"),
+        ("PodDisruptionBudget", "koord-queue-reconciler"),
+        ("PodDisruptionBudget", "koord-queue-webhook"),
+        ("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
+        ("ValidatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
+    }
+    assert present == expected, f"missing {expected - present}, unexpected {present - expected}"
+    cluster_scoped = {
+        "Namespace",
+        "CustomResourceDefinition",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    }
+    for doc in docs:
+        where = doc["metadata"].get("namespace")
+        if doc["kind"] in cluster_scoped:
+            assert where is None, f"{doc['kind']} {doc['metadata']['name']} is cluster-scoped"
+        else:
+            assert where == NAMESPACE, f"{doc['kind']} {doc['metadata']['name']} in {where!r}"
+        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "koord-queue"
+
+
+# --- the real apiserver ----------------------------------------------------------------------------
+
+
+def ensure_namespace(cluster: LocalCluster, name: str) -> None:
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    try:
+        cluster.request("POST", "/api/v1/namespaces", body)
+    except urllib.error.HTTPError as err:
+        err.close()  # the error holds the response open
+        assert err.code == 409, err  # it exists already
+
+
+def status_of(cluster: LocalCluster, path: str) -> int:
+    """The HTTP status of a GET (as cluster admin)."""
+    try:
+        cluster.request("GET", path)
+    except urllib.error.HTTPError as err:
+        err.close()
+        return err.code
+    return 200
+
+
+def test_server_side_dry_run_accepts_the_whole_install(
+    integration_cluster: LocalCluster, rendered: list[Doc]
+) -> None:
+    # A dry run creates nothing, not even the namespace the other objects go into.
+    ensure_namespace(integration_cluster, NAMESPACE)
+    result = kube.kubectl(integration_cluster, "apply", "--dry-run=server", "-k", str(MANIFESTS), check=False)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for doc in rendered:
+        kind, name = doc["kind"].lower(), doc["metadata"]["name"]
+        assert any(
+            line.split("/", 1)[0].split(".", 1)[0] == kind and line.split("/", 1)[1].startswith(f"{name} ")
+            for line in lines
+            if "/" in line
+        ), f"{kind}/{name} not in the apply output:\n{result.stdout}"
+    # Nothing was persisted: in particular no webhook configuration pointing at a missing Service.
+    for path in (
+        f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{WEBHOOK_CONFIGURATION}",
+        f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{WEBHOOK_CONFIGURATION}",
+        f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/koord-queue-webhook",
+    ):
+        assert status_of(integration_cluster, path) == 404, path
+
+
+@pytest.mark.parametrize("name", ["koord-queue-webhook", "koord-queue-reconciler"])
+def test_pods_meet_the_restricted_pod_security_standard_the_namespace_enforces(
+    integration_cluster: LocalCluster, rendered: list[Doc], name: str
+) -> None:
+    """The namespace enforces ``restricted``; the apiserver's PodSecurity admission, not our
+    reading of the standard, judges a dry-run Pod made from each Deployment's template."""
+    labels = find(rendered, "Namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    namespace = f"psa-{name}"
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}}
+    try:
+        integration_cluster.request("POST", "/api/v1/namespaces", body)
+    except urllib.error.HTTPError as err:
+        err.close()
+        assert err.code == 409, err
+    template = find(rendered, "Deployment", name)["spec"]["template"]
+    spec = {k: v for k, v in template["spec"].items() if k != "serviceAccountName"}  # no SA there
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **template["metadata"]},
+        "spec": spec,
+    }
+    try:
+        integration_cluster.request("POST", f"/api/v1/namespaces/{namespace}/pods?dryRun=All", pod)
+    except urllib.error.HTTPError as err:
+        message = err.read().decode(errors="replace")
+        err.close()
+        pytest.fail(f"{name}: pod refused ({err.code}): {message}")
+
+
+# --- RBAC ------------------------------------------------------------------------------------------
+
+
+def bound_roles(docs: list[Doc], service_account: str) -> list[Doc]:
+    """The Roles and ClusterRoles bound to ``service_account`` in the rendered manifests."""
+    roles = []
+    for binding in of_kind(docs, "RoleBinding", "ClusterRoleBinding"):
+        subjects = binding.get("subjects") or []
+        if any(
+            s.get("kind") == "ServiceAccount"
+            and s.get("name") == service_account
+            and s.get("namespace") == NAMESPACE
+            for s in subjects
+        ):
+            ref = binding["roleRef"]
+            roles.append(find(docs, ref["kind"], ref["name"]))
+    return roles
+
+
+def test_reconciler_rbac_is_explicit_and_matches_the_table(rendered: list[Doc]) -> None:
+    roles = bound_roles(rendered, RECONCILER_SA)
+    assert sorted(r["kind"] for r in roles) == ["ClusterRole", "Role"]
+    granted: set[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = set()
+    for role in roles:
+        namespace = role["metadata"].get("namespace", "")
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule, rule
+            for key in ("apiGroups", "resources", "verbs"):
+                assert rule.get(key), f"{role['kind']} rule without {key}: {rule}"
+                assert not any("*" in value for value in rule[key]), f"wildcard in {key}: {rule}"
+            assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"]), rule
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted.add(
+                        (
+                            namespace,
+                            group,
+                            resource,
+                            tuple(rule.get("resourceNames") or ()),
+                            tuple(sorted(rule["verbs"])),
+                        )
+                    )
+    expected = {(ns, g, r, n, tuple(sorted(v))) for ns, g, r, n, v in RBAC}
+    assert granted == expected, f"missing {expected - granted}, unexpected {granted - expected}"
+    # Secrets only through the namespaced Role, and reading only the certificate Secret.
+    for ns, group, resource, resource_names, verbs in granted:
+        if group == "" and resource == "secrets":
+            assert ns == NAMESPACE
+            assert set(verbs) == {"create"} or resource_names == (CERT_SECRET,)
+
+
+def test_webhook_service_account_is_bound_to_nothing(rendered: list[Doc]) -> None:
+    assert bound_roles(rendered, WEBHOOK_SA) == []
+    for binding in of_kind(rendered, "RoleBinding", "ClusterRoleBinding"):
+        assert all(s.get("name") != WEBHOOK_SA for s in binding.get("subjects") or []), binding
+    assert find(rendered, "ServiceAccount", WEBHOOK_SA).get("automountServiceAccountToken") is False
+    pod = find(rendered, "Deployment", "koord-queue-webhook")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == WEBHOOK_SA
+    assert pod["automountServiceAccountToken"] is False
+
+
+@pytest.fixture(scope="module")
+def rbac_installed(integration_cluster: LocalCluster, rendered: list[Doc]) -> Iterator[LocalCluster]:
+    """Apply only the ServiceAccounts, Roles and bindings for real (idempotent; left in place: they
+    are what an install creates, and harmless without the Deployments)."""
+    ensure_namespace(integration_cluster, NAMESPACE)
+    docs = of_kind(rendered, "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    kube.kubectl(integration_cluster, "apply", "-f", "-", input_text=yaml.safe_dump_all(docs))
+    yield integration_cluster
+
+
+def allowed(
+    cluster: LocalCluster,
+    service_account: str,
+    *,
+    namespace: str,
+    group: str,
+    resource: str,
+    name: str,
+    verb: str,
+) -> bool:
+    """Ask the apiserver (SubjectAccessReview) whether the ServiceAccount may do this."""
+    resource, _, subresource = resource.partition("/")
+    attributes = {"verb": verb, "group": group, "resource": resource}
+    if subresource:
+        attributes["subresource"] = subresource
+    if namespace:
+        attributes["namespace"] = namespace
+    if name:
+        attributes["name"] = name
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": f"system:serviceaccount:{NAMESPACE}:{service_account}",
+            "groups": [
+                "system:serviceaccounts",
+                f"system:serviceaccounts:{NAMESPACE}",
+                "system:authenticated",
+            ],
+            "resourceAttributes": attributes,
+        },
+    }
+    out = cluster.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+    return bool(json.loads(out)["status"].get("allowed"))
+
+
+def test_the_apiserver_grants_the_reconciler_its_table_and_nothing_more(
+    rbac_installed: LocalCluster,
+) -> None:
+    missing = []
+    for ns, group, resource, resource_names, verbs in RBAC:
+        base = resource.split("/")[0]
+        namespace = "" if base in CLUSTER_SCOPED else (ns or USER_NAMESPACE)
+        for verb in verbs:
+            # Calls on one object carry its name; collection calls (list, watch, create) do not.
+            collection = verb in ("list", "watch", "create")
+            name_for_call = resource_names[0] if resource_names else ("" if collection else "some-object")
+            if not allowed(
+                rbac_installed,
+                RECONCILER_SA,
+                namespace=namespace,
+                group=group,
+                resource=resource,
+                name=name_for_call,
+                verb=verb,
+            ):
+                missing.append((namespace, group, resource, name_for_call, verb))
+    assert missing == []
+    excessive = [
+        probe
+        for probe in RECONCILER_DENIED
+        if allowed(
+            rbac_installed,
+            RECONCILER_SA,
+            namespace=probe[0],
+            group=probe[1],
+            resource=probe[2],
+            name=probe[3],
+            verb=probe[4],
+        )
+    ]
+    assert excessive == []
+
+
+def test_the_apiserver_grants_the_webhook_nothing(rbac_installed: LocalCluster) -> None:
+    excessive = [
+        probe
+        for probe in WEBHOOK_DENIED
+        if allowed(
+            rbac_installed,
+            WEBHOOK_SA,
+            namespace=probe[0],
+            group=probe[1],
+            resource=probe[2],
+            name=probe[3],
+            verb=probe[4],
+        )
+    ]
+    assert excessive == []
+
+
+# --- webhook configurations ------------------------------------------------------------------------
+
+
+def test_webhook_configurations_match_the_local_test_setup(rendered: list[Doc]) -> None:
+    local = {c["kind"]: c for c in system.webhook_configurations(url="https://127.0.0.1:1", ca_pem=b"ca")}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        ours = find(rendered, kind, WEBHOOK_CONFIGURATION)
+        theirs = local[kind]
+        assert [w["name"] for w in ours["webhooks"]] == [w["name"] for w in theirs["webhooks"]]
+        for mine, reference in zip(ours["webhooks"], theirs["webhooks"], strict=True):
+            name = mine["name"]
+            # Every setting but the client config is identical (no extra keys either way).
+            assert {k: v for k, v in mine.items() if k != "clientConfig"} == {
+                k: v for k, v in reference.items() if k != "clientConfig"
+            }, name
+            for key, value in {
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "timeoutSeconds": 5,
+                "admissionReviewVersions": ["v1"],
+            }.items():
+                assert mine[key] == value, (name, key)
+            assert mine["clientConfig"] == {
+                "service": {
+                    "name": "koord-queue-webhook",
+                    "namespace": NAMESPACE,
+                    "path": urlsplit(reference["clientConfig"]["url"]).path,
+                    "port": 443,
+                }
+            }, name  # no caBundle: the reconciler injects it and a re-apply must not wipe it
+
+
+# --- configuration and Deployments -----------------------------------------------------------------
+
+
+def test_component_config_is_accepted_without_warnings(rendered: list[Doc]) -> None:
+    text = find(rendered, "ConfigMap", "koord-queue-config")["data"]["config.yaml"]
+    settings = component_config.parse(text, source="koord-queue-config")
+    assert settings.warnings == ()
+    assert settings.reclaim_protect_seconds == 0
+    doc = yaml.safe_load(text)
+    assert (doc["apiVersion"], doc["kind"]) == ("scheduling.k8s.io/v1", "KoordQueueConfiguration")
+    assert doc["plugins"] == [{"name": "Priority"}, {"name": "ElasticQuotaV2"}]
+
+
+def container_of(deployment: Doc) -> Doc:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+@pytest.mark.parametrize("name", ["koord-queue-webhook", "koord-queue-reconciler"])
+def test_deployment_is_highly_available_and_hardened(rendered: list[Doc], name: str) -> None:
+    deployment = find(rendered, "Deployment", name)
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    pod = spec["template"]["spec"]
+    labels = spec["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in spec["selector"]["matchLabels"].items())
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert any(c["topologyKey"] == "kubernetes.io/hostname" for c in pod["topologySpreadConstraints"])
+    container = container_of(deployment)
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["runAsNonRoot"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(container["resources"][kind]), kind
+    assert container["livenessProbe"] and container["readinessProbe"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] in ports, probe
+
+    # The PDB and the Service select these pods; the Service's target ports exist.
+    pdb = find(rendered, "PodDisruptionBudget", name)
+    assert pdb["spec"]["minAvailable"] == 1
+    assert all(labels.get(k) == v for k, v in pdb["spec"]["selector"]["matchLabels"].items())
+    service = find(rendered, "Service", name)
+    assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+    for port in service["spec"]["ports"]:
+        assert port["targetPort"] in ports, port
+    assert "metrics" in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_webhook_deployment_serves_the_certificate_secret_behind_port_443(rendered: list[Doc]) -> None:
+    deployment = find(rendered, "Deployment", "koord-queue-webhook")
+    container = container_of(deployment)
+    assert container["command"] == ["koord-queue-webhook"]
+    config, _ = webhook_main.parse_config(container["args"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert config.port == ports["webhook"] == 9443
+    assert config.metrics_port == ports["metrics"]
+    # Only the reconciler may resume a queued job: the flag names the reconciler's ServiceAccount.
+    reconciler_user = f"system:serviceaccount:{NAMESPACE}:{RECONCILER_SA}"
+    assert config.admission.reconciler_username == reconciler_user
+    assert system.RECONCILER_USER == admission.DEFAULT_RECONCILER_USERNAME == reconciler_user
+
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    cert_volume = volumes[mounts[str(config.cert_file.parent)]]
+    assert cert_volume["secret"]["secretName"] == CERT_SECRET
+    assert str(config.key_file.parent) == str(config.cert_file.parent)
+    # Only the serving pair is projected: the CA key in the same Secret stays out of the pod.
+    assert {i["key"]: i["path"] for i in cert_volume["secret"]["items"]} == {
+        "tls.crt": config.cert_file.name,
+        "tls.key": config.key_file.name,
+    }
+
+    service = find(rendered, "Service", "koord-queue-webhook")
+    https = next(p for p in service["spec"]["ports"] if p["port"] == 443)
+    assert https["targetPort"] == "webhook"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+
+
+def test_reconciler_deployment_reads_its_config_and_elects_a_leader(rendered: list[Doc]) -> None:
+    deployment = find(rendered, "Deployment", "koord-queue-reconciler")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == RECONCILER_SA
+    container = container_of(deployment)
+    assert "command" not in container  # the image's ENTRYPOINT is koord-queue-reconciler
+    assert "--leader-elect" in container["args"]
+    # Every other flag is one the reconciler understands (--leader-elect comes with the election).
+    args = reconciler_main.parse_args([a for a in container["args"] if a != "--leader-elect"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert args.health_port == ports["health"] == 8081
+    assert args.metrics_port == ports["metrics"] == 10259
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mount = next(m for m in container["volumeMounts"] if str(args.config).startswith(m["mountPath"] + "/"))
+    config_map = volumes[mount["name"]]["configMap"]
+    assert config_map["name"] == "koord-queue-config"
+    assert args.config.name in {i["path"] for i in config_map["items"]}
