@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -200,6 +201,8 @@ class JobExtensions:
             drift = jobext.spec_drift(unit, desired)
             if drift is not None:
                 await self.client.patch(QUEUE_UNITS, unit_name, drift, namespace=key.namespace)
+        if not finished and await self._lifecycle(key, adapter, job, unit, unit_name):
+            return  # the unit's update brings us back
         phase = (unit.get("status") or {}).get("phase", "")
         if phase in ADMITTED_PHASES and not finished and adapter.is_suspended(job):
             await self.client.patch(
@@ -244,6 +247,55 @@ class JobExtensions:
             await self.client.patch(
                 QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
             )
+
+    async def _lifecycle(
+        self, key: JobKey, adapter: JobAdapter, job: kube.Obj, unit: kube.Obj, unit_name: str
+    ) -> bool:
+        """Execution budget and deactivation (REFERENCE §2.9); True when something was written."""
+        now = time.time()
+        stamp = now_text()
+        rv = (unit.get("metadata") or {}).get("resourceVersion")
+        budget = jobext.execution_budget(unit, now=now, now_text=stamp)
+        if budget.spec_patch is not None and budget.status_patch is not None:
+            await self.client.patch(
+                QUEUE_UNITS,
+                unit_name,
+                {**budget.status_patch, "metadata": {"resourceVersion": rv}},
+                namespace=key.namespace,
+                subresource="status",
+            )
+            await self.client.patch(QUEUE_UNITS, unit_name, budget.spec_patch, namespace=key.namespace)
+            seconds = (unit.get("spec") or {}).get("maximumExecutionTimeSeconds")
+            self.events.record(
+                job,
+                type_="Warning",
+                reason=names.EventReason.MAX_EXEC_TIME_EXCEEDED,
+                message=f"The maximum execution time ({seconds}s) was exceeded",
+            )
+            return True
+        if budget.remaining is not None:
+            asyncio.get_running_loop().call_later(budget.remaining + 0.05, self.mark, key)
+        parked = jobext.deactivation(unit, now=now, now_text=stamp)
+        if parked is None:
+            return False
+        if not adapter.is_suspended(job):
+            await self.client.patch(
+                resource_of(adapter), key.name, adapter.suspend_merge_patch(job), namespace=key.namespace
+            )
+        await self.client.patch(
+            QUEUE_UNITS,
+            unit_name,
+            {**parked, "metadata": {"resourceVersion": rv}},
+            namespace=key.namespace,
+            subresource="status",
+        )
+        self.events.record(
+            job,
+            type_="Normal",
+            reason=names.EventReason.DEACTIVATED,
+            message="Job is suspended and its resources are reclaimed because the queue unit is deactivated",
+        )
+        return True
 
     def _pods_of(self, unit_key: str, adapter: JobAdapter) -> list[jobext.PodView]:
         views = []
