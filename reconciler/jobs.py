@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from reconciler import metrics
 from reconciler.events import EventRecorder
 from reconciler.informer import Informer, key_of
 from shared import jobext, kube, names
@@ -219,6 +220,8 @@ class JobExtensions:
                 await self.client.delete(
                     kube.PODS, pod.name, namespace=pod.namespace, precondition_uid=pod.uid
                 )
+                metrics.RECLAIMED_PODS.inc()
+                log.info("reclaim: deleted unbound pod %s/%s of %s", pod.namespace, pod.name, unit_key)
         if plan.status is not None:
             body = {
                 **plan.status,

@@ -63,6 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{','.join(registry.EXTENSIONS)})",
     )
     p.add_argument(
+        "--as",
+        dest="impersonate",
+        default="",
+        metavar="USER",
+        help="act as USER (like kubectl --as), e.g. to run locally with a ServiceAccount's RBAC",
+    )
+    p.add_argument(
         "--qps", type=float, default=200.0, help="client-side API rate limit (default %(default)s)"
     )
     p.add_argument("--burst", type=int, default=400, help="client-side API burst (default %(default)s)")
@@ -162,7 +169,11 @@ async def run(args: argparse.Namespace) -> None:
     settings = component_config.load(args.config) if args.config else component_config.Settings()
     adapters = registry.enabled_adapters(args.enabled_extensions.split(","))
     client = await kube.Kube.connect(
-        kubeconfig=args.kubeconfig, qps=args.qps, burst=args.burst, user_agent="koord-queue-reconciler"
+        kubeconfig=args.kubeconfig,
+        qps=args.qps,
+        burst=args.burst,
+        user_agent="koord-queue-reconciler",
+        impersonate=args.impersonate or None,
     )
     runners: list[web.AppRunner] = []
     try:

@@ -3,6 +3,11 @@
 Every quota event marks the quota's name dirty; a single worker creates, patches or deletes the
 Queue in namespace ``koord-queue``. The Queue store (from the scheduler's Queue informer) is read to
 decide; writes that race with an admin's edit simply conflict and are retried with fresh objects.
+
+Quota events alone do not cover a Queue deleted behind our back (``kubectl delete queue``) while its
+quota stays: its units would wait for a queue that never comes back. So the worker also checks the
+stores every :data:`RESYNC_SECONDS` and re-creates the Queue of every quota that has none (a lookup
+per quota, no API call unless one is missing).
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ log = logging.getLogger(__name__)
 
 QUEUES = kube.Resource(names.GROUP, names.VERSION, names.QUEUE_PLURAL, "Queue")
 QUOTAS = kube.Resource(names.QUOTA_GROUP, names.QUOTA_VERSION, names.QUOTA_PLURAL, "ElasticQuota")
+
+#: How often quotas whose Queue has disappeared are looked for.
+RESYNC_SECONDS = 5.0
 
 
 class QuotaQueueSync:
@@ -56,11 +64,29 @@ class QuotaQueueSync:
         )
         return found[0] if found else None
 
+    def missing_queues(self) -> list[str]:
+        """Names of the quotas whose Queue is not in the store (deleted by someone else)."""
+        queues = self.queues()
+        found: set[str] = set()
+        for quota in self.quotas().values():
+            name = (quota.get("metadata") or {}).get("name")
+            if isinstance(name, str) and name and f"{names.COMPONENT_NAMESPACE}/{name}" not in queues:
+                found.add(name)
+        return sorted(found)
+
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        resync_at = loop.time() + RESYNC_SECONDS
         while True:
+            if loop.time() >= resync_at:
+                resync_at = loop.time() + RESYNC_SECONDS
+                for name in self.missing_queues():
+                    log.info("queue for quota %s is missing; creating it again", name)
+                    self._dirty[name] = None
             if not self._dirty:
                 self._wake.clear()
-                await self._wake.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, resync_at - loop.time()))
                 continue
             name = next(iter(self._dirty))
             del self._dirty[name]

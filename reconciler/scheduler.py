@@ -42,6 +42,8 @@ from shared.scheduling import Admit, Cache, Park
 log = logging.getLogger(__name__)
 
 WRITE_CONCURRENCY = 64
+#: A waiting message is retried this often when others touch the unit meanwhile.
+PARK_WRITE_ATTEMPTS = 3
 
 
 def _rv(obj: Mapping[str, Any]) -> int | None:
@@ -212,15 +214,26 @@ class SchedulerLoop:
             return await self.client.patch(QUEUE_UNITS, name, body, namespace=namespace, subresource="status")
 
     def _settled(self, key: str, written: kube.Obj | None) -> None:
-        """Our write for ``key`` finished: feed the result (or the latest watched object) back."""
+        """Our write for ``key`` finished: feed the result (or the latest watched object) back.
+
+        Watch events of ``key`` were held back while the write was in flight, and some of them
+        may be newer than ``written``: the unit was deleted, or changed by someone else, after our
+        write landed. The informer store always holds the latest watched object (it is updated
+        before the handlers run), so the newer of the two wins; a missing store entry means the
+        unit is gone. Applying ``written`` over a deletion would leave a ghost holding quota.
+        """
         self._writing.discard(key)
-        if written is not None:
-            rv = _rv(written)
-            if rv is not None:
-                self._written_rv[key] = rv
-            self._apply_unit(key, written)
-        else:
-            self._apply_unit(key, self.unit_store.get(key))
+        latest = self.unit_store.get(key)
+        if written is None or latest is None:
+            self._apply_unit(key, latest)
+            return
+        written_rv, latest_rv = _rv(written), _rv(latest)
+        if written_rv is not None and latest_rv is not None and latest_rv > written_rv:
+            self._apply_unit(key, latest)
+            return
+        if written_rv is not None:
+            self._written_rv[key] = written_rv
+        self._apply_unit(key, written)
 
     # --- admissions --------------------------------------------------------------------------
 
@@ -289,7 +302,8 @@ class SchedulerLoop:
         self._writing.add(park.key)
         self._spawn(self._write_park(park, unit, raw), name=f"park-{park.key}")
 
-    async def _write_park(self, park: Park, unit: Unit, raw: kube.Obj) -> None:
+    @staticmethod
+    def _park_status(park: Park, unit: Unit) -> kube.Obj:
         stamp = format_time(time.time())
         status: kube.Obj = {"message": park.message, "lastUpdateTime": stamp, "attempts": unit.attempts + 1}
         if unit.phase in ("", Phase.ENQUEUED):
@@ -298,13 +312,45 @@ class SchedulerLoop:
             )
             status["phase"] = Phase.ENQUEUED.value
             status["conditions"] = conds
+        return status
+
+    async def _write_park(self, park: Park, unit: Unit, raw: kube.Obj) -> None:
+        """Write the waiting message, never over a newer decision.
+
+        A later cycle may admit the unit while this message is on its way (the quota was freed
+        meanwhile). The write therefore carries the resourceVersion the park was decided on: an
+        unconditional patch landing after the admission would turn the admitted unit back to
+        ``Enqueued`` while it keeps its admissions, so its job would never be resumed. On a
+        conflict the unit is re-read; if its phase or admissions changed the message is stale and
+        dropped, otherwise (someone else touched it) the write is retried on the fresh version.
+        """
         written: kube.Obj | None = None
+        dropped = False
+        current = unit
+        namespace, name = park.key.split("/", 1)
         try:
-            written = await self._write_status(park.key, {"status": status})
+            for _ in range(PARK_WRITE_ATTEMPTS):
+                body = {
+                    "metadata": {"resourceVersion": current.resource_version},
+                    "status": self._park_status(park, current),
+                }
+                try:
+                    written = await self._write_status(park.key, body)
+                    break
+                except kube.Conflict:
+                    latest = parse_unit(await self.client.get(QUEUE_UNITS, name, namespace=namespace))
+                    if latest.phase != unit.phase or latest.admissions != unit.admissions:
+                        dropped = True
+                        break
+                    current = latest
+        except kube.NotFound:
+            dropped = True
         except kube.KubeError as err:
             log.info("message for %s not written: %s", park.key, err)
         finally:
             self._settled(park.key, written)
+        if dropped:
+            return
         target = written or raw
         self.events.record(
             target, type_="Warning", reason=EventReason.FAILED_SCHEDULING, message=park.message

@@ -178,7 +178,10 @@ class Kube:
         self._host = str(api.configuration.host).rstrip("/")
         self._headers = {"User-Agent": user_agent, "Accept": JSON}
         if impersonate:
+            # Like kubectl --as: every request, including the library's own (leader election),
+            # is made as this user; RBAC then applies to it.
             self._headers["Impersonate-User"] = impersonate
+            api.set_default_header("Impersonate-User", impersonate)
         #: requests sent, by verb (GET, LIST, WATCH, POST, PATCH, PUT, DELETE)
         self.requests: Counter[str] = Counter()
 

@@ -106,7 +106,7 @@ def start_webhook(
     certdir.mkdir(parents=True, exist_ok=True)
     pki.write_pem(certdir / "tls.crt", serving.cert_pem, private=False)
     pki.write_pem(certdir / "tls.key", serving.key_pem, private=True)
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     component = _spawn(
         "webhook",
         [
@@ -116,7 +116,7 @@ def start_webhook(
             f"--port={port}",
             f"--cert-file={certdir / 'tls.crt'}",
             f"--key-file={certdir / 'tls.key'}",
-            "--metrics-port=0",
+            f"--metrics-port={metrics_port}",
             f"--reconciler-username={RECONCILER_USER}",
             *(extra_args or []),
         ],
@@ -125,6 +125,7 @@ def start_webhook(
     wait_until(
         lambda: _webhook_healthy(cluster, port), timeout=30, what="webhook /healthz", process=component
     )
+    component.ports = {"https": port, "metrics": metrics_port}
     if register:
         register_webhook(cluster, port=port)
     return component, port
@@ -288,13 +289,54 @@ def start(cluster: LocalCluster, *, logdir: Path) -> Processes:
     return processes
 
 
+def install_rbac(cluster: LocalCluster) -> None:
+    """Apply the ServiceAccounts and RBAC of ``manifests/`` exactly as a cluster install does."""
+    rendered = subprocess.run(
+        [str(binaries.kubectl()), "kustomize", str(ROOT / "manifests")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    docs = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") in kinds]
+    subprocess.run(
+        [
+            str(binaries.kubectl()),
+            f"--kubeconfig={cluster.kubeconfig}",
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
+        input=yaml.safe_dump_all(docs),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
 def start_reconciler(
-    cluster: LocalCluster, *, logdir: Path, extra_args: list[str] | None = None, name: str = "reconciler"
+    cluster: LocalCluster,
+    *,
+    logdir: Path,
+    extra_args: list[str] | None = None,
+    name: str = "reconciler",
+    least_privilege: bool = True,
 ) -> Component:
-    """Start the reconciler and wait until its caches are synced (``/readyz``)."""
-    # Until the RBAC proof (impersonating the real ServiceAccount) the local reconciler is a
-    # cluster admin that carries the ServiceAccount's name, which is what the webhook checks.
-    kubeconfig = cluster.kubeconfig_for(name, user=RECONCILER_USER, groups=("system:masters",))
+    """Start the reconciler and wait until its caches are synced (``/readyz``).
+
+    By default it acts as its ServiceAccount (impersonated, with the RBAC of ``manifests/``), so
+    every test proves the install's permissions are enough; ``least_privilege=False`` makes it a
+    cluster admin that merely carries the ServiceAccount's name.
+    """
+    if least_privilege:
+        install_rbac(cluster)
+        kubeconfig = cluster.kubeconfig
+        identity = [f"--as={RECONCILER_USER}"]
+    else:
+        kubeconfig = cluster.kubeconfig_for(name, user=RECONCILER_USER, groups=("system:masters",))
+        identity = []
     health, metrics_port = free_port(), free_port()
     component = _spawn(
         name,
@@ -303,6 +345,7 @@ def start_reconciler(
             "-m",
             "reconciler.main",
             f"--kubeconfig={kubeconfig}",
+            *identity,
             f"--health-port={health}",
             f"--metrics-port={metrics_port}",
             "--bind-address=127.0.0.1",
@@ -315,6 +358,7 @@ def start_reconciler(
         lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"),
         timeout=60,
         what=f"{name} /readyz",
+        process=component,
     )
     return component
 
