@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import uuid
 from collections.abc import Callable, Coroutine
@@ -26,7 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from certs.manager import WebhookCertManager
-from reconciler import metrics
+from reconciler import metrics, visibility
 from reconciler.events import EventRecorder
 from reconciler.informer import Handler, Informer
 from reconciler.jobs import QUEUE_UNITS, JobExtensions
@@ -76,7 +77,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=8, help="job-extension workers (default %(default)s)")
     p.add_argument("--health-port", type=int, default=8081, help="/healthz and /readyz port; 0 disables")
     p.add_argument("--metrics-port", type=int, default=10259, help="Prometheus /metrics port; 0 disables")
-    p.add_argument("--bind-address", default="0.0.0.0", help="address of the health and metrics servers")
+    p.add_argument(
+        "--visibility-port",
+        type=int,
+        default=8082,
+        help="visibility API port (visibility.koord-queue.x-k8s.io); 0 disables",
+    )
+    p.add_argument("--visibility-cert-file", default="", help="TLS certificate of the visibility API")
+    p.add_argument("--visibility-key-file", default="", help="TLS key of the visibility API")
+    p.add_argument(
+        "--visibility-client-ca",
+        default="",
+        help="CA of the apiserver's aggregator client certificate (requestheader CA); "
+        "when set, only clients presenting such a certificate are served",
+    )
+    p.add_argument(
+        "--bind-address", default="0.0.0.0", help="address of the health, metrics and visibility servers"
+    )
     p.add_argument(
         "--leader-elect",
         action="store_true",
@@ -132,12 +149,14 @@ def _fanout(*handlers: Handler) -> Handler:
     return handle
 
 
-async def _serve(app: web.Application, host: str, port: int) -> web.AppRunner | None:
+async def _serve(
+    app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> web.AppRunner | None:
     if port <= 0:
         return None
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
     return runner
 
 
@@ -214,8 +233,20 @@ async def run(args: argparse.Namespace) -> None:
         def ready() -> bool:
             return all(i.synced.is_set() for i in informers)
 
-        for app, port in ((health_app(ready), args.health_port), (metrics_app(), args.metrics_port)):
-            runner = await _serve(app, args.bind_address, port)
+        tls = None
+        if args.visibility_cert_file:
+            tls = visibility.tls_context(
+                cert_file=args.visibility_cert_file,
+                key_file=args.visibility_key_file,
+                client_ca=args.visibility_client_ca or None,
+            )
+        servers = (
+            (health_app(ready), args.health_port, None),
+            (metrics_app(), args.metrics_port, None),
+            (visibility.make_app(lambda: scheduler.cache), args.visibility_port, tls),
+        )
+        for app, port, context in servers:
+            runner = await _serve(app, args.bind_address, port, context)
             if runner is not None:
                 runners.append(runner)
 

@@ -337,7 +337,7 @@ def start_reconciler(
     else:
         kubeconfig = cluster.kubeconfig_for(name, user=RECONCILER_USER, groups=("system:masters",))
         identity = []
-    health, metrics_port = free_port(), free_port()
+    health, metrics_port, visibility_port = free_port(), free_port(), free_port()
     component = _spawn(
         name,
         [
@@ -348,12 +348,13 @@ def start_reconciler(
             *identity,
             f"--health-port={health}",
             f"--metrics-port={metrics_port}",
+            f"--visibility-port={visibility_port}",
             "--bind-address=127.0.0.1",
             *(extra_args or []),
         ],
         logdir,
     )
-    component.ports = {"health": health, "metrics": metrics_port}
+    component.ports = {"health": health, "metrics": metrics_port, "visibility": visibility_port}
     wait_until(
         lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"),
         timeout=60,
