@@ -33,6 +33,10 @@ testenv: venv ## Build the control-plane binaries (etcd, kube-apiserver, control
 run: venv testenv ## Run the whole system on a local control plane; prints READY kubeconfig=.local/kubeconfig
 	$(PY) -m testenv.main
 
+.PHONY: demo
+demo: venv ## Live queue-level preemption story against `KWOK_NODES=0 make run` (in another terminal)
+	$(PY) -m testenv.demo
+
 .PHONY: lint
 lint: venv ## ruff, mypy --strict and the import rules (import-linter)
 	$(VENV)/bin/ruff check $(SOURCES) tests bench

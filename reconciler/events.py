@@ -128,6 +128,9 @@ class EventRecorder:
             "reportingInstance": self.instance or self.component,
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
+            # Microseconds: events of one second (Preempted, then Reclaimed) keep their order.
+            "eventTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "action": reason,
             "count": 1,
         }
         await self.client.create(kube.EVENTS, event, namespace=namespace)

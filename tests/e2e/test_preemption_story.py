@@ -254,7 +254,7 @@ async def test_the_seed_example_preempts_the_unbound_low_priority_job(
             NAMESPACE,
             "--field-selector",
             "involvedObject.name=low-priority-job,involvedObject.kind=QueueUnit",
-            "--sort-by=.firstTimestamp",
+            "--sort-by=.eventTime",
             "-o",
             "custom-columns=REASON:.reason,TYPE:.type,MESSAGE:.message",
         ).stdout
