@@ -83,6 +83,8 @@ class SchedulerLoop:
         self._queue_raw: dict[str, kube.Obj] = {}
         self._wake = asyncio.Event()
         self._writing: set[str] = set()
+        #: parks decided while another write of the same unit was on its way (the newest only)
+        self._deferred_parks: dict[str, Park] = {}
         self._written_rv: dict[str, int] = {}
         self._queue_not_found: set[str] = set()
         self._queue_failures: dict[str, str] = {}
@@ -121,6 +123,7 @@ class SchedulerLoop:
             self._queue_not_found.discard(key)
             self._reserved.discard(key)
             self._written_rv.pop(key, None)
+            self._deferred_parks.pop(key, None)
         else:
             unit = parse_unit(raw)
             old = self.cache.units.get(key)
@@ -213,8 +216,8 @@ class SchedulerLoop:
         async with self._sem:
             return await self.client.patch(QUEUE_UNITS, name, body, namespace=namespace, subresource="status")
 
-    def _settled(self, key: str, written: kube.Obj | None) -> None:
-        """Our write for ``key`` finished: feed the result (or the latest watched object) back.
+    def _settle_cache(self, key: str, written: kube.Obj | None) -> None:
+        """Feed the result of our write (or the latest watched object) back into the cache.
 
         Watch events of ``key`` were held back while the write was in flight, and some of them
         may be newer than ``written``: the unit was deleted, or changed by someone else, after our
@@ -235,10 +238,18 @@ class SchedulerLoop:
             self._written_rv[key] = written_rv
         self._apply_unit(key, written)
 
+    def _settled(self, key: str, written: kube.Obj | None) -> None:
+        """Our write for ``key`` finished: update the cache, then give a deferred reason."""
+        self._settle_cache(key, written)
+        deferred = self._deferred_parks.pop(key, None)
+        if deferred is not None and key not in self._writing:
+            self._issue_park(deferred)
+
     # --- admissions --------------------------------------------------------------------------
 
     def _admit(self, admit: Admit, now: float) -> None:
         before, after = self.cache.assume(admit, now=now)
+        self._deferred_parks.pop(admit.key, None)  # superseded by this admission
         self._writing.add(admit.key)
         metrics.JOB_SCHEDULE_ATTEMPTS.labels(admit.queue, "scheduled").inc()
         if before.created:
@@ -291,11 +302,32 @@ class SchedulerLoop:
 
     def _park(self, park: Park) -> None:
         metrics.JOB_SCHEDULE_ATTEMPTS.labels(park.queue, "unschedulable").inc()
-        if park.repeated or park.key in self._writing:
+        protected = park.protected
+        if protected:
+            metrics.PROTECTION_SKIPS.labels(park.queue).inc(len(protected))
+            if self.verbosity >= 2:
+                log.info(
+                    "queue %s: victims %s skipped by the reclaim protect time for %s",
+                    park.queue,
+                    list(protected),
+                    park.key,
+                )
+        if park.preempt_error and self.verbosity >= 2:
+            log.info("queue %s: %s preemption failed: %s", park.queue, park.key, park.preempt_error)
+        if park.repeated:
             return
+        if park.key in self._writing:
+            # Another write of this unit is on its way (often its previous reason). The pure
+            # state now records this reason as given, so dropping it would leave the unit showing
+            # an outdated one for good: give it once that write has landed.
+            self._deferred_parks[park.key] = park
+            return
+        self._issue_park(park)
+
+    def _issue_park(self, park: Park) -> None:
         unit = self.cache.units.get(park.key)
         raw = self.unit_store.get(park.key)
-        if unit is None or raw is None:
+        if unit is None or raw is None or unit.message == park.message:
             return
         if self.verbosity >= 2:
             log.info("queue %s: %s waits: %s", park.queue, park.key, park.message)
@@ -314,6 +346,13 @@ class SchedulerLoop:
             status["conditions"] = conds
         return status
 
+    @staticmethod
+    def _superseded(decided: Unit, latest: Unit) -> bool:
+        """Has the unit moved on since a park was decided? ``""`` and ``Enqueued`` both wait."""
+        waiting = ("", Phase.ENQUEUED)
+        same_phase = latest.phase == decided.phase or (latest.phase in waiting and decided.phase in waiting)
+        return not same_phase or latest.admissions != decided.admissions
+
     async def _write_park(self, park: Park, unit: Unit, raw: kube.Obj) -> None:
         """Write the waiting message, never over a newer decision.
 
@@ -321,8 +360,9 @@ class SchedulerLoop:
         meanwhile). The write therefore carries the resourceVersion the park was decided on: an
         unconditional patch landing after the admission would turn the admitted unit back to
         ``Enqueued`` while it keeps its admissions, so its job would never be resumed. On a
-        conflict the unit is re-read; if its phase or admissions changed the message is stale and
-        dropped, otherwise (someone else touched it) the write is retried on the fresh version.
+        conflict the unit is re-read; if it has moved on (admitted, backed off, finished) the
+        message is stale and dropped, otherwise (someone else touched it) the write is retried on
+        the fresh version.
         """
         written: kube.Obj | None = None
         dropped = False
@@ -339,7 +379,7 @@ class SchedulerLoop:
                     break
                 except kube.Conflict:
                     latest = parse_unit(await self.client.get(QUEUE_UNITS, name, namespace=namespace))
-                    if latest.phase != unit.phase or latest.admissions != unit.admissions:
+                    if self._superseded(unit, latest):
                         dropped = True
                         break
                     current = latest

@@ -108,13 +108,16 @@ class PreemptOutcome:
 
     ``victims`` are newly marked; ``waiting_for`` names victims already on the way that the
     preemptor counts on; ``error`` is upstream's error text when nothing is (or was) marked;
-    ``wake_at`` is when a protected candidate becomes reclaimable.
+    ``wake_at`` is when a protected candidate becomes reclaimable; ``protected`` are the keys of
+    the candidates skipped because of the reclaim protect time (for the decision log and the
+    protection-skip metric).
     """
 
     victims: tuple[Victim, ...] = ()
     waiting_for: tuple[str, ...] = ()
     error: str | None = None
     wake_at: float | None = None
+    protected: tuple[str, ...] = ()
 
     @property
     def succeeded(self) -> bool:
@@ -242,7 +245,8 @@ def plan_reserve(
         if found is None:
             # A holder we may not reclaim (yet): marking the others would not free the queue.
             until = protected_until(unit, now=now, protect=protect)
-            return PreemptOutcome(error=Message.NO_MORE_IN_QUEUE, wake_at=until)
+            skipped = (victim_key,) if until is not None else ()
+            return PreemptOutcome(error=Message.NO_MORE_IN_QUEUE, wake_at=until, protected=skipped)
         victims.append(Victim(victim_key, unit.name, found.reclaim, found.resources))
     if not victims:
         waiting, _ = _on_the_way(ctx, preemptor)
@@ -279,6 +283,7 @@ def plan_preempt(
         return PreemptOutcome(waiting_for=tuple(waiting))
     # Walk the assumed units from the lowest priority while they sort after the preemptor.
     walked: list[Victim] = []
+    protected: list[str] = []
     wake: float | None = None
     total = dict(released)
     for item in reversed(state.assumed):
@@ -291,22 +296,28 @@ def plan_preempt(
         found = reclaimable(unit, now=now, protect=protect)
         if found is None:
             until = protected_until(unit, now=now, protect=protect)
-            if until is not None and (wake is None or until < wake):
-                wake = until
+            if until is not None:
+                protected.append(victim_key)
+                if wake is None or until < wake:
+                    wake = until
             continue
         walked.append(Victim(victim_key, unit.name, found.reclaim, found.resources))
         total = quantities.add(total, found.resources)
         if quantities.covers(total, request):
-            return PreemptOutcome(victims=tuple(walked), waiting_for=tuple(waiting))
+            return PreemptOutcome(
+                victims=tuple(walked), waiting_for=tuple(waiting), protected=tuple(protected)
+            )
     # The whole walk cannot cover the request: cover the shortfall against what is free now.
     if not shortfall or not quantities.covers(total, shortfall):
-        return PreemptOutcome(error=NO_VICTIMS, wake_at=wake)
+        return PreemptOutcome(error=NO_VICTIMS, wake_at=wake, protected=tuple(protected))
     total = dict(released)
     for count, victim in enumerate(walked, start=1):
         total = quantities.add(total, victim.resources)
         if quantities.covers(total, shortfall):
-            return PreemptOutcome(victims=tuple(walked[:count]), waiting_for=tuple(waiting))
-    return PreemptOutcome(error=NO_VICTIMS, wake_at=wake)  # pragma: no cover - covered above
+            return PreemptOutcome(
+                victims=tuple(walked[:count]), waiting_for=tuple(waiting), protected=tuple(protected)
+            )
+    return PreemptOutcome(error=NO_VICTIMS, wake_at=wake, protected=tuple(protected))  # pragma: no cover
 
 
 def may_preempt(state: QueueState, key: str, item: Item) -> bool:

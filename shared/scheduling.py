@@ -99,7 +99,9 @@ class Park:
     """Leave ``key`` waiting with ``message`` (Warning ``FailedScheduling``).
 
     ``repeated`` says the message equals the last one given (in memory or in ``status.message``):
-    the reconciler may skip the write and the event. ``preempt_error`` is for logs only.
+    the reconciler may skip the write and the event. ``preempt_error`` (why the preemption attempt
+    marked nothing) and ``protected`` (candidate victims skipped because of the reclaim protect
+    time) are for the decision log and the metrics only.
     """
 
     key: str
@@ -109,6 +111,7 @@ class Park:
     queue_not_found: bool = False
     repeated: bool = False
     preempt_error: str | None = None
+    protected: tuple[str, ...] = ()
 
 
 Decision = Admit | Park | MarkVictims
@@ -175,7 +178,14 @@ class _Cycle:
         return value
 
     def park(
-        self, qs: QueueState, key: str, message: str, *, quota_failure: bool, preempt_error: str | None = None
+        self,
+        qs: QueueState,
+        key: str,
+        message: str,
+        *,
+        quota_failure: bool,
+        preempt_error: str | None = None,
+        protected: tuple[str, ...] = (),
     ) -> None:
         previous = qs.parked.get(key)
         repeated = message in (self.units[key].message, previous.message if previous else None)
@@ -185,7 +195,14 @@ class _Cycle:
         qs.parked[key] = ParkRecord(message, self.epoch(qs), quota_failure, level)
         qs.unparked.discard(key)
         self.decisions.append(
-            Park(key=key, queue=qs.name, message=message, repeated=repeated, preempt_error=preempt_error)
+            Park(
+                key=key,
+                queue=qs.name,
+                message=message,
+                repeated=repeated,
+                preempt_error=preempt_error,
+                protected=protected,
+            )
         )
 
     def stop_reason(self, qs: QueueState, key: str, item: Item) -> _Stop | None:
@@ -313,7 +330,14 @@ class _Cycle:
             )
             self.apply_outcome(qs, key, outcome, path="preempt")
             suffix = Message.PREEMPT_SUCCEED_SUFFIX if outcome.succeeded else Message.PREEMPT_FAILED_SUFFIX
-            self.park(qs, key, failure + suffix, quota_failure=True, preempt_error=outcome.error)
+            self.park(
+                qs,
+                key,
+                failure + suffix,
+                quota_failure=True,
+                preempt_error=outcome.error,
+                protected=outcome.protected,
+            )
             return outcome.succeeded
         if cfg.wait_for_pods_running and first_holder(qs, admitted, key) is not None:
             outcome = plan_reserve(
@@ -322,7 +346,14 @@ class _Cycle:
             self.apply_outcome(qs, key, outcome, path="reserve")
             names = [v.name for v in outcome.victims] or list(outcome.waiting_for)
             message = outcome.error or Message.waiting_for_victims(names)
-            self.park(qs, key, message, quota_failure=False, preempt_error=outcome.error)
+            self.park(
+                qs,
+                key,
+                message,
+                quota_failure=False,
+                preempt_error=outcome.error,
+                protected=outcome.protected,
+            )
             return outcome.succeeded
         unit = self.units[key]
         checks = matched_checks(cfg.admission_checks, unit.labels)
