@@ -28,6 +28,19 @@ TEMPLATE = {"spec": {"restartPolicy": "Never", "containers": [CONTAINER]}}
 
 
 @pytest.fixture(scope="module")
+def integration_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A control plane of this module's own: it registers, then stops, a webhook of its own, and
+    no reconciler may admit (and so resume) the jobs whose hold it checks."""
+    cluster = LocalCluster(profile="integration", workdir=tmp_path_factory.mktemp("webhook-cp"))
+    cluster.start()
+    try:
+        system.install_crds(cluster)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
 def webhook(
     integration_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Component]:
