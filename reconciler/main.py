@@ -222,7 +222,13 @@ async def run(args: argparse.Namespace) -> None:
         units = Informer(client, QUEUE_UNITS, handler=_fanout(scheduler.on_unit, jobs.on_unit))
         scheduler.unit_store = units.objects
         queues = Informer(
-            client, QUEUES, namespace=names.COMPONENT_NAMESPACE, handler=_fanout(scheduler.on_queue)
+            client,
+            QUEUES,
+            namespace=names.COMPONENT_NAMESPACE,
+            # A Queue deleted while its quota exists is re-created at once.
+            handler=_fanout(
+                scheduler.on_queue, lambda old, new: quota_sync.on_quota(old, None) if new is None else None
+            ),
         )
         quota_sync = QuotaQueueSync(
             client, quotas=lambda: quotas.objects, queues=lambda: queues.objects, events=events

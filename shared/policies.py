@@ -65,6 +65,13 @@ def beyond_depth_message(queue: str, depth: int) -> str:
     return f"waiting in queue {queue}: position is beyond the queue's max-depth {depth}"
 
 
+def inactive_message(queue: str) -> str:
+    return (
+        f"QueueUnit is inactive (spec.active is false): it keeps its place in queue {queue} and is "
+        "not admitted until spec.active is true"
+    )
+
+
 def invalid_message(problem: str) -> str:
     return f"QueueUnit cannot be scheduled: {problem}; fix its spec to make it schedulable"
 

@@ -46,6 +46,7 @@ from shared.policies import (
     QueueState,
     SchedulerState,
     beyond_depth_message,
+    inactive_message,
     invalid_message,
     queue_item_details,
 )
@@ -257,8 +258,13 @@ class _Cycle:
             if key in qs.updating:
                 continue
             if not entry.active:
-                if entry.invalid is not None and key in qs.unparked:
-                    self.park(qs, key, invalid_message(entry.invalid), quota_failure=False)
+                if key in qs.unparked:
+                    text = (
+                        invalid_message(entry.invalid)
+                        if entry.invalid is not None
+                        else inactive_message(qs.name)
+                    )
+                    self.park(qs, key, text, quota_failure=False)
                 continue
             stop: _Stop | None = None
             round_ = qs.round
