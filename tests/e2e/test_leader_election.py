@@ -8,7 +8,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -17,13 +16,11 @@ from shared import names
 from testenv import system
 from testenv.cluster import Component, LocalCluster
 from tests import kube
-from tests.e2e.test_restart import admitted, job
+from tests.e2e import burst
 
 pytestmark = pytest.mark.e2e
 
 LEASE_S = 4.0
-NAMESPACE = "burst"
-QUOTAS = ("burst-a", "burst-b", "burst-c")
 UNITS = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
 ELECTION = [
     "--leader-elect",
@@ -70,33 +67,20 @@ async def test_the_standby_takes_over_without_double_admission(
             name=f"reconciler-{name}",
             extra_args=[*ELECTION, f"--leader-election-identity={name}"],
         )
-    kube.kubectl(cluster, "create", "namespace", NAMESPACE)
-    for quota in QUOTAS:
-        kube.kubectl(
-            cluster,
-            "apply",
-            "-f",
-            "-",
-            input_text=json.dumps(
-                {
-                    "apiVersion": names.QUOTA_API_VERSION,
-                    "kind": "ElasticQuota",
-                    "metadata": {"name": quota, "namespace": NAMESPACE},
-                    "spec": {"max": {"cpu": "4"}, "min": {"cpu": "4"}},
-                }
-            ),
-        )
+    burst.create_quotas(cluster)
     try:
         await kube.eventually(lambda: _async(holder(cluster) in replicas), what="a leader")
-        async with kube.Recorder(cluster, UNITS, namespace=NAMESPACE) as recorder:
+        async with kube.Recorder(cluster, UNITS, namespace=burst.NAMESPACE) as recorder:
             async with kube.client(cluster) as api:
                 from kubernetes_asyncio import client as k8s
 
                 batch = k8s.BatchV1Api(api)
-                await kube.eventually(lambda: _sa_ready(api), what="default ServiceAccount")
-                await asyncio.gather(*(batch.create_namespaced_job(NAMESPACE, job(i)) for i in range(60)))
+                await kube.eventually(lambda: burst.service_account_ready(api), what="default ServiceAccount")
+                await asyncio.gather(
+                    *(batch.create_namespaced_job(burst.NAMESPACE, burst.job(i)) for i in range(60))
+                )
                 await kube.eventually(
-                    lambda: _async(sum(1 for _, o in recorder.seen if admitted(o)) >= 6),
+                    lambda: _async(sum(1 for _, o in recorder.seen if burst.admitted(o)) >= 6),
                     what="admissions under the first leader",
                 )
                 leader = holder(cluster)
@@ -113,7 +97,7 @@ async def test_the_standby_takes_over_without_double_admission(
                 takeover = time.monotonic() - killed_at
 
                 async def all_done() -> bool:
-                    jobs = await batch.list_namespaced_job(NAMESPACE)
+                    jobs = await batch.list_namespaced_job(burst.NAMESPACE)
                     return sum(1 for j in jobs.items if (j.status.succeeded or 0) >= 1) == 60
 
                 await kube.eventually(all_done, timeout=180, interval=1.0, what="all 60 jobs Succeeded")
@@ -124,32 +108,11 @@ async def test_the_standby_takes_over_without_double_admission(
         webhook.stop()
     assert takeover <= LEASE_S + 2.0, f"take-over took {takeover:.1f}s"
 
-    current: dict[str, dict[str, Any]] = {}
-    admissions: dict[str, int] = {}
-    for kind, obj in seen:
-        name = obj["metadata"]["name"]
-        before = admitted(current[name]) if name in current else 0
-        if kind == "DELETED":
-            current.pop(name, None)
-            continue
-        current[name] = obj
-        if before == 0 and admitted(obj) > 0:
-            admissions[name] = admissions.get(name, 0) + 1
-        usage: dict[str, int] = {}
-        for unit in current.values():
-            quota = unit["metadata"]["labels"][names.QUOTA_NAME_LABEL]
-            usage[quota] = usage.get(quota, 0) + admitted(unit)
-        assert all(u <= 4 for u in usage.values()), usage
-    assert {n: c for n, c in admissions.items() if c != 1} == {}
-    assert len(admissions) == 60
+    result = burst.replay(seen)
+    assert result.violations == []
+    assert result.twice == {}
+    assert len(result.admissions) == 60
 
 
 async def _async(value: bool) -> bool:
     return value
-
-
-async def _sa_ready(api: Any) -> bool:
-    from kubernetes_asyncio import client as k8s
-
-    accounts = await k8s.CoreV1Api(api).list_namespaced_service_account(NAMESPACE)
-    return any(a.metadata.name == "default" for a in accounts.items)

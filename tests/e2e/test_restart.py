@@ -16,11 +16,9 @@ may depend on what the killed process had in memory.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,13 +27,11 @@ from shared import names
 from testenv import system
 from testenv.cluster import Component, LocalCluster
 from tests import kube
+from tests.e2e import burst
 
 pytestmark = pytest.mark.e2e
 
 JOBS = 200
-QUOTAS = ("burst-a", "burst-b", "burst-c")
-QUOTA_CPU = 4
-NAMESPACE = "burst"
 UNITS = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
 
 
@@ -52,33 +48,6 @@ def burst_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         cluster.stop()
 
 
-def job(i: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": f"job-{i:03d}",
-            "namespace": NAMESPACE,
-            "labels": {names.QUOTA_NAME_LABEL: QUOTAS[i % len(QUOTAS)]},
-        },
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}
-                    ],
-                }
-            },
-        },
-    }
-
-
-def admitted(obj: dict[str, Any]) -> int:
-    return sum(int(a.get("replicas", 0)) for a in (obj.get("status") or {}).get("admissions") or [])
-
-
 async def test_sigkilled_reconciler_never_admits_twice_or_overruns_a_quota(
     burst_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -87,33 +56,20 @@ async def test_sigkilled_reconciler_never_admits_twice_or_overruns_a_quota(
     webhook, _ = system.start_webhook(cluster, logdir=logdir)
     rng = random.Random(20261130)
     reconcilers: list[Component] = [system.start_reconciler(cluster, logdir=logdir, name="reconciler-0")]
-    kube.kubectl(cluster, "create", "namespace", NAMESPACE)
-    for quota in QUOTAS:
-        kube.kubectl(
-            cluster,
-            "apply",
-            "-f",
-            "-",
-            input_text=json.dumps(
-                {
-                    "apiVersion": names.QUOTA_API_VERSION,
-                    "kind": "ElasticQuota",
-                    "metadata": {"name": quota, "namespace": NAMESPACE},
-                    "spec": {"max": {"cpu": str(QUOTA_CPU)}, "min": {"cpu": str(QUOTA_CPU)}},
-                }
-            ),
-        )
+    burst.create_quotas(cluster)
     try:
-        async with kube.Recorder(cluster, UNITS, namespace=NAMESPACE) as recorder:
+        async with kube.Recorder(cluster, UNITS, namespace=burst.NAMESPACE) as recorder:
             async with kube.client(cluster) as api:
                 from kubernetes_asyncio import client as k8s
 
                 batch = k8s.BatchV1Api(api)
-                await kube.eventually(lambda: _sa_ready(api), what="default ServiceAccount")
-                await asyncio.gather(*(batch.create_namespaced_job(NAMESPACE, job(i)) for i in range(JOBS)))
+                await kube.eventually(lambda: burst.service_account_ready(api), what="default ServiceAccount")
+                await asyncio.gather(
+                    *(batch.create_namespaced_job(burst.NAMESPACE, burst.job(i)) for i in range(JOBS))
+                )
 
                 async def all_done() -> bool:
-                    jobs = await batch.list_namespaced_job(NAMESPACE)
+                    jobs = await batch.list_namespaced_job(burst.NAMESPACE)
                     return sum(1 for j in jobs.items if (j.status.succeeded or 0) >= 1) == JOBS
 
                 kills = 0
@@ -133,34 +89,8 @@ async def test_sigkilled_reconciler_never_admits_twice_or_overruns_a_quota(
             r.stop()
         webhook.stop()
 
-    # Replay the observed history in etcd order.
-    current: dict[str, dict[str, Any]] = {}
-    admissions_of: dict[str, int] = {}
-    violations: list[str] = []
-    for kind, obj in seen:
-        name = obj["metadata"]["name"]
-        before = admitted(current[name]) if name in current else 0
-        if kind == "DELETED":
-            current.pop(name, None)
-            continue
-        current[name] = obj
-        after = admitted(obj)
-        if before == 0 and after > 0:
-            admissions_of[name] = admissions_of.get(name, 0) + 1
-        usage: dict[str, int] = {}
-        for unit in current.values():
-            quota = unit["metadata"]["labels"][names.QUOTA_NAME_LABEL]
-            usage[quota] = usage.get(quota, 0) + admitted(unit)  # 1 CPU per replica
-        violations += [f"{q} at {u} CPU after {name}" for q, u in usage.items() if u > QUOTA_CPU]
-    assert violations == []
-    twice = {n: c for n, c in admissions_of.items() if c != 1}
-    assert twice == {}
-    assert len(admissions_of) == JOBS
+    result = burst.replay(seen)
+    assert result.violations == []
+    assert result.twice == {}
+    assert len(result.admissions) == JOBS
     assert kills == 5
-
-
-async def _sa_ready(api: Any) -> bool:
-    from kubernetes_asyncio import client as k8s
-
-    accounts = await k8s.CoreV1Api(api).list_namespaced_service_account(NAMESPACE)
-    return any(a.metadata.name == "default" for a in accounts.items)
