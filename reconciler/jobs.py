@@ -87,6 +87,17 @@ class JobExtensions:
     def informers(self) -> list[Informer]:
         return [*self.job_informers.values(), self.pods]
 
+    def mark_all(self) -> None:
+        """Look at every managed job again (after a change that may concern any of them)."""
+        for (api_version, kind), informer in self.job_informers.items():
+            adapter = self.adapters[(api_version, kind)]
+            for job in informer.objects.values():
+                if adapter.is_managed(job):
+                    meta = job.get("metadata") or {}
+                    self.mark(
+                        JobKey(api_version, kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
+                    )
+
     def mark(self, key: JobKey) -> None:
         self._dirty[key] = None
         self._wake.set()

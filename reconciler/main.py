@@ -206,7 +206,15 @@ async def run(args: argparse.Namespace) -> None:
             if new is None:
                 priority_classes.pop(str(name), None)
             elif isinstance(value, int):
+                if priority_classes.get(str(name)) == value:
+                    return
                 priority_classes[str(name)] = value
+            if jobs_ready():
+                # A class created or changed after its jobs: their units' priorities follow.
+                jobs.mark_all()
+
+        def jobs_ready() -> bool:
+            return all(i.synced.is_set() for i in jobs.informers())
 
         scheduler = SchedulerLoop(client, events=events, settings=settings)
         pcs = Informer(client, kube.PRIORITY_CLASSES, handler=on_priority_class)

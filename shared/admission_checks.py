@@ -137,7 +137,7 @@ def parse_selector(raw: object, *, path: str = "labelSelector") -> tuple[LabelSe
         )
         if not isinstance(key, str) or not key:
             problems.append(f"{where}.key: must be a non-empty string")
-        if operator not in _OPERATORS:
+        if not isinstance(operator, str) or operator not in _OPERATORS:
             problems.append(f"{where}.operator: unsupported operator {operator!r}")
             operator = "Invalid"
         elif operator in ("In", "NotIn") and not values:

@@ -9,6 +9,7 @@ silently, so a typo does not turn protection off without a word.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -36,8 +37,8 @@ class Settings:
 def parse(text: str, *, source: str = "config") -> Settings:
     try:
         doc: Any = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{source}: not valid YAML: {err}") from None
+    except (yaml.YAMLError, RecursionError, ValueError) as err:
+        raise ConfigError(f"{source}: not valid YAML: {type(err).__name__}") from None
     if doc is None:
         return Settings()
     if not isinstance(doc, dict):
@@ -51,12 +52,16 @@ def parse(text: str, *, source: str = "config") -> Settings:
     raw = doc.get("defaultReclaimProtectTime")
     protect = 0.0
     if raw is not None:
+        if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+            raise ConfigError(
+                f"{source}: defaultReclaimProtectTime: expected a duration such as 5m, got {raw!r}"
+            )
         try:
-            protect = parse_duration(str(raw)) if not isinstance(raw, int | float) else float(raw)
+            protect = parse_duration(raw) if isinstance(raw, str) else float(raw)
         except DurationError as err:
             raise ConfigError(f"{source}: defaultReclaimProtectTime: {err}") from None
-        if protect < 0:
-            raise ConfigError(f"{source}: defaultReclaimProtectTime: must not be negative")
+        if not math.isfinite(protect) or protect < 0:
+            raise ConfigError(f"{source}: defaultReclaimProtectTime: must be a finite, non-negative duration")
     return Settings(reclaim_protect_seconds=protect, warnings=warnings)
 
 

@@ -95,6 +95,9 @@ def parse_duration_ns(text: str) -> int:
         if unit not in _UNITS:
             raise DurationError(f"time: unknown unit {_quote(unit)} in duration {_quote(original)}")
         scale = _UNITS[unit]
+        if len(whole_text) > 30 or len(frac_text) > 30:
+            # Far beyond Go's int64 range; also keeps int() away from its digit limit.
+            raise DurationError(f"time: invalid duration {_quote(original)}")
         value = int(whole_text or "0") * scale
         if frac_text:
             # Truncate below one nanosecond, as Go does.

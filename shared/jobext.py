@@ -21,6 +21,7 @@ from typing import Any
 
 from shared import conditions, names, quantities
 from shared.durations import parse_time
+from shared.jobs import registry
 from shared.jobs.base import Job, JobAdapter, JobStatus, dig, text
 
 Obj = dict[str, Any]
@@ -294,7 +295,8 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
     ``admissions[i].running`` counts the bound live pods of the pod set; ``podState`` counts bound
     (running) and unbound (pending) live pods. A finished job's unit moves to Succeed or Failed
     with ``admissions = []``, which releases its quota (REFERENCE §2.8). A unit that was admitted
-    (Dequeued) moves to Running once the job runs.
+    (Dequeued) moves to Running once the job runs. A kind with ``synthetic_pods`` (Workflow)
+    reports its admitted replicas as running while the released job runs or is pending.
     """
     status = unit.get("status") or {}
     phase = status.get("phase") or ""
@@ -319,6 +321,14 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
     for pod in live:
         if pod.bound:
             bound_by_set[pod.pod_set] = bound_by_set.get(pod.pod_set, 0) + 1
+    bound_total = sum(bound_by_set.values())
+    pending_total = len(live) - bound_total
+    if _synthetic_pods(unit) and job_status in (JobStatus.RUNNING, JobStatus.PENDING):
+        # No pod is linked to such a unit: its admitted replicas count as bound once the job is
+        # released, like upstream's synthetic pod on "mocked-node". Without this a Workflow stayed
+        # "assumed" forever and held a wait-for-pods-running queue until it finished.
+        bound_by_set = {str(a.get("name")): _int(a.get("replicas")) for a in raw_admissions}
+        bound_total, pending_total = sum(bound_by_set.values()), 0
     patch: Obj = {}
     new_admissions = []
     changed = False
@@ -334,9 +344,10 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
         new_admissions.append(entry)
     if changed:
         patch["admissions"] = new_admissions
-    bound_total = sum(1 for p in live if p.bound)
-    pod_state = {"running": bound_total, "pending": len(live) - bound_total}
-    if (status.get("podState") or {}) != pod_state and (status.get("podState") or bound_total or live):
+    pod_state = {"running": bound_total, "pending": pending_total}
+    if (status.get("podState") or {}) != pod_state and (
+        status.get("podState") or bound_total or pending_total
+    ):
         patch["podState"] = pod_state
     if job_status == JobStatus.RUNNING and phase == names.Phase.DEQUEUED:
         patch["phase"] = names.Phase.RUNNING.value
@@ -351,6 +362,13 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
         return None
     patch["lastUpdateTime"] = now_text
     return {"status": patch}
+
+
+def _synthetic_pods(unit: Obj) -> bool:
+    """The unit's consumer is a kind whose pods are never linked to it (see ``synthetic_pods``)."""
+    ref = (unit.get("spec") or {}).get("consumerRef") or {}
+    adapter = registry.by_kind(text(ref.get("apiVersion")), text(ref.get("kind")))
+    return adapter is not None and adapter.synthetic_pods
 
 
 def _conditions(unit: Obj) -> list[Mapping[str, object]]:

@@ -94,6 +94,12 @@ class JobAdapter(Protocol):
     def queue_unit_suffix(self) -> str:
         """Appended to the job name (with a dash) to name its QueueUnit; may be empty."""
 
+    @property
+    def synthetic_pods(self) -> bool:
+        """The kind's pods cannot be linked to its unit (Argo Workflow: created step by step from
+        many templates, none gated). Its pod sets count as running while the released job runs,
+        as upstream's synthetic ``mocked-node`` pod makes them (REFERENCE §2.5)."""
+
     def queue_unit_name(self, job: Job) -> str: ...
     def is_managed(self, job: Job) -> bool: ...
     def quota_name(self, job: Job) -> str | None: ...

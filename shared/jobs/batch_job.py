@@ -21,6 +21,7 @@ from shared.jobs.patches import deep_merge
 
 #: API groups whose controllers create Jobs on behalf of a job we already queue.
 _MANAGED_PARENT_GROUPS: Final = frozenset({"kubeflow.org", "ray.io", "argoproj.io", "sparkoperator.k8s.io"})
+_TEMPLATE_ANNOTATIONS: Final = ("spec", "template", "metadata", "annotations")
 
 
 class BatchJobAdapter(AdapterBase):
@@ -51,7 +52,8 @@ class BatchJobAdapter(AdapterBase):
         return builder.ops
 
     def resume_patch(self, job: Job, *, now_text: str) -> dict[str, Any]:
-        return deep_merge(self.dequeue_merge(now_text), {"spec": {"suspend": False}})
+        link = self.relink_merge(job, [(_TEMPLATE_ANNOTATIONS, base.name_of(job))])
+        return deep_merge(deep_merge(link, self.dequeue_merge(now_text)), {"spec": {"suspend": False}})
 
     def suspend_merge_patch(self, job: Job) -> dict[str, Any]:
         return deep_merge(self.dequeue_merge(None), {"spec": {"suspend": True}})

@@ -9,7 +9,7 @@ registered adapter to keep them consistent.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared import names
@@ -29,6 +29,7 @@ class AdapterBase:
     kind: str
     plural: str
     queue_unit_suffix: str
+    synthetic_pods: bool = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.api_version}/{self.kind}>"
@@ -63,6 +64,52 @@ class AdapterBase:
         """The dequeue-timestamp part of a merge patch (``None`` removes it)."""
         return {"metadata": {"annotations": {names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION: now_text}}}
 
+    def relink_merge(self, job: Job, targets: Sequence[tuple[Sequence[Segment], str]]) -> dict[str, Any]:
+        """Merge patch adding the related-QueueUnit and pod-set annotations where they are missing.
+
+        ``targets`` are ``(path of an annotations map, pod set)`` pairs, one per pod template. The
+        webhook writes these annotations on CREATE, except under ``generateName``: the name is not
+        known at admission, so the pods would carry the gate but nothing linking them to their
+        QueueUnit, and they would never be ungated. The resume patch therefore adds them (a
+        suspended Job that never started may change its template's annotations, and the operators'
+        CRDs always may). A path through a list (Ray worker groups) patches a copy of the whole
+        list, so the patch is then conditional on the job's ``resourceVersion``.
+        """
+        ref = self.queue_unit_ref(job)
+        if ref is None:
+            return {}
+        patch: dict[str, Any] = {}
+        for path, pod_set in targets:
+            current = base.dig(job, *path)
+            if current is not None and not isinstance(current, Mapping):
+                continue
+            if base.string_map(current).get(names.RELATED_QUEUEUNIT_ANNOTATION) == ref:
+                continue
+            wanted = {names.RELATED_QUEUEUNIT_ANNOTATION: ref}
+            if pod_set:
+                wanted[names.RELATED_PODSET_ANNOTATION] = pod_set
+            cut = next((i for i, seg in enumerate(path) if isinstance(seg, int)), None)
+            if cut is None:
+                _ensure(patch, [str(seg) for seg in path]).update(wanted)
+                continue
+            holder = _ensure(patch, [str(seg) for seg in path[: cut - 1]])
+            key = str(path[cut - 1])
+            if key not in holder:
+                holder[key] = copy.deepcopy(base.dig(job, *path[:cut]))
+                version = base.dig(job, "metadata", "resourceVersion")
+                if isinstance(version, str) and version:
+                    _ensure(patch, ["metadata"])["resourceVersion"] = version
+            node: Any = holder[key]
+            for seg in path[cut:]:
+                if isinstance(seg, int):
+                    node = node[seg]
+                else:
+                    if not isinstance(node.get(seg), dict):
+                        node[seg] = {}
+                    node = node[seg]
+            node.update(wanted)
+        return patch
+
     # --- helpers for suspend_patch -------------------------------------------------------------
 
     def begin_suspend(self, job: Job, *, now_text: str) -> PatchBuilder:
@@ -96,6 +143,16 @@ class AdapterBase:
         builder.append_unique(
             (*template, "spec", "schedulingGates"), {"name": names.ADMISSION_GATE}, key="name"
         )
+
+
+def _ensure(doc: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The object at ``keys`` inside ``doc``, creating missing objects on the way."""
+    for key in keys:
+        child = doc.get(key)
+        if not isinstance(child, dict):
+            child = doc[key] = {}
+        doc = child
+    return doc
 
 
 def template_pod_set(name: str, count: int, template: object, path: str) -> JobPodSet:

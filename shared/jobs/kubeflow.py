@@ -62,7 +62,12 @@ class KubeflowAdapter(AdapterBase):
             "metadata": {"annotations": {names.SUSPEND_ANNOTATION: "false"}},
             "spec": {"runPolicy": {"suspend": False}},
         }
-        return deep_merge(self.dequeue_merge(now_text), body)
+        targets = [
+            (("spec", self.replica_field, role, "template", "metadata", "annotations"), role.lower())
+            for role, _ in self._replicas(job)
+        ]
+        link = self.relink_merge(job, targets)
+        return deep_merge(deep_merge(link, self.dequeue_merge(now_text)), body)
 
     def suspend_merge_patch(self, job: Job) -> dict[str, Any]:
         body = {

@@ -64,7 +64,11 @@ class _RayAdapter(AdapterBase):
         return builder.ops
 
     def resume_patch(self, job: Job, *, now_text: str) -> dict[str, Any]:
-        return deep_merge(self.dequeue_merge(now_text), {"spec": {"suspend": False}})
+        link = self.relink_merge(
+            job,
+            [((*template, "metadata", "annotations"), pod_set) for template, pod_set in self._groups(job)],
+        )
+        return deep_merge(deep_merge(link, self.dequeue_merge(now_text)), {"spec": {"suspend": False}})
 
     def suspend_merge_patch(self, job: Job) -> dict[str, Any]:
         return deep_merge(self.dequeue_merge(None), {"spec": {"suspend": True}})

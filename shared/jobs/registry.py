@@ -50,12 +50,23 @@ def by_extension(name: str) -> JobAdapter:
 
 
 def enabled_adapters(extension_names: Iterable[str]) -> tuple[JobAdapter, ...]:
-    """The adapters for ``extension_names`` in registry order; unknown names are all reported."""
+    """The adapters for ``extension_names`` in registry order; unknown names are all reported.
+
+    Two served versions of one kind (``rayjob`` and ``rayjobv1alpha1``) are two views of the *same*
+    stored objects, so only the first enabled one is returned: two informers over one RayJob made
+    two job extensions race to create, own and resume the same QueueUnit, and the unit's
+    ``consumerRef``/owner version depended on which won. The webhook still holds a job submitted in
+    either version (it looks adapters up with :func:`by_kind` and the enabled names).
+    """
     wanted = {name.strip() for name in extension_names if name.strip()}
     unknown = sorted(wanted - _BY_EXTENSION.keys())
     if unknown:
         raise UnknownExtensionError(_unknown_message(unknown))
-    return tuple(adapter for adapter in ADAPTERS if adapter.extension in wanted)
+    chosen: dict[tuple[str, str], JobAdapter] = {}
+    for adapter in ADAPTERS:
+        if adapter.extension in wanted:
+            chosen.setdefault((adapter.api_version.split("/")[0], adapter.kind), adapter)
+    return tuple(chosen.values())
 
 
 def _unknown_message(unknown: list[str]) -> str:

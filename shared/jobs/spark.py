@@ -110,7 +110,9 @@ class SparkApplicationAdapter(AdapterBase):
 
     def resume_patch(self, job: Job, *, now_text: str) -> dict[str, Any]:
         body = {"metadata": {"annotations": {names.SUSPEND_ANNOTATION: "false"}}}
-        return deep_merge(self.dequeue_merge(now_text), body)
+        roles = [role for role in _ROLES if isinstance(base.dig(job, "spec", role), Mapping)]
+        link = self.relink_merge(job, [(("spec", role, "annotations"), role) for role in roles])
+        return deep_merge(deep_merge(link, self.dequeue_merge(now_text)), body)
 
     def suspend_merge_patch(self, job: Job) -> dict[str, Any]:
         body = {"metadata": {"annotations": {names.SUSPEND_ANNOTATION: "true"}}}

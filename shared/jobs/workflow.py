@@ -39,6 +39,8 @@ class WorkflowAdapter(AdapterBase):
     kind = "Workflow"
     plural = "workflows"
     queue_unit_suffix = ""
+    #: No pod of a workflow is linked to its unit; upstream reports one synthetic bound pod.
+    synthetic_pods = True
 
     def has_started(self, job: Job) -> bool:
         phase = base.dig(job, "status", "phase")
