@@ -24,6 +24,18 @@ log = logging.getLogger(__name__)
 Handler = Callable[[kube.Obj | None, kube.Obj | None], None]
 
 
+def slim(obj: kube.Obj) -> kube.Obj:
+    """Drop what no decision reads and that doubles an object's memory: ``managedFields`` and
+    kubectl's last-applied copy of the whole object."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict):
+            annotations.pop("kubectl.kubernetes.io/last-applied-configuration", None)
+    return obj
+
+
 def key_of(obj: kube.Obj) -> str:
     meta = obj.get("metadata") or {}
     namespace = meta.get("namespace") or ""
@@ -42,7 +54,7 @@ class Informer:
         namespace: str | None = None,
         label_selector: str | None = None,
         watch_timeout_s: int = 300,
-        transform: Callable[[kube.Obj], kube.Obj] | None = None,
+        transform: Callable[[kube.Obj], kube.Obj] | None = slim,
     ) -> None:
         self.client = client
         self.resource = resource

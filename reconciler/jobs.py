@@ -79,6 +79,9 @@ class JobExtensions:
         #: unit key ("ns/name") → pod keys, from the related-queueunit annotation
         self._pods_by_unit: dict[str, set[str]] = {}
         self._dirty: dict[JobKey, None] = {}
+        #: jobs whose unit was just admitted or that just finished: handled before the rest, so a
+        #: burst of new jobs never delays a resume or a quota release (FIFO fell behind by minutes)
+        self._urgent: dict[JobKey, None] = {}
         self._wake = asyncio.Event()
         self._busy: set[JobKey] = set()
 
@@ -98,8 +101,11 @@ class JobExtensions:
                         JobKey(api_version, kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
                     )
 
-    def mark(self, key: JobKey) -> None:
-        self._dirty[key] = None
+    def mark(self, key: JobKey, *, urgent: bool = False) -> None:
+        if urgent:
+            self._urgent[key] = None
+        else:
+            self._dirty[key] = None
         self._wake.set()
 
     def _on_job(self, adapter: JobAdapter) -> Callable[[kube.Obj | None, kube.Obj | None], None]:
@@ -112,13 +118,15 @@ class JobExtensions:
                 and (old is None or not adapter.is_managed(old))
             ):
                 return
+            finished = new is not None and adapter.job_status(new) in (JobStatus.SUCCEEDED, JobStatus.FAILED)
             self.mark(
                 JobKey(
                     adapter.api_version,
                     adapter.kind,
                     str(meta.get("namespace", "")),
                     str(meta.get("name", "")),
-                )
+                ),
+                urgent=finished,
             )
 
         return handle
@@ -131,7 +139,10 @@ class JobExtensions:
         if (api_version, kind) not in self.adapters:
             return
         namespace = ref.get("namespace") or (obj.get("metadata") or {}).get("namespace", "")
-        self.mark(JobKey(str(api_version), str(kind), str(namespace), str(ref.get("name", ""))))
+        admitted = new is not None and (new.get("status") or {}).get("phase") in ADMITTED_PHASES
+        self.mark(
+            JobKey(str(api_version), str(kind), str(namespace), str(ref.get("name", ""))), urgent=admitted
+        )
 
     def _unit_ref_of_pod(self, pod: kube.Obj) -> str | None:
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
@@ -178,14 +189,16 @@ class JobExtensions:
                 log.exception("job %s/%s: reconcile failed", key.namespace, key.name)
             finally:
                 self._busy.discard(key)
-                if self._dirty:
+                if self._dirty or self._urgent:
                     self._wake.set()
 
     def _next(self) -> JobKey | None:
-        for key in self._dirty:
-            if key not in self._busy:
-                del self._dirty[key]
-                return key
+        for queue in (self._urgent, self._dirty):
+            for key in queue:
+                if key not in self._busy:
+                    del queue[key]
+                    self._dirty.pop(key, None)
+                    return key
         return None
 
     # --- one job --------------------------------------------------------------------------------
@@ -205,10 +218,10 @@ class JobExtensions:
             if not finished and (job.get("metadata") or {}).get("deletionTimestamp") is None:
                 await self._create_unit(job, adapter)
             return
-        try:
-            desired = jobext.desired_spec(job, adapter, self.priority_classes())
-        except JobSpecError:
-            desired = None
+        desired = None
+        if not finished:  # a finished job's pod sets shrink to 0: nothing left to keep in step
+            with contextlib.suppress(JobSpecError):
+                desired = jobext.desired_spec(job, adapter, self.priority_classes())
         if desired is not None:
             drift = jobext.spec_drift(unit, desired)
             if drift is not None:

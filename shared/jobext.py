@@ -96,6 +96,10 @@ def desired_spec(job: Job, adapter: JobAdapter, priority_classes: Mapping[str, i
         "request": dict(resource),
         "podSet": [{"name": ps.name, "count": ps.count, "template": ps.template} for ps in pod_sets],
     }
+    quota = adapter.quota_name(job)
+    if quota:
+        # Upstream fills spec.queue at admission; knowing it at creation saves a write per job.
+        spec["queue"] = quota
     if class_name:
         spec["priorityClassName"] = class_name
     if value is not None:

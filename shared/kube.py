@@ -182,6 +182,13 @@ class Kube:
             # is made as this user; RBAC then applies to it.
             self._headers["Impersonate-User"] = impersonate
             api.set_default_header("Impersonate-User", impersonate)
+        # Our own session on the library's connector (same TLS settings and pool): kubernetes-asyncio
+        # opens its session with trust_env=True, which makes aiohttp look up netrc and proxy
+        # variables in a worker thread on every request (about 0.8 ms of CPU each).
+        rest = api.rest_client.pool_manager
+        self._session = aiohttp.ClientSession(
+            connector=rest.connector, connector_owner=False, trust_env=False, read_bufsize=2**21
+        )
         #: requests sent, by verb (GET, LIST, WATCH, POST, PATCH, PUT, DELETE)
         self.requests: Counter[str] = Counter()
 
@@ -220,6 +227,7 @@ class Kube:
         return self._api
 
     async def close(self) -> None:
+        await self._session.close()
         await self._api.close()
 
     async def __aenter__(self) -> Kube:
@@ -256,7 +264,7 @@ class Kube:
         headers = await self._headers_for(content_type or (JSON if body is not None else None))
         url = self._host + path + (f"?{urlencode(query)}" if query else "")
         data = None if body is None else orjson.dumps(body)
-        session = self._api.rest_client.pool_manager
+        session = self._session
         try:
             async with session.request(
                 method, url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
@@ -368,7 +376,7 @@ class Kube:
             query["labelSelector"] = label_selector
         headers = await self._headers_for(None)
         url = self._host + res.path(namespace) + "?" + urlencode(query)
-        session = self._api.rest_client.pool_manager
+        session = self._session
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30)
         try:
             async with session.get(url, headers=headers, timeout=timeout) as resp:
