@@ -93,6 +93,7 @@ class SchedulerLoop:
         self._published: dict[str, tuple[float, list[dict[str, object]]]] = {}
         self._sem = asyncio.Semaphore(WRITE_CONCURRENCY)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._marking: list[asyncio.Task[None]] = []
         self.cycles = 0
 
     # --- intake ------------------------------------------------------------------------------
@@ -187,6 +188,12 @@ class SchedulerLoop:
                     await asyncio.wait_for(self._wake.wait(), timeout=timeout)
                 self._wake.clear()
                 await asyncio.sleep(0)  # let a burst of watch events land before deciding
+                if self._marking:
+                    # Victims are marked before anything the freed quota allows is admitted, so
+                    # the API shows "marked, then admitted" (the reserve path's order) and a
+                    # failed mark is forgotten before the next decision.
+                    await asyncio.gather(*self._marking, return_exceptions=True)
+                    self._marking.clear()
                 wake_at = self.cycle()
                 self._settle_checks()
                 self._requeue_due()
@@ -206,10 +213,11 @@ class SchedulerLoop:
                 self._mark(decision, now)
         return plan.wake_at
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _write_status(self, key: str, body: kube.Obj) -> kube.Obj:
         namespace, name = key.split("/", 1)
@@ -423,8 +431,11 @@ class SchedulerLoop:
                 self.cache.forget_marks(mark.queue, {victim.key})
                 continue
             self._writing.add(victim.key)
-            self._spawn(
-                self._write_mark(mark, victim.key, dict(victim.reclaim), unit, now), name=f"mark-{victim.key}"
+            self._marking.append(
+                self._spawn(
+                    self._write_mark(mark, victim.key, dict(victim.reclaim), unit, now),
+                    name=f"mark-{victim.key}",
+                )
             )
 
     async def _write_mark(
