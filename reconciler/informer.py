@@ -55,6 +55,7 @@ class Informer:
         label_selector: str | None = None,
         watch_timeout_s: int = 300,
         transform: Callable[[kube.Obj], kube.Obj] | None = slim,
+        optional: bool = False,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -63,6 +64,9 @@ class Informer:
         self.label_selector = label_selector
         self.watch_timeout_s = watch_timeout_s
         self.transform = transform
+        #: a kind whose CRD may not be installed (a job kind): a 404 counts as "none yet", so the
+        #: process gets ready, and the list is retried until the CRD appears
+        self.optional = optional
         self.objects: dict[str, kube.Obj] = {}
         self.synced = asyncio.Event()
         self.resource_version = ""
@@ -128,6 +132,19 @@ class Informer:
             except kube.Gone:
                 log.info("%s watch expired (410); relisting", self.resource.plural)
                 need_list = True
+            except kube.NotFound as err:
+                if not self.optional:
+                    log.warning("%s list/watch failed (%s); retrying", self.resource.plural, err)
+                    need_list = True
+                    await asyncio.sleep(2.0)
+                    continue
+                if not self.synced.is_set():
+                    log.info(
+                        "%s: not installed in this cluster; checking again every 30s", self.resource.plural
+                    )
+                    self.synced.set()
+                need_list = True
+                await asyncio.sleep(30)
             except kube.KubeError as err:
                 attempt += 1
                 delay = min(10.0, 0.2 * 2 ** min(attempt, 10)) * random.uniform(0.5, 1.0)

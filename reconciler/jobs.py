@@ -72,7 +72,7 @@ class JobExtensions:
         self.events = events
         self.workers = workers
         self.job_informers = {
-            (a.api_version, a.kind): Informer(client, resource_of(a), handler=self._on_job(a))
+            (a.api_version, a.kind): Informer(client, resource_of(a), handler=self._on_job(a), optional=True)
             for a in adapters
         }
         self.pods = Informer(client, kube.PODS, handler=self._on_pod)
@@ -372,8 +372,11 @@ class JobExtensions:
                 kube.PODS, pod.name, ops, namespace=pod.namespace, content_type=kube.JSON_PATCH
             )
             # Assume the write at once, so a reconcile before the watch catches up does not
-            # pick another pod to release.
-            self.pods.objects[f"{pod.namespace}/{pod.name}"] = updated
+            # pick another pod to release; but never over a newer version the watch delivered
+            # meanwhile (a stale "unbound" copy could make a running pod look reclaimable).
+            pod_key = f"{pod.namespace}/{pod.name}"
+            if self.pods.objects.get(pod_key) is current:
+                self.pods.objects[pod_key] = updated
 
 
 def default_adapters() -> tuple[JobAdapter, ...]:
