@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(PY) -m pytest
-SOURCES := shared webhook reconciler certs testenv
+SOURCES := shared webhook reconciler certs testenv chaos
 
 .DEFAULT_GOAL := help
 
@@ -71,6 +71,10 @@ bench: venv testenv ## Benchmarks (core, webhook, end-to-end admission); results
 	$(PY) bench/bench_webhook.py
 	$(PY) bench/bench_admission.py
 	$(PY) bench/plot.py
+
+.PHONY: chaos
+chaos: venv testenv ## Fault injection under load with an independent invariant observer (QUICK=1 for a short run); see RELIABILITY.md
+	$(PY) -m chaos.run $(if $(QUICK),--quick,)
 
 IMAGE ?= koord-queue-py:0.1.0
 

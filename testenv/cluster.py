@@ -176,6 +176,43 @@ class LocalCluster:
     def logs(self) -> str:
         return "\n".join(f"--- {c.name} ({c.log}) ---\n{c.tail()}" for c in self.components)
 
+    def restart_component(self, name: str, *, kill: bool = False) -> Component:
+        """Stop one control-plane process and start it again with the same command line.
+
+        Same ports, data directory and certificates, so every client's kubeconfig stays valid and
+        only its connections break (fault injection: ``chaos/``). ``kill=True`` sends SIGKILL (a
+        crash) instead of the graceful SIGTERM. Waits until the new process is ready (etcd
+        ``/health``, kube-apiserver ``/readyz``, the others' ``/healthz``) and returns its handle,
+        which replaces the old one in :attr:`components` at the same position.
+        """
+        index = next((i for i, c in enumerate(self.components) if c.name == name), None)
+        if index is None:
+            raise ValueError(f"no component {name!r}; have {[c.name for c in self.components]}")
+        old = self.components[index]
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(old.process.pid, signal.SIGKILL)
+            old.process.wait(timeout=30)
+        else:
+            old.stop()
+        argv = [str(arg) for arg in old.process.args]  # type: ignore[union-attr]
+        env = {"HOME": str(self._path("kwok-home"))} if name == "kwok" else None
+        del self.components[index]
+        new = self._spawn(name, argv, env)
+        self.components.remove(new)
+        self.components.insert(index, new)
+        new.ports = dict(old.ports)
+        if name == "etcd":
+            self._await(new, lambda: _http_ok(f"{self.etcd_url}/health"), "etcd /health")
+        elif name == "kube-apiserver":
+            self._await(new, lambda: self.request("GET", "/readyz") == "ok", "kube-apiserver /readyz")
+        else:
+            port = next((a.split("=", 1)[1] for a in argv if a.startswith("--secure-port=")), None)
+            if port is not None:
+                url = f"https://127.0.0.1:{port}/healthz"
+                self._await(new, lambda: _https_ok(url), f"{name} /healthz")
+        return new
+
     # --- PKI and kubeconfig ------------------------------------------------------------------
 
     def _path(self, *parts: str) -> Path:

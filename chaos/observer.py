@@ -1,0 +1,753 @@
+"""The independent invariant observer: every change of QueueUnits, ElasticQuotas, Jobs and Pods,
+replayed from etcd in revision order, with the issue's invariants checked at every version.
+
+Independent on purpose: it reads the storage directly (one etcd watch over a key range holding all
+four kinds, so their changes arrive in one total order and an apiserver restart or a ``410 Gone``
+leaves no gap in the history), parses objects with its own code (its own quantity parser and
+per-pod arithmetic, :mod:`chaos.k8sproto` for the protobuf-stored kinds) and imports nothing from
+the product but the API's names. A bug in the product's parsing or accounting can therefore not hide
+itself from the check.
+
+Invariants checked continuously (each check evaluation is counted in :attr:`Observer.checks`):
+
+``quota-overrun``
+    Whenever a unit's held resources grow (an admission), the usage of every quota on its chain
+    (leaf up the ``quota.scheduling.koordinator.sh/parent`` labels) is at most that quota's
+    ``max`` for every resource that grew. Usage is the sum over non-finished units of
+    ``per-pod request x admitted replicas`` (marked victims keep holding until reclaimed). Usage
+    above ``max`` after a quota *shrink* is not a violation (nothing can be taken back), but any
+    admission while it lasts is, except within :data:`SHRINK_GRACE_S` of the shrink (a decision
+    taken on the snapshot before the shrink reached the reconciler; counted as ``tolerated``).
+``double-admission``
+    An admission never raises a pod set's admitted replicas above its count; a finished unit is
+    never admitted again; a unit released without an observable reason (reclaim, backoff,
+    eviction, finish, deletion) is never admitted again (that would be a second admission in one
+    cycle, the admitted state having been lost and recreated).
+``run-without-admission``
+    A managed Job is resumed only while its unit is admitted, and the live ungated (released) pods
+    of a unit never outnumber its admitted replicas. Pods of a job that is being deleted or has
+    been suspended again are exempt (they are on their way out).
+``bound-pod-reclaimed``
+    A bound, non-terminal pod is never deleted while its unit is being reclaimed and its job is
+    alive (reclaim may delete only unbound pods).
+``job-failed-by-preemption``
+    A job whose pods were reclaimed (its unit was marked by a preemption) never ends ``Failed``:
+    preemption puts a job back in its queue, it must not spend the job's retry budget.
+``admitted-without-quota`` / ``admitted-unreadable``
+    Nothing is admitted whose quota chain is broken (a missing quota) or whose demand cannot be
+    read (an unparsable quantity).
+
+End-state checks (every submitted job ends admitted or waiting with a message that says why; no
+job is lost) are evaluated by :mod:`chaos.run` from the observer's final state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import ROUND_UP, Context, Decimal, InvalidOperation, localcontext
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from chaos import k8sproto
+from chaos.etcd import Compacted, Etcd, KeyValue, prefix_end
+from shared import names
+
+#: After a quota's max is lowered, admissions decided on the older snapshot may still land.
+SHRINK_GRACE_S = 2.0
+#: Violation details kept per invariant (all are counted).
+MAX_DETAILS = 50
+
+UNITS = b"/registry/scheduling.x-k8s.io/queueunits/"
+QUOTAS = b"/registry/scheduling.sigs.k8s.io/elasticquotas/"
+PODS = b"/registry/pods/"
+JOBS = b"/registry/jobs/"
+#: One range holds jobs, ..., pods, ..., elasticquotas, queues, queueunits: a single ordered stream.
+WATCH_START = JOBS
+WATCH_END = prefix_end(UNITS)
+#: Written by :meth:`Observer.sync`; inside the range, outside every prefix the apiserver reads.
+SENTINEL = b"/registry/scheduling.chaos-observer-sentinel"
+
+TERMINAL = frozenset({"Succeed", "Failed"})
+V1_DEQUEUED = frozenset({"Dequeued", "Reserved", "Running", "SchedReady", "SchedSucceed"})
+DEFAULT_POD_SET = names.DEFAULT_REQUIREMENT_PODSET
+
+# --- quantities (our own parser, deliberately not shared.quantities) ------------------------------
+
+_QUANTITY = re.compile(
+    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:(?P<exp>[eE][+-]?[0-9]+)|(?P<suffix>[KMGTPE]i|[numkMGTPE]))?"
+)
+_SUFFIX = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+    **{s: Decimal(2) ** (10 * (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+}
+
+
+def milli(value: object) -> int | None:
+    """A Kubernetes quantity in milli-units, rounded away from zero; None when unreadable."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value * 1000
+    text = repr(value) if isinstance(value, float) else value
+    if not isinstance(text, str):
+        return None
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        return None
+    with localcontext(Context(prec=2000)):
+        try:
+            number = Decimal(match["number"])
+            if match["exp"]:
+                exponent = int(match["exp"][1:])
+                if abs(exponent) > 1000:
+                    return None
+                number = number.scaleb(exponent)
+            else:
+                number *= _SUFFIX[match["suffix"] or ""]
+            result = int((number * 1000).to_integral_value(rounding=ROUND_UP))
+        except (InvalidOperation, ValueError, OverflowError):
+            return None
+    return -result if match["sign"] == "-" else result
+
+
+def resource_list(raw: object) -> tuple[dict[str, int], bool]:
+    """``{name: milli}`` and whether every entry was readable."""
+    if not isinstance(raw, Mapping):
+        return {}, raw is None
+    out: dict[str, int] = {}
+    ok = True
+    for name, value in raw.items():
+        parsed = milli(value)
+        if parsed is None or not isinstance(name, str):
+            ok = False
+            continue
+        out[name] = parsed
+    return out, ok
+
+
+def _add(a: Mapping[str, int], b: Mapping[str, int], sign: int = 1) -> dict[str, int]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + sign * v
+    return out
+
+
+def pod_request(spec: object) -> tuple[dict[str, int], bool]:
+    """What one pod asks the scheduler for: containers (+ sidecars) summed, each init container
+    next to the sidecars started before it, the maximum of both, plus overhead."""
+    if not isinstance(spec, Mapping):
+        return {}, spec is None
+    ok = True
+
+    def requests(container: object) -> dict[str, int]:
+        nonlocal ok
+        resources = container.get("resources") if isinstance(container, Mapping) else None
+        if not isinstance(resources, Mapping):
+            return {}
+        req, ok_req = resource_list(resources.get("requests"))
+        lim, ok_lim = resource_list(resources.get("limits"))
+        ok = ok and ok_req and ok_lim
+        return {**lim, **req}
+
+    steady: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        steady = _add(steady, requests(container))
+    sidecars: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    for container in spec.get("initContainers") or []:
+        req = requests(container)
+        if isinstance(container, Mapping) and container.get("restartPolicy") == "Always":
+            sidecars = _add(sidecars, req)
+            continue
+        step = _add(sidecars, req)
+        peak = {k: max(peak.get(k, 0), step.get(k, 0)) for k in peak.keys() | step.keys()}
+    steady = _add(steady, sidecars)
+    total = {k: max(steady.get(k, 0), peak.get(k, 0)) for k in steady.keys() | peak.keys()}
+    overhead, ok_overhead = resource_list(spec.get("overhead"))
+    return _add(total, overhead), ok and ok_overhead
+
+
+# --- views ------------------------------------------------------------------------------------------
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _int(value: object, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+@dataclass(slots=True)
+class UnitView:
+    key: str
+    namespace: str
+    quota: str | None
+    counts: dict[str, int]
+    per_pod: dict[str, dict[str, int]]
+    replicas: dict[str, int]
+    reclaim: bool
+    phase: str
+    message: str
+    active: bool
+    consumer: tuple[str, str, str] | None
+    unreadable: bool
+    held: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(max(0, n) for n in self.replicas.values())
+
+
+def parse_unit(raw: Mapping[str, Any]) -> UnitView:
+    meta, spec, status = _map(raw.get("metadata")), _map(raw.get("spec")), _map(raw.get("status"))
+    labels = _map(meta.get("labels"))
+    quota = labels.get(names.QUOTA_NAME_LABEL) or labels.get(names.QUOTA_NAME_LABEL_FALLBACK) or None
+    counts: dict[str, int] = {}
+    per_pod: dict[str, dict[str, int]] = {}
+    unreadable = False
+    for item in spec.get("podSet") or []:
+        item = _map(item)
+        name = item.get("name") or "main"
+        counts[str(name)] = max(0, _int(item.get("count"), 1))
+        request, ok = pod_request(_map(item.get("template")).get("spec"))
+        per_pod[str(name)] = request
+        unreadable = unreadable or not ok
+    if not counts:
+        request, ok = resource_list(spec.get("request"))
+        if request:
+            counts[DEFAULT_POD_SET], per_pod[DEFAULT_POD_SET] = 1, request
+        unreadable = unreadable or not ok
+    replicas: dict[str, int] = {}
+    reclaim = False
+    admission_resources: dict[str, dict[str, int]] = {}
+    admissions = [_map(a) for a in status.get("admissions") or []]
+    for adm in admissions:
+        name = str(adm.get("name") or "")
+        replicas[name] = replicas.get(name, 0) + _int(adm.get("replicas"))
+        admission_resources[name] = resource_list(adm.get("resources"))[0]
+        reclaim = reclaim or adm.get("reclaimState") is not None
+    phase = str(status.get("phase") or "")
+    held: dict[str, int] = {}
+    if phase not in TERMINAL:
+        if not admissions and phase in V1_DEQUEUED:
+            held = resource_list(spec.get("resource"))[0]
+        for name, n in replicas.items():
+            own = {r: v * max(n, 0) for r, v in per_pod.get(name, {}).items()}
+            for r, v in admission_resources.get(name, {}).items():
+                own[r] = max(own.get(r, 0), v)
+            held = _add(held, own)
+    held = {r: v for r, v in held.items() if v}
+    ref = _map(spec.get("consumerRef"))
+    namespace = str(meta.get("namespace") or "")
+    consumer = None
+    if ref.get("kind") and ref.get("name"):
+        consumer = (str(ref["kind"]), str(ref.get("namespace") or namespace), str(ref["name"]))
+    return UnitView(
+        key=f"{namespace}/{meta.get('name', '')}",
+        namespace=namespace,
+        quota=str(quota) if quota else None,
+        counts=counts,
+        per_pod=per_pod,
+        replicas=replicas,
+        reclaim=reclaim,
+        phase=phase,
+        message=str(status.get("message") or ""),
+        active=spec.get("active") is not False,
+        consumer=consumer,
+        unreadable=unreadable,
+        held=held,
+    )
+
+
+@dataclass(slots=True)
+class QuotaView:
+    name: str
+    max: dict[str, int]
+    parent: str
+    shrunk_at: float = -1e9
+
+
+@dataclass(slots=True)
+class PodView:
+    key: str
+    unit: str | None
+    job: str | None
+    bound: bool
+    gated: bool
+    terminal: bool
+    deleting: bool
+
+    @property
+    def live(self) -> bool:
+        return not self.terminal and not self.deleting
+
+
+def parse_pod(raw: Mapping[str, Any]) -> PodView:
+    meta, spec, status = _map(raw.get("metadata")), _map(raw.get("spec")), _map(raw.get("status"))
+    namespace = str(meta.get("namespace") or "")
+    unit = _map(meta.get("annotations")).get(names.RELATED_QUEUEUNIT_ANNOTATION) or None
+    job = next(
+        (f"{namespace}/{o.get('name')}" for o in meta.get("ownerReferences") or [] if o.get("kind") == "Job"),
+        None,
+    )
+    gates = [g.get("name") for g in spec.get("schedulingGates") or [] if isinstance(g, Mapping)]
+    return PodView(
+        key=f"{namespace}/{meta.get('name', '')}",
+        unit=str(unit) if unit else None,
+        job=job,
+        bound=bool(spec.get("nodeName")),
+        gated=names.ADMISSION_GATE in gates,
+        terminal=status.get("phase") in ("Succeeded", "Failed"),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+@dataclass(slots=True)
+class JobView:
+    key: str
+    managed: bool
+    suspended: bool
+    finished: str  # "", "Complete" or "Failed"
+    deleting: bool
+    succeeded: int = 0
+    reason: str = ""
+
+
+def parse_job(raw: Mapping[str, Any]) -> JobView:
+    meta, spec, status = _map(raw.get("metadata")), _map(raw.get("spec")), _map(raw.get("status"))
+    labels = _map(meta.get("labels"))
+    ended = [
+        c
+        for c in status.get("conditions") or []
+        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+    ]
+    finished = str(ended[0]["type"]) if ended else ""
+    reason = str(ended[0].get("reason") or "") if ended else ""
+    return JobView(
+        key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        managed=bool(labels.get(names.QUOTA_NAME_LABEL) or labels.get(names.QUOTA_NAME_LABEL_FALLBACK)),
+        suspended=bool(spec.get("suspend")),
+        finished=str(finished),
+        deleting=bool(meta.get("deletionTimestamp")),
+        succeeded=_int(status.get("succeeded")),
+        reason=reason,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    invariant: str
+    revision: int
+    detail: str
+
+
+# --- the observer -------------------------------------------------------------------------------
+
+
+@dataclass
+class Observer:
+    """Feed it etcd changes with :meth:`apply` (or let :meth:`run` watch etcd itself)."""
+
+    namespaces: frozenset[str]
+    units: dict[str, UnitView] = field(default_factory=dict)
+    quotas: dict[str, QuotaView] = field(default_factory=dict)
+    pods: dict[str, PodView] = field(default_factory=dict)
+    jobs: dict[str, JobView] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+    violation_counts: Counter[str] = field(default_factory=Counter)
+    checks: Counter[str] = field(default_factory=Counter)
+    stats: Counter[str] = field(default_factory=Counter)
+    revision: int = 0
+    #: ``ns/name`` of units ever admitted, with their number of admission cycles
+    cycles: Counter[str] = field(default_factory=Counter)
+    _self_used: dict[str, dict[str, int]] = field(default_factory=dict)
+    _pods_by_unit: dict[str, set[str]] = field(default_factory=dict)
+    _by_consumer: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    _cycle_end: dict[str, str] = field(default_factory=dict)
+    _cycle_reclaimed: set[str] = field(default_factory=set)
+    _deletion_judged: set[str] = field(default_factory=set)
+    #: jobs whose unit was ever marked for reclaim (preempted)
+    preempted_jobs: set[str] = field(default_factory=set)
+    #: called with the unit whenever a reclaim mark appears (fault injection hooks in here)
+    on_reclaim: list[Callable[[UnitView], None]] = field(default_factory=list)
+    _progress: asyncio.Condition | None = None
+    #: every unit and quota version replayed, compactly, for post-mortems (:meth:`dump`)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    # --- bookkeeping ----------------------------------------------------------------------------
+
+    def violate(self, invariant: str, revision: int, detail: str) -> None:
+        self.violation_counts[invariant] += 1
+        if self.violation_counts[invariant] <= MAX_DETAILS:
+            self.violations.append(Violation(invariant, revision, detail))
+
+    def unit_of_job(self, job_key: str) -> UnitView | None:
+        namespace, _, name = job_key.partition("/")
+        key = self._by_consumer.get(("Job", namespace, name), job_key)
+        return self.units.get(key)
+
+    def pods_of(self, unit_key: str) -> list[PodView]:
+        return [self.pods[k] for k in sorted(self._pods_by_unit.get(unit_key, ())) if k in self.pods]
+
+    def chain(self, leaf: str) -> tuple[list[str], str | None]:
+        """Quota names from ``leaf`` up to the root, and the name at which the walk broke."""
+        walked: list[str] = []
+        current = leaf
+        while current and current != names.ROOT_QUOTA:
+            if current in walked:
+                return walked, current
+            quota = self.quotas.get(current)
+            if quota is None:
+                return walked, current
+            walked.append(current)
+            current = quota.parent
+        return walked, None
+
+    def usage(self, quota: str) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for leaf, used in self._self_used.items():
+            if quota in self.chain(leaf)[0]:
+                total = _add(total, used)
+        return total
+
+    # --- intake -----------------------------------------------------------------------------------
+
+    def apply(self, key: bytes, value: bytes, revision: int) -> None:
+        """One etcd change (``value`` empty on delete)."""
+        self.revision = max(self.revision, revision)
+        self.stats["etcd events"] += 1
+        try:
+            if key.startswith(UNITS):
+                self._unit_event(key[len(UNITS) :].decode(), json.loads(value) if value else None, revision)
+            elif key.startswith(QUOTAS):
+                self._quota_event(key[len(QUOTAS) :].decode(), json.loads(value) if value else None)
+            elif key.startswith(PODS):
+                self._pod_event(key[len(PODS) :].decode(), k8sproto.pod(value) if value else None, revision)
+            elif key.startswith(JOBS):
+                self._job_event(key[len(JOBS) :].decode(), k8sproto.job(value) if value else None, revision)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            self.stats["undecodable etcd values"] += 1
+            self.violate("observer-decode", revision, f"{key.decode(errors='replace')}: {err!r}")
+
+    def _in_scope(self, key: str) -> bool:
+        return key.split("/", 1)[0] in self.namespaces
+
+    def _quota_event(self, key: str, raw: Mapping[str, Any] | None) -> None:
+        name = key.rsplit("/", 1)[-1]
+        if raw is None:
+            self.quotas.pop(name, None)
+            return
+        spec = _map(raw.get("spec"))
+        maximum, _ = resource_list(spec.get("max"))
+        parent = str(_map(_map(raw.get("metadata")).get("labels")).get(names.QUOTA_PARENT_LABEL) or "")
+        old = self.quotas.get(name)
+        view = QuotaView(name=name, max=maximum, parent=parent)
+        if old is not None:
+            view.shrunk_at = old.shrunk_at
+            if any(maximum.get(r, 0) < v for r, v in old.max.items()) or (maximum.keys() - old.max.keys()):
+                view.shrunk_at = time.monotonic()
+                self.stats["quota shrinks observed"] += 1
+        self.quotas[name] = view
+        self.history.append({"rev": self.revision, "quota": name, "max": maximum, "parent": parent})
+
+    def _unit_event(self, key: str, raw: Mapping[str, Any] | None, revision: int) -> None:
+        if not self._in_scope(key):
+            return
+        old = self.units.get(key)
+        new = parse_unit(raw) if raw is not None else None
+        self.checks["unit versions replayed"] += 1
+        if old is not None:
+            if old.quota:
+                self._self_used[old.quota] = _add(self._self_used.get(old.quota, {}), old.held, -1)
+            if old.consumer:
+                self._by_consumer.pop(old.consumer, None)
+        if new is None:
+            self.units.pop(key, None)
+        else:
+            self.units[key] = new
+            if new.quota:
+                self._self_used[new.quota] = _add(self._self_used.get(new.quota, {}), new.held)
+            if new.consumer:
+                self._by_consumer[new.consumer] = key
+        self.history.append(
+            {"rev": revision, "unit": key, "deleted": True}
+            if new is None
+            else {
+                "rev": revision,
+                "unit": key,
+                "quota": new.quota,
+                "phase": new.phase,
+                "replicas": new.replicas,
+                "held": new.held,
+                "reclaim": new.reclaim,
+                "message": new.message[:120],
+            }
+        )
+        self._check_admission(key, old, new, revision)
+        if new is not None and new.quota:
+            before = old.held if old is not None and old.quota == new.quota else {}
+            grown = sorted(r for r, v in new.held.items() if v > before.get(r, 0))
+            if grown:
+                self._check_quota(new, grown, revision)
+        if old is not None and (new is None or new.total < old.total or new.phase in TERMINAL):
+            self._check_released(key, revision)
+
+    def _check_admission(self, key: str, old: UnitView | None, new: UnitView | None, revision: int) -> None:
+        before = old.total if old is not None and old.phase not in TERMINAL else 0
+        after = new.total if new is not None and new.phase not in TERMINAL else 0
+        if new is not None:
+            if new.reclaim and not (old is not None and old.reclaim):
+                self.stats["reclaim marks (preemptions)"] += 1
+                if new.consumer is not None and new.consumer[0] == "Job":
+                    self.preempted_jobs.add(f"{new.consumer[1]}/{new.consumer[2]}")
+                for hook in self.on_reclaim:
+                    hook(new)
+            if new.reclaim:
+                self._cycle_reclaimed.add(key)
+            for pod_set, n in new.replicas.items():
+                previous = old.replicas.get(pod_set, 0) if old is not None else 0
+                if n > previous:
+                    self.checks["admitted replicas <= pod set count"] += 1
+                    count = new.counts.get(pod_set)
+                    if count is None or n > count:
+                        self.violate(
+                            "double-admission",
+                            revision,
+                            f"{key}: pod set {pod_set!r} has {n} admitted replicas, count {count}",
+                        )
+            if after > before and new.unreadable:
+                self.violate("admitted-unreadable", revision, f"{key}: admitted with an unreadable request")
+        if before == 0 and after > 0:
+            assert new is not None
+            self.checks["admission cycles (once per cycle)"] += 1
+            if old is not None and old.phase in TERMINAL:
+                self.violate("double-admission", revision, f"{key}: admitted again after {old.phase}")
+            if self._cycle_end.get(key) == "unexplained":
+                self.violate(
+                    "double-admission", revision, f"{key}: admitted again after an unexplained release"
+                )
+            self.cycles[key] += 1
+            self.stats["admissions"] += 1
+            if self.cycles[key] > 1:
+                self.stats["re-admissions after a release"] += 1
+            self._cycle_reclaimed.discard(key)
+            if new.reclaim:
+                self._cycle_reclaimed.add(key)
+        elif before > 0 and after == 0:
+            if new is None:
+                reason = "deleted"
+            elif new.phase in TERMINAL:
+                reason = "finished"
+            elif key in self._cycle_reclaimed:
+                reason = "reclaimed"
+            elif new.phase == "TimeoutBackoff":
+                reason = "backoff"
+            elif not new.active or new.message.startswith("Evicted"):
+                reason = "evicted"
+            else:
+                reason = "unexplained"
+                self.stats["unexplained releases"] += 1
+            self._cycle_end[key] = reason
+            self.stats[f"releases: {reason}"] += 1
+            self._cycle_reclaimed.discard(key)
+
+    def _check_quota(self, unit: UnitView, grown: list[str], revision: int) -> None:
+        assert unit.quota is not None
+        chain, broken = self.chain(unit.quota)
+        self.checks["admitted quota chain exists"] += 1
+        if broken is not None:
+            self.violate(
+                "admitted-without-quota",
+                revision,
+                f"{unit.key}: holds {grown} but quota {broken!r} is missing",
+            )
+        now = time.monotonic()
+        for name in chain:
+            quota = self.quotas[name]
+            used = self.usage(name)
+            self.checks["usage <= max at every level"] += 1
+            over = [
+                r
+                for r in grown
+                if (not quota.max and used.get(r, 0) > 0)
+                or (r in quota.max and used.get(r, 0) > quota.max[r])
+            ]
+            if not over:
+                continue
+            detail = f"{unit.key} admitted: quota {name} uses " + ", ".join(
+                f"{r}={used.get(r, 0)}m > max {quota.max.get(r, 0)}m" for r in over
+            )
+            if now - quota.shrunk_at < SHRINK_GRACE_S:
+                self.stats["admissions racing a quota shrink (tolerated)"] += 1
+                continue
+            self.violate("quota-overrun", revision, detail)
+
+    def _check_released(self, unit_key: str, revision: int) -> None:
+        released = []
+        for pod in self.pods_of(unit_key):
+            if not pod.live or pod.gated:
+                continue
+            job = self.jobs.get(pod.job) if pod.job else None
+            if pod.job is not None and (job is None or job.deleting or job.suspended):
+                continue  # on its way out with its job
+            released.append(pod.key)
+        if not released:
+            return
+        self.checks["released pods <= admitted replicas"] += 1
+        unit = self.units.get(unit_key)
+        admitted = unit.total if unit is not None and unit.phase not in TERMINAL else 0
+        if len(released) > admitted:
+            self.violate(
+                "run-without-admission",
+                revision,
+                f"{unit_key}: {len(released)} pods released ({', '.join(released[:4])}) "
+                f"with {admitted} admitted replicas",
+            )
+
+    def _pod_event(self, key: str, raw: Mapping[str, Any] | None, revision: int) -> None:
+        if not self._in_scope(key):
+            return
+        old = self.pods.get(key)
+        new = parse_pod(raw) if raw is not None else None
+        state = new if new is not None else old
+        if state is not None and key not in self._deletion_judged and (new is None or new.deleting):
+            self._deletion_judged.add(key)
+            self._judge_deletion(old if new is None else new, revision)
+        if new is None:
+            self.pods.pop(key, None)
+            if old is not None and old.unit:
+                self._pods_by_unit.get(old.unit, set()).discard(key)
+            self._deletion_judged.discard(key)
+            return
+        self.pods[key] = new
+        if new.unit:
+            self._pods_by_unit.setdefault(new.unit, set()).add(key)
+        if new.bound and not (old is not None and old.bound):
+            self.stats["pods bound"] += 1
+        changed = old is None or old.gated or not old.live or (new.bound and not old.bound)
+        if new.live and not new.gated and new.unit and changed:
+            self._check_released(new.unit, revision)
+
+    def _judge_deletion(self, pod: PodView | None, revision: int) -> None:
+        if pod is None or pod.terminal:
+            return
+        unit = self.units.get(pod.unit) if pod.unit else None
+        job = self.jobs.get(pod.job) if pod.job else None
+        reclaiming = unit is not None and unit.reclaim
+        self.checks["pod deletions judged (bound pods never reclaimed)"] += 1
+        if not pod.bound:
+            if reclaiming:
+                self.stats["unbound pods deleted by reclaim"] += 1
+            return
+        job_alive = job is not None and not job.deleting and not job.suspended
+        if reclaiming and job_alive:
+            self.violate(
+                "bound-pod-reclaimed",
+                revision,
+                f"bound pod {pod.key} deleted while {pod.unit} is being reclaimed",
+            )
+        else:
+            self.stats["bound pods deleted with their job"] += 1
+
+    def _job_event(self, key: str, raw: Mapping[str, Any] | None, revision: int) -> None:
+        if not self._in_scope(key):
+            return
+        old = self.jobs.get(key)
+        new = parse_job(raw) if raw is not None else None
+        if new is None:
+            self.jobs.pop(key, None)
+            return
+        self.jobs[key] = new
+        if new.finished and not (old is not None and old.finished):
+            self.stats[f"jobs {new.finished.lower()}"] += 1
+            if new.finished == "Failed" and key in self.preempted_jobs:
+                self.violate(
+                    "job-failed-by-preemption",
+                    revision,
+                    f"job {key} ended Failed ({new.reason}) after its pods were reclaimed by a preemption",
+                )
+        running = new.managed and not new.suspended and not new.finished and not new.deleting
+        if running and (old is None or old.suspended):
+            self.checks["job resumed only while admitted"] += 1
+            unit = self.unit_of_job(key)
+            if unit is None or unit.total == 0 or unit.phase in TERMINAL:
+                state = "no QueueUnit" if unit is None else f"unit {unit.phase or 'pending'}, 0 admitted"
+                self.violate("run-without-admission", revision, f"job {key} runs unsuspended with {state}")
+
+    def dump(self, path: Path) -> None:
+        """Write :attr:`history` as JSON lines (post-mortem of a violation)."""
+        with path.open("w") as out:
+            for entry in self.history:
+                out.write(json.dumps(entry, sort_keys=True) + "\n")
+
+    # --- watching etcd ----------------------------------------------------------------------------
+
+    async def run(self, etcd: Etcd) -> None:
+        """Load the current state, then follow every change; reconnects (and relists on a
+        compaction) forever. Cancel to stop."""
+        self._progress = asyncio.Condition()
+        kvs, revision = await etcd.range(WATCH_START, WATCH_END)
+        self._load(kvs, revision)
+        while True:
+            try:
+                async for event in etcd.watch(WATCH_START, WATCH_END, start_revision=self.revision + 1):
+                    self.apply(event.key, event.value if event.type == "PUT" else b"", event.revision)
+                    async with self._progress:
+                        self._progress.notify_all()
+            except Compacted:
+                self.stats["observer relists after a compaction (history gap)"] += 1
+                kvs, revision = await etcd.range(WATCH_START, WATCH_END)
+                self._load(kvs, revision, relist=True)
+            except (aiohttp.ClientError, RuntimeError, TimeoutError, ValueError):
+                self.stats["observer watch reconnects"] += 1
+                await asyncio.sleep(0.5)
+            except Exception as err:  # never die silently: the checks would go stale
+                self.stats["observer watch errors"] += 1
+                self.violate("observer-failed", self.revision, f"watch failed: {err!r}; resuming")
+                await asyncio.sleep(0.5)
+
+    def _load(self, kvs: Iterable[KeyValue], revision: int, *, relist: bool = False) -> None:
+        present = set()
+        for kv in sorted(kvs, key=lambda kv: kv.mod_revision):
+            present.add(kv.key)
+            self.apply(kv.key, kv.value, kv.mod_revision)
+        if relist:
+            known = [UNITS + k.encode() for k in self.units] + [PODS + k.encode() for k in self.pods]
+            known += [JOBS + k.encode() for k in self.jobs]
+            for key in known:
+                if key not in present:
+                    self.apply(key, b"", revision)
+        self.revision = max(self.revision, revision)
+
+    async def sync(self, etcd: Etcd, *, timeout: float = 30.0) -> bool:
+        """Write the sentinel and wait until the watch has delivered it: every change up to now
+        has been replayed. False when etcd or the watch did not answer in time."""
+        try:
+            target = await etcd.put(SENTINEL, str(time.time()).encode(), timeout=timeout)
+        except (aiohttp.ClientError, RuntimeError, TimeoutError):
+            return False
+        assert self._progress is not None, "run() is not running"
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout), self._progress:
+                await self._progress.wait_for(lambda: self.revision >= target)
+        return self.revision >= target
