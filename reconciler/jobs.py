@@ -239,13 +239,30 @@ class JobExtensions:
             return  # the job's update brings us back with fresh objects
         pods = self._pods_of(unit_key, adapter)
         plan = jobext.plan_pods(unit, pods)
+        stale = False
         for pod in plan.delete:
-            with contextlib.suppress(kube.NotFound, kube.Conflict):
+            try:
+                # The resourceVersion precondition makes the delete fail if the pod changed since we
+                # saw it unbound (the scheduler may just have bound it): bound pods are never reclaimed.
                 await self.client.delete(
-                    kube.PODS, pod.name, namespace=pod.namespace, precondition_uid=pod.uid
+                    kube.PODS,
+                    pod.name,
+                    namespace=pod.namespace,
+                    precondition_uid=pod.uid,
+                    precondition_rv=pod.resource_version or None,
                 )
+            except kube.NotFound:
+                continue
+            except kube.Conflict:
+                stale = True
+                continue
+            else:
                 metrics.RECLAIMED_PODS.inc()
                 log.info("reclaim: deleted unbound pod %s/%s of %s", pod.namespace, pod.name, unit_key)
+        if stale:
+            # Plan again from fresh state (once the watch delivered it); no reclaim status yet.
+            asyncio.get_running_loop().call_later(0.2, self.mark, key)
+            return
         if plan.status is not None:
             body = {
                 **plan.status,

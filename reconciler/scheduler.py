@@ -94,6 +94,7 @@ class SchedulerLoop:
         self._sem = asyncio.Semaphore(WRITE_CONCURRENCY)
         self._tasks: set[asyncio.Task[None]] = set()
         self._marking: list[asyncio.Task[None]] = []
+        self._hold_until = 0.0
         self.cycles = 0
 
     # --- intake ------------------------------------------------------------------------------
@@ -188,6 +189,9 @@ class SchedulerLoop:
                     await asyncio.wait_for(self._wake.wait(), timeout=timeout)
                 self._wake.clear()
                 await asyncio.sleep(0)  # let a burst of watch events land before deciding
+                pause = self._hold_until - time.monotonic()
+                if pause > 0:
+                    await asyncio.sleep(pause)  # backoff after the apiserver failed our writes
                 if self._marking:
                     # Victims are marked before anything the freed quota allows is admitted, so
                     # the API shows "marked, then admitted" (the reserve path's order) and a
@@ -212,6 +216,34 @@ class SchedulerLoop:
             elif isinstance(decision, MarkVictims):
                 self._mark(decision, now)
         return plan.wake_at
+
+    async def _outcome_of(self, key: str, before: Unit, err: kube.KubeError) -> kube.Obj | None:
+        """Did a failed admission write land anyway? A dropped connection or a 5xx may come after
+        etcd committed it; forgetting it then would free the quota twice (an overrun) until the
+        watch caught up. So ask, with a bounded backoff, while the unit stays assumed: the unit as
+        written if it holds more than before, None if the write certainly did not happen."""
+        if err.status not in (0, 500, 502, 503, 504):
+            return None  # a definite refusal (409, 422, ...): nothing was written
+        namespace, name = key.split("/", 1)
+        admitted_before = sum(a.replicas for a in before.admissions)
+        for attempt in range(8):
+            try:
+                current = await self.client.get(QUEUE_UNITS, name, namespace=namespace)
+            except kube.NotFound:
+                return None
+            except kube.KubeError:
+                await asyncio.sleep(min(0.25 * 2**attempt, 4.0))
+                continue
+            now_admitted = sum(a.replicas for a in parse_unit(current).admissions)
+            return current if now_admitted > admitted_before else None
+        log.warning("admission of %s: outcome unknown after retries; it competes again", key)
+        return None
+
+    def _hold(self, err: kube.KubeError) -> None:
+        """After a transport error, a 5xx or a 429, pause the cycles briefly: the same decisions
+        would fail again at once (the chaos run saw 200 retries a second during an outage)."""
+        if err.status == 0 or err.status == 429 or err.status >= 500:
+            self._hold_until = max(self._hold_until, time.monotonic() + 1.0)
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
@@ -297,8 +329,11 @@ class SchedulerLoop:
                         QUEUE_UNITS, name, {"spec": {"queue": admit.queue}}, namespace=namespace
                     )
         except kube.KubeError as err:
-            log.info("admission of %s not written (%s); it competes again", admit.key, err)
-            self.cache.forget(before)
+            self._hold(err)
+            written = await self._outcome_of(admit.key, before, err)
+            if written is None:
+                log.info("admission of %s not written (%s); it competes again", admit.key, err)
+                self.cache.forget(before)
         finally:
             self._settled(admit.key, written)
         if written is not None and admit.phase == Phase.DEQUEUED:
@@ -395,6 +430,10 @@ class SchedulerLoop:
             dropped = True
         except kube.KubeError as err:
             log.info("message for %s not written: %s", park.key, err)
+            # Decide it again later: the core would otherwise take the message as given and the
+            # unit would wait in silence (found by the chaos run: an apiserver restart mid-burst).
+            self.cache.forget_park(park.key)
+            self._hold(err)
         finally:
             self._settled(park.key, written)
         if dropped:

@@ -176,6 +176,7 @@ class PodView:
     gated: bool
     terminal: bool
     deleting: bool
+    resource_version: str = ""
 
     @property
     def live(self) -> bool:
@@ -195,6 +196,7 @@ def pod_view(pod: Job, pod_set: str) -> PodView:
         gated=gated,
         terminal=dig(pod, "status", "phase") in ("Succeeded", "Failed"),
         deleting=dig(pod, "metadata", "deletionTimestamp") is not None,
+        resource_version=text(dig(pod, "metadata", "resourceVersion")),
     )
 
 

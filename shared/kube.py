@@ -339,6 +339,7 @@ class Kube:
         *,
         namespace: str | None = None,
         precondition_uid: str | None = None,
+        precondition_rv: str | None = None,
         propagation: str | None = None,
     ) -> Obj:
         body: Obj | None = None
@@ -346,6 +347,8 @@ class Kube:
             body = {"apiVersion": "v1", "kind": "DeleteOptions"}
             if precondition_uid:
                 body["preconditions"] = {"uid": precondition_uid}
+                if precondition_rv:
+                    body["preconditions"]["resourceVersion"] = precondition_rv
             if propagation:
                 body["propagationPolicy"] = propagation
         return await self.request("DELETE", res.path(namespace, name), body=body)

@@ -229,6 +229,13 @@ class QueueState:
 
     # --- plan feedback ----------------------------------------------------------------------------
 
+    def forget_park(self, key: str) -> None:
+        """The waiting message could not be written: decide (and write) it again next scan."""
+        if key in self.entries:
+            self.parked.pop(key, None)
+            self.unparked.add(key)
+            self.dirty = True
+
     def forget_admit(self, key: str) -> None:
         """The admission write failed: the unit competes again (upstream's Unreserve)."""
         self.updating.discard(key)

@@ -525,6 +525,14 @@ class Cache:
             state.forget_admit(before.key)
             self.state.mark_dirty(state)
 
+    def forget_park(self, key: str) -> None:
+        """A park's message write failed: the unit gets its message decided and written again."""
+        unit = self.snapshot.units.get(key)
+        state = self.state.queues.get(unit.quota or "") if unit is not None else None
+        if state is not None:
+            state.forget_park(key)
+            self.state.mark_dirty(state)
+
     def forget_marks(self, queue: str, keys: set[str] | frozenset[str]) -> None:
         state = self.state.queues.get(queue)
         if state is not None:
