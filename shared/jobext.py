@@ -22,7 +22,7 @@ from typing import Any
 from shared import conditions, names, quantities
 from shared.durations import parse_time
 from shared.jobs import registry
-from shared.jobs.base import Job, JobAdapter, JobStatus, dig, text
+from shared.jobs.base import Job, JobAdapter, JobStatus, annotations_of, dig, labels_of, text
 
 Obj = dict[str, Any]
 
@@ -57,24 +57,10 @@ def resolve_priority(
     """``(className, value)``: the class's value, else the raw priority; the annotation wins."""
     class_name, raw = adapter.priority(job)
     value = priority_classes.get(class_name, raw) if class_name else raw
-    override = parse_int32(_annotations(job).get(names.PRIORITY_ANNOTATION))
+    override = parse_int32(annotations_of(job).get(names.PRIORITY_ANNOTATION))
     if override is not None:
         value = override
     return class_name, value
-
-
-def _annotations(obj: Job) -> dict[str, str]:
-    found = dig(obj, "metadata", "annotations")
-    if not isinstance(found, Mapping):
-        return {}
-    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
-
-
-def _labels(obj: Job) -> dict[str, str]:
-    found = dig(obj, "metadata", "labels")
-    if not isinstance(found, Mapping):
-        return {}
-    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def desired_spec(job: Job, adapter: JobAdapter, priority_classes: Mapping[str, int]) -> Obj:
@@ -104,7 +90,7 @@ def desired_spec(job: Job, adapter: JobAdapter, priority_classes: Mapping[str, i
         spec["priorityClassName"] = class_name
     if value is not None:
         spec["priority"] = value
-    annotations = _annotations(job)
+    annotations = annotations_of(job)
     active = parse_bool(annotations.get(names.ACTIVE_ANNOTATION))
     if active is not None:
         spec["active"] = active
@@ -118,14 +104,14 @@ def build_queue_unit(job: Job, adapter: JobAdapter, priority_classes: Mapping[st
     """The QueueUnit to create for a job: owned by it (garbage-collected with it), labels and
     annotations copied, spec from :func:`desired_spec`. The status is written by the scheduler."""
     meta = job.get("metadata") or {}
-    annotations = {k: v for k, v in _annotations(job).items() if k not in _SKIPPED_ANNOTATIONS}
+    annotations = {k: v for k, v in annotations_of(job).items() if k not in _SKIPPED_ANNOTATIONS}
     return {
         "apiVersion": names.API_VERSION,
         "kind": "QueueUnit",
         "metadata": {
             "name": adapter.queue_unit_name(job),
             "namespace": text(meta.get("namespace")),
-            "labels": _labels(job),
+            "labels": labels_of(job),
             "annotations": annotations,
             "ownerReferences": [
                 {

@@ -203,7 +203,7 @@ class LocalCluster:
         self.components.insert(index, new)
         new.ports = dict(old.ports)
         if name == "etcd":
-            self._await(new, lambda: _http_ok(f"{self.etcd_url}/health"), "etcd /health")
+            self._await(new, lambda: http_ok(f"{self.etcd_url}/health"), "etcd /health")
         elif name == "kube-apiserver":
             self._await(new, lambda: self.request("GET", "/readyz") == "ok", "kube-apiserver /readyz")
         else:
@@ -334,7 +334,7 @@ class LocalCluster:
                 "--quota-backend-bytes=8589934592",
             ],
         )
-        self._await(etcd, lambda: _http_ok(f"{self.etcd_url}/health"), "etcd /health")
+        self._await(etcd, lambda: http_ok(f"{self.etcd_url}/health"), "etcd /health")
 
     def _start_apiserver(self, bins: binaries.Binaries) -> None:
         self.apiserver_port = free_port()
@@ -561,7 +561,8 @@ def kubeconfig_dict(
     }
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
+    """A plain-HTTP probe: True on 200 (raises on connection errors, like any probe)."""
     with urllib.request.urlopen(url, timeout=2) as resp:
         return bool(resp.status == 200)
 

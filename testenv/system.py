@@ -23,7 +23,7 @@ import yaml
 
 from certs import pki
 from testenv import binaries
-from testenv.cluster import ClusterError, Component, LocalCluster, free_port, wait_until
+from testenv.cluster import ClusterError, Component, LocalCluster, free_port, http_ok, wait_until
 
 ROOT = binaries.PROJECT_ROOT
 CRD_DIRS = (ROOT / "manifests" / "crds", ROOT / "tests" / "crds")
@@ -356,19 +356,12 @@ def start_reconciler(
     )
     component.ports = {"health": health, "metrics": metrics_port, "visibility": visibility_port}
     wait_until(
-        lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"),
+        lambda: http_ok(f"http://127.0.0.1:{health}/readyz"),
         timeout=60,
         what=f"{name} /readyz",
         process=component,
     )
     return component
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=2) as resp:
-        return bool(resp.status == 200)
 
 
 def dump(obj: Any) -> str:
