@@ -194,6 +194,7 @@ async def run(args: argparse.Namespace) -> None:
         user_agent="koord-queue-reconciler",
         impersonate=args.impersonate or None,
     )
+    client.on_request = metrics.count_api_request
     runners: list[web.AppRunner] = []
     try:
         events = EventRecorder(client, instance=socket.gethostname())

@@ -6,6 +6,8 @@ Upstream's names are kept so existing dashboards work, and every metric declared
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -76,9 +78,18 @@ PROTECTION_SKIPS = Counter(
     ["queue"],
     registry=REGISTRY,
 )
-API_WRITES = Counter(
+API_REQUESTS = Counter(
     "koord_queue_api_requests_total",
-    "Requests the reconciler sent to the apiserver, by verb.",
+    "Requests the reconciler sent to the apiserver, by verb (GET, LIST, WATCH, POST, PATCH, PUT, DELETE).",
     ["verb"],
     registry=REGISTRY,
 )
+_api_request_children: dict[str, Any] = {}
+
+
+def count_api_request(verb: str) -> None:
+    """``Kube.on_request`` hook; the labelled child is looked up once per verb, not per request."""
+    child = _api_request_children.get(verb)
+    if child is None:
+        child = _api_request_children[verb] = API_REQUESTS.labels(verb)
+    child.inc()

@@ -191,6 +191,8 @@ class Kube:
         )
         #: requests sent, by verb (GET, LIST, WATCH, POST, PATCH, PUT, DELETE)
         self.requests: Counter[str] = Counter()
+        #: called with the verb of every request sent (the reconciler feeds its Prometheus counter)
+        self.on_request: Callable[[str], None] | None = None
 
     @classmethod
     async def connect(
@@ -240,6 +242,11 @@ class Kube:
     def writes(self) -> int:
         return sum(n for verb, n in self.requests.items() if verb in ("POST", "PATCH", "PUT", "DELETE"))
 
+    def _count(self, verb: str) -> None:
+        self.requests[verb] += 1
+        if self.on_request is not None:
+            self.on_request(verb)
+
     async def _headers_for(self, content_type: str | None) -> dict[str, str]:
         headers = dict(self._headers)
         if content_type:
@@ -260,7 +267,7 @@ class Kube:
     ) -> Obj:
         """One API call; returns the decoded JSON body or raises a :class:`KubeError`."""
         await self._limiter.acquire()
-        self.requests[verb or method] += 1
+        self._count(verb or method)
         headers = await self._headers_for(content_type or (JSON if body is not None else None))
         url = self._host + path + (f"?{urlencode(query)}" if query else "")
         data = None if body is None else orjson.dumps(body)
@@ -368,7 +375,7 @@ class Kube:
         stream ends normally when the server closes it after ``timeout_seconds``.
         """
         await self._limiter.acquire()
-        self.requests["WATCH"] += 1
+        self._count("WATCH")
         query: dict[str, Any] = {
             "watch": "true",
             "resourceVersion": resource_version,

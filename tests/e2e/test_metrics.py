@@ -32,6 +32,7 @@ RECONCILER_METRICS = (
     "koord_queue_preemption_rounds",
     "koord_queue_preemption_victims",
     "koord_queue_reclaimed_pods",
+    "koord_queue_api_requests",
 )
 WEBHOOK_METRICS = ("koord_queue_webhook_request_duration_seconds", "koord_queue_webhook_requests")
 #: Metrics that must have increased (counters, histogram counts) over the story.
@@ -42,6 +43,7 @@ MOVING = (
     "koord_queue_preemption_rounds",
     "koord_queue_preemption_victims",
     "koord_queue_reclaimed_pods",
+    "koord_queue_api_requests",
     "koord_queue_webhook_request_duration_seconds",
     "koord_queue_webhook_requests",
 )
