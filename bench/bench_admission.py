@@ -48,7 +48,7 @@ for ``runtime`` seconds and completed by the Job controller. The runner only cre
 * API requests of the reconciler by verb and resource: the reconciler is started through this
   script (``--as-reconciler``), which wraps ``shared.kube.Kube.request`` to count each request in
   a Prometheus counter ``koord_queue_bench_requests_total{verb,resource,subresource}`` (the
-  product's ``koord_queue_api_requests_total`` is declared but never incremented). Writes per
+  product's ``koord_queue_api_requests_total`` counts by verb only). Writes per
   admitted job = reconciler POST/PATCH/PUT/DELETE / admitted jobs, events included. Cross-checked
   against the apiserver's own ``apiserver_request_total`` (scraped from ``/metrics`` with the
   admin certificate) in comparable mode, where only the runner and the reconciler write;

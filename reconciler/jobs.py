@@ -9,6 +9,15 @@ this module only reads the informers' stores and writes.
 Work is keyed by job: events on the job, its unit or its pods mark the job dirty; a small pool of
 workers drains the dirty set so one job is never handled by two workers at once and a burst of
 events for the same job costs one reconcile.
+
+Two refinements of "a job and its unit":
+
+* a RayJob's pod sets follow the RayCluster KubeRay created for it (REFERENCE §2.5, S27), so
+  RayClusters are watched too (optionally: the CRD may be absent) and a cluster's events mark
+  its RayJob;
+* a released job whose unit was deleted gets it back admitted (REFERENCE §2.3 step 4): the unit
+  is created marked for adoption and its status written right after (``shared.adoption``); a
+  marked unit without a status is finished whenever it is met, so a restart in between converges.
 """
 
 from __future__ import annotations
@@ -25,9 +34,9 @@ from typing import Any
 from reconciler import metrics
 from reconciler.events import EventRecorder
 from reconciler.informer import Informer, key_of
-from shared import jobext, kube, names
-from shared.jobs import registry
-from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
+from shared import adoption, jobext, kube, names
+from shared.jobs import ray, registry
+from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +84,7 @@ class JobExtensions:
             (a.api_version, a.kind): Informer(client, resource_of(a), handler=self._on_job(a), optional=True)
             for a in adapters
         }
+        self.clusters = self._cluster_informer()
         self.pods = Informer(client, kube.PODS, handler=self._on_pod)
         #: unit key ("ns/name") → pod keys, from the related-queueunit annotation
         self._pods_by_unit: dict[str, set[str]] = {}
@@ -88,7 +98,54 @@ class JobExtensions:
     # --- event intake ---------------------------------------------------------------------------
 
     def informers(self) -> list[Informer]:
-        return [*self.job_informers.values(), self.pods]
+        own = (
+            [self.clusters]
+            if self.clusters is not None and self.clusters not in self.job_informers.values()
+            else []
+        )
+        return [*self.job_informers.values(), *own, self.pods]
+
+    def _ray_job_adapter(self) -> JobAdapter | None:
+        """The enabled RayJob adapter (one served version at most, see ``registry``)."""
+        return next((a for a in self.adapters.values() if isinstance(a, ray.RayJobAdapter)), None)
+
+    def _cluster_informer(self) -> Informer | None:
+        """RayClusters, watched when RayJobs are managed: their live replicas raise the RayJob's
+        pod sets. The informer of the ``raycluster`` extension is shared when that is enabled
+        too (one watch per resource); otherwise an optional one of our own (no CRD: no clusters)."""
+        if self._ray_job_adapter() is None:
+            return None
+        cluster_adapter = ray.RayClusterAdapter()
+        shared = self.job_informers.get((cluster_adapter.api_version, cluster_adapter.kind))
+        if shared is None:
+            return Informer(
+                self.client, resource_of(cluster_adapter), handler=self._on_cluster, optional=True
+            )
+        as_job = shared.handler
+
+        def both(old: kube.Obj | None, new: kube.Obj | None) -> None:
+            as_job(old, new)
+            self._on_cluster(old, new)
+
+        shared.handler = both
+        return shared
+
+    def _on_cluster(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
+        """A RayCluster changed (the autoscaler scaled it, it appeared or went): look at its RayJob."""
+        adapter = self._ray_job_adapter()
+        obj = new or old or {}
+        parent = ray.parent_job(obj)
+        if adapter is None or parent is None:
+            return
+        if old is not None and new is not None and ray.cluster_replicas(old) == ray.cluster_replicas(new):
+            return  # status churn: nothing the pod sets depend on
+        namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+        self.mark(JobKey(adapter.api_version, adapter.kind, namespace, parent))
+
+    def _live_cluster(self, adapter: JobAdapter, job: kube.Obj) -> Job | None:
+        if self.clusters is None or not isinstance(adapter, ray.RayJobAdapter):
+            return None
+        return ray.live_cluster(job, self.clusters.objects)
 
     def mark_all(self) -> None:
         """Look at every managed job again (after a change that may concern any of them)."""
@@ -214,14 +271,18 @@ class JobExtensions:
         unit = self.units().get(unit_key)
         status = adapter.job_status(job)
         finished = status in (JobStatus.SUCCEEDED, JobStatus.FAILED)
+        live = self._live_cluster(adapter, job)
         if unit is None:
             if not finished and (job.get("metadata") or {}).get("deletionTimestamp") is None:
-                await self._create_unit(job, adapter)
+                adopt = adoption.needs_adoption(status, suspended=adapter.is_suspended(job))
+                await self._create_unit(job, adapter, live_cluster=live, adopt=adopt)
             return
+        if await self._finish_adoption(unit, status, suspended=adapter.is_suspended(job)):
+            return  # the unit's update brings us back
         desired = None
         if not finished:  # a finished job's pod sets shrink to 0: nothing left to keep in step
             with contextlib.suppress(JobSpecError):
-                desired = jobext.desired_spec(job, adapter, self.priority_classes())
+                desired = jobext.desired_spec(job, adapter, self.priority_classes(), live_cluster=live)
         if desired is not None:
             drift = jobext.spec_drift(unit, desired)
             if drift is not None:
@@ -241,24 +302,11 @@ class JobExtensions:
         plan = jobext.plan_pods(unit, pods)
         stale = False
         for pod in plan.delete:
-            try:
-                # The resourceVersion precondition makes the delete fail if the pod changed since we
-                # saw it unbound (the scheduler may just have bound it): bound pods are never reclaimed.
-                await self.client.delete(
-                    kube.PODS,
-                    pod.name,
-                    namespace=pod.namespace,
-                    precondition_uid=pod.uid,
-                    precondition_rv=pod.resource_version or None,
-                )
-            except kube.NotFound:
-                continue
-            except kube.Conflict:
-                stale = True
-                continue
-            else:
+            if await self._reclaim_pod(pod):
                 metrics.RECLAIMED_PODS.inc()
                 log.info("reclaim: deleted unbound pod %s/%s of %s", pod.namespace, pod.name, unit_key)
+            elif pod_key_of(pod) in self.pods.objects:
+                stale = True
         if stale:
             # Plan again from fresh state (once the watch delivered it); no reclaim status yet.
             asyncio.get_running_loop().call_later(0.2, self.mark, key)
@@ -352,20 +400,26 @@ class JobExtensions:
                 views.append(jobext.pod_view(pod, pod_set))
         return views
 
-    async def _create_unit(self, job: kube.Obj, adapter: JobAdapter) -> None:
+    async def _create_unit(
+        self, job: kube.Obj, adapter: JobAdapter, *, live_cluster: Job | None, adopt: bool
+    ) -> None:
+        """Create the job's unit; for a released job (``adopt``) finish its adoption at once."""
         meta = job.get("metadata") or {}
         try:
-            unit = jobext.build_queue_unit(job, adapter, self.priority_classes())
+            unit = jobext.build_queue_unit(
+                job, adapter, self.priority_classes(), live_cluster=live_cluster, adopted=adopt
+            )
         except JobSpecError as err:
             self.events.record(
                 job, type_="Warning", reason="InvalidJob", message=f"cannot queue this {adapter.kind}: {err}"
             )
             return
         try:
-            await self.client.create(QUEUE_UNITS, unit, namespace=str(meta.get("namespace", "")))
+            created = await self.client.create(QUEUE_UNITS, unit, namespace=str(meta.get("namespace", "")))
         except kube.Conflict as err:
             if err.reason != "AlreadyExists":
                 raise
+            return  # our store lagged; the unit's event brings us back
         except kube.Invalid as err:
             self.events.record(
                 job,
@@ -373,6 +427,92 @@ class JobExtensions:
                 reason="InvalidJob",
                 message=f"cannot create the QueueUnit for this {adapter.kind}: {err.message}",
             )
+            return
+        if adopt:
+            log.info(
+                "adopted %s/%s: its unit was missing while the job runs",
+                meta.get("namespace"),
+                meta.get("name"),
+            )
+            await self._finish_adoption(created, adapter.job_status(job), suspended=adapter.is_suspended(job))
+
+    async def _finish_adoption(self, unit: kube.Obj, status: JobStatus, *, suspended: bool) -> bool:
+        """Write the status of a unit created for adoption (``shared.adoption``); True if written.
+
+        Conditional on the unit's resourceVersion: a conflict means someone else wrote first, and
+        the worker looks again with fresh objects.
+        """
+        patch = adoption.completion_status(unit, status, suspended=suspended, now_text=now_text())
+        if patch is None:
+            return False
+        meta = unit.get("metadata") or {}
+        body = {**patch, "metadata": {"resourceVersion": meta.get("resourceVersion")}}
+        await self.client.patch(
+            QUEUE_UNITS,
+            str(meta.get("name", "")),
+            body,
+            namespace=str(meta.get("namespace", "")),
+            subresource="status",
+        )
+        return True
+
+    async def _reclaim_pod(self, pod: jobext.PodView) -> bool:
+        """Delete one unbound pod of a reclaim; False when it is gone or changed since we looked.
+
+        Every write is conditional on the resourceVersion we saw unbound, so a pod the scheduler
+        binds meanwhile is never deleted. A Job controller pod first loses its tracking finalizer:
+        otherwise the Job controller counts the deletion as a pod failure, and a preempted Job with
+        ``backoffLimit: 0`` would end Failed instead of waiting for its next admission. Without the
+        finalizer the deletion is uncounted and the Job creates a replacement, gated like the first.
+        """
+        rv = pod.resource_version or None
+        current = self.pods.objects.get(pod_key_of(pod)) or {}
+        finalizers = (current.get("metadata") or {}).get("finalizers") or []
+        untracked = False
+        if names.JOB_TRACKING_FINALIZER in finalizers and rv is not None:
+            index = finalizers.index(names.JOB_TRACKING_FINALIZER)
+            ops = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+                {
+                    "op": "test",
+                    "path": f"/metadata/finalizers/{index}",
+                    "value": names.JOB_TRACKING_FINALIZER,
+                },
+                {"op": "remove", "path": f"/metadata/finalizers/{index}"},
+            ]
+            try:
+                updated = await self.client.patch(
+                    kube.PODS, pod.name, ops, namespace=pod.namespace, content_type=kube.JSON_PATCH
+                )
+            except (kube.NotFound, kube.Invalid, kube.Conflict):
+                return False  # a failed test answers 422: the pod changed, plan again
+            rv = str((updated.get("metadata") or {}).get("resourceVersion") or "") or None
+            untracked = True
+        try:
+            await self.client.delete(
+                kube.PODS, pod.name, namespace=pod.namespace, precondition_uid=pod.uid, precondition_rv=rv
+            )
+        except kube.NotFound:
+            return False
+        except kube.Conflict:
+            if untracked:
+                # Bound between our two writes: it runs, so the Job controller must count it again.
+                with contextlib.suppress(kube.NotFound, kube.Invalid, kube.Conflict):
+                    await self.client.patch(
+                        kube.PODS,
+                        pod.name,
+                        [
+                            {
+                                "op": "add",
+                                "path": "/metadata/finalizers/-",
+                                "value": names.JOB_TRACKING_FINALIZER,
+                            }
+                        ],
+                        namespace=pod.namespace,
+                        content_type=kube.JSON_PATCH,
+                    )
+            return False
+        return True
 
     async def _ungate(self, pod: jobext.PodView) -> None:
         current = self.pods.objects.get(f"{pod.namespace}/{pod.name}")
@@ -394,6 +534,10 @@ class JobExtensions:
             pod_key = f"{pod.namespace}/{pod.name}"
             if self.pods.objects.get(pod_key) is current:
                 self.pods.objects[pod_key] = updated
+
+
+def pod_key_of(pod: jobext.PodView) -> str:
+    return f"{pod.namespace}/{pod.name}"
 
 
 def default_adapters() -> tuple[JobAdapter, ...]:

@@ -32,10 +32,11 @@ from reconciler import metrics
 from reconciler.events import EventRecorder
 from reconciler.jobs import QUEUE_UNITS
 from reconciler.quotas import QUEUES
-from shared import admission_checks, conditions, kube, names, quantities
+from shared import admission_checks, adoption, conditions, kube, names, quantities
 from shared.config import Settings
 from shared.model import Unit, format_time, parse_queue, parse_quota, parse_unit
 from shared.names import EventReason, Message, Phase
+from shared.policies import unlabelled_message
 from shared.preemption import MarkVictims
 from shared.scheduling import Admit, Cache, Park
 
@@ -93,6 +94,7 @@ class SchedulerLoop:
         self._published: dict[str, tuple[float, list[dict[str, object]]]] = {}
         self._sem = asyncio.Semaphore(WRITE_CONCURRENCY)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._noting: set[str] = set()  # units without a quota label whose reason is being written
         self._marking: list[asyncio.Task[None]] = []
         self._hold_until = 0.0
         self.cycles = 0
@@ -117,6 +119,10 @@ class SchedulerLoop:
         self._apply_unit(key, new)
 
     def _apply_unit(self, key: str, raw: kube.Obj | None) -> None:
+        if raw is not None and adoption.awaiting_status(raw):
+            # Re-created for a released job; the job extension writes its admission next
+            # (REFERENCE §2.3 step 4). Until then it is neither admitted nor parked by us.
+            raw = None
         if raw is None:
             gone = self.cache.units.get(key)
             if gone is not None and gone.consumer_kind:
@@ -145,7 +151,25 @@ class SchedulerLoop:
                 heapq.heappush(self._backoff, (self._requeue_at(unit), key))
             if old is None and unit.consumer_kind:
                 metrics.QUEUEUNITS_BY_JOB_TYPE.labels(unit.namespace, unit.consumer_kind).inc()
+            note = unlabelled_message(unit)
+            if note is not None and key not in self._noting:
+                self._noting.add(key)
+                self._spawn(self._write_note(key, unit, note), name=f"note-{key}")
         self.wake()
+
+    async def _write_note(self, key: str, unit: Unit, message: str) -> None:
+        """Give a unit no cycle looks at its reason, without a phase (REFERENCE S29).
+
+        Conditional on the version seen, so it never lands over a label added meanwhile; on any
+        failure the next event of the unit tries again.
+        """
+        body = {"metadata": {"resourceVersion": unit.resource_version}, "status": {"message": message}}
+        try:
+            await self._write_status(key, body)
+        except kube.KubeError as err:
+            log.debug("reason for unlabelled %s not written: %s", key, err)
+        finally:
+            self._noting.discard(key)
 
     def on_queue(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         obj = new or old or {}

@@ -3,7 +3,9 @@
 The reconciler's job-extension half (ARCHITECTURE decision 8) is four questions, each answered here
 from plain values so they can be table-tested:
 
-* :func:`build_queue_unit` / :func:`spec_drift`: what QueueUnit a job should have (REFERENCE §2.4);
+* :func:`build_queue_unit` / :func:`spec_drift`: what QueueUnit a job should have (REFERENCE §2.4),
+  including a RayJob's pod sets raised to its live RayCluster (§2.5) and the unit re-created for a
+  released job (§2.3 step 4, see ``shared.adoption``);
 * :func:`plan_pods`: which gated pods to release and which unbound pods to delete for a reclaim
   (ARCHITECTURE decision 5: at most ``admissions[i].replicas`` pods per pod set are ungated; reclaim
   deletes only pods that are neither bound nor terminal, so running pods are never touched);
@@ -19,15 +21,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import conditions, names, quantities
+from shared import adoption, conditions, names, podspec, quantities
 from shared.durations import parse_time
-from shared.jobs import registry
+from shared.jobs import ray, registry
 from shared.jobs.base import Job, JobAdapter, JobStatus, annotations_of, dig, labels_of, text
 
 Obj = dict[str, Any]
 
-#: Annotations never copied from a job to its QueueUnit: large, and meaningless on the unit.
-_SKIPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
+#: Annotations never copied from a job to its QueueUnit: large, and meaningless on the unit; the
+#: adoption marker is ours to set (copied from a job it would hide a new unit from the scheduler).
+_SKIPPED_ANNOTATIONS = frozenset(
+    {"kubectl.kubernetes.io/last-applied-configuration", adoption.ADOPTED_ANNOTATION}
+)
 
 
 def parse_int32(raw: str | None) -> int | None:
@@ -63,9 +68,21 @@ def resolve_priority(
     return class_name, value
 
 
-def desired_spec(job: Job, adapter: JobAdapter, priority_classes: Mapping[str, int]) -> Obj:
-    """The QueueUnit ``spec`` the job implies. Raises ``JobSpecError`` for an unreadable job."""
+def desired_spec(
+    job: Job,
+    adapter: JobAdapter,
+    priority_classes: Mapping[str, int],
+    *,
+    live_cluster: Job | None = None,
+) -> Obj:
+    """The QueueUnit ``spec`` the job implies. Raises ``JobSpecError`` for an unreadable job.
+
+    ``live_cluster`` is a RayJob's running RayCluster (``ray.live_cluster``): KubeRay's autoscaler
+    scales it, not the RayJob, so its replicas raise the pod set counts (REFERENCE §2.5, S27).
+    """
     pod_sets = adapter.pod_sets(job)
+    if live_cluster is not None:
+        pod_sets = ray.follow_cluster(pod_sets, live_cluster)
     total: dict[str, int] = {}
     for ps in pod_sets:
         total = quantities.add(total, quantities.scale(ps.per_pod, ps.count))
@@ -80,7 +97,10 @@ def desired_spec(job: Job, adapter: JobAdapter, priority_classes: Mapping[str, i
         },
         "resource": resource,
         "request": dict(resource),
-        "podSet": [{"name": ps.name, "count": ps.count, "template": ps.template} for ps in pod_sets],
+        "podSet": [
+            {"name": ps.name, "count": ps.count, "template": podspec.scheduling_template(ps.template)}
+            for ps in pod_sets
+        ],
     }
     quota = adapter.quota_name(job)
     if quota:
@@ -100,11 +120,21 @@ def desired_spec(job: Job, adapter: JobAdapter, priority_classes: Mapping[str, i
     return spec
 
 
-def build_queue_unit(job: Job, adapter: JobAdapter, priority_classes: Mapping[str, int]) -> Obj:
+def build_queue_unit(
+    job: Job,
+    adapter: JobAdapter,
+    priority_classes: Mapping[str, int],
+    *,
+    live_cluster: Job | None = None,
+    adopted: bool = False,
+) -> Obj:
     """The QueueUnit to create for a job: owned by it (garbage-collected with it), labels and
-    annotations copied, spec from :func:`desired_spec`. The status is written by the scheduler."""
+    annotations copied, spec from :func:`desired_spec`. The status is written by the scheduler,
+    or, for a unit ``adopted`` by a released job, by the job extension (``shared.adoption``)."""
     meta = job.get("metadata") or {}
     annotations = {k: v for k, v in annotations_of(job).items() if k not in _SKIPPED_ANNOTATIONS}
+    if adopted:
+        annotations[adoption.ADOPTED_ANNOTATION] = "true"
     return {
         "apiVersion": names.API_VERSION,
         "kind": "QueueUnit",
@@ -122,7 +152,7 @@ def build_queue_unit(job: Job, adapter: JobAdapter, priority_classes: Mapping[st
                 }
             ],
         },
-        "spec": desired_spec(job, adapter, priority_classes),
+        "spec": desired_spec(job, adapter, priority_classes, live_cluster=live_cluster),
     }
 
 

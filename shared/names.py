@@ -55,6 +55,10 @@ RELATED_PODSET_ANNOTATION: Final = "koord-queue/related-podset-name"
 
 #: The scheduling gate the webhook adds to managed pod templates (ARCHITECTURE decision 5).
 ADMISSION_GATE: Final = "koord-queue/admission"
+#: The Job controller's finalizer on each pod it tracks. A tracked pod deleted by anyone but the Job
+#: controller counts as a failure against ``backoffLimit``; reclaim removes it first (see
+#: ``reconciler.jobs``), the way the Job controller does for pods it deletes itself.
+JOB_TRACKING_FINALIZER: Final = "batch.kubernetes.io/job-tracking"
 #: Name of the suspend template Argo Workflows get (REFERENCE §2.5).
 WORKFLOW_SUSPEND_TEMPLATE: Final = "koord-queue-suspend"
 #: Pseudo pod set used when a unit has a request but no pod sets.
@@ -151,6 +155,12 @@ class Message:
     PREEMPT_FAILED_SUFFIX: Final = "; preempt failed"
     PREEMPT_SUCCEED_SUFFIX: Final = "; preempt succeed"
     SCHEDULED_EVENT: Final = "dequeue success"
+    #: Ours, not upstream's: a unit with no quota label belongs to no queue (REFERENCE S29: no
+    #: phase, no event), but it should not wait without a word saying why.
+    NO_QUOTA_LABEL: Final = (
+        f"not queued: the unit has no quota label ({QUOTA_NAME_LABEL} or {QUOTA_NAME_LABEL_FALLBACK}),"
+        " so it belongs to no queue"
+    )
 
     @staticmethod
     def queue_not_exist(queue: str) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shared.model import QueueConfig, Unit
-from shared.names import Phase, QueuePolicy
+from shared.names import Message, Phase, QueuePolicy
 from shared.ordering import SortKey, lane_of, unit_key
 from shared.predicates import (
     TERMINAL_PHASES,
@@ -53,6 +53,7 @@ __all__ = [
     "is_assumed",
     "is_waiting",
     "queue_item_details",
+    "unlabelled_message",
 ]
 
 #: A decided mark not observed on the victim within this many seconds is taken as a failed write.
@@ -86,6 +87,18 @@ def is_waiting(unit: Unit) -> bool:
         and not v1_dequeued(unit)
         and not satisfied(unit)
     )
+
+
+def unlabelled_message(unit: Unit) -> str | None:
+    """The message a unit with no quota label should show, or None when it needs none.
+
+    Such a unit maps to no queue, so no cycle ever looks at it (REFERENCE S29: no phase, no
+    event). Only one that never got a phase is told why; one that lost its label later keeps
+    whatever its last decision said.
+    """
+    if unit.quota or unit.phase or unit.message == Message.NO_QUOTA_LABEL:
+        return None
+    return Message.NO_QUOTA_LABEL
 
 
 def is_assumed(unit: Unit) -> bool:

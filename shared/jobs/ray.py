@@ -3,8 +3,14 @@
 Both kinds are held by ``spec.suspend`` (REFERENCE §2.5, ``rayjob.go``) and carry a cluster spec
 with one head group and any number of worker groups, each a pod template. The pod sets are ``head``
 (count 1) and one per worker group, named ``lower(groupName)`` (default ``worker``), count
-``replicas`` (default 1). Upstream also raises each count to the live RayCluster's replicas; that
-needs the API and is left to the reconciler.
+``replicas`` (default 1).
+
+A RayJob's spec is only the *template* of the RayCluster KubeRay creates for it (named in
+``status.rayClusterName``); KubeRay's autoscaler then scales that live cluster, not the RayJob. So,
+as upstream does (REFERENCE §2.5, S27), each pod set count is raised to the live cluster's replicas
+of the same group when those are larger (:func:`follow_cluster`), and the unit charges what really
+runs. Finding the cluster is pure too (:func:`live_cluster`, :func:`parent_job`); the reconciler
+only watches RayClusters and hands them in.
 
 Not managed, on purpose:
 
@@ -18,6 +24,7 @@ The submitter pod KubeRay starts for a RayJob is not a pod set (as upstream); it
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -28,6 +35,7 @@ from shared.jobs.patches import deep_merge
 
 _PARENT_KINDS: Final = frozenset({"RayJob", "RayService"})
 _ORIGIN_LABEL: Final = "ray.io/originated-from-crd"
+_ORIGIN_NAME_LABEL: Final = "ray.io/originated-from-cr-name"
 
 
 class _RayAdapter(AdapterBase):
@@ -167,3 +175,85 @@ class RayClusterAdapter(_RayAdapter):
         if state == "ready":
             return JobStatus.RUNNING
         return self._by_timestamps(job)
+
+
+# --- the live RayCluster of a RayJob ------------------------------------------------------------
+
+
+def cluster_name(job: Job) -> str | None:
+    """The RayCluster KubeRay created for this RayJob (``status.rayClusterName``), once it has one."""
+    return base.text(base.dig(job, "status", "rayClusterName")) or None
+
+
+def parent_job(cluster: Job) -> str | None:
+    """The name of the RayJob that created ``cluster``, if a RayJob did.
+
+    The controller owner reference says so; KubeRay's origin labels are the fallback for a cluster
+    whose owner reference was removed (an orphaning delete of the RayJob leaves the labels).
+    """
+    for _, kind, name in base.owner_kinds(cluster, controller_only=True):
+        if kind == "RayJob":
+            return name
+    labels = base.labels_of(cluster)
+    if labels.get(_ORIGIN_LABEL) == "RayJob":
+        return labels.get(_ORIGIN_NAME_LABEL) or None
+    return None
+
+
+def _belongs_to(cluster: Job, job: Job) -> bool:
+    """``cluster`` is not controlled by another object than ``job``.
+
+    ``status.rayClusterName`` is written by KubeRay and normally right; the check only keeps a
+    stale or hand-edited name from charging a RayJob with somebody else's cluster.
+    """
+    uid = base.text(base.dig(job, "metadata", "uid"))
+    refs = base.dig(cluster, "metadata", "ownerReferences")
+    for ref in refs if isinstance(refs, list) else []:
+        if base.dig(ref, "controller") is not True:
+            continue
+        if base.dig(ref, "kind") != "RayJob" or base.dig(ref, "name") != base.name_of(job):
+            return False
+        ref_uid = base.text(base.dig(ref, "uid"))
+        return not (uid and ref_uid and ref_uid != uid)
+    return True
+
+
+def live_cluster(job: Job, clusters: Mapping[str, Job]) -> Job | None:
+    """The RayJob's live RayCluster from ``clusters`` (a store keyed ``namespace/name``), or None
+    when the job names none, the cluster is not there (yet, or any more) or is not the job's."""
+    name = cluster_name(job)
+    if name is None:
+        return None
+    cluster = clusters.get(f"{base.namespace_of(job)}/{name}")
+    return cluster if cluster is not None and _belongs_to(cluster, job) else None
+
+
+def cluster_replicas(cluster: Job) -> dict[str, int]:
+    """Replicas per pod set of a live RayCluster: ``head`` 1, each worker group its ``replicas``.
+
+    Read leniently (the cluster is KubeRay's, not ours to validate): a group without a readable
+    ``replicas`` is left out, so it never raises a count.
+    """
+    found: dict[str, int] = {}
+    if isinstance(base.dig(cluster, "spec", "headGroupSpec"), Mapping):
+        found["head"] = 1
+    workers = base.dig(cluster, "spec", "workerGroupSpecs")
+    for group in workers if isinstance(workers, list) else []:
+        replicas = base.dig(group, "replicas")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            continue
+        name = (base.text(base.dig(group, "groupName")) or "worker").lower()
+        found[name] = max(found.get(name, 0), replicas)
+    return found
+
+
+def follow_cluster(pod_sets: Sequence[JobPodSet], cluster: Job) -> list[JobPodSet]:
+    """``pod_sets`` with each count raised to the live cluster's replicas of the same group when
+    those are larger (upstream's rule). The count is ``max(spec, live)``: it follows the
+    autoscaler up and back down, but never below what the RayJob itself asks for. Groups only
+    the cluster has are ignored: the unit's pod sets come from the RayJob."""
+    live = cluster_replicas(cluster)
+    return [
+        dataclasses.replace(ps, count=live[ps.name]) if live.get(ps.name, 0) > ps.count else ps
+        for ps in pod_sets
+    ]

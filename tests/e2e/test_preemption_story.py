@@ -284,7 +284,8 @@ async def test_the_seed_example_preempts_the_unbound_low_priority_job(
     await kube.eventually(high_running, timeout=60, what="high job's pod Running on the new node")
 
     async def low_replacement() -> list[dict[str, Any]]:
-        # The Job controller replaces the deleted pod after its failure backoff (about 10 s).
+        # Reclaim took the pod's job-tracking finalizer first, so the Job controller does not count
+        # a failure and replaces the pod at once (no failure backoff).
         pods = kubectl_json(cluster, "get", "pods", "-n", NAMESPACE, "-l", "job-name=low-priority-job")[
             "items"
         ]
@@ -292,6 +293,10 @@ async def test_the_seed_example_preempts_the_unbound_low_priority_job(
 
     live = await kube.eventually(low_replacement, timeout=60, what="the low job's replacement pod")
     assert all(p["spec"].get("schedulingGates") and not p["spec"].get("nodeName") for p in live)
+    # Preemption is no failure of the job: with backoffLimit 0 it would otherwise end Failed.
+    low_job = kubectl_json(cluster, "get", "job", "low-priority-job", "-n", NAMESPACE)
+    assert not low_job["status"].get("failed"), low_job["status"]
+    assert not any(c.get("type") == "Failed" for c in low_job["status"].get("conditions") or [])
     unit = kubectl_json(cluster, "get", "queueunit", "low-priority-job", "-n", NAMESPACE)
     assert unit["status"]["phase"] != "Running"
     assert sum(a["replicas"] for a in unit["status"].get("admissions") or []) == 0

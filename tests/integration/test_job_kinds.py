@@ -752,11 +752,6 @@ async def test_scaling_a_queued_job_updates_its_units_pod_sets_and_totals(env: E
     assert {a["name"]: a["replicas"] for a in status(admitted)["admissions"]} == {"ps": 1, "worker": 4}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not built yet: the job extension does not watch RayClusters, so pod sets do not follow a live "
-    "RayCluster's replicas (REFERENCE §2.5 / S27); listed as open work in the issue note",
-)
 async def test_s27_a_rayjobs_pod_sets_follow_its_live_raycluster(env: Env) -> None:
     """KubeRay's autoscaler grows the RayCluster a RayJob created; upstream raises each pod set
     count to the live cluster's replicas (REFERENCE §2.5, S27). The test plays KubeRay."""
@@ -805,11 +800,6 @@ async def test_s27_a_rayjobs_pod_sets_follow_its_live_raycluster(env: Env) -> No
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not built yet: a released job whose QueueUnit is deleted gets a new, un-admitted unit instead "
-    "of being adopted with its admission (REFERENCE §2.3 step 4); listed as open work in the issue note",
-)
 async def test_a_released_job_whose_unit_is_deleted_is_adopted_and_keeps_its_quota(env: Env) -> None:
     """REFERENCE §2.3 step 4: a job that is no longer Queuing gets its unit back as Dequeued
     ("Deuqueued", sic), still charged to the quota, rather than queued again as a new job."""

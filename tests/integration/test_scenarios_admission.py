@@ -4,8 +4,8 @@ REFERENCE §8.2 S1 (basic admission: phase, admissions, message, ``spec.queue``,
 ``lastAllocateTime``, conditions, the ``Scheduled`` event), S2 (quota exhaustion, then release when
 the holder is deleted or finishes), the parent-quota chain (a child with room is held by an
 exhausted parent), exact milli-CPU arithmetic (two 500m units fit in one CPU; upstream rounds 500m
-up to 1), S29 (no quota label: no phase, no event, in no queue) and S30 (an unknown quota label:
-``QueueNotFound``, then admission once the ElasticQuota appears).
+up to 1), S29 (no quota label: no phase, no event, in no queue; our reason in ``status.message``)
+and S30 (an unknown quota label: ``QueueNotFound``, then admission once the ElasticQuota appears).
 """
 
 from __future__ import annotations
@@ -173,6 +173,8 @@ async def test_units_deleted_while_being_admitted_leave_no_quota_behind(sc: Scen
 
 
 async def test_s29_a_unit_without_a_quota_label_gets_no_phase_no_event_and_no_queue(sc: Scenario) -> None:
+    """Upstream leaves such a unit silent; we keep S29 (no phase, no event, in no queue) but say
+    why in ``status.message``, so no unit ever waits without a reason."""
     q = sc.name("s29")
     await sc.create_quota(s.quota(q, cpu="4"))
     await sc.create_unit(s.unit("unlabelled", quota=None))
@@ -181,8 +183,8 @@ async def test_s29_a_unit_without_a_quota_label_gets_no_phase_no_event_and_no_qu
     await sc.wait_phase("labelled", "Dequeued")
     await sc.wait_event("labelled", names.EventReason.SCHEDULED)
 
-    got = await sc.get_unit("unlabelled")
-    assert s.status(got) == {}, "no phase, no message"
+    got = await sc.wait_message("unlabelled", "not queued: the unit has no quota label")
+    assert s.status(got) == {"message": Message.NO_QUOTA_LABEL}, "no phase, only the reason"
     assert await sc.events("unlabelled") == []
     for queue in await sc.list_queues():
         listed = (queue.get("status") or {}).get("queueItemDetails", {}).get("active") or []

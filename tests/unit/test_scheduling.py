@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from shared.model import Admission, QueueConfig, Quota, Unit, with_reclaim
 from shared.names import Message, Phase
+from shared.policies import unlabelled_message
 from shared.preemption import MarkVictims
 from shared.scheduling import Admit, Cache, Park, Plan
 from tests.unit.test_model import BASE_TIME, QueueBuilder, UnitBuilder, queue, quota, unit
@@ -255,6 +256,14 @@ def test_s29_a_unit_without_a_quota_label_is_ignored() -> None:
     w.add(unit("nolabel").cpu("1"))
     assert w.cycle().decisions == ()
     assert w.cache.queue_item_details("q") == []
+
+
+def test_s29_an_unlabelled_unit_is_told_why_once_and_only_while_it_has_no_phase() -> None:
+    bare = unit("nolabel").cpu("1").build()
+    assert unlabelled_message(bare) == Message.NO_QUOTA_LABEL
+    assert unlabelled_message(dataclasses.replace(bare, message=Message.NO_QUOTA_LABEL)) is None
+    assert unlabelled_message(dataclasses.replace(bare, phase=Phase.DEQUEUED)) is None
+    assert unlabelled_message(unit("labelled").quota("q").cpu("1").build()) is None
 
 
 def test_s30_unknown_quota_label_parks_once_then_admits_when_the_queue_appears() -> None:

@@ -1,0 +1,89 @@
+"""The scheduling view of a pod template keeps every answer the quota rules give."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared import podspec
+from shared.quantities import QuantityError
+
+QUANTITY = st.sampled_from(["100m", "1", "2Gi", "500Mi", "3", "bad", 7, None])
+RESOURCES = st.dictionaries(st.sampled_from(["cpu", "memory", "nvidia.com/gpu"]), QUANTITY, max_size=3)
+CONTAINER = st.fixed_dictionaries(
+    {"name": st.text(min_size=1, max_size=5), "image": st.just("busybox")},
+    optional={
+        "resources": st.fixed_dictionaries({}, optional={"requests": RESOURCES, "limits": RESOURCES}),
+        "restartPolicy": st.sampled_from(["Always", "Never"]),
+        "env": st.lists(st.fixed_dictionaries({"name": st.just("A"), "value": st.text(max_size=50)})),
+        "command": st.lists(st.text(max_size=20)),
+    },
+)
+SPEC = st.fixed_dictionaries(
+    {"containers": st.lists(CONTAINER, max_size=3)},
+    optional={
+        "initContainers": st.lists(CONTAINER, max_size=2),
+        "overhead": RESOURCES,
+        "nodeSelector": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2),
+        "volumes": st.lists(st.just({"name": "v", "emptyDir": {}}), max_size=2),
+        "priorityClassName": st.text(max_size=5),
+    },
+)
+
+
+def requests_or_error(spec: object) -> object:
+    try:
+        return podspec.pod_requests(spec)  # type: ignore[arg-type]
+    except QuantityError as err:
+        return ("error", str(err))
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=SPEC, labels=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2))
+def test_the_scheduling_view_gives_the_same_requests_and_placement(
+    spec: dict[str, Any], labels: dict[str, str]
+) -> None:
+    template = {"metadata": {"labels": labels, "annotations": {"big": "x" * 100}}, "spec": spec}
+    slim = podspec.scheduling_template(template)
+    assert requests_or_error(slim["spec"]) == requests_or_error(spec)
+    for field in podspec.SCHEDULING_FIELDS:
+        assert slim["spec"].get(field) == spec.get(field)
+    assert "volumes" not in slim["spec"] and "annotations" not in slim.get("metadata", {})
+    assert (slim.get("metadata") or {}).get("labels", {}) == labels
+    for container in slim["spec"]["containers"]:
+        assert set(container) <= set(podspec.CONTAINER_FIELDS)
+
+
+def test_a_typical_template_shrinks_to_its_scheduling_fields() -> None:
+    template = {
+        "metadata": {"annotations": {"note": "n" * 500}},
+        "spec": {
+            "restartPolicy": "Never",
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/train:1.2",
+                    "command": ["python", "train.py"],
+                    "env": [{"name": f"V{i}", "value": "x" * 40} for i in range(10)],
+                    "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}},
+                }
+            ],
+        },
+    }
+    assert podspec.scheduling_template(template) == {
+        "spec": {
+            "containers": [
+                {"name": "main", "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}}}
+            ],
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+        }
+    }
+
+
+def test_shapes_it_cannot_read_are_passed_on_for_the_parser_to_reject() -> None:
+    assert podspec.scheduling_template({"spec": "nonsense"}) == {"spec": "nonsense"}
+    assert podspec.scheduling_template({"spec": {"containers": "x"}}) == {"spec": {"containers": "x"}}
+    assert podspec.scheduling_template({}) == {}
