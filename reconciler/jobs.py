@@ -33,7 +33,7 @@ from typing import Any
 
 from reconciler import metrics
 from reconciler.events import EventRecorder
-from reconciler.informer import Informer, key_of
+from reconciler.informer import Informer, key_of, slim
 from shared import adoption, jobext, kube, names
 from shared.jobs import ray, registry
 from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus
@@ -81,11 +81,13 @@ class JobExtensions:
         self.events = events
         self.workers = workers
         self.job_informers = {
-            (a.api_version, a.kind): Informer(client, resource_of(a), handler=self._on_job(a), optional=True)
+            (a.api_version, a.kind): Informer(
+                client, resource_of(a), handler=self._on_job(a), optional=True, transform=job_transform(a)
+            )
             for a in adapters
         }
         self.clusters = self._cluster_informer()
-        self.pods = Informer(client, kube.PODS, handler=self._on_pod)
+        self.pods = Informer(client, kube.PODS, handler=self._on_pod, transform=slim_pod)
         #: unit key ("ns/name") → pod keys, from the related-queueunit annotation
         self._pods_by_unit: dict[str, set[str]] = {}
         self._dirty: dict[JobKey, None] = {}
@@ -533,7 +535,22 @@ class JobExtensions:
             # meanwhile (a stale "unbound" copy could make a running pod look reclaimable).
             pod_key = f"{pod.namespace}/{pod.name}"
             if self.pods.objects.get(pod_key) is current:
-                self.pods.objects[pod_key] = updated
+                self.pods.objects[pod_key] = slim_pod(updated)
+
+
+def slim_pod(pod: kube.Obj) -> kube.Obj:
+    return jobext.slim_pod(slim(pod))
+
+
+def _slim_batch_job(job: kube.Obj) -> kube.Obj:
+    return jobext.slim_batch_job(slim(job))
+
+
+def job_transform(adapter: JobAdapter) -> Callable[[kube.Obj], kube.Obj]:
+    """What a job informer keeps: ``batch/v1`` Jobs lose the non-scheduling part of their pod
+    template (most of a Job's memory); other kinds keep their whole spec, which their adapters
+    read in more places."""
+    return _slim_batch_job if (adapter.api_version, adapter.kind) == ("batch/v1", "Job") else slim
 
 
 def pod_key_of(pod: jobext.PodView) -> str:

@@ -494,3 +494,40 @@ def execution_budget(unit: Obj, *, now: float, now_text: str) -> Budget:
             }
         },
     )
+
+
+# --- what the informers keep -------------------------------------------------------------------
+
+#: Pod fields the extensions read (:func:`pod_view`, the pod-set and unit annotations and labels).
+_POD_SPEC_FIELDS = ("nodeName", "schedulingGates")
+
+
+def slim_pod(pod: Obj) -> Obj:
+    """A pod reduced to what the job extensions read: metadata, where it is bound, its gates and
+    its phase. The pod informer watches every pod of the cluster; a whole pod is 5-10 KiB in
+    memory, this view well under one."""
+    spec = pod.get("spec")
+    status = pod.get("status")
+    out: Obj = {k: v for k, v in pod.items() if k not in ("spec", "status")}
+    if isinstance(spec, dict):
+        out["spec"] = {k: spec[k] for k in _POD_SPEC_FIELDS if k in spec}
+    if isinstance(status, dict) and "phase" in status:
+        out["status"] = {"phase": status["phase"]}
+    return out
+
+
+def slim_batch_job(job: Obj) -> Obj:
+    """A ``batch/v1`` Job whose pod template keeps only its scheduling view
+    (:func:`shared.podspec.scheduling_template`, the same the QueueUnit gets): the only template
+    fields the Job adapter reads are requests and priority. Template annotations stay (the
+    webhook's pod-set annotation is read back from them)."""
+    spec = job.get("spec")
+    template = spec.get("template") if isinstance(spec, dict) else None
+    if not isinstance(spec, dict) or not isinstance(template, dict):
+        return job
+    slim = podspec.scheduling_template(template)
+    annotations = dig(template, "metadata", "annotations")
+    if isinstance(annotations, dict) and annotations:
+        labels = dig(slim, "metadata", "labels")
+        slim["metadata"] = {"annotations": annotations, **({"labels": labels} if labels else {})}
+    return {**job, "spec": {**spec, "template": slim}}

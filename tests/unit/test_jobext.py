@@ -177,3 +177,47 @@ def test_report_is_silent_when_nothing_changed() -> None:
     unit["status"]["podState"] = {"running": 1, "pending": 0}
     unit["status"]["phase"] = names.Phase.RUNNING
     assert jobext.report(unit, [pod("a", bound=True, gated=False)], JobStatus.RUNNING, now_text="T") is None
+
+
+# --- what the informers keep ----------------------------------------------------------------------
+
+
+def test_a_slim_job_gives_the_same_queue_unit_and_resume_patch() -> None:
+    full = job(priority_class="high", annotations={names.PRIORITY_ANNOTATION: "7"})
+    template = full["spec"]["template"]
+    template["metadata"] = {"annotations": {names.RELATED_PODSET_ANNOTATION: "train"}, "labels": {"a": "b"}}
+    template["spec"]["containers"][0].update(command=["run"], env=[{"name": "X", "value": "y" * 200}])
+    template["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+    slim = jobext.slim_batch_job(full)
+    assert "volumes" not in slim["spec"]["template"]["spec"]
+    assert slim["spec"]["template"]["metadata"] == template["metadata"]
+    assert jobext.build_queue_unit(slim, JOB, {"high": 1}) == jobext.build_queue_unit(full, JOB, {"high": 1})
+    assert JOB.resume_patch(slim, now_text="t") == JOB.resume_patch(full, now_text="t")
+    assert JOB.is_suspended(slim) and JOB.job_status(slim) == JOB.job_status(full)
+    assert full["spec"]["template"]["spec"]["volumes"], "the informer's input is not changed"
+
+
+def test_a_slim_pod_keeps_what_the_pod_view_reads() -> None:
+    pod = {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u",
+            "resourceVersion": "5",
+            "finalizers": [names.JOB_TRACKING_FINALIZER],
+            "annotations": {names.RELATED_PODSET_ANNOTATION: "main"},
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {
+            "nodeName": "n1",
+            "schedulingGates": [{"name": names.ADMISSION_GATE}],
+            "containers": [{"name": "c", "image": "i", "env": [{"name": "A", "value": "b" * 500}]}],
+        },
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    slim = jobext.slim_pod(pod)
+    assert jobext.pod_view(slim, "main") == jobext.pod_view(pod, "main")
+    assert slim["metadata"] == pod["metadata"]
+    assert slim["spec"] == {"nodeName": "n1", "schedulingGates": [{"name": names.ADMISSION_GATE}]}
+    assert slim["status"] == {"phase": "Running"}
+    assert jobext.slim_pod({"metadata": {"name": "bare"}}) == {"metadata": {"name": "bare"}}
