@@ -1,14 +1,17 @@
-"""Pure decisions for the admission webhook's certificate lifecycle in a cluster.
+"""Pure decisions for the serving certificates the reconciler keeps in a cluster.
 
-The webhook serves TLS with a certificate from our own CA; the API server trusts it through the
-``caBundle`` of the webhook configurations. Both live in one Secret. The I/O around this module
-(read the Secret, write it back, inject ``caBundle``, reload the server) is written elsewhere; here
-are only the names to certify, the Secret's encoding, and the decision whether to issue anew.
+Two servers are reached by the kube-apiserver over TLS with a certificate from our own CA: the
+admission webhook (trusted through the ``caBundle`` of the webhook configurations) and the
+reconciler's visibility API behind the aggregation layer (trusted through the APIService's
+``spec.caBundle``). Each keeps its CA and serving pair in one Secret. The I/O around this module
+(read the Secret, write it back, inject ``caBundle``, reload the server) lives in
+``certs.manager``; here are only the names to certify, the Secret's encoding, the decision whether
+to issue anew, and the JSON patches that put a CA bundle into the objects that must trust it.
 
 Secret layout (``type: kubernetes.io/tls``, every value base64 as Secret ``data`` requires):
 
 - ``tls.crt`` / ``tls.key``: the serving certificate and key, the standard ``kubernetes.io/tls`` keys,
-  so the Secret can be mounted straight into the webhook pod;
+  so the Secret can be mounted straight into a pod;
 - ``ca.crt``: the CA certificate, the source of ``caBundle``;
 - ``ca.key``: the CA key. It is stored because reissuing the serving certificate under the *same* CA
   is what keeps rotation invisible (see ``plan_rotation``); without it every rotation would be a CA
@@ -22,7 +25,7 @@ import base64
 import binascii
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from certs import pki
 
@@ -32,16 +35,18 @@ TLS_CERT_KEY: Final = "tls.crt"
 TLS_KEY_KEY: Final = "tls.key"
 
 DEFAULT_CA_COMMON_NAME: Final = "koord-queue-webhook-ca"
+VISIBILITY_CA_COMMON_NAME: Final = "koord-queue-visibility-ca"
 #: Kueue's rotator uses the same lifetimes: a CA of ten years, serving certificates of one year.
 CA_VALIDITY: Final = timedelta(days=3650)
 SERVING_VALIDITY: Final = timedelta(days=365)
 
 
-def webhook_dns_names(service: str, namespace: str) -> list[str]:
-    """Every name the API server or a user may use to reach the webhook Service, shortest first.
+def service_dns_names(service: str, namespace: str) -> list[str]:
+    """Every name the API server or a user may use to reach a Service, shortest first.
 
-    The API server dials ``<service>.<namespace>.svc``; the others cover clients that resolve
-    through search domains or the fully qualified cluster name.
+    The API server dials ``<service>.<namespace>.svc`` (for webhooks and for aggregated APIs alike:
+    the aggregator sets that TLS server name whatever address it resolved); the others cover
+    clients that resolve through search domains or the fully qualified cluster name.
     """
     return [
         service,
@@ -79,6 +84,46 @@ def from_secret_data(data: Mapping[str, str]) -> tuple[pki.KeyPair, pki.KeyPair]
     return ca, serving
 
 
+def webhook_ca_patch(configuration: Mapping[str, Any], ca_bundle: str) -> list[dict[str, Any]] | None:
+    """A JSON patch putting ``ca_bundle`` (base64 PEM) into every webhook of a webhook configuration.
+
+    None when every webhook already carries it (nothing to write). The patch starts with a ``test``
+    of ``resourceVersion``, so it applies only to the version it was computed from: webhooks are
+    addressed by index, and a concurrent edit could have moved them.
+    """
+    webhooks = configuration.get("webhooks") or []
+    ops: list[dict[str, Any]] = [
+        {
+            "op": "replace" if "caBundle" in (w.get("clientConfig") or {}) else "add",
+            "path": f"/webhooks/{i}/clientConfig/caBundle",
+            "value": ca_bundle,
+        }
+        for i, w in enumerate(webhooks)
+        if (w.get("clientConfig") or {}).get("caBundle") != ca_bundle
+    ]
+    return _guarded(configuration, ops)
+
+
+def apiservice_ca_patch(apiservice: Mapping[str, Any], ca_bundle: str) -> list[dict[str, Any]] | None:
+    """A JSON patch setting an APIService's ``spec.caBundle`` (base64 PEM); None when it is set.
+
+    Also guarded by ``resourceVersion``, like ``webhook_ca_patch``. ``insecureSkipTLSVerify`` is left
+    alone: the API server refuses an APIService that has both, and an operator who set it on purpose
+    should see that error rather than have it silently cleared.
+    """
+    spec = apiservice.get("spec") or {}
+    if spec.get("caBundle") == ca_bundle:
+        return None
+    return _guarded(apiservice, [{"op": "add", "path": "/spec/caBundle", "value": ca_bundle}])
+
+
+def _guarded(obj: Mapping[str, Any], ops: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    if not ops:
+        return None
+    version = (obj.get("metadata") or {}).get("resourceVersion")
+    return [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, *ops]
+
+
 def plan_rotation(
     *,
     current: tuple[pki.KeyPair, pki.KeyPair] | None,
@@ -86,7 +131,7 @@ def plan_rotation(
     now: datetime,
     ca_common_name: str = DEFAULT_CA_COMMON_NAME,
 ) -> tuple[pki.KeyPair, pki.KeyPair] | None:
-    """Decide whether the webhook needs new certificates at ``now``; return the new (ca, serving).
+    """Decide whether a server needs new certificates at ``now``; return the new (ca, serving).
 
     Returns None when ``current`` is fine. Otherwise:
 
@@ -95,16 +140,17 @@ def plan_rotation(
     2. The CA is sound but the serving certificate does not chain to it, lacks one of ``dns_names``,
        or is due for rotation: the *same* CA and a new serving certificate.
 
-    Why keep the CA: the API server verifies the webhook against ``caBundle``, which is copied into
-    the webhook configurations and may be cached or mid-update. A new serving certificate from the
-    same CA is trusted by every configuration already in place, so rotation causes no failed
-    admissions. A new CA is trusted only once ``caBundle`` has been re-injected, so the I/O side
-    should inject the new CA (ideally alongside the old one) before the server switches certificates.
+    Why keep the CA: the API server verifies the server against ``caBundle``, which is copied into
+    the webhook configurations (or the APIService) and may be cached or mid-update. A new serving
+    certificate from the same CA is trusted by every configuration already in place, so rotation
+    causes no failed requests. A new CA is trusted only once ``caBundle`` has been re-injected, so
+    the I/O side should inject the new CA (ideally alongside the old one) before the server
+    switches certificates.
 
     Raises ``ValueError`` if ``dns_names`` is empty (nothing to certify).
     """
     if not dns_names:
-        raise ValueError("cannot plan webhook certificates: no DNS names were given for the Service")
+        raise ValueError("cannot plan serving certificates: no DNS names were given for the Service")
     if current is None or not _ca_is_sound(current[0], now=now):
         ca = pki.new_ca(common_name=ca_common_name, now=now, valid_for=CA_VALIDITY)
         return ca, _issue_serving(ca=ca, dns_names=dns_names, now=now)

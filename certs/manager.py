@@ -1,15 +1,24 @@
-"""Keep the webhook's certificate Secret and the webhook configurations' ``caBundle`` current.
+"""Keep a serving certificate's Secret current and make the API server trust its CA.
 
-Runs inside the reconciler (the leader), because the webhook itself holds no API credentials
-(ARCHITECTURE decision 6). Every ``interval`` it reads the Secret, asks ``certs.bundle`` whether a
-new CA or serving certificate is due (missing, wrong names, or two thirds of the validity gone), writes
-the Secret when it is, and makes sure both webhook configurations trust the CA. The webhook pods
-mount the Secret; the kubelet refreshes the files and the server reloads them without dropping
-requests.
+Two servers of ours are dialled by the kube-apiserver over TLS: the admission webhook (trusted
+through the ``caBundle`` of both webhook configurations) and the reconciler's visibility API behind
+the aggregation layer (trusted through the APIService's ``spec.caBundle``). One
+``ServingCertManager`` per server runs inside the reconciler (the leader), because the webhook
+itself holds no API credentials (ARCHITECTURE decision 6). Every ``interval`` it reads the Secret,
+asks ``certs.bundle`` whether a new CA or serving certificate is due (missing, wrong names, or two
+thirds of the validity gone), writes the Secret when it is, and makes sure every target object
+trusts the CA. ``WebhookCertManager`` and ``VisibilityCertManager`` only name the Secret, the
+Service and the targets.
 
-During a CA rotation the old CA stays in ``caBundle`` next to the new one until the next pass, so
-webhook pods still serving the old certificate are trusted while their mounted files catch up.
-Writes are optimistic (resourceVersion); a conflict with another writer is retried on the next pass.
+How the servers pick up a new pair differs: webhook pods mount the Secret and reload the files the
+kubelet refreshes; every reconciler replica reads the Secret with ``read_serving_pair`` and swaps
+the pair in memory (``reconciler.visibility``), which needs no volume and so no Secret that must
+exist before the pod can start.
+
+During a CA rotation the old CA stays in ``caBundle`` next to the new one until a pass with nothing
+due has completed, so servers still presenting the old certificate are trusted while they catch
+up. Writes are optimistic (resourceVersion); a conflict with another writer is retried on the next
+pass. A target that does not exist (not installed yet) is skipped and picked up by a later pass.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -39,24 +50,44 @@ VALIDATING: Final = kube.Resource(
     "ValidatingWebhookConfiguration",
     namespaced=False,
 )
+APISERVICES: Final = kube.Resource(
+    "apiregistration.k8s.io", "v1", "apiservices", "APIService", namespaced=False
+)
+
+#: Seconds between two passes: each pass is one GET of the Secret and one per target, so a short
+#: interval costs little and re-injects a ``caBundle`` wiped by a re-apply within a minute.
+DEFAULT_INTERVAL_S: Final = 60.0
 
 
-class WebhookCertManager:
+@dataclass(frozen=True, slots=True)
+class CATarget:
+    """An object that must trust the CA, and how to patch the bundle into it (``certs.bundle``)."""
+
+    resource: kube.Resource
+    name: str
+    patch: Callable[[Mapping[str, Any], str], list[dict[str, Any]] | None]
+
+
+class ServingCertManager:
     def __init__(
         self,
         client: kube.Kube,
         *,
-        namespace: str = "koord-queue",
-        secret: str = "koord-queue-webhook-cert",
-        service: str = "koord-queue-webhook",
-        configuration: str = "koord-queue",
-        interval_s: float = 300.0,
+        namespace: str,
+        secret: str,
+        service: str,
+        targets: Sequence[CATarget],
+        ca_common_name: str,
+        what: str,
+        interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
         self.client = client
         self.namespace = namespace
         self.secret = secret
         self.service = service
-        self.configuration = configuration
+        self.targets = tuple(targets)
+        self.ca_common_name = ca_common_name
+        self.what = what
         self.interval_s = interval_s
         self._previous_ca: bytes | None = None
 
@@ -65,8 +96,8 @@ class WebhookCertManager:
             try:
                 await self.sync(now=datetime.now(UTC))
             except kube.KubeError as err:
-                log.warning("webhook certificate sync failed (%s); retrying in 10s", err)
-                await asyncio.sleep(10)
+                log.warning("%s certificate sync failed (%s); retrying in 10s", self.what, err)
+                await asyncio.sleep(min(10.0, self.interval_s))
                 continue
             await asyncio.sleep(self.interval_s)
 
@@ -79,24 +110,27 @@ class WebhookCertManager:
         except kube.NotFound:
             secret = None
         current = bundle.from_secret_data((secret or {}).get("data") or {})
-        names = bundle.webhook_dns_names(self.service, self.namespace)
-        planned = bundle.plan_rotation(current=current, dns_names=names, now=now)
+        names = bundle.service_dns_names(self.service, self.namespace)
+        planned = bundle.plan_rotation(
+            current=current, dns_names=names, now=now, ca_common_name=self.ca_common_name
+        )
         if planned is not None:
             ca, serving = planned
             if current is not None and current[0].cert_pem != ca.cert_pem:
                 self._previous_ca = current[0].cert_pem
             await self._write_secret(secret, bundle.secret_data(ca=ca, serving=serving))
             log.info(
-                "webhook serving certificate issued for %s (CA %s)",
+                "%s serving certificate issued for %s (CA %s)",
+                self.what,
                 names[-1],
                 "kept" if current and current[0].cert_pem == ca.cert_pem else "new",
             )
         else:
             assert current is not None
             ca = current[0]
-        trusted = ca.cert_pem + (self._previous_ca or b"")
-        for resource in (MUTATING, VALIDATING):
-            await self._inject(resource, trusted)
+        trusted = base64.b64encode(ca.cert_pem + (self._previous_ca or b"")).decode()
+        for target in self.targets:
+            await self._inject(target, trusted)
         if planned is None:
             self._previous_ca = None  # a full pass under one CA: the old one can go
         return ca
@@ -119,30 +153,79 @@ class WebhookCertManager:
             body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
             await self.client.replace(kube.SECRETS, self.secret, body, namespace=self.namespace)
 
-    async def _inject(self, resource: kube.Resource, ca_pem: bytes) -> None:
+    async def _inject(self, target: CATarget, ca_bundle: str) -> None:
         try:
-            config = await self.client.get(resource, self.configuration)
+            obj = await self.client.get(target.resource, target.name)
         except kube.NotFound:
             return  # not installed (yet): nothing to trust
-        encoded = base64.b64encode(ca_pem).decode()
-        webhooks = config.get("webhooks") or []
-        patch = [
-            {
-                "op": "replace" if "caBundle" in (w.get("clientConfig") or {}) else "add",
-                "path": f"/webhooks/{i}/clientConfig/caBundle",
-                "value": encoded,
-            }
-            for i, w in enumerate(webhooks)
-            if (w.get("clientConfig") or {}).get("caBundle") != encoded
-        ]
-        if not patch:
-            return
-        patch.insert(
-            0,
-            {
-                "op": "test",
-                "path": "/metadata/resourceVersion",
-                "value": config["metadata"]["resourceVersion"],
-            },
+        patch = target.patch(obj, ca_bundle)
+        if patch is not None:
+            await self.client.patch(target.resource, target.name, patch, content_type=kube.JSON_PATCH)
+            log.info("CA bundle injected into %s %s", target.resource.kind, target.name)
+
+
+class WebhookCertManager(ServingCertManager):
+    """The webhook's pair in ``secret``; the CA in both webhook configurations ``configuration``."""
+
+    def __init__(
+        self,
+        client: kube.Kube,
+        *,
+        namespace: str = "koord-queue",
+        secret: str = "koord-queue-webhook-cert",
+        service: str = "koord-queue-webhook",
+        configuration: str = "koord-queue",
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        super().__init__(
+            client,
+            namespace=namespace,
+            secret=secret,
+            service=service,
+            targets=[
+                CATarget(MUTATING, configuration, bundle.webhook_ca_patch),
+                CATarget(VALIDATING, configuration, bundle.webhook_ca_patch),
+            ],
+            ca_common_name=bundle.DEFAULT_CA_COMMON_NAME,
+            what="webhook",
+            interval_s=interval_s,
         )
-        await self.client.patch(resource, self.configuration, patch, content_type=kube.JSON_PATCH)
+
+
+class VisibilityCertManager(ServingCertManager):
+    """The visibility API's pair in ``secret``; the CA in the APIService ``apiservice``."""
+
+    def __init__(
+        self,
+        client: kube.Kube,
+        *,
+        namespace: str = "koord-queue",
+        secret: str = "koord-queue-visibility-cert",
+        service: str = "koord-queue-visibility-server",
+        apiservice: str = "v1alpha1.visibility.koord-queue.x-k8s.io",  # <version>.<group>
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        super().__init__(
+            client,
+            namespace=namespace,
+            secret=secret,
+            service=service,
+            targets=[CATarget(APISERVICES, apiservice, bundle.apiservice_ca_patch)],
+            ca_common_name=bundle.VISIBILITY_CA_COMMON_NAME,
+            what="visibility",
+            interval_s=interval_s,
+        )
+
+
+async def read_serving_pair(client: kube.Kube, *, namespace: str, secret: str) -> pki.KeyPair | None:
+    """The serving pair in ``secret`` as the server should present it; None while there is none.
+
+    The pair's chain, names and validity are the manager's concern: a server presents whatever the
+    Secret holds, so every replica serves the same certificate the API server was told to trust.
+    """
+    try:
+        obj = await client.get(kube.SECRETS, secret, namespace=namespace)
+    except kube.NotFound:
+        return None
+    current = bundle.from_secret_data(obj.get("data") or {})
+    return None if current is None else current[1]

@@ -4,7 +4,9 @@
 used). Every part runs in one asyncio loop: informers fill the stores; the scheduling loop decides
 on a snapshot and writes admissions; the job extensions resume jobs, release pods and report; the
 event recorder writes events off the hot path. Health (``/healthz``, ``/readyz``) is served on
-``--health-port`` and Prometheus metrics on ``--metrics-port`` (10259, as upstream).
+``--health-port`` and Prometheus metrics on ``--metrics-port`` (10259, as upstream). The visibility
+API (``visibility.koord-queue.x-k8s.io``) is served on ``--visibility-port``; with
+``--manage-visibility-certs`` over TLS, for the kube-apiserver's aggregation layer only.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from certs.manager import WebhookCertManager
+from certs.manager import VisibilityCertManager, WebhookCertManager
 from reconciler import metrics, visibility
 from reconciler.events import EventRecorder
 from reconciler.informer import Handler, Informer
@@ -36,6 +38,7 @@ from reconciler.scheduler import SchedulerLoop
 from shared import config as component_config
 from shared import kube, names
 from shared.jobs import registry
+from shared.scheduling import Cache
 
 log = logging.getLogger("reconciler")
 
@@ -83,13 +86,58 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=8082,
         help="visibility API port (visibility.koord-queue.x-k8s.io); 0 disables",
     )
-    p.add_argument("--visibility-cert-file", default="", help="TLS certificate of the visibility API")
+    p.add_argument(
+        "--visibility-cert-file",
+        default="",
+        help="TLS certificate of the visibility API, loaded once (instead of --manage-visibility-certs)",
+    )
     p.add_argument("--visibility-key-file", default="", help="TLS key of the visibility API")
     p.add_argument(
         "--visibility-client-ca",
         default="",
-        help="CA of the apiserver's aggregator client certificate (requestheader CA); "
-        "when set, only clients presenting such a certificate are served",
+        help="CA of the apiserver's aggregator client certificate (requestheader CA); when set, only "
+        "clients presenting such a certificate and an X-Remote-User header are served (default with "
+        "--manage-visibility-certs: read from kube-system/extension-apiserver-authentication)",
+    )
+    p.add_argument(
+        "--visibility-allowed-names",
+        default="",
+        help="common names allowed for the --visibility-client-ca certificate, comma separated "
+        "(default: any; with the ConfigMap its requestheader-allowed-names apply)",
+    )
+    p.add_argument(
+        "--manage-visibility-certs",
+        action="store_true",
+        help="serve the visibility API behind the aggregation layer: the leader issues and rotates "
+        "its serving certificate (a Secret) and injects the CA into the APIService; every replica "
+        "serves the Secret's certificate and accepts only the apiserver's front-proxy client",
+    )
+    p.add_argument(
+        "--visibility-namespace",
+        default=os.environ.get("POD_NAMESPACE") or names.COMPONENT_NAMESPACE,
+        help="namespace of the visibility Service and Secret (default %(default)s)",
+    )
+    p.add_argument(
+        "--visibility-service",
+        default="koord-queue-visibility-server",
+        help="visibility Service name, certified as <service>.<namespace>.svc (default %(default)s)",
+    )
+    p.add_argument(
+        "--visibility-secret",
+        default="koord-queue-visibility-cert",
+        help="visibility certificate Secret (default %(default)s)",
+    )
+    p.add_argument(
+        "--visibility-apiservice",
+        default=visibility.APISERVICE,
+        help="APIService to inject the visibility CA into (default %(default)s)",
+    )
+    p.add_argument(
+        "--cert-sync-interval",
+        type=float,
+        default=60.0,
+        help="seconds between certificate checks: Secrets and caBundles (leader), the visibility "
+        "certificate in force (every replica) (default %(default)s)",
     )
     p.add_argument(
         "--bind-address", default="0.0.0.0", help="address of the health, metrics and visibility servers"
@@ -138,7 +186,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="log verbosity: 0 info, 2 scheduling decisions, 4 debug",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.manage_visibility_certs and args.visibility_cert_file:
+        p.error("--manage-visibility-certs and --visibility-cert-file exclude each other")
+    if bool(args.visibility_cert_file) != bool(args.visibility_key_file):
+        p.error("--visibility-cert-file and --visibility-key-file go together")
+    if args.visibility_client_ca and not (args.visibility_cert_file or args.manage_visibility_certs):
+        p.error("--visibility-client-ca needs TLS: --visibility-cert-file or --manage-visibility-certs")
+    if args.cert_sync_interval <= 0:
+        p.error("--cert-sync-interval must be positive")
+    return args
 
 
 def _fanout(*handlers: Handler) -> Handler:
@@ -248,17 +305,11 @@ async def run(args: argparse.Namespace) -> None:
         def ready() -> bool:
             return all(i.synced.is_set() for i in informers)
 
-        tls = None
-        if args.visibility_cert_file:
-            tls = visibility.tls_context(
-                cert_file=args.visibility_cert_file,
-                key_file=args.visibility_key_file,
-                client_ca=args.visibility_client_ca or None,
-            )
+        visibility_app, tls = _visibility_server(args, client, lambda: scheduler.cache)
         servers = (
             (health_app(ready), args.health_port, None),
             (metrics_app(), args.metrics_port, None),
-            (visibility.make_app(lambda: scheduler.cache), args.visibility_port, tls),
+            (visibility_app, args.visibility_port, tls.listening if tls else None),
         )
         for app, port, context in servers:
             runner = await _serve(app, args.bind_address, port, context)
@@ -287,8 +338,19 @@ async def run(args: argparse.Namespace) -> None:
                         secret=args.webhook_secret,
                         service=args.webhook_service,
                         configuration=args.webhook_configuration,
+                        interval_s=args.cert_sync_interval,
                     )
                     acting.create_task(certs.run(), name="webhook-certs")
+                if args.manage_visibility_certs:
+                    visibility_certs = VisibilityCertManager(
+                        client,
+                        namespace=args.visibility_namespace,
+                        secret=args.visibility_secret,
+                        service=args.visibility_service,
+                        apiservice=args.visibility_apiservice,
+                        interval_s=args.cert_sync_interval,
+                    )
+                    acting.create_task(visibility_certs.run(), name="visibility-certs")
 
         try:
             await _supervise(informers, act, args, client)
@@ -298,6 +360,37 @@ async def run(args: argparse.Namespace) -> None:
         for runner in runners:
             await runner.cleanup()
         await client.close()
+
+
+def _visibility_server(
+    args: argparse.Namespace, client: kube.Kube, cache: Callable[[], Cache]
+) -> tuple[web.Application, visibility.ServingTLS | None]:
+    """The visibility app and its TLS: managed (Secret + aggregator auth), from files, or none."""
+    allowed = frozenset(n.strip() for n in args.visibility_allowed_names.split(",") if n.strip())
+    if args.manage_visibility_certs:
+        tls = visibility.ServingTLS(client_auth=True)
+        fixed = visibility.static_requestheader(args.visibility_client_ca or None, allowed)
+
+        def follow() -> Coroutine[Any, Any, None]:
+            return visibility.follow_cluster(
+                tls,
+                client,
+                namespace=args.visibility_namespace,
+                secret=args.visibility_secret,
+                requestheader=fixed,
+                interval_s=args.cert_sync_interval,
+            )
+
+        return visibility.make_app(cache, tls=tls, background=follow), tls
+    if args.visibility_cert_file:
+        tls = visibility.static_tls(
+            cert_file=args.visibility_cert_file,
+            key_file=args.visibility_key_file,
+            client_ca=args.visibility_client_ca or None,
+            allowed_names=allowed,
+        )
+        return visibility.make_app(cache, tls=tls), tls
+    return visibility.make_app(cache), None
 
 
 async def _supervise(

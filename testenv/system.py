@@ -30,6 +30,10 @@ CRD_DIRS = (ROOT / "manifests" / "crds", ROOT / "tests" / "crds")
 WEBHOOK_CONFIG_NAME = "koord-queue-local"
 #: The identity the reconciler uses; the webhook lets only this user resume a queued job.
 RECONCILER_USER = "system:serviceaccount:koord-queue:koord-queue-reconciler"
+#: The visibility API as in a cluster: TLS with the certificate the reconciler keeps in its Secret,
+#: for the apiserver's front-proxy client only (tests/integration/test_visibility.py puts it behind
+#: the APIService). A short interval, so an APIService created by a test gets its caBundle at once.
+VISIBILITY_ARGS = ("--manage-visibility-certs", "--cert-sync-interval=2")
 
 
 def crd_names(path: Path) -> list[str]:
@@ -282,7 +286,9 @@ def start(cluster: LocalCluster, *, logdir: Path) -> Processes:
             processes.components.append(webhook)
             processes.webhook_port = port
         if (ROOT / "reconciler" / "main.py").is_file():
-            processes.components.append(start_reconciler(cluster, logdir=logdir))
+            processes.components.append(
+                start_reconciler(cluster, logdir=logdir, extra_args=list(VISIBILITY_ARGS))
+            )
     except BaseException:
         processes.stop()
         raise

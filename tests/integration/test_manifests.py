@@ -7,7 +7,8 @@ to nothing; the webhook configurations carry the same webhooks, rules and scopin
 setup (``testenv.system.webhook_configurations``); the component config parses without warnings; the
 Deployments are hardened (the apiserver's PodSecurity admission accepts their pods under the
 ``restricted`` level the namespace enforces) and wired to their Services, PDBs, Secret, ConfigMap and
-flags.
+flags; the visibility APIService reaches the reconciler's visibility port through its Service, with
+the names the reconciler's flags certify and inject into.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import pytest
 import yaml
 
 from reconciler import main as reconciler_main
-from shared import admission, names
+from reconciler import visibility as reconciler_visibility
+from shared import admission, names, visibility
 from shared import config as component_config
 from testenv import binaries, system
 from testenv.cluster import LocalCluster
@@ -37,6 +39,13 @@ NAMESPACE = names.COMPONENT_NAMESPACE
 RECONCILER_SA = "koord-queue-reconciler"
 WEBHOOK_SA = "koord-queue-webhook"
 CERT_SECRET = "koord-queue-webhook-cert"
+VISIBILITY_SECRET = "koord-queue-visibility-cert"
+VISIBILITY_SERVICE = "koord-queue-visibility-server"
+APISERVICE = "v1alpha1.visibility.koord-queue.x-k8s.io"
+#: The apiserver publishes the requestheader CA here; the reconciler reads it (and nothing else there).
+AUTH_NAMESPACE = "kube-system"
+AUTH_CONFIGMAP = "extension-apiserver-authentication"
+AUTH_READER = "koord-queue-reconciler-authentication-reader"
 LEASE = "koord-queue-reconciler"
 WEBHOOK_CONFIGURATION = "koord-queue"
 
@@ -73,14 +82,21 @@ RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
         (WEBHOOK_CONFIGURATION,),
         ("get", "update", "patch"),
     ),
+    ("", "apiregistration.k8s.io", "apiservices", (APISERVICE,), ("get", "patch")),
     (NAMESPACE, "scheduling.x-k8s.io", "queues", (), ("get", "list", "watch", "create", "patch", "delete")),
     (NAMESPACE, "scheduling.x-k8s.io", "queues/status", (), ("patch",)),
     (NAMESPACE, "coordination.k8s.io", "leases", (), ("create",)),
     (NAMESPACE, "coordination.k8s.io", "leases", (LEASE,), ("get", "update")),
     (NAMESPACE, "", "secrets", (), ("create",)),
-    (NAMESPACE, "", "secrets", (CERT_SECRET,), ("get", "update")),
+    (NAMESPACE, "", "secrets", (CERT_SECRET, VISIBILITY_SECRET), ("get", "update")),
+    (AUTH_NAMESPACE, "", "configmaps", (AUTH_CONFIGMAP,), ("get",)),
 )
-CLUSTER_SCOPED = {"priorityclasses", "mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
+CLUSTER_SCOPED = {
+    "priorityclasses",
+    "mutatingwebhookconfigurations",
+    "validatingwebhookconfigurations",
+    "apiservices",
+}
 #: A namespace standing for "any namespace where users run jobs".
 USER_NAMESPACE = "team-a"
 
@@ -106,6 +122,15 @@ RECONCILER_DENIED = (
     ("", "apiextensions.k8s.io", "customresourcedefinitions", "", "list"),
     ("", "", "namespaces", "", "list"),
     ("", "", "nodes", "", "list"),
+    ("", "apiregistration.k8s.io", "apiservices", "v1beta1.metrics.k8s.io", "patch"),
+    ("", "apiregistration.k8s.io", "apiservices", APISERVICE, "update"),
+    ("", "apiregistration.k8s.io", "apiservices", APISERVICE, "delete"),
+    ("", "apiregistration.k8s.io", "apiservices", "", "list"),
+    (AUTH_NAMESPACE, "", "configmaps", AUTH_CONFIGMAP, "list"),
+    (AUTH_NAMESPACE, "", "configmaps", AUTH_CONFIGMAP, "watch"),
+    (AUTH_NAMESPACE, "", "configmaps", "kube-proxy", "get"),
+    (AUTH_NAMESPACE, "", "secrets", "", "list"),
+    (NAMESPACE, "", "configmaps", "koord-queue-config", "get"),
 )
 #: A sample of what the webhook's identity must not do: it needs nothing at all.
 WEBHOOK_DENIED = (
@@ -169,6 +194,10 @@ def test_kustomize_renders_every_component(integration_cluster: LocalCluster) ->
         ("Deployment", "koord-queue-webhook"),
         ("Service", "koord-queue-reconciler"),
         ("Service", "koord-queue-webhook"),
+        ("Service", VISIBILITY_SERVICE),
+        ("APIService", APISERVICE),
+        ("Role", AUTH_READER),
+        ("RoleBinding", AUTH_READER),
         ("PodDisruptionBudget", "koord-queue-reconciler"),
         ("PodDisruptionBudget", "koord-queue-webhook"),
         ("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
@@ -182,11 +211,15 @@ def test_kustomize_renders_every_component(integration_cluster: LocalCluster) ->
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
+        "APIService",
     }
     for doc in docs:
         where = doc["metadata"].get("namespace")
         if doc["kind"] in cluster_scoped:
             assert where is None, f"{doc['kind']} {doc['metadata']['name']} is cluster-scoped"
+        elif doc["metadata"]["name"] == AUTH_READER:
+            # The one exception: what reads the apiserver's ConfigMap must live next to it.
+            assert where == AUTH_NAMESPACE, f"{doc['kind']} {AUTH_READER} in {where!r}"
         else:
             assert where == NAMESPACE, f"{doc['kind']} {doc['metadata']['name']} in {where!r}"
         assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "koord-queue"
@@ -290,7 +323,7 @@ def bound_roles(docs: list[Doc], service_account: str) -> list[Doc]:
 
 def test_reconciler_rbac_is_explicit_and_matches_the_table(rendered: list[Doc]) -> None:
     roles = bound_roles(rendered, RECONCILER_SA)
-    assert sorted(r["kind"] for r in roles) == ["ClusterRole", "Role"]
+    assert sorted(r["kind"] for r in roles) == ["ClusterRole", "Role", "Role"]
     granted: set[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = set()
     for role in roles:
         namespace = role["metadata"].get("namespace", "")
@@ -313,11 +346,14 @@ def test_reconciler_rbac_is_explicit_and_matches_the_table(rendered: list[Doc]) 
                     )
     expected = {(ns, g, r, n, tuple(sorted(v))) for ns, g, r, n, v in RBAC}
     assert granted == expected, f"missing {expected - granted}, unexpected {granted - expected}"
-    # Secrets only through the namespaced Role, and reading only the certificate Secret.
+    # Secrets only through the namespaced Role, and reading only the certificate Secrets; the
+    # apiserver's ConfigMap only read, only by name.
     for ns, group, resource, resource_names, verbs in granted:
         if group == "" and resource == "secrets":
             assert ns == NAMESPACE
-            assert set(verbs) == {"create"} or resource_names == (CERT_SECRET,)
+            assert set(verbs) == {"create"} or resource_names == (CERT_SECRET, VISIBILITY_SECRET)
+        if group == "" and resource == "configmaps":
+            assert (ns, resource_names, verbs) == (AUTH_NAMESPACE, (AUTH_CONFIGMAP,), ("get",))
 
 
 def test_webhook_service_account_is_bound_to_nothing(rendered: list[Doc]) -> None:
@@ -386,17 +422,17 @@ def test_the_apiserver_grants_the_reconciler_its_table_and_nothing_more(
         for verb in verbs:
             # Calls on one object carry its name; collection calls (list, watch, create) do not.
             collection = verb in ("list", "watch", "create")
-            name_for_call = resource_names[0] if resource_names else ("" if collection else "some-object")
-            if not allowed(
-                rbac_installed,
-                RECONCILER_SA,
-                namespace=namespace,
-                group=group,
-                resource=resource,
-                name=name_for_call,
-                verb=verb,
-            ):
-                missing.append((namespace, group, resource, name_for_call, verb))
+            for name_for_call in resource_names or ("" if collection else "some-object",):
+                if not allowed(
+                    rbac_installed,
+                    RECONCILER_SA,
+                    namespace=namespace,
+                    group=group,
+                    resource=resource,
+                    name=name_for_call,
+                    verb=verb,
+                ):
+                    missing.append((namespace, group, resource, name_for_call, verb))
     assert missing == []
     excessive = [
         probe
@@ -569,3 +605,32 @@ def test_reconciler_deployment_reads_its_config_and_elects_a_leader(rendered: li
     config_map = volumes[mount["name"]]["configMap"]
     assert config_map["name"] == "koord-queue-config"
     assert args.config.name in {i["path"] for i in config_map["items"]}
+
+
+def test_the_visibility_apiservice_reaches_the_reconcilers_visibility_port(rendered: list[Doc]) -> None:
+    apiservice = find(rendered, "APIService", APISERVICE)
+    spec = apiservice["spec"]
+    assert f"{spec['version']}.{spec['group']}" == APISERVICE == reconciler_visibility.APISERVICE
+    assert f"{spec['group']}/{spec['version']}" == visibility.API_VERSION
+    assert 0 < spec["groupPriorityMinimum"] < 1000 and spec["versionPriority"] > 0
+    # Trust comes from the caBundle the reconciler injects; nothing may switch verification off.
+    assert "caBundle" not in spec and not spec.get("insecureSkipTLSVerify")
+    assert spec["service"] == {"name": VISIBILITY_SERVICE, "namespace": NAMESPACE, "port": 443}
+
+    service = find(rendered, "Service", VISIBILITY_SERVICE)
+    port = next(p for p in service["spec"]["ports"] if p["port"] == 443)
+    deployment = find(rendered, "Deployment", "koord-queue-reconciler")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+    container = container_of(deployment)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    args = reconciler_main.parse_args([a for a in container["args"] if a != "--leader-elect"])
+    assert ports[port["targetPort"]] == args.visibility_port == 8082
+
+    # The reconciler certifies the Service's name, keeps the pair in the Secret its RBAC names and
+    # injects the CA into this APIService; no files are mounted for it.
+    assert args.manage_visibility_certs and not args.visibility_cert_file
+    assert (args.visibility_namespace, args.visibility_service) == (NAMESPACE, VISIBILITY_SERVICE)
+    assert args.visibility_secret == VISIBILITY_SECRET
+    assert args.visibility_apiservice == APISERVICE
+    assert not args.visibility_client_ca  # read from the apiserver's ConfigMap, which RBAC allows

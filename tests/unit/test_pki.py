@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from ipaddress import ip_address
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from cryptography import x509
@@ -484,8 +484,8 @@ def test_a_server_refuses_a_client_cert_from_another_ca(
 # --- Webhook bundle: names and Secret encoding --------------------------------------------------
 
 
-def test_webhook_dns_names_cover_every_way_to_reach_the_service() -> None:
-    assert bundle.webhook_dns_names("koord-queue-webhook", "koord-queue") == [
+def test_service_dns_names_cover_every_way_to_reach_the_service() -> None:
+    assert bundle.service_dns_names("koord-queue-webhook", "koord-queue") == [
         "koord-queue-webhook",
         "koord-queue-webhook.koord-queue",
         "koord-queue-webhook.koord-queue.svc",
@@ -526,7 +526,7 @@ def test_secret_data_with_bad_base64_garbage_pem_or_a_foreign_key_decodes_to_non
 
 # --- Webhook bundle: rotation decisions ---------------------------------------------------------
 
-NAMES = bundle.webhook_dns_names("koord-queue-webhook", "koord-queue")
+NAMES = bundle.service_dns_names("koord-queue-webhook", "koord-queue")
 
 
 def _current(*, now: datetime = NOW) -> tuple[pki.KeyPair, pki.KeyPair]:
@@ -616,3 +616,42 @@ def test_a_stored_ca_that_is_not_a_ca_is_replaced() -> None:
 def test_planning_without_dns_names_is_refused() -> None:
     with pytest.raises(ValueError, match="no DNS names"):
         bundle.plan_rotation(current=None, dns_names=[], now=NOW)
+
+
+# --- caBundle injection patches -------------------------------------------------------------------
+
+
+def _configuration(*bundles: str | None) -> dict[str, object]:
+    hooks = [
+        {"name": f"h{i}", "clientConfig": {"service": {"name": "s"}, **({"caBundle": b} if b else {})}}
+        for i, b in enumerate(bundles)
+    ]
+    return {"metadata": {"name": "koord-queue", "resourceVersion": "7"}, "webhooks": hooks}
+
+
+def test_webhook_patch_adds_or_replaces_only_the_bundles_that_differ_guarded_by_resource_version() -> None:
+    patch = bundle.webhook_ca_patch(_configuration(None, "old", "new"), "new")
+
+    assert patch == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+        {"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": "new"},
+        {"op": "replace", "path": "/webhooks/1/clientConfig/caBundle", "value": "new"},
+    ]
+    assert bundle.webhook_ca_patch(_configuration("new", "new"), "new") is None
+    assert bundle.webhook_ca_patch({"metadata": {"resourceVersion": "1"}}, "new") is None  # no webhooks
+
+
+def test_apiservice_patch_sets_the_spec_ca_bundle_once() -> None:
+    apiservice: dict[str, Any] = {
+        "metadata": {"name": "v1alpha1.visibility.koord-queue.x-k8s.io", "resourceVersion": "3"},
+        "spec": {"service": {"name": "koord-queue-visibility-server"}},
+    }
+
+    assert bundle.apiservice_ca_patch(apiservice, "Y2E=") == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "3"},
+        {"op": "add", "path": "/spec/caBundle", "value": "Y2E="},
+    ]
+    apiservice["spec"]["caBundle"] = "Y2E="
+    assert bundle.apiservice_ca_patch(apiservice, "Y2E=") is None
+    # A different bundle (a rotated CA) is replaced by the same "add" (JSON patch add replaces).
+    assert bundle.apiservice_ca_patch(apiservice, "bmV3")[1]["value"] == "bmV3"
