@@ -1,10 +1,16 @@
 """Kubernetes Events, recorded off the hot path and without flooding the apiserver.
 
-``record`` only enqueues; a worker task writes. Identical events (same object, type, reason and
+``record`` only enqueues; a few worker tasks write. Identical events (same object, type, reason and
 message) are folded like client-go's correlator: the first is created, repeats within the window
 bump ``count`` on the same Event at most once per ``min_patch_interval``, so a unit that fails the
 same way every cycle costs one write per interval instead of one per cycle. When the queue is full
 the event is dropped and counted: events are information, never a reason to stall scheduling.
+
+The queue holds only the involved object's reference, never the object: under a burst thousands of
+events wait, and each whole QueueUnit (our write's answer, ``managedFields`` included) would stay
+alive until its event was written (the 15,000-job benchmark measured about 100 MiB of them). One
+writer fell behind a burst (about 40 Scheduled events a second, each a round trip) and dropped
+events, so several write concurrently; events of one object go to one writer, in order.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from shared import kube, names
 
@@ -45,51 +50,63 @@ class EventRecorder:
         window_s: float = 600.0,
         min_patch_interval_s: float = 30.0,
         max_queue: int = 10_000,
+        writers: int = 4,
     ) -> None:
         self.client = client
         self.component = component
         self.instance = instance
         self.window_s = window_s
         self.min_patch_interval_s = min_patch_interval_s
-        self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize=max_queue)
+        self.writers = max(1, writers)
+        per_writer = max(1, max_queue // self.writers)
+        self._queues: list[asyncio.Queue[tuple[dict[str, str], str, str, str]]] = [
+            asyncio.Queue(maxsize=per_writer) for _ in range(self.writers)
+        ]
         self._seen: dict[tuple[str, str, str, str], _Seen] = {}
         self.dropped = 0
         self.written = 0
 
     def record(self, obj: kube.Obj, *, type_: str, reason: str, message: str) -> None:
         """Queue an event about ``obj`` (any object with apiVersion, kind and metadata)."""
+        meta = obj.get("metadata") or {}
+        ref = {
+            "apiVersion": str(obj.get("apiVersion", "")),
+            "kind": str(obj.get("kind", "")),
+            "name": str(meta.get("name", "")),
+            "namespace": str(meta.get("namespace") or "default"),
+            "uid": str(meta.get("uid", "")),
+        }
+        queue = self._queues[hash(ref["uid"]) % self.writers]
         try:
-            self._queue.put_nowait(("event", (obj, type_, reason, message)))
+            queue.put_nowait((ref, type_, reason, message))
         except asyncio.QueueFull:
             self.dropped += 1
 
     async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for i, queue in enumerate(self._queues):
+                tg.create_task(self._writer(queue), name=f"events-{i}")
+
+    async def _writer(self, queue: asyncio.Queue[tuple[dict[str, str], str, str, str]]) -> None:
         while True:
-            _, (obj, type_, reason, message) = await self._queue.get()
+            ref, type_, reason, message = await queue.get()
             try:
-                await self._write(obj, type_, reason, message)
+                await self._write(ref, type_, reason, message)
             except kube.KubeError as err:
-                log.warning(
-                    "event %s for %s/%s not written: %s",
-                    reason,
-                    obj.get("kind"),
-                    (obj.get("metadata") or {}).get("name"),
-                    err,
-                )
+                log.warning("event %s for %s/%s not written: %s", reason, ref["kind"], ref["name"], err)
             except Exception:
                 log.exception("event %s not written", reason)
             finally:
-                self._queue.task_done()
+                queue.task_done()
 
     async def drain(self, *, timeout: float = 5.0) -> None:
-        """Wait (bounded) until the queue is empty — for tests and graceful shutdown."""
+        """Wait (bounded) until the queues are empty — for tests and graceful shutdown."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._queue.join(), timeout)
+            await asyncio.wait_for(asyncio.gather(*(q.join() for q in self._queues)), timeout)
 
-    async def _write(self, obj: kube.Obj, type_: str, reason: str, message: str) -> None:
-        meta = obj.get("metadata") or {}
-        namespace = str(meta.get("namespace") or "default")
-        uid = str(meta.get("uid", ""))
+    async def _write(self, ref: dict[str, str], type_: str, reason: str, message: str) -> None:
+        namespace = ref["namespace"]
+        uid = ref["uid"]
         key = (uid, type_, reason, message)
         now = time.monotonic()
         seen = self._seen.get(key)
@@ -108,18 +125,12 @@ class EventRecorder:
                 self.written += 1
                 return
         stamp = _now_text()
-        name = f"{meta.get('name', 'object')}.{secrets.token_hex(8)}"
+        name = f"{ref['name'] or 'object'}.{secrets.token_hex(8)}"
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": name, "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": obj.get("apiVersion", ""),
-                "kind": obj.get("kind", ""),
-                "name": meta.get("name", ""),
-                "namespace": namespace,
-                "uid": uid,
-            },
+            "involvedObject": dict(ref),
             "reason": reason,
             "message": message[:1024],
             "type": type_,
