@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> None:
         kubeconfig.chmod(0o600)
         if not args.no_system:
             processes = system.start(cluster, logdir=workdir)
+            reconciler = next((c for c in processes.components if c.name == "reconciler"), None)
+            if reconciler is not None and "visibility" in reconciler.ports:
+                # kubectl get --raw /apis/visibility.koord-queue.x-k8s.io/v1alpha1/... works locally.
+                system.register_visibility(cluster, port=reconciler.ports["visibility"])
         print(f"control plane up in {time.monotonic() - started:.1f}s; logs in {workdir}", file=sys.stderr)
         print(f"READY kubeconfig={kubeconfig}", flush=True)
         while not stop.wait(1.0):

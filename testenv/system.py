@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from certs import pki
+from shared import names
 from testenv import binaries
 from testenv.cluster import ClusterError, Component, LocalCluster, free_port, http_ok, wait_until
 
@@ -295,16 +296,58 @@ def start(cluster: LocalCluster, *, logdir: Path) -> Processes:
     return processes
 
 
-def install_rbac(cluster: LocalCluster) -> None:
-    """Apply the ServiceAccounts and RBAC of ``manifests/`` exactly as a cluster install does."""
+def rendered_manifests() -> list[dict[str, Any]]:
+    """``kubectl kustomize manifests/``: the objects a cluster install applies."""
     rendered = subprocess.run(
         [str(binaries.kubectl()), "kustomize", str(ROOT / "manifests")],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+VISIBILITY_APISERVICE = "v1alpha1.visibility.koord-queue.x-k8s.io"
+VISIBILITY_SERVICE = "koord-queue-visibility-server"
+_SERVICES = f"/api/v1/namespaces/{names.COMPONENT_NAMESPACE}/services"
+_APISERVICES = "/apis/apiregistration.k8s.io/v1/apiservices"
+
+
+def register_visibility(cluster: LocalCluster, *, port: int) -> dict[str, Any]:
+    """Register the manifests' APIService for a reconciler serving visibility on localhost:``port``.
+
+    There is no pod network and Endpoints may not point at loopback, so the Service behind it is of
+    type ``ExternalName`` with ``externalName: localhost``, and the APIService names the port; the
+    aggregator resolves ExternalName Services to the external name and still verifies the serving
+    certificate for ``<service>.<namespace>.svc`` against the caBundle the reconciler injects.
+    Returns the APIService as registered (without the caBundle).
+    """
+    apiservice = next(d for d in rendered_manifests() if d["kind"] == "APIService")
+    apiservice["spec"]["service"]["port"] = port
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": apiservice["spec"]["service"]["name"], "namespace": names.COMPONENT_NAMESPACE},
+        "spec": {"type": "ExternalName", "externalName": "localhost"},
+    }
+    unregister_visibility(cluster)
+    cluster.request("POST", _SERVICES, service)
+    cluster.request("POST", _APISERVICES, apiservice)
+    return apiservice
+
+
+def unregister_visibility(cluster: LocalCluster) -> None:
+    """Remove what :func:`register_visibility` created (an unavailable APIService makes every
+    later kubectl's discovery complain)."""
+    for path in (f"{_APISERVICES}/{VISIBILITY_APISERVICE}", f"{_SERVICES}/{VISIBILITY_SERVICE}"):
+        with contextlib.suppress(urllib.error.HTTPError):
+            cluster.request("DELETE", path)
+
+
+def install_rbac(cluster: LocalCluster) -> None:
+    """Apply the ServiceAccounts and RBAC of ``manifests/`` exactly as a cluster install does."""
     kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
-    docs = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") in kinds]
+    docs = [d for d in rendered_manifests() if d.get("kind") in kinds]
     subprocess.run(
         [
             str(binaries.kubectl()),

@@ -31,12 +31,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
 from certs import bundle
 from shared import kube as kq
 from shared import names
-from testenv import binaries, system
+from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube
 
@@ -236,29 +235,14 @@ async def test_only_the_front_proxy_client_naming_a_user_is_served(visibility: V
 @contextlib.contextmanager
 def registered(cluster: LocalCluster, *, port: int) -> Iterator[None]:
     """The manifests' APIService, pointing at an ExternalName Service for localhost:``port``."""
-    rendered = kube.kubectl(cluster, "kustomize", str(binaries.PROJECT_ROOT / "manifests")).stdout
-    apiservice = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "APIService")
-    assert apiservice["metadata"]["name"] == APISERVICE
-    assert apiservice["spec"]["service"]["name"] == SERVICE
-    assert "caBundle" not in apiservice["spec"]  # the reconciler injects it
-    apiservice["spec"]["service"]["port"] = port
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": SERVICE, "namespace": names.COMPONENT_NAMESPACE},
-        "spec": {"type": "ExternalName", "externalName": "localhost"},
-    }
-    services = f"/api/v1/namespaces/{names.COMPONENT_NAMESPACE}/services"
-    apiservices = "/apis/apiregistration.k8s.io/v1/apiservices"
-    cluster.request("POST", services, service)
+    apiservice = system.register_visibility(cluster, port=port)
     try:
-        cluster.request("POST", apiservices, apiservice)
+        assert apiservice["metadata"]["name"] == APISERVICE
+        assert apiservice["spec"]["service"]["name"] == SERVICE
+        assert "caBundle" not in apiservice["spec"]  # the reconciler injects it
         yield
     finally:
-        # An unavailable APIService would make every later kubectl's discovery complain.
-        for path in (f"{apiservices}/{APISERVICE}", f"{services}/{SERVICE}"):
-            with contextlib.suppress(urllib.error.HTTPError):
-                cluster.request("DELETE", path)
+        system.unregister_visibility(cluster)
 
 
 def raw(cluster: LocalCluster, path: str, *as_user: str) -> subprocess.CompletedProcess[str]:
