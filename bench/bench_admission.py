@@ -321,6 +321,27 @@ def _split_path(path: str) -> tuple[str, str]:
     return resource, sub
 
 
+def _trace_memory(out: pathlib.Path, every_s: float = 20.0) -> None:
+    """Diagnostics (``KQ_BENCH_TRACEMALLOC=<file>``): every ``every_s`` seconds, write the 30 source
+    lines holding the most memory in the reconciler. Slows allocation; never for timed runs."""
+    import threading
+    import tracemalloc
+
+    tracemalloc.start(1)
+
+    def dump() -> None:
+        while True:
+            time.sleep(every_s)
+            stats = tracemalloc.take_snapshot().statistics("lineno")
+            total = sum(s.size for s in stats)
+            lines = [f"total {total / 2**20:.1f} MiB"] + [
+                f"{s.size / 2**20:8.1f} MiB {s.count:9d} {s.traceback}" for s in stats[:30]
+            ]
+            out.write_text("\n".join(lines) + "\n")
+
+    threading.Thread(target=dump, daemon=True, name="tracemalloc").start()
+
+
 def as_reconciler(argv: list[str]) -> None:
     """Run ``reconciler.main`` with a request counter (and optionally under cProfile)."""
     profile_out = ""
@@ -352,6 +373,8 @@ def as_reconciler(argv: list[str]) -> None:
 
     kube.Kube.request = counted  # type: ignore[method-assign]
     kube.Kube.watch = watched  # type: ignore[method-assign]
+    if os.environ.get("KQ_BENCH_TRACEMALLOC"):
+        _trace_memory(pathlib.Path(os.environ["KQ_BENCH_TRACEMALLOC"]))
     if not profile_out:
         reconciler_main.main(argv)
         return

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -69,7 +69,7 @@ class JobExtensions:
         client: kube.Kube,
         *,
         adapters: tuple[JobAdapter, ...],
-        units: Callable[[], dict[str, kube.Obj]],
+        units: Callable[[], Mapping[str, kube.Obj]],
         priority_classes: Callable[[], dict[str, int]],
         events: EventRecorder,
         workers: int = 8,
@@ -82,12 +82,17 @@ class JobExtensions:
         self.workers = workers
         self.job_informers = {
             (a.api_version, a.kind): Informer(
-                client, resource_of(a), handler=self._on_job(a), optional=True, transform=job_transform(a)
+                client,
+                resource_of(a),
+                handler=self._on_job(a),
+                optional=True,
+                transform=job_transform(a),
+                packed=True,
             )
             for a in adapters
         }
         self.clusters = self._cluster_informer()
-        self.pods = Informer(client, kube.PODS, handler=self._on_pod, transform=slim_pod)
+        self.pods = Informer(client, kube.PODS, handler=self._on_pod, transform=slim_pod, packed=True)
         #: unit key ("ns/name") → pod keys, from the related-queueunit annotation
         self._pods_by_unit: dict[str, set[str]] = {}
         self._dirty: dict[JobKey, None] = {}
@@ -534,8 +539,13 @@ class JobExtensions:
             # pick another pod to release; but never over a newer version the watch delivered
             # meanwhile (a stale "unbound" copy could make a running pod look reclaimable).
             pod_key = f"{pod.namespace}/{pod.name}"
-            if self.pods.objects.get(pod_key) is current:
+            latest = self.pods.objects.get(pod_key)
+            if latest is not None and _rv_of(latest) == _rv_of(current):
                 self.pods.objects[pod_key] = slim_pod(updated)
+
+
+def _rv_of(obj: kube.Obj | None) -> object:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
 def slim_pod(pod: kube.Obj) -> kube.Obj:

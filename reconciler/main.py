@@ -285,7 +285,7 @@ async def run(args: argparse.Namespace) -> None:
             events=events,
             workers=args.workers,
         )
-        units = Informer(client, QUEUE_UNITS, handler=_fanout(scheduler.on_unit, jobs.on_unit))
+        units = Informer(client, QUEUE_UNITS, handler=_fanout(scheduler.on_unit, jobs.on_unit), packed=True)
         scheduler.unit_store = units.objects
         queues = Informer(
             client,

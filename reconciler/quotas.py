@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from reconciler.events import EventRecorder
 from shared import kube, names, quotaqueues
@@ -34,8 +34,8 @@ class QuotaQueueSync:
         self,
         client: kube.Kube,
         *,
-        quotas: Callable[[], dict[str, kube.Obj]],
-        queues: Callable[[], dict[str, kube.Obj]],
+        quotas: Callable[[], Mapping[str, kube.Obj]],
+        queues: Callable[[], Mapping[str, kube.Obj]],
         events: EventRecorder,
     ) -> None:
         self.client = client

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.informer import Informer
+from reconciler.informer import Informer, PackedStore
 from shared import kube
 
 RES = kube.Resource("example.io", "v1", "things", "Thing")
@@ -47,7 +47,8 @@ async def test_a_missing_optional_kind_counts_as_synced_and_empty() -> None:
         await task
 
 
-async def test_a_relist_after_410_reports_objects_deleted_meanwhile_and_slims_objects() -> None:
+@pytest.mark.parametrize("packed", [False, True])
+async def test_a_relist_after_410_reports_objects_deleted_meanwhile_and_slims_objects(packed: bool) -> None:
     events: list[tuple[str | None, str | None]] = []
 
     def handler(old: kube.Obj | None, new: kube.Obj | None) -> None:
@@ -56,7 +57,7 @@ async def test_a_relist_after_410_reports_objects_deleted_meanwhile_and_slims_ob
         )
 
     client = FakeClient([([thing("a"), thing("b")], "5"), ([thing("b")], "7")])
-    informer = Informer(client, RES, handler=handler)  # type: ignore[arg-type]
+    informer = Informer(client, RES, handler=handler, packed=packed)  # type: ignore[arg-type]
     task = asyncio.create_task(informer.run())
     for _ in range(200):
         if informer.relists >= 2:
@@ -69,3 +70,18 @@ async def test_a_relist_after_410_reports_objects_deleted_meanwhile_and_slims_ob
     assert set(informer.objects) == {"ns/b"}
     assert ("a", None) in events
     assert "managedFields" not in informer.objects["ns/b"]["metadata"]
+
+
+def test_a_packed_store_holds_bytes_and_hands_out_copies() -> None:
+    store = PackedStore()
+    obj = thing("a")
+    store["ns/a"] = obj
+    obj["metadata"]["name"] = "changed"  # the caller's dict is not the stored one
+    first, second = store["ns/a"], store.get("ns/a")
+    assert first == second and first is not second
+    assert first["metadata"]["name"] == "a"
+    assert "ns/a" in store and list(store) == ["ns/a"] and len(store) == 1
+    assert store.get("ns/none") is None and store.get("ns/none", {}) == {}
+    assert all(isinstance(v, bytes) for v in store._packed.values())
+    del store["ns/a"]
+    assert len(store) == 0 and store.pop("ns/a", None) is None
