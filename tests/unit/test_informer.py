@@ -4,6 +4,7 @@ reconciler from getting ready, and a relist replaces the store (deletions seen w
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -83,5 +84,19 @@ def test_a_packed_store_holds_bytes_and_hands_out_copies() -> None:
     assert "ns/a" in store and list(store) == ["ns/a"] and len(store) == 1
     assert store.get("ns/none") is None and store.get("ns/none", {}) == {}
     assert all(isinstance(v, bytes) for v in store._packed.values())
+
     del store["ns/a"]
     assert len(store) == 0 and store.pop("ns/a", None) is None
+
+
+def test_a_packed_object_costs_its_json_size_not_orjsons_buffer() -> None:
+    store = PackedStore()
+    obj = {"metadata": {"name": "x" * 900}}
+    tracemalloc.start()
+    try:
+        for i in range(200):
+            store[f"ns/{i}"] = obj
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held / 200 < 2 * 1024, held / 200
