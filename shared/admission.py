@@ -21,12 +21,14 @@ with the field path.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple, TypeGuard
+
+import orjson
 
 from shared import names, validation
 from shared.jobs import base, registry
@@ -36,10 +38,22 @@ from shared.validation import FieldError
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
 DEFAULT_RECONCILER_USERNAME: Final = "system:serviceaccount:koord-queue:koord-queue-reconciler"
 _OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+_UPDATE: Final = "UPDATE"
+_WRITES: Final = ("CREATE", _UPDATE)
 _QUEUE: Final = (names.API_VERSION, "Queue")
 _QUEUE_UNIT: Final = (names.API_VERSION, "QueueUnit")
 _ELASTIC_QUOTA: Final = (names.QUOTA_API_VERSION, "ElasticQuota")
 _FINISHED: Final = (JobStatus.SUCCEEDED, JobStatus.FAILED)
+_OBJECT_CHECKS: Final = {
+    _QUEUE: validation.validate_queue,
+    _QUEUE_UNIT: validation.validate_queue_unit,
+    _ELASTIC_QUOTA: validation.validate_elastic_quota,
+}
+
+
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    # Parsed JSON objects are plain dicts; the ABC check is only needed for other mappings (slow).
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 class MalformedReview(ValueError):
@@ -62,9 +76,12 @@ class AdmissionConfig:
         registry.enabled_adapters(self.enabled_extensions)
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionRequest:
-    """The parts of ``AdmissionReview.request`` the decisions read, type-checked."""
+class AdmissionRequest(NamedTuple):
+    """The parts of ``AdmissionReview.request`` the decisions read, type-checked.
+
+    A named tuple (immutable like a frozen dataclass, but built in a fraction of the time: one is
+    made per review).
+    """
 
     uid: str
     api_version: str
@@ -91,47 +108,61 @@ def _object(request: Mapping[str, Any], key: str, *, required: bool) -> Mapping[
     value = request.get(key)
     if value is None and not required:
         return None
-    if not isinstance(value, Mapping):
+    if not _is_mapping(value):
         raise MalformedReview(f"request.{key} must be an object")
     return value
 
 
 def parse_review(body: object) -> AdmissionRequest:
     """Check the envelope of an AdmissionReview and extract its request."""
-    if not isinstance(body, Mapping):
+    # ``type(x) is dict`` / ``type(x) is str`` short-cut the checks for what orjson produces; the
+    # general checks (``_is_mapping``, ``_string``, ``_object``) decide everything else.
+    if type(body) is not dict and not _is_mapping(body):
         raise MalformedReview("the body must be a JSON object (an AdmissionReview)")
     if body.get("apiVersion") != REVIEW_API_VERSION or body.get("kind") != "AdmissionReview":
         raise MalformedReview(f"only {REVIEW_API_VERSION} AdmissionReview is supported")
     request = body.get("request")
-    if not isinstance(request, Mapping):
+    if type(request) is not dict and not _is_mapping(request):
         raise MalformedReview("request must be an object")
-    uid = _string(request, "uid", required=True)
+    uid = request.get("uid")
+    if type(uid) is not str or not uid:
+        uid = _string(request, "uid", required=True)
     kind = request.get("kind")
-    if not isinstance(kind, Mapping):
+    if type(kind) is not dict and not _is_mapping(kind):
         raise MalformedReview("request.kind must be an object")
     group, version, kind_name = kind.get("group", ""), kind.get("version"), kind.get("kind")
-    if not all(isinstance(v, str) for v in (group, version, kind_name)) or not version or not kind_name:
+    if (
+        not (isinstance(group, str) and isinstance(version, str) and isinstance(kind_name, str))
+        or not version
+        or not kind_name
+    ):
         raise MalformedReview("request.kind must hold string group, version and kind")
-    operation = _string(request, "operation", required=True)
+    operation = request.get("operation")
+    if type(operation) is not str or not operation:
+        operation = _string(request, "operation", required=True)
     if operation not in _OPERATIONS:
         raise MalformedReview(f"request.operation must be one of {', '.join(sorted(_OPERATIONS))}")
     user = request.get("userInfo")
-    if user is not None and not isinstance(user, Mapping):
+    if user is not None and type(user) is not dict and not _is_mapping(user):
         raise MalformedReview("request.userInfo must be an object")
     username = (user or {}).get("username", "")
     if not isinstance(username, str):
         raise MalformedReview("request.userInfo.username must be a string")
+    sub_resource, namespace, name = request.get("subResource"), request.get("namespace"), request.get("name")
+    obj, old_obj = request.get("object"), request.get("oldObject")
     return AdmissionRequest(
         uid=uid,
         api_version=f"{group}/{version}" if group else str(version),
         kind=str(kind_name),
         operation=operation,
-        sub_resource=_string(request, "subResource"),
-        namespace=_string(request, "namespace"),
-        name=_string(request, "name"),
+        sub_resource=sub_resource if type(sub_resource) is str else _string(request, "subResource"),
+        namespace=namespace if type(namespace) is str else _string(request, "namespace"),
+        name=name if type(name) is str else _string(request, "name"),
         username=username,
-        obj=_object(request, "object", required=operation in ("CREATE", "UPDATE")),
-        old_obj=_object(request, "oldObject", required=operation == "UPDATE"),
+        obj=obj if type(obj) is dict else _object(request, "object", required=operation in _WRITES),
+        old_obj=old_obj
+        if type(old_obj) is dict
+        else _object(request, "oldObject", required=operation == _UPDATE),
     )
 
 
@@ -151,12 +182,16 @@ def deny(uid: str, errors: list[FieldError]) -> dict[str, Any]:
 
 
 def patched(uid: str, ops: list[base.JsonPatchOp]) -> dict[str, Any]:
-    encoded = json.dumps(ops, separators=(",", ":"), ensure_ascii=False).encode()
+    # Compact UTF-8 JSON: orjson, with the standard library for what orjson refuses.
+    try:
+        encoded = orjson.dumps(ops)
+    except orjson.JSONEncodeError:  # lone surrogates, integers over 64 bits, non-string keys, ...
+        encoded = json.dumps(ops, separators=(",", ":"), ensure_ascii=False).encode()
     return {
         "uid": uid,
         "allowed": True,
         "patchType": "JSONPatch",
-        "patch": base64.b64encode(encoded).decode("ascii"),
+        "patch": binascii.b2a_base64(encoded, newline=False).decode("ascii"),  # = base64.b64encode
     }
 
 
@@ -186,13 +221,13 @@ def _adapter(request: AdmissionRequest, config: AdmissionConfig) -> JobAdapter |
 
 
 def _being_deleted(obj: Mapping[str, Any]) -> bool:
-    return bool(base.dig(obj, "metadata", "deletionTimestamp"))
+    return bool(base.metadata_field(obj, "deletionTimestamp"))
 
 
 def _with_namespace(job: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
     """On CREATE the namespace often lives only in the request; the adapters read it from the job."""
     metadata = job.get("metadata")
-    if not namespace or not isinstance(metadata, Mapping) or base.namespace_of(job):
+    if not namespace or not _is_mapping(metadata) or base.namespace_of(job):
         return job
     return {**job, "metadata": {**metadata, "namespace": namespace}}
 
@@ -218,14 +253,8 @@ def _validate(request: AdmissionRequest, *, config: AdmissionConfig) -> list[Fie
     if _being_deleted(new) or request.username == config.reconciler_username:
         return []
     old = request.old_obj if request.operation == "UPDATE" else None
-    key = (request.api_version, request.kind)
-    checks = {
-        _QUEUE: validation.validate_queue,
-        _QUEUE_UNIT: validation.validate_queue_unit,
-        _ELASTIC_QUOTA: validation.validate_elastic_quota,
-    }
-    if key in checks:
-        check = checks[key]
+    check = _OBJECT_CHECKS.get((request.api_version, request.kind))
+    if check is not None:
         return validation.ratchet(check(new), check(old) if old is not None else [])
     adapter = _adapter(request, config)
     if adapter is None:
@@ -238,36 +267,52 @@ def _validate_job(
 ) -> list[FieldError]:
     managed_old = old is not None and adapter.is_managed(old)
     errors: list[FieldError] = []
+    # Each object's annotations are read once (``annotations_of`` copies the string entries).
+    new_annotations: dict[str, str] | None = None
+    old_annotations = base.annotations_of(old) if old is not None else None
     if adapter.is_managed(new):
-        unchanged = base.annotations_of(old) if old is not None else None
-        errors += validation.validate_job_annotations(base.annotations_of(new), unchanged=unchanged)
-    if old is not None and managed_old:
-        errors += _guard_queue_hold(adapter, new, old, reconciler=reconciler)
+        new_annotations = base.annotations_of(new)
+        errors += validation.validate_job_annotations(new_annotations, unchanged=old_annotations)
+    if old is not None and old_annotations is not None and managed_old:
+        if new_annotations is None:
+            new_annotations = base.annotations_of(new)
+        errors += _guard_queue_hold(
+            adapter, new, old, new_annotations, old_annotations, reconciler=reconciler
+        )
     return errors
 
 
 def _guard_queue_hold(
-    adapter: JobAdapter, new: Mapping[str, Any], old: Mapping[str, Any], *, reconciler: str
+    adapter: JobAdapter,
+    new: Mapping[str, Any],
+    old: Mapping[str, Any],
+    new_annotations: Mapping[str, str],
+    old_annotations: Mapping[str, str],
+    *,
+    reconciler: str,
 ) -> list[FieldError]:
     """The rules that keep a user from starting a queued job past the queue."""
     errors: list[FieldError] = []
-    unit = f"{base.namespace_of(old)}/{adapter.queue_unit_name(old)}"
     dequeue_key = names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION
-    if base.is_enqueued(old) and not base.is_dequeued(old):
+    dequeued = base.dequeued_in(old_annotations)
+    if base.enqueued_in(old_annotations) and not dequeued:
         after = adapter.suspend_state(new)
         for path, held in adapter.suspend_state(old).items():
             if held and not after.get(path, False):
+                unit = f"{base.namespace_of(old)}/{adapter.queue_unit_name(old)}"
                 detail = (
                     f"the job is queued by koord-queue; it is resumed automatically when its "
                     f"QueueUnit {unit} is admitted; only {reconciler} may resume it"
                 )
                 errors.append(validation.forbidden(path, detail))
-    before_stamp = base.annotations_of(old).get(dequeue_key) or ""
-    if (base.annotations_of(new).get(dequeue_key) or "") != before_stamp:
+    before_stamp = old_annotations.get(dequeue_key) or ""
+    if (new_annotations.get(dequeue_key) or "") != before_stamp:
         detail = f"set only by {reconciler} when koord-queue admits the job"
         errors.append(validation.forbidden(f"metadata.annotations[{dequeue_key}]", detail))
+    if not dequeued:  # (checked first: the quota names are only compared for an admitted job)
+        return errors
     old_quota, new_quota = adapter.quota_name(old), adapter.quota_name(new)
-    if old_quota != new_quota and base.is_dequeued(old) and adapter.job_status(old) not in _FINISHED:
+    if old_quota != new_quota and adapter.job_status(old) not in _FINISHED:
         label = names.QUOTA_NAME_LABEL
         if names.QUOTA_NAME_LABEL not in base.labels_of(old) | base.labels_of(new):
             label = names.QUOTA_NAME_LABEL_FALLBACK

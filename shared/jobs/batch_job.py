@@ -34,8 +34,10 @@ class BatchJobAdapter(AdapterBase):
     def is_managed(self, job: Job) -> bool:
         if self.quota_name(job) is None:
             return False
-        parents = base.owner_kinds(job, controller_only=True)
-        return not any(api.split("/")[0] in _MANAGED_PARENT_GROUPS for api, _, _ in parents)
+        for api, _, _ in base.owner_kinds(job, controller_only=True):
+            if api.split("/")[0] in _MANAGED_PARENT_GROUPS:
+                return False
+        return True
 
     def is_suspended(self, job: Job) -> bool:
         return base.dig(job, "spec", "suspend") is True

@@ -19,6 +19,10 @@ from shared.jobs.patches import PatchBuilder
 from shared.jobs.podspec import template_requests
 
 _ANNOTATIONS = ("metadata", "annotations")
+_HAS_ENQUEUED = (*_ANNOTATIONS, names.JOB_HAS_ENQUEUED_ANNOTATION)
+_ENQUEUE_TIMESTAMP = (*_ANNOTATIONS, names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION)
+_DEQUEUE_TIMESTAMP = (*_ANNOTATIONS, names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
+_GATE = {"name": names.ADMISSION_GATE}
 
 
 class AdapterBase:
@@ -38,8 +42,8 @@ class AdapterBase:
         name = base.name_of(job)
         return f"{name}-{self.queue_unit_suffix}" if name and self.queue_unit_suffix else name
 
-    def quota_name(self, job: Job) -> str | None:
-        return base.quota_name(job)
+    # The shared reader itself (not a method forwarding to it): one call less on every admission.
+    quota_name = staticmethod(base.quota_name)
 
     def is_managed(self, job: Job) -> bool:
         return self.quota_name(job) is not None
@@ -119,9 +123,9 @@ class AdapterBase:
         admitted, and leaving it would let the user resume the job past the queue.
         """
         builder = PatchBuilder(job)
-        builder.set((*_ANNOTATIONS, names.JOB_HAS_ENQUEUED_ANNOTATION), "true")
-        builder.set((*_ANNOTATIONS, names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION), now_text)
-        builder.remove((*_ANNOTATIONS, names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION))
+        builder.set(_HAS_ENQUEUED, "true")
+        builder.set(_ENQUEUE_TIMESTAMP, now_text)
+        builder.remove(_DEQUEUE_TIMESTAMP)
         return builder
 
     def gate_template(
@@ -140,9 +144,7 @@ class AdapterBase:
             builder.set((*template, *_ANNOTATIONS, names.RELATED_QUEUEUNIT_ANNOTATION), ref)
         if pod_set:
             builder.set((*template, *_ANNOTATIONS, names.RELATED_PODSET_ANNOTATION), pod_set)
-        builder.append_unique(
-            (*template, "spec", "schedulingGates"), {"name": names.ADMISSION_GATE}, key="name"
-        )
+        builder.append_unique((*template, "spec", "schedulingGates"), _GATE, key="name")
 
 
 def _ensure(doc: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:

@@ -15,23 +15,71 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from shared.jobs.base import JobSpecError, JsonPatchOp, Segment, dig, field_path
 
 
 def escape(segment: Segment) -> str:
     """One JSON Pointer reference token (RFC 6901 §3)."""
-    return str(segment).replace("~", "~0").replace("/", "~1")
+    text = segment if type(segment) is str else str(segment)
+    if "~" in text or "/" in text:
+        return text.replace("~", "~0").replace("/", "~1")
+    return text
+
+
+_POINTERS: dict[tuple[Segment, ...], str] = {}
+_POINTERS_MAX: Final = 4096  # paths hold keys from the job (replica types): keep the memo bounded
 
 
 def pointer(segments: Sequence[Segment]) -> str:
-    return "".join("/" + escape(s) for s in segments)
+    """The JSON Pointer of ``segments`` (memoised for paths of plain strings, the common case)."""
+    key = segments if type(segments) is tuple else tuple(segments)
+    found = _POINTERS.get(key)
+    if found is not None:
+        return found
+    tokens = []
+    plain = True
+    for segment in key:
+        if type(segment) is str:
+            text = segment
+        else:
+            plain = False
+            text = str(segment)
+        if "~" in text or "/" in text:
+            text = text.replace("~", "~0").replace("/", "~1")
+        tokens.append(text)
+    result = "/" + "/".join(tokens) if tokens else ""
+    if plain:  # only exact ``str`` paths: (1,) == (True,), but their pointers differ
+        if len(_POINTERS) >= _POINTERS_MAX:
+            _POINTERS.clear()
+        _POINTERS[key] = result
+    return result
 
 
-def _same(a: object, b: object) -> bool:
-    # True == 1 in Python; a patch must still turn 1 into true.
-    return type(a) is type(b) and a == b
+_ATOMS: Final = frozenset({str, int, float, bool, type(None)})
+
+
+def _clone(value: Any, depth: int = 0) -> Any:
+    """``copy.deepcopy`` for the JSON values a patch carries, without its per-call overhead.
+
+    Plain dicts, lists and immutable scalars are copied here (a few levels deep); anything else,
+    and anything deeper, is left to ``copy.deepcopy``.
+    """
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if depth < 4:
+        deeper = depth + 1
+        if kind is dict:
+            return {k: v if type(v) in _ATOMS else _clone(v, deeper) for k, v in value.items()}
+        if kind is list:
+            return [v if type(v) in _ATOMS else _clone(v, deeper) for v in value]
+    return copy.deepcopy(value)
+
+
+def _is_object(value: object) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 class PatchBuilder:
@@ -39,11 +87,15 @@ class PatchBuilder:
 
     The view is copy-on-write: only the containers along a touched path are (shallowly) copied, so
     the caller's object is never modified and a large or deeply nested job costs no deep copy.
+    The objects reached by :meth:`ensure_object` are remembered by path, so the next operation
+    under the same parent (the common case: several annotations) does not walk from the root again;
+    an operation that replaces or removes a container forgets the paths at and below it.
     """
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         self._doc: dict[str, Any] = dict(doc)
         self._owned: set[int] = {id(self._doc)}
+        self._objects: dict[tuple[Segment, ...], dict[str, Any]] = {(): self._doc}
         self.ops: list[JsonPatchOp] = []
 
     def get(self, segments: Sequence[Segment]) -> Any:
@@ -54,7 +106,7 @@ class PatchBuilder:
         """A private shallow copy of a container from the original document (once)."""
         if id(value) in self._owned:
             return value
-        copied: Any = dict(value) if isinstance(value, Mapping) else list(value)
+        copied: Any = dict(value) if _is_object(value) else list(value)
         self._owned.add(id(copied))
         return copied
 
@@ -63,48 +115,115 @@ class PatchBuilder:
 
         The builder walks into existing lists (worker groups) but never invents list items.
         """
-        node: Any = self._doc
-        for depth, seg in enumerate(segments):
-            here = segments[: depth + 1]
-            wants_list = depth + 1 < len(segments) and isinstance(segments[depth + 1], int)
-            if isinstance(seg, int):
-                if not isinstance(node, list) or not 0 <= seg < len(node):
-                    raise JobSpecError(field_path(here), "Not found")
-                child = node[seg]
-            else:
+        path = tuple(segments)
+        objects = self._objects
+        known = objects.get(path)
+        if known is not None:
+            return known
+        return self._walk(path)
+
+    def _walk(self, path: tuple[Segment, ...]) -> dict[str, Any]:
+        """:meth:`ensure_object` from the deepest object already known on ``path``."""
+        objects, owned = self._objects, self._owned
+        size = len(path)
+        depth = size - 1
+        while depth and path[:depth] not in objects:
+            depth -= 1
+        node: Any = objects[path[:depth]]
+        for seg in path[depth:]:
+            depth += 1
+            if type(seg) is str:
                 child = node.get(seg)
-                if child is None and not wants_list:
+                if type(child) is dict:  # the common step: an existing object member
+                    if id(child) not in owned:
+                        child = dict(child)
+                        owned.add(id(child))
+                        node[seg] = child
+                    node = objects[path[:depth]] = child
+                    continue
+                if child is None and (depth == size or type(path[depth]) is str):
+                    # a missing object member (not a list: no index follows): create it
                     child = {}
-                    self._owned.add(id(child))
-                    self._emit("add", here, {})
-            if wants_list and isinstance(child, list):
-                pass
-            elif not isinstance(child, Mapping):
-                raise JobSpecError(field_path(here), "Invalid value: must be an object")
-            child = self._own(child)
-            node[seg] = child
-            node = child
+                    owned.add(id(child))
+                    here = path[:depth]
+                    self.ops.append({"op": "add", "path": pointer(here), "value": {}})
+                    node[seg] = child
+                    node = objects[here] = child
+                    continue
+            node = self._step(node, path, depth - 1)
         result: dict[str, Any] = node
         return result
 
+    def _step(self, node: Any, path: tuple[Segment, ...], depth: int) -> Any:
+        """One step of :meth:`_walk` into ``path[depth]``, in general (lists, nulls, other mappings)."""
+        seg = path[depth]
+        here = path[: depth + 1]
+        wants_list = depth + 1 < len(path) and isinstance(path[depth + 1], int)
+        if isinstance(seg, int):
+            if not isinstance(node, list) or not 0 <= seg < len(node):
+                raise JobSpecError(field_path(here), "Not found")
+            child = node[seg]
+        else:
+            child = node.get(seg)
+            if child is None and not wants_list:
+                child = {}
+                self._owned.add(id(child))
+                self.ops.append({"op": "add", "path": pointer(here), "value": {}})
+        if wants_list and isinstance(child, list):
+            pass
+        elif not _is_object(child):
+            raise JobSpecError(field_path(here), "Invalid value: must be an object")
+        child = self._own(child)
+        node[seg] = child
+        if type(child) is dict:
+            self._objects[here] = child
+        return child
+
+    def _forget(self, segments: Sequence[Segment]) -> None:
+        """The container at ``segments`` was replaced or removed: drop what is known at and below it."""
+        prefix = tuple(segments)
+        size = len(prefix)
+        for path in [p for p in self._objects if p[:size] == prefix]:
+            del self._objects[path]
+
     def set(self, segments: Sequence[Segment], value: Any) -> None:
         """Set an object member (``add`` replaces an existing member per RFC 6902 §4.1)."""
-        *parent_path, key = segments
+        if not segments:
+            raise ValueError("set() needs a path")
+        key = segments[-1]
         if not isinstance(key, str):
             raise TypeError("set() addresses object members; use append_unique() for lists")
-        parent = self.ensure_object(parent_path)
-        if key in parent and _same(parent[key], value):
-            return
-        self._emit("add", segments, value)
-        parent[key] = copy.deepcopy(value)
+        parent_path = tuple(segments[:-1])
+        parent = self._objects.get(parent_path)
+        if parent is None:
+            parent = self._walk(parent_path)
+        if key in parent:
+            current = parent[key]
+            if type(current) is type(value) and current == value:  # True == 1, yet 1 must become true
+                return
+            if type(current) in (dict, list):
+                self._forget(segments)
+        path = _POINTERS.get(segments) if type(segments) is tuple else None  # pointer(), memo inlined
+        if path is None:
+            path = pointer(segments)
+        if type(value) in _ATOMS:
+            self.ops.append({"op": "add", "path": path, "value": value})
+            parent[key] = value
+        else:
+            self.ops.append({"op": "add", "path": path, "value": _clone(value)})
+            parent[key] = _clone(value)
 
     def remove(self, segments: Sequence[Segment]) -> None:
         """Remove an object member when present."""
         *parent_path, key = segments
-        current = self.get(parent_path)
-        if isinstance(current, Mapping) and isinstance(key, str) and key in current:
+        current = self._objects.get(tuple(parent_path))
+        if current is None:
+            current = self.get(parent_path)
+        if _is_object(current) and isinstance(key, str) and key in current:
             parent = self.ensure_object(parent_path)
             self.ops.append({"op": "remove", "path": pointer(segments)})
+            if type(parent[key]) in (dict, list):
+                self._forget(segments)
             del parent[key]
 
     def append_unique(self, segments: Sequence[Segment], item: Mapping[str, Any], *, key: str) -> None:
@@ -112,26 +231,28 @@ class PatchBuilder:
 
         A missing or null list is created holding ``item`` in a single ``add``.
         """
-        *parent_path, last = segments
+        if not segments:
+            raise ValueError("append_unique() needs a path")
+        parent_path, last = segments[:-1], segments[-1]
         if not isinstance(last, str):
             raise TypeError("append_unique() addresses a list held by an object member")
         parent = self.ensure_object(parent_path)
         current = parent.get(last)
         if current is None:
-            self._emit("add", segments, [item])
-            parent[last] = [copy.deepcopy(dict(item))]
+            self.ops.append({"op": "add", "path": pointer(segments), "value": [_clone(item)]})
+            parent[last] = [_clone(dict(item))]
             return
         if not isinstance(current, list):
             raise JobSpecError(field_path(segments), "Invalid value: must be a list")
-        if any(isinstance(x, Mapping) and x.get(key) == item.get(key) for x in current):
+        wanted = item.get(key)
+        if any(_is_object(x) and x.get(key) == wanted for x in current):
             return
-        self.ops.append({"op": "add", "path": pointer(segments) + "/-", "value": copy.deepcopy(dict(item))})
+        self.ops.append({"op": "add", "path": pointer(segments) + "/-", "value": _clone(dict(item))})
         owned = self._own(current)
-        owned.append(copy.deepcopy(dict(item)))
+        if owned is not current:
+            self._forget(segments)
+        owned.append(_clone(dict(item)))
         parent[last] = owned
-
-    def _emit(self, op: str, segments: Sequence[Segment], value: Any) -> None:
-        self.ops.append({"op": op, "path": pointer(segments), "value": copy.deepcopy(value)})
 
 
 def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
