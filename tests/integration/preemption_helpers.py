@@ -25,9 +25,9 @@ from shared import names
 from shared.durations import parse_time
 from testenv.cluster import LocalCluster
 from tests import kube
+from tests.integration.scenario import Scenario, admissions, condition, message, phase, status
 
 Obj = dict[str, Any]
-MERGE = "application/merge-patch+json"
 UNITS = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
 #: The phases a waiting (not admitted) unit may show.
 WAITING = ("", names.Phase.ENQUEUED.value)
@@ -88,22 +88,6 @@ def quota(name: str, *, cpu: str, policy: str, annotations: Mapping[str, str]) -
 # --- reading a QueueUnit --------------------------------------------------------------------------
 
 
-def status(obj: Mapping[str, Any]) -> Obj:
-    return dict(obj.get("status") or {})
-
-
-def phase(obj: Mapping[str, Any]) -> str:
-    return str(status(obj).get("phase", ""))
-
-
-def message(obj: Mapping[str, Any]) -> str:
-    return str(status(obj).get("message", ""))
-
-
-def admissions(obj: Mapping[str, Any]) -> list[Obj]:
-    return list(status(obj).get("admissions") or [])
-
-
 def replicas(obj: Mapping[str, Any]) -> int | None:
     adm = admissions(obj)
     return int(adm[0].get("replicas", 0)) if adm else None
@@ -118,13 +102,6 @@ def reclaim(obj: Mapping[str, Any]) -> int | None:
 
 def any_reclaim(obj: Mapping[str, Any]) -> bool:
     return any(a.get("reclaimState") is not None for a in admissions(obj))
-
-
-def condition(obj: Mapping[str, Any], type_: str) -> Obj | None:
-    for cond in status(obj).get("conditions") or []:
-        if cond.get("type") == type_:
-            return dict(cond)
-    return None
 
 
 def stamp(obj: Mapping[str, Any], field: str) -> float:
@@ -144,20 +121,15 @@ def is_marked(obj: Mapping[str, Any]) -> bool:
 # --- the bench ------------------------------------------------------------------------------------
 
 
-class Bench:
-    """One test namespace: create, read, patch and wait for QueueUnits; quotas; events; history."""
+class Bench(Scenario):
+    """A :class:`Scenario` (one test namespace) plus the QueueUnit history of that namespace and the
+    probes of the preemption tests."""
 
-    def __init__(self, api: k8s.ApiClient, recorder: kube.Recorder, namespace: str) -> None:
-        self.api = api
+    def __init__(
+        self, api: k8s.ApiClient, cluster: LocalCluster, recorder: kube.Recorder, namespace: str
+    ) -> None:
+        super().__init__(api, cluster, namespace)
         self.recorder = recorder
-        self.ns = namespace
-        self.objects = k8s.CustomObjectsApi(api)
-        self.core = k8s.CoreV1Api(api)
-        self._quotas: list[str] = []
-
-    def name(self, suffix: str) -> str:
-        """A cluster-wide unique quota name (quotas and Queues are keyed by name only)."""
-        return f"{self.ns}-{suffix}"
 
     # --- quotas and their Queues ---------------------------------------------------------------
 
@@ -182,17 +154,6 @@ class Bench:
         await kube.eventually(configured, what=f"Queue {name} ({policy}, {dict(annotations)})")
         return name
 
-    async def get_queue(self, name: str) -> Obj | None:
-        try:
-            got: Obj = await self.objects.get_namespaced_custom_object(
-                names.GROUP, names.VERSION, names.COMPONENT_NAMESPACE, names.QUEUE_PLURAL, name
-            )
-        except k8s.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return got
-
     # --- QueueUnits ------------------------------------------------------------------------------
 
     async def create(self, name: str, *, quota: str | None, cpu: str, priority: int) -> Obj:
@@ -206,46 +167,7 @@ class Bench:
         return created
 
     async def get(self, name: str) -> Obj:
-        got: Obj = await self.objects.get_namespaced_custom_object(
-            names.GROUP, names.VERSION, self.ns, names.QUEUEUNIT_PLURAL, name
-        )
-        return got
-
-    async def update_status(self, name: str, change: Callable[[Obj], None]) -> Obj:
-        """Read-modify-write of ``status`` (resourceVersion-guarded), retried on conflict."""
-        for _ in range(20):
-            current = await self.get(name)
-            new_status = status(current)
-            change(new_status)
-            body = {
-                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
-                "status": new_status,
-            }
-            try:
-                out: Obj = await self.objects.patch_namespaced_custom_object_status(
-                    names.GROUP,
-                    names.VERSION,
-                    self.ns,
-                    names.QUEUEUNIT_PLURAL,
-                    name,
-                    body,
-                    _content_type=MERGE,
-                )
-                return out
-            except k8s.ApiException as err:
-                if err.status != 409:
-                    raise
-        raise AssertionError(f"status of {name} kept conflicting")
-
-    async def set_running(self, name: str, running: int) -> Obj:
-        """Play the job extension: ``running`` pods of every admission are bound to nodes."""
-
-        def change(st: Obj) -> None:
-            assert st.get("admissions"), f"{name} has nothing admitted: {st}"
-            for adm in st["admissions"]:
-                adm["running"] = running
-
-        return await self.update_status(name, change)
+        return await self.get_unit(name)
 
     async def reclaim(self, name: str) -> Obj:
         """Play the job extension settling a reclaim: delete ``reclaimState.replicas`` unbound pods,
@@ -281,27 +203,15 @@ class Bench:
             name, lambda u: phase(u) in WAITING and probe(message(u)), what=what, timeout=timeout
         )
 
-    async def assert_waiting(self, name: str) -> Obj:
-        got = await self.get(name)
-        assert phase(got) in WAITING and not admissions(got), f"{name} should wait: {status(got)}"
-        return got
-
     # --- events ----------------------------------------------------------------------------------
 
-    async def events(self, name: str) -> list[Any]:
-        found = await self.core.list_namespaced_event(
-            self.ns, field_selector=f"involvedObject.name={name},involvedObject.kind=QueueUnit"
-        )
-        return list(found.items)
+    async def events(
+        self, name: str, *, namespace: str | None = None, kind: str | None = "QueueUnit"
+    ) -> list[Any]:
+        return await super().events(name, namespace=namespace, kind=kind)
 
     async def event(self, name: str, reason: str, *, type_: str, timeout: float = 30.0) -> Any:
-        async def probe() -> Any:
-            for ev in await self.events(name):
-                if ev.reason == reason and ev.type == type_:
-                    return ev
-            return None
-
-        return await kube.eventually(probe, timeout=timeout, what=f"{type_} event {reason} on {name}")
+        return await self.wait_event(name, reason, type_=type_, kind="QueueUnit", timeout=timeout)
 
     # --- the recorded history --------------------------------------------------------------------
 
@@ -342,23 +252,11 @@ class Bench:
 
     # --- cleanup ---------------------------------------------------------------------------------
 
-    async def cleanup(self) -> None:
-        """Without a controller-manager a deleted namespace never empties: delete what we made."""
-        with contextlib.suppress(k8s.ApiException):
-            await self.objects.delete_collection_namespaced_custom_object(
-                names.GROUP, names.VERSION, self.ns, names.QUEUEUNIT_PLURAL
-            )
-        for name in self._quotas:
-            with contextlib.suppress(k8s.ApiException):
-                await self.objects.delete_namespaced_custom_object(
-                    names.QUOTA_GROUP, names.QUOTA_VERSION, self.ns, names.QUOTA_PLURAL, name
-                )
-
 
 @contextlib.asynccontextmanager
 async def bench(cluster: LocalCluster, namespace: str) -> AsyncIterator[Bench]:
     async with kube.client(cluster) as api, kube.Recorder(cluster, UNITS, namespace) as recorder:
-        it = Bench(api, recorder, namespace)
+        it = Bench(api, cluster, recorder, namespace)
         try:
             yield it
         finally:
