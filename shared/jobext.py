@@ -525,9 +525,5 @@ def slim_batch_job(job: Obj) -> Obj:
     template = spec.get("template") if isinstance(spec, dict) else None
     if not isinstance(spec, dict) or not isinstance(template, dict):
         return job
-    slim = podspec.scheduling_template(template)
-    annotations = dig(template, "metadata", "annotations")
-    if isinstance(annotations, dict) and annotations:
-        labels = dig(slim, "metadata", "labels")
-        slim["metadata"] = {"annotations": annotations, **({"labels": labels} if labels else {})}
+    slim = podspec.scheduling_template(template, metadata=("labels", "annotations"))
     return {**job, "spec": {**spec, "template": slim}}

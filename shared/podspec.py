@@ -125,18 +125,22 @@ SCHEDULING_FIELDS = (
 CONTAINER_FIELDS = ("name", "resources", "restartPolicy")
 
 
-def scheduling_template(template: Mapping[str, object]) -> dict[str, object]:
+def scheduling_template(
+    template: Mapping[str, object], *, metadata: tuple[str, ...] = ("labels",)
+) -> dict[str, object]:
     """The part of a pod template that quota and placement decisions read.
 
     Containers keep their name and resources (and ``restartPolicy`` for init containers), so
-    :func:`pod_requests` gives the same answer on the result as on the original; labels stay for
-    selectors. Values that are not of the expected shape are kept as they are, so a bad template
-    still fails where the whole one would.
+    :func:`pod_requests` gives the same answer on the result as on the original; of the metadata
+    the maps named in ``metadata`` stay (labels, for selectors). Values that are not of the
+    expected shape are kept as they are, so a bad template still fails where the whole one would.
     """
     out: dict[str, object] = {}
     meta = template.get("metadata")
-    if isinstance(meta, Mapping) and isinstance(meta.get("labels"), Mapping) and meta["labels"]:
-        out["metadata"] = {"labels": dict(meta["labels"])}
+    if isinstance(meta, Mapping):
+        kept = {k: dict(meta[k]) for k in metadata if isinstance(meta.get(k), Mapping) and meta[k]}
+        if kept:
+            out["metadata"] = kept
     spec = template.get("spec")
     if not isinstance(spec, Mapping):
         if spec is not None:
