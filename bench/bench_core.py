@@ -74,14 +74,14 @@ class AdmissionBench:
         self.cache = cache = Cache()
         self.sizes: dict[str, int] = {}
         for p in range(10):
-            cache.put_quota(Quota(name=f"parent-{p}", max={"cpu": 10**12}))
+            cache.put_quota(Quota(name=f"parent-{p}", namespace="bench", max={"cpu": 10**12}))
         for q in range(QUEUES):
             name = f"queue-{q:03d}"
             self.sizes[name] = rng.choice([250, 500, 1000, 2000])
             # Room for ~20% of the queue's units, so most stay pending.
             room = max(1, pending // QUEUES // 5) * self.sizes[name]
             limits = {"cpu": room, "memory": room * 1000}
-            cache.put_quota(Quota(name=name, parent=f"parent-{q // 10}", max=limits))
+            cache.put_quota(Quota(name=name, namespace="bench", parent=f"parent-{q // 10}", max=limits))
             cache.put_queue(QueueConfig(name=name, priority=1000))
         start = time.perf_counter()
         for i in range(pending):
@@ -164,7 +164,7 @@ def bench_preemption(assumed: int, reps: int, *, reserve: bool) -> dict[str, flo
     cache = Cache()
     cpu = 1000
     extra = 3 * cpu if reserve else 0  # reserve path: the preemptor fits the quota
-    cache.put_quota(Quota(name="q", max={"cpu": assumed * cpu + extra}))
+    cache.put_quota(Quota(name="q", namespace="bench", max={"cpu": assumed * cpu + extra}))
     cache.put_queue(QueueConfig(name="q", wait_for_pods_running=True, enable_preemption=True))
     for i in range(assumed):
         u = _unit(i, "q", cpu, priority=i % 50)

@@ -67,6 +67,7 @@ class Faults:
     observer: Observer
     client: kube.Kube
     reconciler_args: list[str] = field(default_factory=list)
+    webhook_args: list[str] = field(default_factory=list)
     reconcilers: list[Component] = field(default_factory=list)
     webhooks: list[Component] = field(default_factory=list)
     records: list[FaultRecord] = field(default_factory=list)
@@ -158,7 +159,9 @@ class Faults:
         return component
 
     async def start_webhook(self) -> Component:
-        component, _ = await asyncio.to_thread(system.start_webhook, self.cluster, logdir=self.logdir)
+        component, _ = await asyncio.to_thread(
+            system.start_webhook, self.cluster, logdir=self.logdir, extra_args=self.webhook_args
+        )
         self.webhooks.append(component)
         return component
 

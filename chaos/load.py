@@ -46,6 +46,8 @@ QUOTAS: dict[str, tuple[str, str, bool]] = {
     "chaos-c": ("4", "", False),
 }
 BULK_QUOTA = "chaos-bulk"
+#: The quota of the hostile objects (namespace chaos-hostile); bound to that namespace too.
+HOSTILE_QUOTA = "chaos-c"
 #: Recovery probes (tiny bare units) are admitted under this quota, in the hostile namespace.
 PROBE_QUOTA = "chaos-probe"
 #: Admission bursts cut short by an apiserver SIGKILL happen under this quota (hostile namespace).
@@ -141,7 +143,11 @@ class Load:
             with contextlib.suppress(kube.Conflict):
                 await self.client.create(kube.NAMESPACES, {"metadata": {"name": namespace}})
         for name, (cpu, parent, preempt) in QUOTAS.items():
-            await self.client.create(QUOTA_RESOURCE, quota(name, cpu, parent, preempt), namespace=NAMESPACE)
+            body = quota(name, cpu, parent, preempt)
+            if name == HOSTILE_QUOTA:  # charged with the hostile objects of their own namespace
+                annotations = body["metadata"]["annotations"]
+                annotations[names.QUOTA_NAMESPACES_ANNOTATION] = json.dumps([HOSTILE_NAMESPACE])
+            await self.client.create(QUOTA_RESOURCE, body, namespace=NAMESPACE)
         await self.client.create(
             QUOTA_RESOURCE,
             quota(BULK_QUOTA, BULK_QUOTA_CPU, "", False, BULK_NAMESPACE),
@@ -339,7 +345,7 @@ def hostile_objects(secret: str) -> list[tuple[str, kube.Resource, dict[str, Any
             {
                 "apiVersion": "argoproj.io/v1alpha1",
                 "kind": "Workflow",
-                "metadata": _meta("wf-empty", secret),
+                "metadata": _meta("wf-empty", secret, **{names.MIN_RESOURCES_ANNOTATION: "cpu: 1"}),
                 "spec": {"templates": 7},
             },
         ),

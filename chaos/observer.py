@@ -24,9 +24,24 @@ Invariants checked continuously (each check evaluation is counted in :attr:`Obse
     eviction, finish, deletion) is never admitted again (that would be a second admission in one
     cycle, the admitted state having been lost and recreated).
 ``run-without-admission``
-    A managed Job is resumed only while its unit is admitted, and the live ungated (released) pods
-    of a unit never outnumber its admitted replicas. Pods of a job that is being deleted or has
-    been suspended again are exempt (they are on their way out).
+    A managed Job is resumed (or labelled into a queue while it runs) only while its unit is
+    admitted, and the live ungated (released) pods naming a unit in their
+    ``koord-queue/related-queueunit`` annotation never outnumber its admitted replicas. Pods of a job
+    that is being deleted or has been suspended again are exempt (they are on their way out). A
+    pod's claim on a unit counts only as the product may count it: the pod lives in the unit's
+    namespace and, when the unit has a Job, is owned by that Job's UID; forged claims (a hostile
+    tenant's pod in another namespace, or a bare pod) are ignored here and counted in :attr:`stats`
+    (the tenant phase checks that the product ignores them too).
+``unadmitted-pod-schedulable``
+    Keyed on ownership, not on the annotation: for every managed Job, the live pods it owns (an
+    owner reference carrying the Job's UID, in the Job's namespace) that are bound to a node or
+    not gated (schedulable) never outnumber its unit's admitted replicas (a batch Job has one pod
+    set). A bound pod of a unit holding no admission is a violation like any other excess. The
+    only tolerance: within :data:`SCHEDULABLE_GRACE_S` after the unit's admission shrank (a reclaim
+    mark, fewer replicas, a finish, the unit's deletion) the excess is remembered and judged when
+    the grace has passed (counted as ``tolerated`` when repaired by then); the grace is extended
+    by any stall of the etcd stream (nothing can be repaired while etcd is paused). Pods of a Job
+    that is being deleted or was suspended again are exempt, as above.
 ``bound-pod-reclaimed``
     A bound, non-terminal pod is never deleted while its unit is being reclaimed and its job is
     alive (reclaim may delete only unbound pods).
@@ -63,6 +78,11 @@ from shared import names
 
 #: After a quota's max is lowered, admissions decided on the older snapshot may still land.
 SHRINK_GRACE_S = 2.0
+#: After a unit's admission shrinks, its extra pods may stay schedulable until the reconciler's
+#: deletions land (decisions in flight).
+SCHEDULABLE_GRACE_S = 2.0
+#: A longer silence of the etcd stream than this extends every pending grace by its length.
+STALL_S = 1.0
 #: Violation details kept per invariant (all are counted).
 MAX_DETAILS = 50
 
@@ -296,20 +316,27 @@ class PodView:
     gated: bool
     terminal: bool
     deleting: bool
+    namespace: str = ""
+    #: UIDs of the pod's owner references (assigned by the apiserver to the owner, so a pod that
+    #: names a job's UID in its own namespace is that job's pod; a copied UID elsewhere matches nothing)
+    owner_uids: tuple[str, ...] = ()
 
     @property
     def live(self) -> bool:
         return not self.terminal and not self.deleting
+
+    @property
+    def schedulable(self) -> bool:
+        """Live and either bound or free to be bound (no admission gate): it takes node resources."""
+        return self.live and (self.bound or not self.gated)
 
 
 def parse_pod(raw: Mapping[str, Any]) -> PodView:
     meta, spec, status = _map(raw.get("metadata")), _map(raw.get("spec")), _map(raw.get("status"))
     namespace = str(meta.get("namespace") or "")
     unit = _map(meta.get("annotations")).get(names.RELATED_QUEUEUNIT_ANNOTATION) or None
-    job = next(
-        (f"{namespace}/{o.get('name')}" for o in meta.get("ownerReferences") or [] if o.get("kind") == "Job"),
-        None,
-    )
+    owners = [_map(o) for o in meta.get("ownerReferences") or []]
+    job = next((f"{namespace}/{o.get('name')}" for o in owners if o.get("kind") == "Job"), None)
     gates = [g.get("name") for g in spec.get("schedulingGates") or [] if isinstance(g, Mapping)]
     return PodView(
         key=f"{namespace}/{meta.get('name', '')}",
@@ -319,6 +346,8 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
         gated=names.ADMISSION_GATE in gates,
         terminal=status.get("phase") in ("Succeeded", "Failed"),
         deleting=bool(meta.get("deletionTimestamp")),
+        namespace=namespace,
+        owner_uids=tuple(str(o["uid"]) for o in owners if o.get("uid")),
     )
 
 
@@ -331,6 +360,11 @@ class JobView:
     deleting: bool
     succeeded: int = 0
     reason: str = ""
+    uid: str = ""
+
+    @property
+    def namespace(self) -> str:
+        return self.key.partition("/")[0]
 
 
 def parse_job(raw: Mapping[str, Any]) -> JobView:
@@ -351,6 +385,7 @@ def parse_job(raw: Mapping[str, Any]) -> JobView:
         deleting=bool(meta.get("deletionTimestamp")),
         succeeded=_int(status.get("succeeded")),
         reason=reason,
+        uid=str(meta.get("uid") or ""),
     )
 
 
@@ -386,6 +421,17 @@ class Observer:
     _cycle_end: dict[str, str] = field(default_factory=dict)
     _cycle_reclaimed: set[str] = field(default_factory=set)
     _deletion_judged: set[str] = field(default_factory=set)
+    #: job uid -> ``ns/name``: the owner-UID chain ``unadmitted-pod-schedulable`` follows
+    _job_by_uid: dict[str, str] = field(default_factory=dict)
+    #: owner uid -> pod keys (any namespace; a pod counts only in its owner's namespace)
+    _pods_by_owner: dict[str, set[str]] = field(default_factory=dict)
+    #: unit key -> when (monotonic) its admission last shrank
+    _shrunk_at: dict[str, float] = field(default_factory=dict)
+    #: job key -> (grace deadline, revision, detail): an excess of schedulable pods seen in the grace
+    _suspects: dict[str, tuple[float, int, str]] = field(default_factory=dict)
+    #: jobs currently in violation of ``unadmitted-pod-schedulable`` (reported once per episode)
+    _in_violation: set[str] = field(default_factory=set)
+    _last_event_at: float = 0.0
     #: jobs whose unit was ever marked for reclaim (preempted)
     preempted_jobs: set[str] = field(default_factory=set)
     #: called with the unit whenever a reclaim mark appears (fault injection hooks in here)
@@ -434,6 +480,12 @@ class Observer:
 
     def apply(self, key: bytes, value: bytes, revision: int) -> None:
         """One etcd change (``value`` empty on delete)."""
+        now = time.monotonic()
+        if self._suspects and now - self._last_event_at > STALL_S:
+            # The stream was silent (etcd paused, watch reconnecting): nothing could be repaired.
+            gap = now - self._last_event_at
+            self._suspects = {k: (d + gap, r, t) for k, (d, r, t) in self._suspects.items()}
+        self._last_event_at = now
         self.revision = max(self.revision, revision)
         self.stats["etcd events"] += 1
         try:
@@ -448,6 +500,8 @@ class Observer:
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             self.stats["undecodable etcd values"] += 1
             self.violate("observer-decode", revision, f"{key.decode(errors='replace')}: {err!r}")
+        if self._suspects:
+            self._expire(now)
 
     def _in_scope(self, key: str) -> bool:
         return key.split("/", 1)[0] in self.namespaces
@@ -511,6 +565,17 @@ class Observer:
                 self._check_quota(new, grown, revision)
         if old is not None and (new is None or new.total < old.total or new.phase in TERMINAL):
             self._check_released(key, revision)
+        shrunk = old is not None and (
+            new is None
+            or new.total < old.total
+            or (new.phase in TERMINAL and old.phase not in TERMINAL)
+            or (new.reclaim and not old.reclaim)
+        )
+        if shrunk:
+            self._shrunk_at[key] = time.monotonic()
+        job_key = self._job_of_unit(key, old, new)
+        if job_key in self.jobs and (shrunk or job_key in self._suspects or job_key in self._in_violation):
+            self._check_schedulable(job_key, revision)
 
     def _check_admission(self, key: str, old: UnitView | None, new: UnitView | None, revision: int) -> None:
         before = old.total if old is not None and old.phase not in TERMINAL else 0
@@ -605,7 +670,7 @@ class Observer:
     def _check_released(self, unit_key: str, revision: int) -> None:
         released = []
         for pod in self.pods_of(unit_key):
-            if not pod.live or pod.gated:
+            if not pod.live or pod.gated or not self._claim_holds(pod, unit_key):
                 continue
             job = self.jobs.get(pod.job) if pod.job else None
             if pod.job is not None and (job is None or job.deleting or job.suspended):
@@ -637,21 +702,41 @@ class Observer:
             self.pods.pop(key, None)
             if old is not None and old.unit:
                 self._pods_by_unit.get(old.unit, set()).discard(key)
+            for uid in old.owner_uids if old is not None else ():
+                self._pods_by_owner.get(uid, set()).discard(key)
             self._deletion_judged.discard(key)
+            if old is not None and old.schedulable:
+                self._recheck_owners(old, revision)
             return
         self.pods[key] = new
         if new.unit:
             self._pods_by_unit.setdefault(new.unit, set()).add(key)
+            if (old is None or old.unit != new.unit) and not self._claim_holds(new, new.unit):
+                self.stats["pods naming a unit they do not belong to (ignored)"] += 1
+        for uid in set(old.owner_uids if old is not None else ()) - set(new.owner_uids):
+            self._pods_by_owner.get(uid, set()).discard(key)
+        for uid in new.owner_uids:
+            self._pods_by_owner.setdefault(uid, set()).add(key)
+            owner = self.jobs.get(self._job_by_uid.get(uid, ""))
+            if old is None and owner is not None and owner.namespace != new.namespace:
+                self.stats["pods claiming a job of another namespace (ignored)"] += 1
         if new.bound and not (old is not None and old.bound):
             self.stats["pods bound"] += 1
         changed = old is None or old.gated or not old.live or (new.bound and not old.bound)
         if new.live and not new.gated and new.unit and changed:
             self._check_released(new.unit, revision)
+        if new.schedulable and (old is None or not old.schedulable or (new.bound and not old.bound)):
+            for uid in new.owner_uids:
+                job_key = self._job_by_uid.get(uid)
+                if job_key is not None:
+                    self._check_schedulable(job_key, revision)
+        elif old is not None and old.schedulable and not new.schedulable:
+            self._recheck_owners(old, revision)
 
     def _judge_deletion(self, pod: PodView | None, revision: int) -> None:
         if pod is None or pod.terminal:
             return
-        unit = self.units.get(pod.unit) if pod.unit else None
+        unit = self.units.get(pod.unit) if pod.unit and self._claim_holds(pod, pod.unit) else None
         job = self.jobs.get(pod.job) if pod.job else None
         reclaiming = unit is not None and unit.reclaim
         self.checks["pod deletions judged (bound pods never reclaimed)"] += 1
@@ -676,8 +761,14 @@ class Observer:
         new = parse_job(raw) if raw is not None else None
         if new is None:
             self.jobs.pop(key, None)
+            if old is not None and self._job_by_uid.get(old.uid) == key:
+                del self._job_by_uid[old.uid]
+            self._suspects.pop(key, None)
+            self._in_violation.discard(key)
             return
         self.jobs[key] = new
+        if new.uid:
+            self._job_by_uid[new.uid] = key
         if new.finished and not (old is not None and old.finished):
             self.stats[f"jobs {new.finished.lower()}"] += 1
             if new.finished == "Failed" and key in self.preempted_jobs:
@@ -687,12 +778,112 @@ class Observer:
                     f"job {key} ended Failed ({new.reason}) after its pods were reclaimed by a preemption",
                 )
         running = new.managed and not new.suspended and not new.finished and not new.deleting
-        if running and (old is None or old.suspended):
+        joined = old is not None and not old.managed  # labelled into a queue
+        if running and (old is None or old.suspended or joined):
             self.checks["job resumed only while admitted"] += 1
             unit = self.unit_of_job(key)
             if unit is None or unit.total == 0 or unit.phase in TERMINAL:
                 state = "no QueueUnit" if unit is None else f"unit {unit.phase or 'pending'}, 0 admitted"
-                self.violate("run-without-admission", revision, f"job {key} runs unsuspended with {state}")
+                how = "was labelled into a queue while running" if joined else "runs unsuspended"
+                self.violate("run-without-admission", revision, f"job {key} {how} with {state}")
+        if (
+            old is None
+            or old.managed != new.managed
+            or old.suspended != new.suspended
+            or old.deleting != new.deleting
+            or old.uid != new.uid
+            or key in self._suspects
+            or key in self._in_violation
+        ):
+            self._check_schedulable(key, revision)
+
+    # --- unadmitted-pod-schedulable ---------------------------------------------------------------
+
+    def owned_pods(self, job: JobView) -> list[PodView]:
+        """The pods ``job`` owns: an owner reference with its UID, in its namespace (owner references
+        are namespace-local: a UID copied into a pod elsewhere owns nothing)."""
+        out = []
+        for key in sorted(self._pods_by_owner.get(job.uid, ())):
+            pod = self.pods.get(key)
+            if pod is not None and pod.namespace == job.namespace:
+                out.append(pod)
+        return out
+
+    def _claim_holds(self, pod: PodView, unit_key: str) -> bool:
+        """The product may count ``pod`` for the unit its annotation names: same namespace, and owned
+        by the unit's Job (its UID) when the unit has one."""
+        if pod.namespace != unit_key.partition("/")[0]:
+            return False
+        unit = self.units.get(unit_key)
+        consumer = unit.consumer if unit is not None else None
+        if consumer is None or consumer[0] != "Job":
+            return True
+        job = self.jobs.get(f"{consumer[1]}/{consumer[2]}")
+        return job is None or not job.uid or job.uid in pod.owner_uids
+
+    def _job_of_unit(self, key: str, old: UnitView | None, new: UnitView | None) -> str:
+        view = new if new is not None else old
+        if view is not None and view.consumer is not None and view.consumer[0] == "Job":
+            return f"{view.consumer[1]}/{view.consumer[2]}"
+        return key
+
+    def _recheck_owners(self, pod: PodView, revision: int) -> None:
+        """A schedulable pod went away: settle its job's pending or reported excess."""
+        for uid in pod.owner_uids:
+            job_key = self._job_by_uid.get(uid)
+            if job_key is not None and (job_key in self._suspects or job_key in self._in_violation):
+                self._check_schedulable(job_key, revision)
+
+    def _check_schedulable(self, job_key: str, revision: int, *, final: bool = False) -> None:
+        """``unadmitted-pod-schedulable`` for one job (see the module docstring); ``final``: no grace
+        is left (the run is over)."""
+        job = self.jobs.get(job_key)
+        pending = self._suspects.pop(job_key, None)
+        excess: list[PodView] = []
+        unit: UnitView | None = None
+        admitted = 0
+        if job is not None and job.managed and job.uid and not job.deleting and not job.suspended:
+            pods = [p for p in self.owned_pods(job) if p.schedulable]
+            if pods:
+                unit = self.unit_of_job(job_key)
+                admitted = unit.total if unit is not None and unit.phase not in TERMINAL else 0
+                self.checks["schedulable pods of a managed job <= admitted (by owner UID)"] += 1
+                if len(pods) > admitted:
+                    excess = pods
+        if not excess:
+            if pending is not None:
+                self.stats["schedulable pods above admission, repaired within the grace (tolerated)"] += 1
+            self._in_violation.discard(job_key)
+            return
+        if job_key in self._in_violation:
+            return  # this episode is reported already
+        bound = sum(1 for p in excess if p.bound)
+        state = (
+            "no QueueUnit"
+            if unit is None
+            else f"unit {unit.key} {unit.phase or 'pending'} with {admitted} admitted replicas"
+        )
+        detail = (
+            f"job {job_key}: {len(excess)} schedulable pods ({bound} bound; "
+            f"{', '.join(p.key for p in excess[:4])}) with {state}"
+        )
+        shrunk = self._shrunk_at.get(unit.key if unit is not None else job_key, -1e9)
+        deadline = max(shrunk + SCHEDULABLE_GRACE_S, pending[0] if pending is not None else -1e9)
+        if not final and time.monotonic() < deadline:
+            self._suspects[job_key] = (deadline, pending[1] if pending is not None else revision, detail)
+            return
+        self._in_violation.add(job_key)
+        self.violate("unadmitted-pod-schedulable", pending[1] if pending is not None else revision, detail)
+
+    def _expire(self, now: float) -> None:
+        for job_key, (deadline, _, _) in list(self._suspects.items()):
+            if deadline <= now:
+                self._check_schedulable(job_key, self.revision)
+
+    def finish(self) -> None:
+        """The run is over: judge every excess still waiting for its grace."""
+        for job_key in list(self._suspects):
+            self._check_schedulable(job_key, self.revision, final=True)
 
     def dump(self, path: Path) -> None:
         """Write :attr:`history` as JSON lines (post-mortem of a violation)."""
@@ -738,6 +929,9 @@ class Observer:
                 if key not in present:
                     self.apply(key, b"", revision)
         self.revision = max(self.revision, revision)
+        # Objects arrive in mod-revision order, so a pod may have come before its job: judge all.
+        for job_key in list(self.jobs):
+            self._check_schedulable(job_key, self.revision)
 
     async def sync(self, etcd: Etcd, *, timeout: float = 30.0) -> bool:
         """Write the sentinel and wait until the watch has delivered it: every change up to now

@@ -8,8 +8,9 @@ The run (see RELIABILITY.md for the table it produces and how to read it):
    8-CPU fake nodes), the webhook and the reconciler (its visibility API with a TLS certificate);
 2. the observer follows etcd from now on (:mod:`chaos.observer`);
 3. TLS probes of every TLS port; then a sustained load (:mod:`chaos.load`) while faults are
-   injected one after the other (:mod:`chaos.faults`), bare QueueUnits pour into one namespace and
-   hostile objects and bodies are sent;
+   injected one after the other (:mod:`chaos.faults`), bare QueueUnits pour into one namespace,
+   hostile objects and bodies are sent, and a hostile namespace user attacks the queue's hold on
+   the load's live jobs (:mod:`chaos.tenant`);
 4. the load drains; end-state checks (every job finished, admitted, or waiting with a message; no
    normal job lost; every bad object answered), log and file checks;
 5. report.
@@ -38,10 +39,10 @@ from typing import Any
 import aiohttp
 
 from certs import pki
-from chaos import load, security
+from chaos import load, security, tenant
 from chaos.etcd import Etcd
 from chaos.faults import Faults
-from chaos.observer import TERMINAL, Observer
+from chaos.observer import SCHEDULABLE_GRACE_S, TERMINAL, Observer
 from shared import kube
 from testenv import system
 from testenv.cluster import LocalCluster
@@ -68,10 +69,21 @@ class Profile:
     park_units: int
     drain_s: float
     gap_s: float
+    tenant_rounds: int
+    tenant_delay_s: float
 
 
-FULL = Profile("full", 240, 220.0, 3000, 400, 4, 6.0, 30.0, 15.0, 3, 4, 300, 240.0, 10.0)
-QUICK = Profile("quick", 70, 60.0, 1000, 100, 2, 4.0, 8.0, 6.0, 2, 2, 150, 90.0, 1.0)
+FULL = Profile("full", 240, 220.0, 3000, 400, 4, 6.0, 30.0, 15.0, 3, 4, 300, 240.0, 10.0, 5, 15.0)
+QUICK = Profile("quick", 70, 60.0, 1000, 100, 2, 4.0, 8.0, 6.0, 2, 2, 150, 90.0, 1.0, 3, 12.0)
+
+#: The reconciler's component configuration in the run (``maxUserPriority`` as the tenant phase
+#: expects; the webhook gets the same value).
+RECONCILER_CONFIG = f"""apiVersion: scheduling.k8s.io/v1
+kind: KoordQueueConfiguration
+defaultReclaimProtectTime: 0s
+quotaNamespaceBinding: true
+maxUserPriority: {tenant.CLUSTER_PRIORITY_CAP}
+"""
 
 
 # --- the run ----------------------------------------------------------------------------------------
@@ -153,27 +165,42 @@ class Run:
 
     async def _with_cluster(self, cluster: LocalCluster, etcd: Etcd) -> dict[str, Any]:
         p = self.profile
-        observer = Observer(namespaces=frozenset(load.NAMESPACES))
+        observer = Observer(namespaces=frozenset((*load.NAMESPACES, tenant.NAMESPACE)))
         observing = asyncio.create_task(observer.run(etcd), name="observer")
         client = await kube.Kube.connect(
             kubeconfig=str(cluster.kubeconfig), qps=400, burst=800, user_agent="chaos"
         )
+        config = self.logdir / "koord-queue-config.yaml"
+        config.write_text(RECONCILER_CONFIG)
         faults = Faults(
             cluster=cluster,
             logdir=self.logdir,
             etcd=etcd,
             observer=observer,
             client=client,
-            reconciler_args=self._visibility_tls_args(cluster),
+            reconciler_args=[*self._visibility_tls_args(cluster), f"--config={config}"],
+            webhook_args=[f"--max-user-priority={tenant.CLUSTER_PRIORITY_CAP}"],
         )
         faults.started = self.started
         self.faults, self.observer, self.observing = faults, observer, observing
+        mallory: tenant.Tenant | None = None
         try:
             await faults.start_webhook()
+            await asyncio.to_thread(system.install_policies, cluster)
             await faults.start_reconciler()
-            self.log("webhook and reconciler up")
+            self.log("webhook, admission policies and reconciler up")
             workload = load.Load(client, self.secret)
             await workload.setup()
+            mallory = tenant.Tenant(
+                cluster,
+                client,
+                observer,
+                violate=self.violate,
+                log=self.log,
+                spare=faults.deleted_jobs.__contains__,
+            )
+            await mallory.setup()
+            self.tenant = mallory
             sec = security.Findings()
             await asyncio.to_thread(security.probe_tls, faults.webhook.ports["https"], "webhook", sec)
             await asyncio.to_thread(
@@ -182,8 +209,14 @@ class Run:
             self.log(f"TLS probes: {sec.checks} checks, {len(sec.problems)} problems")
             watchdog = asyncio.create_task(self._watchdog(faults), name="watchdog")
             submitting = asyncio.create_task(workload.submit(p.jobs, p.load_seconds), name="load")
+            attacking = asyncio.create_task(
+                mallory.run(rounds=p.tenant_rounds, seconds=p.load_seconds, delay=p.tenant_delay_s),
+                name="tenant",
+            )
             await self._inject(faults, workload, client)
             await submitting
+            await attacking
+            self._tenant_inputs(mallory)
             self.log(f"load submitted: {workload.counters['jobs submitted']} jobs; draining")
             await self._drain(workload)
             watchdog.cancel()
@@ -192,13 +225,21 @@ class Run:
             if self.observing.done():
                 self.violate("observer-failed", f"the observer stopped: {self.observing.exception()!r}")
             synced = await observer.sync(etcd, timeout=60)
+            if synced:
+                # Let every pending grace run out, then judge what is left.
+                await asyncio.sleep(SCHEDULABLE_GRACE_S + 0.5)
+                synced = await observer.sync(etcd, timeout=60)
             if not synced:
                 self.violate("observer-sync", "the observer could not catch up with etcd at the end")
+            observer.finish()
             await self._end_state(workload, client)
+            await mallory.final_checks(self.end_checks)
             observer.dump(self.workdir / "observer-history.jsonl")
             self._security(cluster, faults, sec)
             return self._results(workload, sec)
         finally:
+            if mallory is not None:
+                await mallory.close()
             for component in [*faults.reconcilers, *faults.webhooks]:
                 await asyncio.to_thread(component.stop)
             observing.cancel()
@@ -306,6 +347,14 @@ class Run:
         self.log(
             f"hostile input: {len(self.hostile)} objects, {fuzz.sent} webhook bodies {dict(fuzz.outcomes)}"
         )
+
+    def _tenant_inputs(self, mallory: tenant.Tenant) -> None:
+        summary = tenant.summarize(mallory.attempts)
+        self.inputs["hostile tenant attacks (mallory)"] = sum(row["tried"] for row in summary.values())
+        outcomes = Counter(a.outcome for a in mallory.attempts)
+        self.log(f"hostile tenant: {dict(outcomes)}; transient retries {dict(mallory.transient)}")
+        for error in mallory.errors:
+            self.notes.append(f"tenant harness error: {error}")
 
     async def _drain(self, workload: load.Load) -> None:
         """Wait until every normal job that was not deleted on purpose has finished."""
@@ -464,6 +513,7 @@ class Run:
             "inputs_fuzzed": dict(sorted(inputs.items())),
             "webhook_body_outcomes": getattr(self, "webhook_outcomes", {}),
             "hostile_objects": [asdict(h) for h in getattr(self, "hostile", [])],
+            "hostile_tenant": self.tenant.results() if hasattr(self, "tenant") else {},
             "invariant_checks": dict(sorted(checks.items())),
             "violations": dict(sorted(violations.items())),
             "violations_total": sum(violations.values()),
@@ -495,6 +545,24 @@ def render(results: dict[str, Any]) -> str:
             [(k, v["injected"], v["recovered"]) for k, v in results["faults"].items()],
         ),
         table("Inputs fuzzed", ("input", "count"), list(results["inputs_fuzzed"].items())),
+        table(
+            "Hostile tenant (mallory): tries per attack",
+            ("attack", "tried", "refused", "neutralised", "undone", "SUCCEEDED", "skipped", "error"),
+            [
+                (
+                    k,
+                    v["tried"],
+                    v["refused"],
+                    v["neutralised"],
+                    v["undone"],
+                    v["SUCCEEDED"],
+                    v["skipped"],
+                    v["error"],
+                )
+                for k, v in (results.get("hostile_tenant") or {}).get("attacks", {}).items()
+            ]
+            or [("(not run)", 0, 0, 0, 0, 0, 0, 0)],
+        ),
         table(
             "Invariant checks performed",
             ("check", "evaluations"),

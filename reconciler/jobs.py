@@ -34,9 +34,9 @@ from typing import Any
 from reconciler import metrics
 from reconciler.events import EventRecorder
 from reconciler.informer import Informer, key_of, slim
-from shared import adoption, jobext, kube, names
+from shared import adoption, jobext, kube, names, podlinks
 from shared.jobs import ray, registry
-from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus
+from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class JobExtensions:
         priority_classes: Callable[[], dict[str, int]],
         events: EventRecorder,
         workers: int = 8,
+        priority_cap: Callable[[Job], int | None] = lambda job: None,
     ) -> None:
         self.client = client
         self.adapters = {(a.api_version, a.kind): a for a in adapters}
@@ -80,6 +81,8 @@ class JobExtensions:
         self.priority_classes = priority_classes
         self.events = events
         self.workers = workers
+        #: the cap on the job's priority annotation (cluster-wide and its quota's), None for none
+        self.priority_cap = priority_cap
         self.job_informers = {
             (a.api_version, a.kind): Informer(
                 client,
@@ -279,17 +282,27 @@ class JobExtensions:
         status = adapter.job_status(job)
         finished = status in (JobStatus.SUCCEEDED, JobStatus.FAILED)
         live = self._live_cluster(adapter, job)
+        suspended, stamped = adapter.is_suspended(job), is_dequeued(job)
+        if adoption.escaped_hold(status, suspended=suspended, stamped=stamped):
+            await self._hold_escaped(key, adapter, job)
+            return  # the job's update brings us back
         if unit is None:
             if not finished and (job.get("metadata") or {}).get("deletionTimestamp") is None:
-                adopt = adoption.needs_adoption(status, suspended=adapter.is_suspended(job))
+                adopt = adoption.needs_adoption(status, suspended=suspended, stamped=stamped)
                 await self._create_unit(job, adapter, live_cluster=live, adopt=adopt)
             return
-        if await self._finish_adoption(unit, status, suspended=adapter.is_suspended(job)):
+        if await self._finish_adoption(unit, status, suspended=suspended, stamped=stamped):
             return  # the unit's update brings us back
         desired = None
         if not finished:  # a finished job's pod sets shrink to 0: nothing left to keep in step
             with contextlib.suppress(JobSpecError):
-                desired = jobext.desired_spec(job, adapter, self.priority_classes(), live_cluster=live)
+                desired = jobext.desired_spec(
+                    job,
+                    adapter,
+                    self.priority_classes(),
+                    live_cluster=live,
+                    max_user_priority=self.priority_cap(job),
+                )
         if desired is not None:
             drift = jobext.spec_drift(unit, desired)
             if drift is not None:
@@ -305,13 +318,26 @@ class JobExtensions:
                 namespace=key.namespace,
             )
             return  # the job's update brings us back with fresh objects
-        pods = self._pods_of(unit_key, adapter)
+        pods = self._pods_of(unit_key, adapter, job)
         plan = jobext.plan_pods(unit, pods)
         stale = False
         for pod in plan.delete:
             if await self._reclaim_pod(pod):
                 metrics.RECLAIMED_PODS.inc()
                 log.info("reclaim: deleted unbound pod %s/%s of %s", pod.namespace, pod.name, unit_key)
+            elif pod_key_of(pod) in self.pods.objects:
+                stale = True
+        for pod in plan.unadmitted:
+            if await self._reclaim_pod(pod):
+                log.warning(
+                    "deleted pod %s/%s of %s: released without admission", pod.namespace, pod.name, unit_key
+                )
+                self.events.record(
+                    job,
+                    type_="Warning",
+                    reason=names.EventReason.UNADMITTED_POD_DELETED,
+                    message=names.Message.unadmitted_pod_deleted(pod.name),
+                )
             elif pod_key_of(pod) in self.pods.objects:
                 stale = True
         if stale:
@@ -396,16 +422,54 @@ class JobExtensions:
         )
         return True
 
-    def _pods_of(self, unit_key: str, adapter: JobAdapter) -> list[jobext.PodView]:
+    def _pods_of(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[jobext.PodView]:
+        """The unit's pods: those naming it that live in its namespace and belong to its job
+        (``shared.podlinks``); a pod elsewhere naming the unit is ignored."""
+        namespace = unit_key.partition("/")[0]
+        job_uid = str((job.get("metadata") or {}).get("uid") or "")
         views = []
         for pod_key in sorted(self._pods_by_unit.get(unit_key, ())):
             pod = self.pods.objects.get(pod_key)
             if pod is None:
                 continue
+            if not podlinks.counts_for(
+                pod, unit_namespace=namespace, job_uid=job_uid, parent=self._parent_lookup(namespace)
+            ):
+                continue
             pod_set = adapter.pod_set_of(pod)
             if pod_set:
                 views.append(jobext.pod_view(pod, pod_set))
         return views
+
+    def _parent_lookup(self, namespace: str) -> podlinks.ParentLookup:
+        """Owners that stand between a job and its pods: a RayJob's RayCluster, a Spark driver pod."""
+
+        def parent(kind: str, name: str) -> Mapping[str, Any] | None:
+            if kind == "Pod":
+                return self.pods.objects.get(f"{namespace}/{name}")
+            if kind == "RayCluster" and self.clusters is not None:
+                return self.clusters.objects.get(f"{namespace}/{name}")
+            return None
+
+        return parent
+
+    async def _hold_escaped(self, key: JobKey, adapter: JobAdapter, job: kube.Obj) -> None:
+        """Suspend a managed job that runs without the reconciler's admission (``adoption.escaped_hold``).
+
+        Conditional on the job's resourceVersion, so a release by the reconciler racing with this
+        (impossible today: it stamps in the same write) could never be undone by a stale view.
+        """
+        meta = job.get("metadata") or {}
+        body = {**adapter.suspend_merge_patch(job)}
+        body["metadata"] = {**(body.get("metadata") or {}), "resourceVersion": meta.get("resourceVersion")}
+        await self.client.patch(resource_of(adapter), key.name, body, namespace=key.namespace)
+        log.warning("held %s %s/%s: it ran without being admitted", adapter.kind, key.namespace, key.name)
+        self.events.record(
+            job,
+            type_="Warning",
+            reason=names.EventReason.HELD_UNADMITTED,
+            message=names.Message.HELD_UNADMITTED,
+        )
 
     async def _create_unit(
         self, job: kube.Obj, adapter: JobAdapter, *, live_cluster: Job | None, adopt: bool
@@ -414,7 +478,12 @@ class JobExtensions:
         meta = job.get("metadata") or {}
         try:
             unit = jobext.build_queue_unit(
-                job, adapter, self.priority_classes(), live_cluster=live_cluster, adopted=adopt
+                job,
+                adapter,
+                self.priority_classes(),
+                live_cluster=live_cluster,
+                adopted=adopt,
+                max_user_priority=self.priority_cap(job),
             )
         except JobSpecError as err:
             self.events.record(
@@ -441,15 +510,24 @@ class JobExtensions:
                 meta.get("namespace"),
                 meta.get("name"),
             )
-            await self._finish_adoption(created, adapter.job_status(job), suspended=adapter.is_suspended(job))
+            await self._finish_adoption(
+                created,
+                adapter.job_status(job),
+                suspended=adapter.is_suspended(job),
+                stamped=is_dequeued(job),
+            )
 
-    async def _finish_adoption(self, unit: kube.Obj, status: JobStatus, *, suspended: bool) -> bool:
+    async def _finish_adoption(
+        self, unit: kube.Obj, status: JobStatus, *, suspended: bool, stamped: bool
+    ) -> bool:
         """Write the status of a unit created for adoption (``shared.adoption``); True if written.
 
         Conditional on the unit's resourceVersion: a conflict means someone else wrote first, and
         the worker looks again with fresh objects.
         """
-        patch = adoption.completion_status(unit, status, suspended=suspended, now_text=now_text())
+        patch = adoption.completion_status(
+            unit, status, suspended=suspended, stamped=stamped, now_text=now_text()
+        )
         if patch is None:
             return False
         meta = unit.get("metadata") or {}

@@ -33,11 +33,12 @@ from reconciler import metrics, visibility
 from reconciler.events import EventRecorder
 from reconciler.informer import Handler, Informer
 from reconciler.jobs import QUEUE_UNITS, JobExtensions
-from reconciler.quotas import QUEUES, QUOTAS, QuotaQueueSync
+from reconciler.quotas import QUEUES, QUOTAS, QuotaBindingSync, QuotaQueueSync
 from reconciler.scheduler import SchedulerLoop
 from shared import config as component_config
 from shared import kube, names
-from shared.jobs import registry
+from shared import quota as quota_rules
+from shared.jobs import base, registry
 from shared.scheduling import Cache
 
 log = logging.getLogger("reconciler")
@@ -275,6 +276,30 @@ async def run(args: argparse.Namespace) -> None:
             return all(i.synced.is_set() for i in jobs.informers())
 
         scheduler = SchedulerLoop(client, events=events, settings=settings)
+        ledger = scheduler.cache.ledger
+
+        def priority_cap(job: base.Job) -> int | None:
+            """The smaller of the cluster's maxUserPriority and the job's quota's own cap."""
+            return quota_rules.priority_cap(
+                settings.max_user_priority, ledger.quotas.get(base.quota_name(job) or "")
+            )
+
+        caps: dict[str, int | None] = {}
+
+        def on_quota_cap(old: kube.Obj | None, new: kube.Obj | None) -> None:
+            """A quota's priority cap changed: its jobs' unit priorities follow (after the scheduler
+            has folded the event into the ledger, which decides which same-named quota counts)."""
+            now = {
+                name: q.max_user_priority
+                for name, q in ledger.quotas.items()
+                if q.max_user_priority is not None
+            }
+            if now != caps:
+                caps.clear()
+                caps.update(now)
+                if jobs_ready():
+                    jobs.mark_all()
+
         pcs = Informer(client, kube.PRIORITY_CLASSES, handler=on_priority_class)
         units: Informer
         jobs = JobExtensions(
@@ -284,6 +309,7 @@ async def run(args: argparse.Namespace) -> None:
             priority_classes=lambda: priority_classes,
             events=events,
             workers=args.workers,
+            priority_cap=priority_cap,
         )
         units = Informer(client, QUEUE_UNITS, handler=_fanout(scheduler.on_unit, jobs.on_unit), packed=True)
         scheduler.unit_store = units.objects
@@ -299,7 +325,14 @@ async def run(args: argparse.Namespace) -> None:
         quota_sync = QuotaQueueSync(
             client, quotas=lambda: quotas.objects, queues=lambda: queues.objects, events=events
         )
-        quotas = Informer(client, QUOTAS, handler=_fanout(scheduler.on_quota, quota_sync.on_quota))
+        bindings = QuotaBindingSync(
+            client, quotas=lambda: ledger.quotas.values(), enforce=settings.quota_namespace_binding
+        )
+        quotas = Informer(
+            client,
+            QUOTAS,
+            handler=_fanout(scheduler.on_quota, quota_sync.on_quota, bindings.on_quota, on_quota_cap),
+        )
         informers = [pcs, units, queues, quotas, *jobs.informers()]
 
         def ready() -> bool:
@@ -331,6 +364,7 @@ async def run(args: argparse.Namespace) -> None:
                 acting.create_task(scheduler.run(), name="scheduler")
                 acting.create_task(jobs.run(), name="job-extensions")
                 acting.create_task(quota_sync.run(), name="quota-queues")
+                acting.create_task(bindings.run(), name="quota-bindings")
                 if args.manage_webhook_certs:
                     certs = WebhookCertManager(
                         client,

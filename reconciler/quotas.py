@@ -1,4 +1,5 @@
-"""Keep one Queue per ElasticQuota (REFERENCE §4.3); decisions in ``shared.quotaqueues``.
+"""Keep one Queue per ElasticQuota (REFERENCE §4.3) and the quota-binding ConfigMap; decisions in
+``shared.quotaqueues``.
 
 Every quota event marks the quota's name dirty; a single worker creates, patches or deletes the
 Queue in namespace ``koord-queue``. The Queue store (from the scheduler's Queue informer) is read to
@@ -8,6 +9,15 @@ Quota events alone do not cover a Queue deleted behind our back (``kubectl delet
 quota stays: its units would wait for a queue that never comes back. So the worker also checks the
 stores every :data:`RESYNC_SECONDS` and re-creates the Queue of every quota that has none (a lookup
 per quota, no API call unless one is missing).
+
+Same-named quotas in several namespaces: the Queue follows the one that counts
+(``shared.quota.winner``: the oldest); every other one gets a Warning ``DuplicateQuotaName`` event
+and the annotation ``koord-queue/ignored-reason`` saying why (removed once it counts again). A quota
+whose namespaces or priority-cap annotation cannot be read gets a Warning ``InvalidQuotaAnnotation``.
+
+:class:`QuotaBindingSync` keeps the ConfigMap ``koord-queue/koord-queue-quota-bindings`` that the
+quota-binding admission policy (manifests/quota-binding-policy.yaml) reads: which namespaces each
+quota serves, which quotas each namespace may use, and whether the check is on.
 """
 
 from __future__ import annotations
@@ -15,15 +25,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from reconciler.events import EventRecorder
 from shared import kube, names, quotaqueues
+from shared.model import Quota, parse_quota
+from shared.quota import winner_key
 
 log = logging.getLogger(__name__)
 
 QUEUES = kube.Resource(names.GROUP, names.VERSION, names.QUEUE_PLURAL, "Queue")
 QUOTAS = kube.Resource(names.QUOTA_GROUP, names.QUOTA_VERSION, names.QUOTA_PLURAL, "ElasticQuota")
+CONFIG_MAPS = kube.Resource("", "v1", "configmaps", "ConfigMap")
 
 #: How often quotas whose Queue has disappeared are looked for.
 RESYNC_SECONDS = 5.0
@@ -45,6 +58,9 @@ class QuotaQueueSync:
         self._dirty: dict[str, None] = {}
         self._wake = asyncio.Event()
         self._complained: dict[str, str] = {}
+        #: namespace/name of a quota -> the last duplicate or annotation complaint given about it
+        self._ignored: dict[str, str] = {}
+        self._unreadable: dict[str, str] = {}
 
     def on_quota(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         obj = new or old or {}
@@ -53,16 +69,19 @@ class QuotaQueueSync:
             self._dirty[name] = None
             self._wake.set()
 
+    def _named(self, name: str) -> list[tuple[Quota, kube.Obj]]:
+        """Every quota called ``name``, the one that counts first (``shared.quota.winner_key``)."""
+        found = [
+            (parse_quota(q), q)
+            for q in self.quotas().values()
+            if (q.get("metadata") or {}).get("name") == name
+        ]
+        return sorted(found, key=lambda pair: winner_key(pair[0]))
+
     def _quota_named(self, name: str) -> kube.Obj | None:
-        # Quotas are keyed by name only (upstream compatibility); the oldest wins on a clash.
-        found = [q for q in self.quotas().values() if (q.get("metadata") or {}).get("name") == name]
-        found.sort(
-            key=lambda q: (
-                (q.get("metadata") or {}).get("creationTimestamp", ""),
-                (q.get("metadata") or {}).get("namespace", ""),
-            )
-        )
-        return found[0] if found else None
+        # Quotas are keyed by name only (upstream compatibility); the oldest counts on a clash.
+        found = self._named(name)
+        return found[0][1] if found else None
 
     def missing_queues(self) -> list[str]:
         """Names of the quotas whose Queue is not in the store (deleted by someone else)."""
@@ -101,7 +120,9 @@ class QuotaQueueSync:
                 log.exception("queue for quota %s: sync failed", name)
 
     async def sync(self, name: str) -> None:
-        quota = self._quota_named(name)
+        named = self._named(name)
+        await self._report(name, named)
+        quota = named[0][1] if named else None
         existing = self.queues().get(f"{names.COMPONENT_NAMESPACE}/{name}")
         if quota is None:
             if existing is not None and quotaqueues.created_from_quota(existing):
@@ -130,3 +151,134 @@ class QuotaQueueSync:
             )
         elif not intent.policy_problem:
             self._complained.pop(name, None)
+
+    async def _report(self, name: str, named: list[tuple[Quota, kube.Obj]]) -> None:
+        """Tell the ignored same-named quotas why (event + annotation), clear the annotation on the
+        one that counts, and complain once about annotations that cannot be read."""
+        keys = {f"{q.namespace}/{name}" for q, _ in named}
+        for table in (self._ignored, self._unreadable):
+            for key in [k for k in table if k.split("/", 1)[1] == name]:
+                if key not in keys:
+                    del table[key]
+        for i, (quota, raw) in enumerate(named):
+            key = f"{quota.namespace}/{name}"
+            problems = "; ".join(p for p in quota.problems if p.startswith("metadata.annotations["))
+            if problems and self._unreadable.get(key) != problems:
+                self._unreadable[key] = problems
+                self.events.record(
+                    raw, type_="Warning", reason=names.INVALID_QUOTA_ANNOTATION_REASON, message=problems
+                )
+            elif not problems:
+                self._unreadable.pop(key, None)
+            reason = (
+                None
+                if i == 0
+                else names.duplicate_quota_message(quota.namespace, name, named[0][0].namespace)
+            )
+            if reason is not None and self._ignored.get(key) != reason:
+                self._ignored[key] = reason
+                log.warning("%s", reason)
+                self.events.record(
+                    raw, type_="Warning", reason=names.DUPLICATE_QUOTA_NAME_REASON, message=reason
+                )
+            elif reason is None:
+                self._ignored.pop(key, None)
+            patch = quotaqueues.ignored_patch(raw, reason)
+            if patch is None:
+                continue
+            try:
+                await self.client.patch(QUOTAS, name, patch, namespace=quota.namespace)
+            except kube.NotFound:
+                continue
+            except kube.KubeError as err:
+                # Information only (the event says the same): never hold up the Queue for it.
+                log.warning(
+                    "ElasticQuota %s: %s annotation not written: %s",
+                    key,
+                    names.IGNORED_REASON_ANNOTATION,
+                    err,
+                )
+
+
+class QuotaBindingSync:
+    """Keep the ConfigMap the quota-binding admission policy reads in step with the quotas.
+
+    The data comes from ``shared.quotaqueues.binding_data`` over the quotas that count. It is
+    written after quota events (a burst coalesced into one write) and compared with the cluster
+    every ``resync_seconds``, so a ConfigMap deleted or edited by hand is put back. Until it exists
+    the policy lets jobs in (``parameterNotFoundAction: Allow``): the scheduler holds them anyway.
+    """
+
+    def __init__(
+        self,
+        client: kube.Kube,
+        *,
+        quotas: Callable[[], Iterable[Quota]],
+        enforce: bool,
+        namespace: str = names.COMPONENT_NAMESPACE,
+        name: str = names.QUOTA_BINDINGS_CONFIGMAP,
+        resync_seconds: float = 60.0,
+        settle_seconds: float = 0.2,
+    ) -> None:
+        self.client = client
+        self.quotas = quotas
+        self.enforce = enforce
+        self.namespace = namespace
+        self.name = name
+        self.resync_seconds = resync_seconds
+        self.settle_seconds = settle_seconds
+        self._wake = asyncio.Event()
+        self.writes = 0
+
+    def on_quota(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
+        self._wake.set()
+
+    def desired(self) -> dict[str, str]:
+        return quotaqueues.binding_data(self.quotas(), enforce=self.enforce)
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.sync()
+            except kube.KubeError as err:
+                log.warning("ConfigMap %s/%s: %s; will retry", self.namespace, self.name, err)
+                await asyncio.sleep(1.0)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.resync_seconds)
+            await asyncio.sleep(self.settle_seconds)  # let a burst of quota events land first
+
+    async def sync(self) -> None:
+        """Create or replace the ConfigMap when its data differs (a conflict is retried at once)."""
+        while True:
+            data = self.desired()
+            try:
+                current = await self.client.get(CONFIG_MAPS, self.name, namespace=self.namespace)
+            except kube.NotFound:
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {
+                        "name": self.name,
+                        "namespace": self.namespace,
+                        "labels": {"app.kubernetes.io/part-of": "koord-queue"},
+                    },
+                    "data": data,
+                }
+                try:
+                    await self.client.create(CONFIG_MAPS, body, namespace=self.namespace)
+                except kube.Conflict:
+                    continue  # created meanwhile (another leader's last write): compare again
+                self.writes += 1
+                return
+            if (current.get("data") or {}) == data:
+                return
+            try:
+                await self.client.replace(
+                    CONFIG_MAPS, self.name, {**current, "data": data}, namespace=self.namespace
+                )
+            except kube.Conflict:
+                continue
+            self.writes += 1
+            return

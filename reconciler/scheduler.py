@@ -78,7 +78,10 @@ class SchedulerLoop:
     def __init__(self, client: kube.Kube, *, events: EventRecorder, settings: Settings) -> None:
         self.client = client
         self.events = events
-        self.cache = Cache(reclaim_protect_seconds=settings.reclaim_protect_seconds)
+        self.cache = Cache(
+            reclaim_protect_seconds=settings.reclaim_protect_seconds,
+            quota_namespace_binding=settings.quota_namespace_binding,
+        )
         #: raw objects by key, kept by the informers (set by the wiring in main)
         self.unit_store: Mapping[str, kube.Obj] = {}
         self._queue_raw: dict[str, kube.Obj] = {}
@@ -191,9 +194,11 @@ class SchedulerLoop:
 
     def on_quota(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         obj = new or old or {}
-        name = str((obj.get("metadata") or {}).get("name", ""))
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
         if new is None:
-            self.cache.delete_quota(name)
+            # Same-named quotas elsewhere stay: the next oldest takes over (shared.quota).
+            self.cache.delete_quota(name, str(meta.get("namespace", "")))
         else:
             self.cache.put_quota(parse_quota(new))
         self.wake()

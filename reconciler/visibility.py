@@ -22,7 +22,10 @@ work without files in the pod:
 * **Authorization** is the kube-apiserver's: it authorized the end user for the APIService path
   (e.g. ``get`` on ``queues/queueunits`` in ``visibility.koord-queue.x-k8s.io``) before proxying,
   and only it can reach this server. Nothing here checks RBAC again; the user is logged at debug
-  level for the record.
+  level for the record. A namespace user is authorized only for paths under
+  ``namespaces/<their namespace>/`` (a RoleBinding grants nothing without a namespace), and those
+  answers are restricted to that namespace; the paths without a namespace need a cluster-wide
+  grant.
 
 Without TLS (no certificate flags) the API is plain HTTP for local use, as the tests' direct handler
 checks and ``make run`` without aggregation do.
@@ -262,6 +265,16 @@ def _status(code: int, reason: str, message: str) -> web.Response:
     )
 
 
+def _answer(build: Callable[[], dict[str, Any]]) -> web.Response:
+    """``build``'s answer, or the Status a Kubernetes client expects for what it refused."""
+    try:
+        return _json(build())
+    except visibility.NotFound as err:
+        return _status(404, "NotFound", str(err))
+    except visibility.BadRequest as err:
+        return _status(400, "BadRequest", str(err))
+
+
 def _authenticator(tls: ServingTLS) -> Any:
     @web.middleware
     async def authenticate(
@@ -295,33 +308,47 @@ def make_app(
 
     async def queue(request: web.Request) -> web.Response:
         c = cache()
-        try:
-            return _json(
-                visibility.queue_units(c.state, c.units, request.match_info["name"], dict(request.query))
-            )
-        except visibility.NotFound as err:
-            return _status(404, "NotFound", str(err))
-        except visibility.BadRequest as err:
-            return _status(400, "BadRequest", str(err))
+        return _answer(
+            lambda: visibility.queue_units(c.state, c.units, request.match_info["name"], dict(request.query))
+        )
 
     async def quota(request: web.Request) -> web.Response:
         c = cache()
-        try:
-            known = set(c.ledger.quotas)
-            return _json(
-                visibility.quota_units(
-                    c.state, c.units, request.match_info["name"], known, dict(request.query)
-                )
+        known = set(c.ledger.quotas)
+        return _answer(
+            lambda: visibility.quota_units(
+                c.state, c.units, request.match_info["name"], known, dict(request.query)
             )
-        except visibility.NotFound as err:
-            return _status(404, "NotFound", str(err))
-        except visibility.BadRequest as err:
-            return _status(400, "BadRequest", str(err))
+        )
+
+    async def namespace_queue(request: web.Request) -> web.Response:
+        c = cache()
+        return _answer(
+            lambda: visibility.queue_units(
+                c.state,
+                c.units,
+                request.match_info["name"],
+                dict(request.query),
+                namespace=request.match_info["namespace"],
+            )
+        )
+
+    async def namespace(request: web.Request) -> web.Response:
+        c = cache()
+        return _answer(
+            lambda: visibility.namespace_units(
+                c.state, c.units, request.match_info["namespace"], dict(request.query)
+            )
+        )
 
     app = web.Application(middlewares=[_authenticator(tls)] if tls is not None and tls.client_auth else [])
     app.router.add_get(_PREFIX, discovery)
     app.router.add_get(f"{_PREFIX}/queues/{{name}}/queueunits", queue)
     app.router.add_get(f"{_PREFIX}/elasticquotas/{{name}}/queueunits", quota)
+    # The apiserver authorized these for the namespace in the path (RBAC in that namespace), so the
+    # answers never reach past it: see shared/visibility.py.
+    app.router.add_get(f"{_PREFIX}/namespaces/{{namespace}}/queueunits", namespace)
+    app.router.add_get(f"{_PREFIX}/namespaces/{{namespace}}/queues/{{name}}/queueunits", namespace_queue)
     if background is not None:
         work = background
 

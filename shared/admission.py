@@ -3,15 +3,20 @@
 The webhook server (``webhook/server.py``) parses the HTTP body and calls :func:`review`; everything
 that decides lives here so it can be tested as a table and fuzzed without a socket.
 
-* **mutate** (CREATE only): an enabled, managed job kind that has not started and is not being
-  deleted gets its adapter's ``suspend_patch`` as a JSON Patch. Anything else is allowed untouched,
-  so an outage of our logic can never change an unrelated object.
-* **validate** (CREATE and UPDATE): job scheduling annotations; the queue's hold on a job (a queued
-  job may be resumed only by the reconciler, the dequeue stamp is the reconciler's, the quota label
-  is frozen while the job holds quota); Queue, QueueUnit and ElasticQuota objects. On UPDATE only
-  problems the old object did not already have are reported (``validation.ratchet``), so finalizer
-  removal and status moves on legacy objects are never blocked. The reconciler's own writes skip
-  validation: it must be able to act on whatever users created before the webhook existed.
+* **mutate** (CREATE only): a job of an enabled, managed kind gets its adapter's ``suspend_patch``
+  as a JSON Patch, always: nothing the user sends on CREATE (a status, a deletion timestamp) counts
+  as a sign that it already runs. Anything else is allowed untouched, so an outage of our logic can
+  never change an unrelated object.
+* **validate** (CREATE and UPDATE): job scheduling annotations; the queue's hold on a job, which
+  depends on nothing the job's owner can edit (docs/architecture.md#trust-boundaries): a managed
+  job arrives held, and while it is unfinished only the reconciler may release it, change the
+  system annotations, remove a template's scheduling gate or change the quota label; the status of
+  a kind without a status subresource belongs to its controller; kind-specific rules from the
+  adapter (``admission_errors``); Queue, QueueUnit and ElasticQuota objects. On UPDATE only
+  problems the old object did not already have are reported for our own objects
+  (``validation.ratchet``), so finalizer removal and status moves on legacy objects are never
+  blocked. The reconciler's own writes skip validation: it must be able to act on whatever users
+  created before the webhook existed.
 
 A body that is not an ``admission.k8s.io/v1`` AdmissionReview raises :class:`MalformedReview`; the
 server answers HTTP 400 with its message. Every other input yields a well-formed response: job
@@ -37,6 +42,9 @@ from shared.validation import FieldError
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
 DEFAULT_RECONCILER_USERNAME: Final = "system:serviceaccount:koord-queue:koord-queue-reconciler"
+#: Argo's workflow controller (the ServiceAccount of its default install): it writes Workflow status,
+#: which has no subresource, so it is trusted with that field.
+DEFAULT_STATUS_WRITERS: Final = frozenset({"system:serviceaccount:argo:argo"})
 _OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 _UPDATE: Final = "UPDATE"
 _WRITES: Final = ("CREATE", _UPDATE)
@@ -71,6 +79,9 @@ class AdmissionConfig:
 
     enabled_extensions: frozenset[str] = field(default_factory=lambda: frozenset(registry.DEFAULT_EXTENSIONS))
     reconciler_username: str = DEFAULT_RECONCILER_USERNAME
+    status_writers: frozenset[str] = DEFAULT_STATUS_WRITERS
+    #: The cluster's cap on the priority annotation (``maxUserPriority``); None: no cap.
+    max_user_priority: int | None = None
 
     def __post_init__(self) -> None:
         registry.enabled_adapters(self.enabled_extensions)
@@ -233,16 +244,26 @@ def _with_namespace(job: Mapping[str, Any], namespace: str) -> Mapping[str, Any]
 
 
 def _mutate(request: AdmissionRequest, *, config: AdmissionConfig, now_text: str) -> dict[str, Any]:
+    """Hold every managed job on CREATE, whatever else it claims.
+
+    Nothing a user sends on CREATE counts as a sign that the job has already started: the
+    apiserver drops ``status`` and ``deletionTimestamp`` only *after* mutating admission, so a job
+    created with a made-up ``status.startTime`` would otherwise be stored unsuspended. For a kind
+    whose CRD has no status subresource the apiserver keeps what the user sent, so the status is
+    removed here (docs/architecture.md#trust-boundaries).
+    """
     adapter = _adapter(request, config)
     job = request.obj
     if request.operation != "CREATE" or request.sub_resource or adapter is None or job is None:
         return allow(request.uid)
-    if not adapter.is_managed(job) or _being_deleted(job) or adapter.has_started(job):
+    if not adapter.is_managed(job):
         return allow(request.uid)
     try:
         ops = adapter.suspend_patch(_with_namespace(job, request.namespace), now_text=now_text)
     except JobSpecError as err:
         return deny(request.uid, [validation.from_spec_error(err)])
+    if not adapter.status_subresource and job.get("status") is not None:
+        ops = [*ops, {"op": "remove", "path": "/status"}]
     return patched(request.uid, ops) if ops else allow(request.uid)
 
 
@@ -250,36 +271,133 @@ def _validate(request: AdmissionRequest, *, config: AdmissionConfig) -> list[Fie
     new = request.obj
     if request.operation not in ("CREATE", "UPDATE") or new is None or request.sub_resource:
         return []
-    if _being_deleted(new) or request.username == config.reconciler_username:
+    if request.username == config.reconciler_username:
         return []
     old = request.old_obj if request.operation == "UPDATE" else None
     check = _OBJECT_CHECKS.get((request.api_version, request.kind))
     if check is not None:
+        if _being_deleted(new):
+            return []
         return validation.ratchet(check(new), check(old) if old is not None else [])
     adapter = _adapter(request, config)
     if adapter is None:
         return []
-    return _validate_job(adapter, new, old, reconciler=config.reconciler_username)
+    return _validate_job(adapter, new, old, config=config, user=request.username)
 
 
 def _validate_job(
-    adapter: JobAdapter, new: Mapping[str, Any], old: Mapping[str, Any] | None, *, reconciler: str
+    adapter: JobAdapter,
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    *,
+    config: AdmissionConfig,
+    user: str,
 ) -> list[FieldError]:
+    """Every rule a namespace user's write of a job of a managed kind must pass.
+
+    The hold rules are checked whether or not the job is being deleted: a finalizer keeps a
+    deleted job in the API, and it must not be released past the queue meanwhile.
+    """
+    managed_new = adapter.is_managed(new)
     managed_old = old is not None and adapter.is_managed(old)
+    if not managed_new and not managed_old:
+        return []
     errors: list[FieldError] = []
-    # Each object's annotations are read once (``annotations_of`` copies the string entries).
-    new_annotations: dict[str, str] | None = None
+    new_annotations = base.annotations_of(new)
     old_annotations = base.annotations_of(old) if old is not None else None
-    if adapter.is_managed(new):
-        new_annotations = base.annotations_of(new)
-        errors += validation.validate_job_annotations(new_annotations, unchanged=old_annotations)
-    if old is not None and old_annotations is not None and managed_old:
-        if new_annotations is None:
-            new_annotations = base.annotations_of(new)
-        errors += _guard_queue_hold(
-            adapter, new, old, new_annotations, old_annotations, reconciler=reconciler
+    if managed_new:
+        errors += validation.validate_job_annotations(
+            new_annotations, unchanged=old_annotations, max_priority=config.max_user_priority
+        )
+    if not adapter.status_subresource and user not in config.status_writers:
+        errors += _guard_status(adapter, new, old)
+    if old is None or not managed_old:
+        # CREATE, or a job joining the queue by gaining a quota label: it must arrive held.
+        errors += _guard_arrival(adapter, new, new_annotations, old_annotations, joining=old is not None)
+        errors += _kind_rules(adapter, None, new)
+        return errors
+    assert old_annotations is not None
+    errors += _guard_queue_hold(adapter, new, old, new_annotations, old_annotations, config=config)
+    # Every write: a kind may need a rule after its job finished (the Spark operator re-runs a
+    # finished application whose spec changes), and each adapter decides what "finished" frees.
+    errors += _kind_rules(adapter, old, new)
+    return errors
+
+
+def _kind_rules(
+    adapter: JobAdapter, old: Mapping[str, Any] | None, new: Mapping[str, Any]
+) -> list[FieldError]:
+    return [validation.from_spec_error(err) for err in adapter.admission_errors(old, new)]
+
+
+def _guard_status(
+    adapter: JobAdapter, new: Mapping[str, Any], old: Mapping[str, Any] | None
+) -> list[FieldError]:
+    """A CRD without a status subresource stores whatever status its writer sends; only the kind's
+    controller (``status_writers``) and the reconciler may change it, or a user could mark a queued
+    job finished and release its quota while it runs."""
+    before = old.get("status") if old is not None else None
+    if new.get("status") == before:
+        return []
+    detail = (
+        f"the status of a queued {adapter.kind} is written by its controller; "
+        "it cannot be set or changed by users"
+    )
+    return [validation.forbidden("status", detail)]
+
+
+def _guard_arrival(
+    adapter: JobAdapter,
+    new: Mapping[str, Any],
+    new_annotations: Mapping[str, str],
+    old_annotations: Mapping[str, str] | None,
+    *,
+    joining: bool,
+) -> list[FieldError]:
+    """A managed job enters the queue held, without an admission stamp.
+
+    On CREATE the mutating webhook has just held it, so this only fails when something mutated the
+    job after us; on UPDATE it stops a running job from being labelled into a queue it never
+    waited in (the label would make it count as admitted).
+    """
+    errors: list[FieldError] = []
+    how = "gains a quota label" if joining else "is created"
+    for path, held in adapter.suspend_state(new).items():
+        if not held:
+            detail = (
+                f"a {adapter.kind} that {how} is queued by koord-queue and must stay held until its "
+                "QueueUnit is admitted"
+            )
+            errors.append(validation.forbidden(path, detail))
+    key = names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION
+    if new_annotations.get(key) and new_annotations.get(key) != (old_annotations or {}).get(key):
+        errors.append(
+            validation.forbidden(_annotation_path(key), "set only by koord-queue when it admits the job")
         )
     return errors
+
+
+def _annotation_path(key: str) -> str:
+    return f"metadata.annotations[{key}]"
+
+
+def _gate_paths(adapter: JobAdapter, job: Mapping[str, Any]) -> list[str]:
+    """Pod templates of ``job`` that lack the admission gate (the field path of each gate list).
+
+    Asks the adapter's own suspend patch, which emits an operation only where something is missing,
+    so every kind's templates (Ray worker groups, Kubeflow replica specs, ...) are covered.
+    """
+    try:
+        ops = adapter.suspend_patch(job, now_text="")
+    except JobSpecError:
+        return []
+    found: list[str] = []
+    for op in ops:
+        path = op["path"]
+        cut = path.find("/schedulingGates")
+        if cut >= 0:
+            found.append(path[: cut + len("/schedulingGates")])
+    return found
 
 
 def _guard_queue_hold(
@@ -289,36 +407,63 @@ def _guard_queue_hold(
     new_annotations: Mapping[str, str],
     old_annotations: Mapping[str, str],
     *,
-    reconciler: str,
+    config: AdmissionConfig,
 ) -> list[FieldError]:
-    """The rules that keep a user from starting a queued job past the queue."""
+    """The rules that keep a user from starting a managed job past the queue.
+
+    None of them depends on anything the job's owner can edit: whether the job is "queued" is not
+    read from the enqueue annotations (the owner could delete them first), it is the fact that the
+    job is managed and unfinished. While it is, only the reconciler may release a hold, touch the
+    system annotations, remove a pod template's scheduling gate or change the quota label.
+    """
+    reconciler = config.reconciler_username
     errors: list[FieldError] = []
+    unit = f"{base.namespace_of(old)}/{adapter.queue_unit_name(old)}"
     dequeue_key = names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION
-    dequeued = base.dequeued_in(old_annotations)
-    if base.enqueued_in(old_annotations) and not dequeued:
-        after = adapter.suspend_state(new)
-        for path, held in adapter.suspend_state(old).items():
-            if held and not after.get(path, False):
-                unit = f"{base.namespace_of(old)}/{adapter.queue_unit_name(old)}"
-                detail = (
-                    f"the job is queued by koord-queue; it is resumed automatically when its "
-                    f"QueueUnit {unit} is admitted; only {reconciler} may resume it"
-                )
-                errors.append(validation.forbidden(path, detail))
-    before_stamp = old_annotations.get(dequeue_key) or ""
-    if (new_annotations.get(dequeue_key) or "") != before_stamp:
+    if (new_annotations.get(dequeue_key) or "") != (old_annotations.get(dequeue_key) or ""):
         detail = f"set only by {reconciler} when koord-queue admits the job"
-        errors.append(validation.forbidden(f"metadata.annotations[{dequeue_key}]", detail))
-    if not dequeued:  # (checked first: the quota names are only compared for an admitted job)
+        errors.append(validation.forbidden(_annotation_path(dequeue_key), detail))
+    if adapter.job_status(old) in _FINISHED:
         return errors
-    old_quota, new_quota = adapter.quota_name(old), adapter.quota_name(new)
-    if old_quota != new_quota and adapter.job_status(old) not in _FINISHED:
-        label = names.QUOTA_NAME_LABEL
-        if names.QUOTA_NAME_LABEL not in base.labels_of(old) | base.labels_of(new):
-            label = names.QUOTA_NAME_LABEL_FALLBACK
-        detail = (
-            f"the job is admitted and holds resources of quota {old_quota!r}; the quota cannot change "
-            "until the job finishes (delete and re-create the job to move it)"
-        )
-        errors.append(validation.forbidden(f"metadata.labels[{label}]", detail))
+    after = adapter.suspend_state(new)
+    for path, held in adapter.suspend_state(old).items():
+        if held and not after.get(path, False):
+            detail = (
+                f"the job is queued by koord-queue; it is resumed automatically when its "
+                f"QueueUnit {unit} is admitted; only {reconciler} may resume it"
+            )
+            errors.append(validation.forbidden(path, detail))
+    for key in _SYSTEM_ANNOTATIONS:
+        if new_annotations.get(key) != old_annotations.get(key):
+            detail = "written by koord-queue to track the job in its queue; it cannot be changed"
+            errors.append(validation.forbidden(_annotation_path(key), detail))
+    missing_before = set(_gate_paths(adapter, old))
+    for path in _gate_paths(adapter, new):
+        if path not in missing_before:
+            detail = (
+                f"the scheduling gate {names.ADMISSION_GATE} holds the job's pods until koord-queue "
+                "admits them; it cannot be removed from a managed job's pod template"
+            )
+            errors.append(validation.forbidden(_pointer_to_field(path), detail))
+    old_labels, new_labels = base.labels_of(old), base.labels_of(new)
+    for label in (names.QUOTA_NAME_LABEL, names.QUOTA_NAME_LABEL_FALLBACK):
+        if old_labels.get(label) != new_labels.get(label):
+            detail = (
+                f"the job is queued or admitted under quota {adapter.quota_name(old)!r}; the quota "
+                "cannot change until the job finishes (delete and re-create the job to move it)"
+            )
+            errors.append(validation.forbidden(f"metadata.labels[{label}]", detail))
     return errors
+
+
+#: Annotations koord-queue keeps on a managed job; the dequeue stamp has its own rule above.
+_SYSTEM_ANNOTATIONS: Final = (names.JOB_HAS_ENQUEUED_ANNOTATION, names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION)
+
+
+def _pointer_to_field(pointer: str) -> str:
+    """``/spec/template/spec/schedulingGates`` → ``spec.template.spec.schedulingGates``."""
+    segments: list[str | int] = []
+    for token in pointer.lstrip("/").split("/"):
+        text = token.replace("~1", "/").replace("~0", "~")
+        segments.append(int(text) if text.isdigit() else text)
+    return base.field_path(segments)

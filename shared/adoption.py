@@ -39,14 +39,30 @@ ADOPTED_ANNOTATION: Final = "koord-queue/adopted"
 RELEASED: Final = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
 
 
-def needs_adoption(job_status: JobStatus, *, suspended: bool) -> bool:
+def needs_adoption(job_status: JobStatus, *, suspended: bool, stamped: bool) -> bool:
     """A job in this state whose unit is missing gets an admitted unit, not a queued one.
 
     Created and Queuing jobs are queued as new; finished jobs get no unit at all (step 4). A held
     (suspended) job is queued too, whatever its status says: a preempted Job still counts its
-    terminating pods as active, and adopting it then would resume it past the queue.
+    terminating pods as active, and adopting it then would resume it past the queue. So is a job
+    without the reconciler's dequeue stamp (``stamped``): only the reconciler sets the stamp when
+    it admits a job (the webhook removes it on CREATE and forbids anyone else to change it), so a
+    running job without it never waited in the queue, and adopting it would grant it quota
+    unchecked (docs/architecture.md#trust-boundaries). It is held and queued instead
+    (:func:`escaped_hold`).
     """
-    return job_status in RELEASED and not suspended
+    return job_status in RELEASED and not suspended and stamped
+
+
+def escaped_hold(job_status: JobStatus, *, suspended: bool, stamped: bool) -> bool:
+    """A managed, unfinished job runs without ever having been admitted: hold it again.
+
+    The reconciler releases a job and stamps it in one write, and holds it and removes the stamp in
+    one write, so a released job without the stamp was released by someone else: created before
+    the webhook was installed, labelled after it started, or let through while the webhook was
+    bypassed. It is suspended and then queued like a new job.
+    """
+    return not suspended and not stamped and job_status not in (JobStatus.SUCCEEDED, JobStatus.FAILED)
 
 
 def awaiting_status(unit: Mapping[str, Any]) -> bool:
@@ -58,7 +74,7 @@ def awaiting_status(unit: Mapping[str, Any]) -> bool:
 
 
 def completion_status(
-    unit: Mapping[str, Any], job_status: JobStatus, *, suspended: bool, now_text: str
+    unit: Mapping[str, Any], job_status: JobStatus, *, suspended: bool, stamped: bool, now_text: str
 ) -> Obj | None:
     """The status patch that finishes the adoption of ``unit`` (see :func:`awaiting_status`).
 
@@ -74,7 +90,7 @@ def completion_status(
         return None
     existing = dig(unit, "status", "conditions")
     current = [c for c in existing if isinstance(c, Mapping)] if isinstance(existing, list) else []
-    if not needs_adoption(job_status, suspended=suspended):
+    if not needs_adoption(job_status, suspended=suspended, stamped=stamped):
         conds, _ = conditions.sync_conditions(
             current, phase=Phase.ENQUEUED, message=Message.ENQUEUED, now=now_text
         )

@@ -1,10 +1,20 @@
 """The component configuration file, ``KoordQueueConfiguration`` (REFERENCE §1.5).
 
 ``--config`` names a YAML file of ``apiVersion: scheduling.k8s.io/v1``, ``kind:
-KoordQueueConfiguration`` (the older ``KubeQueueConfiguration`` is accepted too). Only
-``defaultReclaimProtectTime`` changes our behaviour; ``plugins`` and ``pluginConfigs`` are accepted
-for compatibility with upstream files and otherwise ignored. Unknown keys are reported, not ignored
-silently, so a typo does not turn protection off without a word.
+KoordQueueConfiguration`` (the older ``KubeQueueConfiguration`` is accepted too). What changes our
+behaviour:
+
+* ``defaultReclaimProtectTime``: a unit admitted less than this long ago is no preemption victim;
+* ``quotaNamespaceBinding`` (default true): a quota serves only jobs of its own namespace and of the
+  namespaces its ``quota.scheduling.koordinator.sh/namespaces`` annotation lists; false restores
+  upstream's unchecked behaviour (any job may name any quota);
+* ``maxUserPriority`` (default unset: no cap): the largest priority a job may ask for with the
+  ``scheduling.x-k8s.io/priority`` annotation; larger values are clamped (PriorityClass values,
+  which admins control, are not).
+
+``plugins`` and ``pluginConfigs`` are accepted for compatibility with upstream files and otherwise
+ignored. Unknown keys are reported, not ignored silently, so a typo does not turn protection off
+without a word.
 """
 
 from __future__ import annotations
@@ -20,7 +30,19 @@ from shared.durations import DurationError, parse_duration
 
 API_VERSION: Final = "scheduling.k8s.io/v1"
 KINDS: Final = ("KoordQueueConfiguration", "KubeQueueConfiguration")
-_KNOWN: Final = frozenset({"apiVersion", "kind", "plugins", "pluginConfigs", "defaultReclaimProtectTime"})
+_KNOWN: Final = frozenset(
+    {
+        "apiVersion",
+        "kind",
+        "plugins",
+        "pluginConfigs",
+        "defaultReclaimProtectTime",
+        "quotaNamespaceBinding",
+        "maxUserPriority",
+    }
+)
+_INT32_MIN: Final = -(2**31)
+_INT32_MAX: Final = 2**31 - 1
 
 
 class ConfigError(ValueError):
@@ -32,6 +54,10 @@ class Settings:
     #: Seconds after ``lastAllocateTime`` during which a unit cannot be a preemption victim.
     reclaim_protect_seconds: float = 0.0
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    #: A quota serves only units of the namespaces it is bound to (``quotaNamespaceBinding``).
+    quota_namespace_binding: bool = True
+    #: Cluster-wide cap on the priority a job may ask for by annotation (``maxUserPriority``).
+    max_user_priority: int | None = None
 
 
 def parse(text: str, *, source: str = "config") -> Settings:
@@ -62,7 +88,24 @@ def parse(text: str, *, source: str = "config") -> Settings:
             raise ConfigError(f"{source}: defaultReclaimProtectTime: {err}") from None
         if not math.isfinite(protect) or protect < 0:
             raise ConfigError(f"{source}: defaultReclaimProtectTime: must be a finite, non-negative duration")
-    return Settings(reclaim_protect_seconds=protect, warnings=warnings)
+    binding = doc.get("quotaNamespaceBinding")
+    if binding is None:
+        binding = True
+    if not isinstance(binding, bool):
+        raise ConfigError(f"{source}: quotaNamespaceBinding: expected true or false, got {binding!r}")
+    cap = doc.get("maxUserPriority")
+    if cap is not None and (
+        isinstance(cap, bool) or not isinstance(cap, int) or not _INT32_MIN <= cap <= _INT32_MAX
+    ):
+        raise ConfigError(
+            f"{source}: maxUserPriority: expected a 32-bit integer (or no value for no cap), got {cap!r}"
+        )
+    return Settings(
+        reclaim_protect_seconds=protect,
+        warnings=warnings,
+        quota_namespace_binding=binding,
+        max_user_priority=cap,
+    )
 
 
 def load(path: Path) -> Settings:

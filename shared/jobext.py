@@ -57,14 +57,24 @@ def parse_bool(raw: str | None) -> bool | None:
 
 
 def resolve_priority(
-    job: Job, adapter: JobAdapter, priority_classes: Mapping[str, int]
+    job: Job,
+    adapter: JobAdapter,
+    priority_classes: Mapping[str, int],
+    *,
+    max_user_priority: int | None = None,
 ) -> tuple[str | None, int | None]:
-    """``(className, value)``: the class's value, else the raw priority; the annotation wins."""
+    """``(className, value)``: the class's value, else the raw priority; the annotation wins, but
+    never above ``max_user_priority``.
+
+    The annotation is written by the job's owner, so it is clamped to the admins' cap (the smaller
+    of the cluster's ``maxUserPriority`` and the quota's ``koord-queue/max-user-priority``, chosen
+    by the caller); a PriorityClass value is the admins' own and is never clamped.
+    """
     class_name, raw = adapter.priority(job)
     value = priority_classes.get(class_name, raw) if class_name else raw
     override = parse_int32(annotations_of(job).get(names.PRIORITY_ANNOTATION))
     if override is not None:
-        value = override
+        value = override if max_user_priority is None else min(override, max_user_priority)
     return class_name, value
 
 
@@ -74,8 +84,11 @@ def desired_spec(
     priority_classes: Mapping[str, int],
     *,
     live_cluster: Job | None = None,
+    max_user_priority: int | None = None,
 ) -> Obj:
     """The QueueUnit ``spec`` the job implies. Raises ``JobSpecError`` for an unreadable job.
+
+    ``max_user_priority`` caps the priority annotation (:func:`resolve_priority`).
 
     ``live_cluster`` is a RayJob's running RayCluster (``ray.live_cluster``): KubeRay's autoscaler
     scales it, not the RayJob, so its replicas raise the pod set counts (REFERENCE §2.5, S27).
@@ -86,7 +99,7 @@ def desired_spec(
     total: dict[str, int] = {}
     for ps in pod_sets:
         total = quantities.add(total, quantities.scale(ps.per_pod, ps.count))
-    class_name, value = resolve_priority(job, adapter, priority_classes)
+    class_name, value = resolve_priority(job, adapter, priority_classes, max_user_priority=max_user_priority)
     resource = quantities.format_resource_list(total)
     spec: Obj = {
         "consumerRef": {
@@ -127,6 +140,7 @@ def build_queue_unit(
     *,
     live_cluster: Job | None = None,
     adopted: bool = False,
+    max_user_priority: int | None = None,
 ) -> Obj:
     """The QueueUnit to create for a job: owned by it (garbage-collected with it), labels and
     annotations copied, spec from :func:`desired_spec`. The status is written by the scheduler,
@@ -152,7 +166,9 @@ def build_queue_unit(
                 }
             ],
         },
-        "spec": desired_spec(job, adapter, priority_classes, live_cluster=live_cluster),
+        "spec": desired_spec(
+            job, adapter, priority_classes, live_cluster=live_cluster, max_user_priority=max_user_priority
+        ),
     }
 
 
@@ -247,15 +263,34 @@ def _int(value: object) -> int:
 
 @dataclass
 class PodPlan:
-    """What to do with a unit's pods; ``status`` is a merge patch for the unit (or None)."""
+    """What to do with a unit's pods; ``status`` is a merge patch for the unit (or None).
+
+    ``delete`` holds the pods of a reclaim; ``unadmitted`` the pods released beyond the admission
+    (their gate was removed by someone else), deleted the same careful way but reported apart.
+    """
 
     ungate: list[PodView] = field(default_factory=list)
     delete: list[PodView] = field(default_factory=list)
+    unadmitted: list[PodView] = field(default_factory=list)
     status: Obj | None = None
 
 
 def _order(pods: Iterable[PodView]) -> list[PodView]:
     return sorted(pods, key=lambda p: (p.created, p.name))
+
+
+def _beyond_admission(live: Sequence[PodView], replicas: int) -> list[PodView]:
+    """Unbound pods without the gate beyond what the admission allows, newest first.
+
+    Only the reconciler removes the gate (an admission policy stops everyone else), and it releases
+    at most ``replicas - bound`` pods. More released pods than that means the gate was removed past
+    the queue (or the admission shrank after the release): such a pod must not be scheduled, so it
+    is deleted like a reclaimed one and its controller creates a gated replacement.
+    """
+    bound = sum(1 for p in live if p.bound)
+    released = [p for p in live if not p.bound and not p.gated]
+    excess = len(released) - max(0, replicas - bound)
+    return list(reversed(_order(released)))[:excess] if excess > 0 else []
 
 
 def plan_pods(unit: Obj, pods: Sequence[PodView]) -> PodPlan:
@@ -266,15 +301,20 @@ def plan_pods(unit: Obj, pods: Sequence[PodView]) -> PodPlan:
     scheduled); replicas whose pods do not exist yet are released without a delete (upstream keeps
     such a reclaimState forever). Bound pods are never deleted, so the reclaim may take back fewer
     replicas than asked; the reclaimState is cleared either way and the scheduler sees the result.
+    Released unbound pods beyond the admission (see :func:`_beyond_admission`) are deleted too,
+    including every released unbound pod of a unit that holds no admission at all.
     """
     plan = PodPlan()
     admissions = admissions_of(unit)
-    if not admissions:
-        return plan
     by_set: dict[str, list[PodView]] = {}
     for pod in pods:
         if pod.live:
             by_set.setdefault(pod.pod_set, []).append(pod)
+    admitted_sets = {a.name for a in admissions}
+    for name in sorted(set(by_set) - admitted_sets):
+        plan.unadmitted.extend(_beyond_admission(by_set[name], 0))
+    if not admissions:
+        return plan
     new_admissions: list[Obj] = []
     reclaimed_any = False
     raw = {
@@ -296,6 +336,11 @@ def plan_pods(unit: Obj, pods: Sequence[PodView]) -> PodPlan:
             reclaimed_any = True
             deleted = {p.uid for p in victims}
             live = [p for p in live if p.uid not in deleted]
+        excess = _beyond_admission(live, replicas)
+        if excess:
+            plan.unadmitted.extend(excess)
+            gone = {p.uid for p in excess}
+            live = [p for p in live if p.uid not in gone]
         released = [p for p in live if p.bound or not p.gated]
         missing = replicas - len(released)
         if missing > 0:

@@ -15,6 +15,8 @@ RFC 3339 text. Pure: standard library and sibling ``shared`` modules only, no cl
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -32,10 +34,12 @@ __all__ = [
     "Unit",
     "evolve",
     "format_time",
+    "parse_namespaces_annotation",
     "parse_queue",
     "parse_quota",
     "parse_time",
     "parse_unit",
+    "parse_user_priority_cap",
     "quota_name_of",
     "with_grants",
     "with_reclaim",
@@ -44,6 +48,8 @@ __all__ = [
 DEFAULT_ITEMS_REFRESH_SECONDS = 15.0
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go strconv.ParseBool
 _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+_NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_INT32 = re.compile(r"[+-]?[0-9]{1,11}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +137,13 @@ class QueueConfig:
 
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """An ElasticQuota: only ``max`` limits admission; ``parent`` empty means the root."""
+    """An ElasticQuota: only ``max`` limits admission; ``parent`` empty means the root.
+
+    ``extra_namespaces`` are the namespaces its ``quota.scheduling.koordinator.sh/namespaces``
+    annotation binds besides its own; ``created`` and ``uid`` decide which of several same-named
+    quotas counts (``shared.quota.winner_key``); ``max_user_priority`` is the admin's cap on the
+    priority its jobs may ask for by annotation.
+    """
 
     name: str
     namespace: str = ""
@@ -141,6 +153,15 @@ class Quota:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
+    uid: str = ""
+    created: float = 0.0
+    extra_namespaces: frozenset[str] = frozenset()
+    max_user_priority: int | None = None
+
+    @property
+    def bound_namespaces(self) -> frozenset[str]:
+        """The namespaces whose units may use this quota: its own plus the annotation's."""
+        return self.extra_namespaces | {self.namespace}
 
 
 # --- small tolerant readers -----------------------------------------------------------------------
@@ -467,17 +488,78 @@ def parse_queue(raw: Mapping[str, object]) -> QueueConfig:
     )
 
 
+def parse_namespaces_annotation(text: str) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The namespaces listed by ``quota.scheduling.koordinator.sh/namespaces`` and the problems.
+
+    Lenient, as koord-scheduler is: the value is a JSON array of namespace names; anything else
+    binds no extra namespace, and an entry that is not a namespace name is skipped. Each problem
+    says what was ignored (the reconciler shows it in a Warning event, the webhook denies it).
+    An empty value lists nothing and is no problem.
+    """
+    key = f"metadata.annotations[{names.QUOTA_NAMESPACES_ANNOTATION}]"
+    if not text.strip():
+        return frozenset(), ()
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return frozenset(), (
+            f"{key}: not valid JSON; expected an array of namespace names such as "
+            '["team-a","team-b"], so the quota is bound to its own namespace only',
+        )
+    if value is None:
+        return frozenset(), ()
+    if not isinstance(value, list):
+        return frozenset(), (
+            f"{key}: expected a JSON array of namespace names, got a {type(value).__name__}; "
+            "the quota is bound to its own namespace only",
+        )
+    found: set[str] = set()
+    problems: list[str] = []
+    for i, item in enumerate(value):
+        if isinstance(item, str) and _NAMESPACE_NAME.fullmatch(item):
+            found.add(item)
+        else:
+            shown = (
+                json.dumps(item)[:80]
+                if isinstance(item, str | int | float | bool | None)
+                else type(item).__name__
+            )
+            problems.append(f"{key}[{i}]: {shown} is not a namespace name; it is ignored")
+    return frozenset(found), tuple(problems)
+
+
+def parse_user_priority_cap(text: str | None) -> tuple[int | None, str | None]:
+    """The ``koord-queue/max-user-priority`` annotation: a 32-bit integer, else no cap + a problem."""
+    if text is None:
+        return None, None
+    value = text.strip()
+    number = int(value) if _INT32.fullmatch(value) else None
+    if number is None or not -(2**31) <= number < 2**31:
+        return None, (
+            f"metadata.annotations[{names.MAX_USER_PRIORITY_ANNOTATION}]: {text[:80]!r} is not a 32-bit "
+            "integer; no per-quota priority cap applies until it is fixed"
+        )
+    return number, None
+
+
 def parse_quota(raw: Mapping[str, object]) -> Quota:
     """Parse an ElasticQuota.
 
     A malformed ``max`` entry fails *closed*: that resource gets a max of 0 (nothing requesting it
-    is admitted) rather than silently becoming unlimited by being dropped.
+    is admitted) rather than silently becoming unlimited by being dropped. A malformed namespaces
+    annotation fails closed too: the quota is bound to its own namespace only.
     """
     r = _Reader()
     raw = r.obj(raw, "")
     name, namespace, meta = _metadata(r, raw)
     spec = r.obj(raw.get("spec"), "spec")
     labels = r.str_map(meta.get("labels"), "metadata.labels")
+    annotations = r.str_map(meta.get("annotations"), "metadata.annotations")
+    extra, problems = parse_namespaces_annotation(annotations.get(names.QUOTA_NAMESPACES_ANNOTATION, ""))
+    r.problems.extend(problems)
+    cap, problem = parse_user_priority_cap(annotations.get(names.MAX_USER_PRIORITY_ANNOTATION))
+    if problem is not None:
+        r.problems.append(problem)
     minimum, _ = r.resources(spec.get("min"), "spec.min")
     maximum, ok = r.resources(spec.get("max"), "spec.max")
     if not ok:
@@ -491,6 +573,10 @@ def parse_quota(raw: Mapping[str, object]) -> Quota:
         min=minimum,
         max=maximum,
         labels=labels,
-        annotations=r.str_map(meta.get("annotations"), "metadata.annotations"),
+        annotations=annotations,
         problems=tuple(r.problems),
+        uid=r.text(meta.get("uid"), "metadata.uid"),
+        created=parse_time(meta.get("creationTimestamp")) or 0.0,
+        extra_namespaces=extra,
+        max_user_priority=cap,
     )

@@ -55,6 +55,11 @@ RELATED_PODSET_ANNOTATION: Final = "koord-queue/related-podset-name"
 
 #: The scheduling gate the webhook adds to managed pod templates (ARCHITECTURE decision 5).
 ADMISSION_GATE: Final = "koord-queue/admission"
+#: Pod label marking pods that must be created behind :data:`ADMISSION_GATE` by the pod webhook
+#: (``shared.podgate``). For kinds without a pod template the webhook could gate (SparkApplication:
+#: the operator builds the pods from ``spec.driver``/``spec.executor``), the job's webhook puts this
+#: label where the operator copies labels from, so the pods are held whatever the operator does.
+GATED_POD_LABEL: Final = "koord-queue/gated-pod"
 #: The Job controller's finalizer on each pod it tracks. A tracked pod deleted by anyone but the Job
 #: controller counts as a failure against ``backoffLimit``; reclaim removes it first (see
 #: ``reconciler.jobs``), the way the Job controller does for pods it deletes itself.
@@ -121,6 +126,10 @@ class EventReason(enum.StrEnum):
     RESUME = "Resume"
     DEACTIVATED = "Deactivated"
     MAX_EXEC_TIME_EXCEEDED = "MaximumExecutionTimeExceeded"
+    #: Ours: a managed job ran without the reconciler's admission and was held again.
+    HELD_UNADMITTED = "HeldUnadmitted"
+    #: Ours: a pod of a managed job lost its scheduling gate without admission and was deleted.
+    UNADMITTED_POD_DELETED = "UnadmittedPodDeleted"
 
 
 class AdmissionCheckState(enum.StrEnum):
@@ -161,6 +170,19 @@ class Message:
         f"not queued: the unit has no quota label ({QUOTA_NAME_LABEL} or {QUOTA_NAME_LABEL_FALLBACK}),"
         " so it belongs to no queue"
     )
+
+    #: Ours: the Warning event on a job that ran without having been admitted (see EventReason).
+    HELD_UNADMITTED: Final = (
+        "the job was running without having been admitted by koord-queue (released by someone "
+        "else, or started before it was labelled); it is suspended and queued like a new job"
+    )
+
+    @staticmethod
+    def unadmitted_pod_deleted(pod: str) -> str:
+        return (
+            f"deleted pod {pod}: its scheduling gate {ADMISSION_GATE} was removed although the job "
+            "holds no admission for it; its controller creates a gated replacement"
+        )
 
     @staticmethod
     def queue_not_exist(queue: str) -> str:
@@ -203,3 +225,51 @@ class Message:
     @staticmethod
     def reclaimed_event(name: str) -> str:
         return f"resources reclaimed, queueUnit {name} is ready for re-scheduling"
+
+
+# --- Multi-tenancy: quota bindings, same-named quotas, the user priority cap ---------------------
+
+#: Koordinator's quota annotation (a JSON array of namespace names): besides its own namespace, the
+#: namespaces whose jobs may use the quota (koord-scheduler reads it since Koordinator v1.4).
+QUOTA_NAMESPACES_ANNOTATION: Final = "quota.scheduling.koordinator.sh/namespaces"
+#: Set by admins on an ElasticQuota: the largest priority its jobs may ask for with
+#: ``scheduling.x-k8s.io/priority`` (a 32-bit integer).
+MAX_USER_PRIORITY_ANNOTATION: Final = "koord-queue/max-user-priority"
+#: Written by the reconciler on an ElasticQuota that is ignored because an older quota has its name.
+IGNORED_REASON_ANNOTATION: Final = "koord-queue/ignored-reason"
+#: The ConfigMap (in ``koord-queue``) the reconciler keeps for the quota-binding admission policy.
+QUOTA_BINDINGS_CONFIGMAP: Final = "koord-queue-quota-bindings"
+#: Keys of that ConfigMap: ``q.<quota>`` = " ns1 ns2 " (the bound namespaces, space-delimited with a
+#: leading and trailing space), ``ns.<namespace>`` = "q1, q2" (the quotas usable there, for the
+#: denial message) and ``enforce`` = "true" / "false" (the configuration switch).
+QUOTA_BINDING_QUOTA_PREFIX: Final = "q."
+QUOTA_BINDING_NAMESPACE_PREFIX: Final = "ns."
+QUOTA_BINDING_ENFORCE_KEY: Final = "enforce"
+
+#: Warning on an ElasticQuota ignored because an older ElasticQuota elsewhere has the same name.
+DUPLICATE_QUOTA_NAME_REASON: Final = "DuplicateQuotaName"
+#: Warning on an ElasticQuota whose koord-queue-relevant annotation cannot be read.
+INVALID_QUOTA_ANNOTATION_REASON: Final = "InvalidQuotaAnnotation"
+
+
+def quota_not_bound_message(quota: str, namespace: str, usable: list[str] | tuple[str, ...]) -> str:
+    """Why a unit (or, at the door, a job) of ``namespace`` may not use ``quota``.
+
+    The quota-binding admission policy (manifests/quota-binding-policy.yaml) builds the same text
+    in CEL; keep the two in step.
+    """
+    listed = ", ".join(usable) if usable else "none"
+    return (
+        f'quota "{quota}" is not bound to namespace "{namespace}"; quotas usable in {namespace}: '
+        f"{listed}; use one of those, or ask a cluster admin to add {namespace} to the "
+        f"{QUOTA_NAMESPACES_ANNOTATION} annotation of quota {quota}"
+    )
+
+
+def duplicate_quota_message(namespace: str, name: str, winner_namespace: str) -> str:
+    """Why the ElasticQuota ``namespace/name`` is ignored (its event and its annotation)."""
+    return (
+        f"ElasticQuota {namespace}/{name} is ignored: ElasticQuota {winner_namespace}/{name} has the "
+        f"same name and is older, and quotas are keyed by name across the cluster, so only the oldest "
+        f"counts (its limits, its Queue, its namespace bindings); rename or delete one of them"
+    )

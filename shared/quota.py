@@ -19,6 +19,19 @@ admitted while the victim's pods still exist, and sampled usage could exceed ``m
 terminal phase hold nothing (upstream clears their admissions at the same moment). Legacy units with
 no admissions but a "dequeued" phase hold ``spec.resource``.
 
+**One quota per name.** Quotas are keyed by name (as upstream, whose units name their quota by a
+label), yet ElasticQuotas are namespaced, so two namespaces may hold quotas of the same name. Upstream
+lets the later event silently replace the earlier quota's limits. Here every same-named quota is
+kept, and one deterministic rule picks the one that counts (:func:`winner_key`: the oldest by
+creation time, then namespace, then uid); the others are ignored everywhere (limits, Queue, namespace
+bindings) until the winner is gone, so adding a quota can never change the limits in force.
+
+**Namespace bindings.** A quota may be used by units of its own namespace and of the namespaces its
+``quota.scheduling.koordinator.sh/namespaces`` annotation lists (Koordinator's meaning). With the
+switch on (``quotaNamespaceBinding``, the default), :meth:`QuotaLedger.binding_problem` says why a
+unit of another namespace may not use it; the scheduler keeps such a unit waiting with that text.
+A quota that does not exist binds nothing and refuses nothing here: its units wait for it anyway.
+
 The filter walks from the unit's quota up the parent chain to ``koordinator-root-quota`` (never
 checked itself) and at every level compares the request with ``max - used``: resources absent from
 ``max`` are unlimited; an empty ``max`` rejects any non-empty request; ``min`` is ignored (as
@@ -30,7 +43,7 @@ Pure: standard library and sibling modules only.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from shared import names, quantities
@@ -44,9 +57,12 @@ __all__ = [
     "Demand",
     "QuotaLedger",
     "UsageView",
+    "priority_cap",
     "remaining_grants",
     "remaining_request",
     "reserved_resources",
+    "winner",
+    "winner_key",
 ]
 
 
@@ -117,15 +133,40 @@ class Chain:
         return None
 
 
+def winner_key(quota: Quota) -> tuple[float, str, str]:
+    """Order of same-named quotas: the first counts (oldest, then namespace, then uid)."""
+    return (quota.created, quota.namespace, quota.uid)
+
+
+def winner(quotas: Iterable[Quota]) -> Quota | None:
+    """The quota that counts among same-named ones (:func:`winner_key`), None for none."""
+    return min(quotas, key=winner_key, default=None)
+
+
+def priority_cap(cluster_cap: int | None, quota: Quota | None) -> int | None:
+    """The smallest of the cluster-wide cap and the quota's own cap (None: no cap at all)."""
+    caps = [c for c in (cluster_cap, quota.max_user_priority if quota is not None else None) if c is not None]
+    return min(caps, default=None)
+
+
 class QuotaLedger:
     """Quota tree plus usage per quota (including every descendant's), kept incrementally.
 
     ``put_unit``/``delete_unit`` return the quotas whose usage *decreased* (a release), which is
     what makes parked units schedulable again. ``epoch(name)`` changes whenever the availability of
     any quota on ``name``'s chain may have grown (a release there, or any quota spec change).
+
+    ``quotas`` holds, per name, the quota that counts; ``ignored`` the same-named others. With
+    ``namespace_binding`` on, :meth:`binding_problem` tells which units may not use a quota, and
+    :meth:`take_binding_changes` which quotas' and namespaces' answers changed since last asked.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, namespace_binding: bool = True) -> None:
+        self.namespace_binding = namespace_binding
+        self._candidates: dict[str, dict[str, Quota]] = {}
+        self._usable: dict[str, set[str]] = {}
+        self._changed_quotas: set[str] = set()
+        self._changed_namespaces: set[str] = set()
         self._quotas: dict[str, Quota] = {}
         self._self_used: dict[str, Resources] = {}
         self._used: dict[str, Resources] = {}
@@ -146,21 +187,99 @@ class QuotaLedger:
         return self._tree_epoch
 
     def put_quota(self, quota: Quota) -> bool:
-        """Add or replace a quota; returns False when nothing relevant changed (status updates)."""
-        old = self._quotas.get(quota.name)
-        if old is not None and (old.parent, old.max) == (quota.parent, quota.max):
-            self._quotas[quota.name] = quota
+        """Add or replace a quota (keyed by namespace and name); returns False when the limits in
+        force did not change (a status update, an ignored same-named quota, an annotation)."""
+        self._candidates.setdefault(quota.name, {})[quota.namespace] = quota
+        return self._elect(quota.name)
+
+    def delete_quota(self, name: str, namespace: str | None = None) -> bool:
+        """Remove the quota ``namespace/name`` (every quota of that name when ``namespace`` is
+        None); a same-named quota left takes over. Returns whether the limits in force changed."""
+        found = self._candidates.get(name)
+        if not found:
             return False
-        self._quotas[quota.name] = quota
+        if namespace is None:
+            found.clear()
+        elif found.pop(namespace, None) is None:
+            return False
+        if not found:
+            del self._candidates[name]
+        return self._elect(name)
+
+    def ignored(self) -> list[Quota]:
+        """Quotas that do not count because an older quota has their name (sorted)."""
+        out = [
+            q
+            for name in sorted(self._candidates)
+            for q in self._candidates[name].values()
+            if q is not self._quotas.get(name)
+        ]
+        return sorted(out, key=lambda q: (q.name, q.namespace))
+
+    def _elect(self, name: str) -> bool:
+        old = self._quotas.get(name)
+        new = winner(self._candidates.get(name, {}).values())
+        if new is None:
+            self._quotas.pop(name, None)
+        else:
+            self._quotas[name] = new
+        self._note_binding(name, old, new)
+        if old is None and new is None:
+            return False
+        if old is not None and new is not None and (old.parent, old.max) == (new.parent, new.max):
+            return False
         self._tree_epoch += 1
-        if old is None or old.parent != quota.parent:
+        if old is None or new is None or old.parent != new.parent:
             self._rebuild()
         return True
 
-    def delete_quota(self, name: str) -> None:
-        if self._quotas.pop(name, None) is not None:
-            self._tree_epoch += 1
-            self._rebuild()
+    # --- namespace bindings -----------------------------------------------------------------------
+
+    def _note_binding(self, name: str, old: Quota | None, new: Quota | None) -> None:
+        before = old.bound_namespaces if old is not None else None
+        after = new.bound_namespaces if new is not None else None
+        if before == after:
+            return
+        self._changed_quotas.add(name)
+        for namespace in before or ():
+            usable = self._usable.get(namespace)
+            if usable is not None:
+                usable.discard(name)
+                if not usable:
+                    del self._usable[namespace]
+        for namespace in after or ():
+            self._usable.setdefault(namespace, set()).add(name)
+        self._changed_namespaces.update((before or frozenset()) ^ (after or frozenset()))
+
+    def bound_namespaces(self, name: str) -> frozenset[str] | None:
+        """The namespaces whose units may use quota ``name``; None when no check applies (the
+        switch is off, or no such quota exists)."""
+        quota = self._quotas.get(name)
+        if quota is None or not self.namespace_binding:
+            return None
+        return quota.bound_namespaces
+
+    def usable_in(self, namespace: str) -> tuple[str, ...]:
+        """The quotas units of ``namespace`` may use, sorted (same-named losers excluded)."""
+        return tuple(sorted(self._usable.get(namespace, ())))
+
+    def binding_problem(self, quota: str, namespace: str) -> str | None:
+        """Why units of ``namespace`` may not use ``quota``, or None when they may."""
+        found = self._quotas.get(quota) if self.namespace_binding else None
+        if found is None or namespace == found.namespace or namespace in found.extra_namespaces:
+            return None  # (on every unit event: no set is built here)
+        return names.quota_not_bound_message(quota, namespace, self.usable_in(namespace))
+
+    def take_binding_changes(self) -> tuple[frozenset[str], frozenset[str]]:
+        """``(quotas, namespaces)`` whose bound namespaces / usable quotas changed since the last
+        call: the units labelled with those quotas, and the refused units of those namespaces,
+        need their binding checked again."""
+        changed = frozenset(self._changed_quotas), frozenset(self._changed_namespaces)
+        self._changed_quotas.clear()
+        self._changed_namespaces.clear()
+        if not self.namespace_binding:
+            return frozenset(), frozenset()
+        return changed
 
     def chain(self, name: str) -> Chain:
         """Cycle-safe walk from ``name`` to the root (cached until the tree changes)."""

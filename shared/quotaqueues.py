@@ -11,15 +11,23 @@ Two deliberate differences from upstream: an unsupported policy label (FIFO, Rou
 leave a Queue that can never schedule; the Queue uses Priority and the reconciler reports the label
 with a Warning ``AddQueueFail`` event on the Queue. And the reconciler marks the Queues it creates,
 so deleting a quota never deletes a Queue an admin made by hand.
+
+Same-named ElasticQuotas in several namespaces: only the one that counts (``shared.quota.winner``)
+configures the Queue; each ignored one gets :func:`ignored_patch`'s annotation saying why (the
+ElasticQuota has no status field for a message: Koordinator's CRD has no status subresource and
+its status holds only ``used``). :func:`binding_data` is what the quota-binding admission policy
+reads (the ConfigMap ``koord-queue-quota-bindings``), from the quotas that count only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from shared import names
+from shared.model import Quota
+from shared.quota import winner
 
 Obj = dict[str, Any]
 
@@ -28,6 +36,13 @@ MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE: Final = "koord-queue-elasticquota"
 
 SUPPORTED: Final = tuple(p.value for p in names.QueuePolicy)
+
+#: ``koord-queue/*`` quota annotations that configure the quota itself, not its Queue.
+NOT_SYNCED: Final = frozenset(
+    {names.QUEUE_POLICY_LABEL, names.MAX_USER_PRIORITY_ANNOTATION, names.IGNORED_REASON_ANNOTATION}
+)
+#: Longest ConfigMap key (a DNS subdomain's length).
+MAX_KEY_LENGTH: Final = 253
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +60,10 @@ def _str_map(value: object) -> dict[str, str]:
 
 
 def synced_annotations(quota: Obj) -> dict[str, str]:
-    """The quota annotations a Queue carries: every ``koord-queue/*`` key except the policy key."""
+    """The quota annotations a Queue carries: every ``koord-queue/*`` key but :data:`NOT_SYNCED`."""
     found = _str_map((quota.get("metadata") or {}).get("annotations"))
     return {
-        k: v
-        for k, v in found.items()
-        if k.startswith(names.QUEUE_ANNOTATION_PREFIX) and k != names.QUEUE_POLICY_LABEL
+        k: v for k, v in found.items() if k.startswith(names.QUEUE_ANNOTATION_PREFIX) and k not in NOT_SYNCED
     }
 
 
@@ -118,3 +131,45 @@ def update_patch(existing: Obj, wanted: Obj) -> Obj | None:
 def created_from_quota(queue: Obj) -> bool:
     labels = _str_map((queue.get("metadata") or {}).get("labels"))
     return labels.get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE
+
+
+# --- same-named quotas and namespace bindings ------------------------------------------------------
+
+
+def ignored_patch(quota: Obj, reason: str | None) -> Obj | None:
+    """A merge patch giving the ElasticQuota ``reason`` as its ignored-reason annotation (None:
+    removing it), or None when it already says so."""
+    found = _str_map((quota.get("metadata") or {}).get("annotations"))
+    if found.get(names.IGNORED_REASON_ANNOTATION) == reason:
+        return None
+    return {"metadata": {"annotations": {names.IGNORED_REASON_ANNOTATION: reason}}}
+
+
+def binding_data(quotas: Iterable[Quota], *, enforce: bool) -> dict[str, str]:
+    """The data of the ConfigMap the quota-binding admission policy reads.
+
+    Per quota that counts (same-named losers are no binding), ``q.<name>`` = its bound namespaces
+    as " ns1 ns2 " (space-delimited, with a leading and trailing space, so CEL tests membership
+    with ``contains(' ' + namespace + ' ')``); per namespace, ``ns.<namespace>`` = the quotas usable
+    there ("q1, q2", for the denial message); ``enforce`` = the configuration switch. A quota whose
+    key would exceed a ConfigMap key's length is left out: the door lets its jobs through, and the
+    scheduler still holds them.
+    """
+    by_name: dict[str, list[Quota]] = {}
+    for quota in quotas:
+        by_name.setdefault(quota.name, []).append(quota)
+    data = {names.QUOTA_BINDING_ENFORCE_KEY: "true" if enforce else "false"}
+    usable: dict[str, list[str]] = {}
+    for name in sorted(by_name):
+        chosen = winner(by_name[name])
+        if chosen is None:
+            continue
+        bound = sorted(chosen.bound_namespaces)
+        for namespace in bound:
+            usable.setdefault(namespace, []).append(name)
+        key = names.QUOTA_BINDING_QUOTA_PREFIX + name
+        if len(key) <= MAX_KEY_LENGTH:
+            data[key] = " " + " ".join(bound) + " "
+    for namespace in sorted(usable):
+        data[names.QUOTA_BINDING_NAMESPACE_PREFIX + namespace] = ", ".join(usable[namespace])
+    return data

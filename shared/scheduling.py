@@ -5,7 +5,9 @@ ARCHITECTURE decision 3: decide on a snapshot, then act; the reconciler applies 
 write parked units' messages and events). How a cycle works (REFERENCE §3.4-3.7):
 
 1. Units whose quota label names no usable queue are parked once with ``queue <q> is not exist``
-   (``queue_not_found=True``: the reconciler emits ``QueueNotFound`` once per unit).
+   (``queue_not_found=True``: the reconciler emits ``QueueNotFound`` once per unit). Units whose
+   namespace may not use their quota (``QuotaLedger.binding_problem``) keep their place but never
+   compete: the queues see them as invalid, and they are parked once with the binding text.
 2. Queues are served **strictly in order** of ``spec.priority``, then name (upstream runs them
    concurrently). Only queues where something changed since their last scan are scanned (a unit
    event, a release on a quota that limited them, a spec change, a timer).
@@ -33,14 +35,15 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from shared.admission_checks import matched_checks
-from shared.model import QueueConfig, Quota, Unit, with_grants
+from shared.model import QueueConfig, Quota, Unit, evolve, with_grants
 from shared.names import EventReason, Message, Phase, QueuePolicy
 from shared.ordering import queue_key
 from shared.policies import (
+    Entry,
     Item,
     ParkRecord,
     QueueState,
@@ -259,12 +262,7 @@ class _Cycle:
                 continue
             if not entry.active:
                 if key in qs.unparked:
-                    text = (
-                        invalid_message(entry.invalid)
-                        if entry.invalid is not None
-                        else inactive_message(qs.name)
-                    )
-                    self.park(qs, key, text, quota_failure=False)
+                    self.park(qs, key, self.idle_reason(qs, entry), quota_failure=False)
                 continue
             stop: _Stop | None = None
             round_ = qs.round
@@ -386,10 +384,27 @@ class _Cycle:
         if mark is not None:
             self.decisions.append(mark)
 
+    def idle_reason(self, qs: QueueState, entry: Entry) -> str:
+        """Why a unit that does not compete waits: its namespace may not use the quota, its spec
+        is invalid, or it is inactive."""
+        text = self.ledger.binding_problem(qs.name, entry.namespace)
+        if text is not None:
+            return text
+        return invalid_message(entry.invalid) if entry.invalid is not None else inactive_message(qs.name)
+
     def park_unparked(self, qs: QueueState, lane_no: int, start: int, stop: _Stop | None) -> None:
-        """Give every unit not examined since it (re)entered the queue its own reason, once."""
+        """Give every unit not examined since it (re)entered the queue its own reason, once.
+
+        Units that do not compete get theirs wherever they stand (the scan may never reach them)."""
         if not qs.unparked:
             return
+        idle = sorted(
+            k
+            for k in qs.unparked
+            if qs.entries[k].lane == lane_no and k not in qs.updating and not qs.entries[k].active
+        )
+        for key in idle:
+            self.park(qs, key, self.idle_reason(qs, qs.entries[key]), quota_failure=False)
         lane = qs.lanes[lane_no]
         depth = qs.config.max_depth
         waits = {_Stop.HELD: Message.NO_MORE_IN_QUEUE, _Stop.PREEMPTING: Message.queue_preempting(qs.name)}
@@ -458,29 +473,69 @@ class UnitNotes:
     reclaimed: bool = False
 
 
+class _Queued(Mapping[str, Unit]):
+    """The units as the queues see them (:meth:`Cache.queued`), for rebuilding a queue's state."""
+
+    __slots__ = ("_cache",)
+
+    def __init__(self, cache: Cache) -> None:
+        self._cache = cache
+
+    def __getitem__(self, key: str) -> Unit:
+        return self._cache.queued(self._cache.snapshot.units[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._cache.snapshot.units)
+
+    def __len__(self) -> int:
+        return len(self._cache.snapshot.units)
+
+
 class Cache:
     """The reconciler's scheduling cache: feed it every watch event, call :meth:`schedule`, then
     :meth:`assume` each admission before writing it (:meth:`forget` it if the write fails) and
     :meth:`forget_marks` for victims whose marking could not be written. Updates are incremental
-    (O(log n) per unit event, O(depth) for usage); a relist feeds everything again, same state."""
+    (O(log n) per unit event, O(depth) for usage); a relist feeds everything again, same state.
 
-    def __init__(self, *, reclaim_protect_seconds: float = 0.0) -> None:
-        self.snapshot = Snapshot(reclaim_protect_seconds=reclaim_protect_seconds)
+    ``quota_namespace_binding`` (the ``quotaNamespaceBinding`` switch) keeps units of namespaces a
+    quota is not bound to from ever being admitted under it (``shared.quota``)."""
+
+    def __init__(self, *, reclaim_protect_seconds: float = 0.0, quota_namespace_binding: bool = True) -> None:
+        self.snapshot = Snapshot(
+            ledger=QuotaLedger(namespace_binding=quota_namespace_binding),
+            reclaim_protect_seconds=reclaim_protect_seconds,
+        )
         self.state = SchedulerState()
         self.units: Mapping[str, Unit] = self.snapshot.units
         self.ledger: QuotaLedger = self.snapshot.ledger
+        #: units refused by their quota's namespace binding -> their namespace
+        self._refused: dict[str, str] = {}
+        self._queued = _Queued(self)
+
+    def queued(self, unit: Unit) -> Unit:
+        """``unit`` as its queue sees it: refused by its quota's namespace binding, it looks
+        invalid (with the binding text), so it keeps its place but never competes, never counts
+        as pending demand and never holds back an Intelligent queue's low sub-queue. The cache
+        itself (usage, admissions, messages) always keeps the unit as it is."""
+        problem = self.ledger.binding_problem(unit.quota, unit.namespace) if unit.quota else None
+        if problem is None:
+            self._refused.pop(unit.key, None)
+            return unit
+        self._refused[unit.key] = unit.namespace
+        return evolve(unit, invalid=problem)
 
     def put_unit(self, unit: Unit) -> UnitNotes:
         old = self.snapshot.units.get(unit.key)
         self.snapshot.units[unit.key] = unit
         released = self.ledger.put_unit(unit)
-        self.state.put_unit(old, unit, self.snapshot.units)
+        self.state.put_unit(old, self.queued(unit), self._queued)
         self.state.on_release(released, self.ledger)
         reclaimed = old is not None and has_reclaim(old) and not has_reclaim(unit) and not satisfied(unit)
         return UnitNotes(released=bool(released), reclaimed=reclaimed)
 
     def delete_unit(self, key: str) -> UnitNotes:
         old = self.snapshot.units.pop(key, None)
+        self._refused.pop(key, None)
         if old is None:
             return UnitNotes()
         released = self.ledger.delete_unit(key)
@@ -489,23 +544,45 @@ class Cache:
         return UnitNotes(released=bool(released))
 
     def put_queue(self, config: QueueConfig) -> None:
-        self.state.put_queue(config, self.snapshot.units)
+        self.state.put_queue(config, self._queued)
 
     def delete_queue(self, name: str) -> None:
-        self.state.delete_queue(name, self.snapshot.units)
+        self.state.delete_queue(name, self._queued)
 
     def put_quota(self, quota: Quota) -> None:
         old = self.ledger.quotas.get(quota.name)
-        if not self.ledger.put_quota(quota):
+        changed = self.ledger.put_quota(quota)
+        self._rebind()
+        if not changed:
             return
-        if old is None or old.parent != quota.parent:
+        new = self.ledger.quotas.get(quota.name)
+        if old is None or new is None or old.parent != new.parent:
             self.state.wake_all()
         else:
             self.state.on_release({quota.name}, self.ledger)
 
-    def delete_quota(self, name: str) -> None:
-        self.ledger.delete_quota(name)
-        self.state.wake_all()
+    def delete_quota(self, name: str, namespace: str | None = None) -> None:
+        """``namespace`` None deletes every quota of that name."""
+        changed = self.ledger.delete_quota(name, namespace)
+        self._rebind()
+        if changed:
+            self.state.wake_all()
+
+    def _rebind(self) -> None:
+        """Quota bindings changed: the units whose answer may differ are fed to their queues again
+        (those labelled with a rebound quota, and the refused ones of namespaces whose usable
+        quotas changed, whose waiting text lists them)."""
+        quotas, namespaces = self.ledger.take_binding_changes()
+        if not quotas and not namespaces:
+            return
+        keys: set[str] = set()
+        for name in quotas:
+            keys.update(self.state.members.get(name, ()))
+        keys.update(k for k, ns in self._refused.items() if ns in namespaces)
+        for key in sorted(keys):
+            unit = self.snapshot.units.get(key)
+            if unit is not None:
+                self.state.put_unit(unit, self.queued(unit), self._queued)
 
     def schedule(self, now: float) -> Plan:
         return schedule(self.snapshot, self.state, now)

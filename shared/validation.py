@@ -8,7 +8,8 @@ know from ``field.ErrorList`` (``spec.queuePolicy: Unsupported value: "FIFO": su
   max-exec-time-seconds, min-resources;
 * Queue: policy and the ``koord-queue/*`` tuning annotations (REFERENCE §3.6);
 * QueueUnit: pod sets and quantities (REFERENCE §1.2);
-* ElasticQuota: quantities, ``min <= max``, a parent that is not itself; and, because an
+* ElasticQuota: quantities, ``min <= max``, a parent that is not itself, the namespaces it is
+  bound to (a JSON array), its cap on users' priorities; and, because an
   ElasticQuota's ``koord-queue/*`` annotations and policy label are copied onto the Queue created
   for it (REFERENCE §4.3), the same Queue checks on those.
 
@@ -190,9 +191,17 @@ def _pod_template_quantities(template: Mapping[str, Any], path: str) -> list[Fie
 
 
 def validate_job_annotations(
-    annotations: Mapping[str, str], *, unchanged: Mapping[str, str] | None = None
+    annotations: Mapping[str, str],
+    *,
+    unchanged: Mapping[str, str] | None = None,
+    max_priority: int | None = None,
 ) -> list[FieldError]:
-    """The scheduling annotations of a managed job; entries equal in ``unchanged`` are skipped."""
+    """The scheduling annotations of a managed job; entries equal in ``unchanged`` are skipped.
+
+    ``max_priority`` is the cluster's cap on the priority a user may ask for by annotation
+    (``maxUserPriority``): the annotation overrides the PriorityClass, which admins control, so
+    without a cap anyone could put their job ahead of everyone else's.
+    """
     old = unchanged or {}
     errors: list[FieldError] = []
 
@@ -200,8 +209,17 @@ def validate_job_annotations(
         value = annotations.get(key)
         return None if value is None or old.get(key) == value else value
 
-    if (value := changed(names.PRIORITY_ANNOTATION)) is not None and parse_go_int(value, bits=32) is None:
-        errors.append(invalid(_annotation(names.PRIORITY_ANNOTATION), value, "must be a 32-bit integer"))
+    if (value := changed(names.PRIORITY_ANNOTATION)) is not None:
+        path = _annotation(names.PRIORITY_ANNOTATION)
+        number = parse_go_int(value, bits=32)
+        if number is None:
+            errors.append(invalid(path, value, "must be a 32-bit integer"))
+        elif max_priority is not None and number > max_priority:
+            detail = (
+                f"must be at most {max_priority}, the highest priority jobs may ask for in this cluster "
+                "(maxUserPriority); use a lower value, or ask a cluster admin for a PriorityClass"
+            )
+            errors.append(invalid(path, value, detail))
     if (value := changed(names.ACTIVE_ANNOTATION)) is not None and parse_go_bool(value) is None:
         errors.append(invalid(_annotation(names.ACTIVE_ANNOTATION), value, 'must be "true" or "false"'))
     if (value := changed(names.MAX_EXEC_TIME_ANNOTATION)) is not None:
@@ -351,9 +369,38 @@ def validate_queue_unit(obj: Mapping[str, Any]) -> list[FieldError]:
 # --- ElasticQuota --------------------------------------------------------------------------------
 
 
+def _quota_namespaces(value: str) -> list[FieldError]:
+    """Koordinator's namespaces annotation: a JSON array of namespace names (empty: none)."""
+    path = _annotation(names.QUOTA_NAMESPACES_ANNOTATION)
+    detail = 'must be a JSON array of namespace names, such as ["team-a","team-b"]'
+    if not value.strip():
+        return []
+    try:
+        parsed = json.loads(value)
+    except (ValueError, RecursionError):
+        return [invalid(path, value, detail)]
+    if parsed is None:
+        return []
+    if not isinstance(parsed, list):
+        return [invalid(path, value, detail)]
+    name_detail = "must be a namespace name: at most 63 lowercase letters, digits and '-'"
+    return [
+        invalid(f"{path}[{i}]", item, name_detail)
+        for i, item in enumerate(parsed)
+        if not (isinstance(item, str) and len(item) <= 63 and _DNS_LABEL.fullmatch(item))
+    ]
+
+
 def validate_elastic_quota(obj: Mapping[str, Any]) -> list[FieldError]:
     """A ``scheduling.sigs.k8s.io/v1alpha1`` ElasticQuota (and the Queue it will configure)."""
-    errors = validate_queue_annotations(base.annotations_of(obj))
+    annotations = base.annotations_of(obj)
+    errors = validate_queue_annotations(annotations)
+    if (value := annotations.get(names.QUOTA_NAMESPACES_ANNOTATION)) is not None:
+        errors += _quota_namespaces(value)
+    key = names.MAX_USER_PRIORITY_ANNOTATION
+    if (value := annotations.get(key)) is not None and parse_go_int(value, bits=32) is None:
+        detail = "must be a 32-bit integer: the highest priority this quota's jobs may ask for"
+        errors.append(invalid(_annotation(key), value, detail))
     found_labels = base.labels_of(obj)
     errors += _policy(
         found_labels.get(names.QUEUE_POLICY_LABEL), f"metadata.labels[{names.QUEUE_POLICY_LABEL}]"

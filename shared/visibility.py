@@ -1,19 +1,34 @@
 """The visibility API's answers: which units wait, in what order, for what, and why.
 
-Served as ``visibility.koord-queue.x-k8s.io/v1alpha1`` (REFERENCE §7.2) with two read-only
-resources: ``queues/{queue}/queueunits`` (the queue's waiting units in scheduling order) and
-``elasticquotas/{quota}/queueunits`` (every unit charged to the quota, optionally filtered by
-``phase``). Both honour ``offset`` and ``limit`` (upstream ignores them) and report ``podState``
-with its fields the right way round (upstream swaps them). Each item carries its 1-based position
-while it waits, its priority, what it still asks for, what it holds, and ``status.message`` — the
-reason it waits.
+Served as ``visibility.koord-queue.x-k8s.io/v1alpha1`` (REFERENCE §7.2). Cluster-wide, for whoever
+RBAC grants it without a namespace (admins):
+
+* ``queues/{queue}/queueunits``: the queue's waiting units in scheduling order;
+* ``elasticquotas/{quota}/queueunits``: every unit charged to the quota, optionally filtered by
+  ``phase``.
+
+Namespaced, for namespace users (their ``view``/``edit``/``admin`` roles carry it, see
+``manifests/rbac/user-roles.yaml``), each restricted to the namespace in the path:
+
+* ``namespaces/{namespace}/queueunits`` (RBAC: ``list`` on ``queueunits``): the namespace's waiting
+  units across every queue, ordered by queue, then position;
+* ``namespaces/{namespace}/queues/{queue}/queueunits`` (RBAC: ``get`` on ``queues/queueunits``):
+  the namespace's units waiting in that queue.
+
+The kube-apiserver authorizes a namespaced path for the namespace it names, so these answers must
+never reach past it; positions stay global within each queue, so a user learns how many units wait
+ahead of theirs but not whose. All answers honour ``offset`` and ``limit`` (upstream ignores them)
+and report ``podState`` with its fields the right way round (upstream swaps them). Each item carries
+its 1-based position while it waits, its priority, what it still asks for, what it holds, and
+``status.message`` — the reason it waits.
 
 Pure: built from the scheduler's cache (``shared.scheduling.Cache``) by the reconciler's server.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from shared import quantities
@@ -26,6 +41,8 @@ VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 DEFAULT_LIMIT: Final = 1000
 MAX_LIMIT: Final = 10_000
+#: A namespace name (an RFC 1123 label), as the apiserver validates it on every namespace.
+_NAMESPACE: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class NotFound(LookupError):
@@ -45,6 +62,26 @@ def _page(raw: Mapping[str, str]) -> tuple[int, int]:
     if offset < 0 or limit < 1 or limit > MAX_LIMIT:
         raise BadRequest(f"offset must be >= 0 and limit between 1 and {MAX_LIMIT}")
     return offset, limit
+
+
+def _check_namespace(value: str) -> None:
+    """Raise ``BadRequest`` unless ``value`` can name a namespace.
+
+    The apiserver authorized the request for the namespace segment of the path and does not check
+    that it is a valid name; refusing anything that is not one keeps our reading of the path and
+    the apiserver's from ever disagreeing (an escaped ``/``, say).
+    """
+    if not _NAMESPACE.fullmatch(value):
+        raise BadRequest(f'"{value}" is not a namespace name (a lowercase RFC 1123 label)')
+
+
+def _waiting(state: SchedulerState, queue: str) -> Iterator[tuple[str, int]]:
+    """``(unit key, 1-based position)`` of every unit waiting in ``queue``, in scheduling order."""
+    qs = state.queues.get(queue)
+    if qs is None:
+        return
+    for entry in queue_item_details(qs):
+        yield f"{entry['namespace']}/{entry['name']}", int(str(entry["position"]))
 
 
 def _item(unit: Unit, position: int | None) -> dict[str, Any]:
@@ -76,19 +113,47 @@ def _summary(items: list[dict[str, Any]], offset: int, limit: int) -> dict[str, 
 
 
 def queue_units(
-    state: SchedulerState, units: Mapping[str, Unit], queue: str, query: Mapping[str, str]
+    state: SchedulerState,
+    units: Mapping[str, Unit],
+    queue: str,
+    query: Mapping[str, str],
+    *,
+    namespace: str | None = None,
 ) -> dict[str, Any]:
-    """The waiting units of ``queue`` in scheduling order, with their positions."""
+    """The waiting units of ``queue`` in scheduling order, with their positions in the queue.
+
+    With ``namespace`` only that namespace's units are listed (``total`` counts only them), still
+    numbered by their place in the whole queue.
+    """
     offset, limit = _page(query)
-    qs = state.queues.get(queue)
-    if qs is None:
+    if namespace is not None:
+        _check_namespace(namespace)
+    if queue not in state.queues:
         raise NotFound(f'queue "{queue}" not found')
     items = []
-    for entry in queue_item_details(qs):
-        key = f"{entry['namespace']}/{entry['name']}"
+    for key, position in _waiting(state, queue):
         unit = units.get(key)
-        if unit is not None:
-            items.append(_item(unit, int(str(entry["position"]))))
+        if unit is not None and namespace in (None, unit.namespace):
+            items.append(_item(unit, position))
+    return _summary(items, offset, limit)
+
+
+def namespace_units(
+    state: SchedulerState, units: Mapping[str, Unit], namespace: str, query: Mapping[str, str]
+) -> dict[str, Any]:
+    """Every unit of ``namespace`` waiting in any queue, by queue name then position in it.
+
+    A namespace with nothing waiting has an empty list, not NotFound: whether a namespace exists
+    is not this API's to tell.
+    """
+    offset, limit = _page(query)
+    _check_namespace(namespace)
+    items = []
+    for queue in sorted(state.queues):
+        for key, position in _waiting(state, queue):
+            unit = units.get(key)
+            if unit is not None and unit.namespace == namespace:
+                items.append(_item(unit, position))
     return _summary(items, offset, limit)
 
 
@@ -104,11 +169,7 @@ def quota_units(
     if quota not in known_quotas:
         raise NotFound(f'elasticquota "{quota}" not found')
     phase = query.get("phase")
-    positions: dict[str, int] = {}
-    qs = state.queues.get(quota)
-    if qs is not None:
-        for entry in queue_item_details(qs):
-            positions[f"{entry['namespace']}/{entry['name']}"] = int(str(entry["position"]))
+    positions = dict(_waiting(state, quota))
     charged = [u for u in units.values() if u.quota == quota]
     if phase:
         charged = [u for u in charged if (u.phase or "Enqueued") == phase]
@@ -117,20 +178,32 @@ def quota_units(
 
 
 def discovery() -> dict[str, Any]:
-    """``APIResourceList`` for ``/apis/visibility.koord-queue.x-k8s.io/v1alpha1``."""
+    """``APIResourceList`` for ``/apis/visibility.koord-queue.x-k8s.io/v1alpha1``.
 
-    def resource(name: str) -> dict[str, Any]:
+    ``queues/queueunits`` is namespaced as ``pods`` is: the namespaced path shows one namespace,
+    the path without a namespace every namespace. It cannot be listed twice, cluster-scoped and
+    namespaced: the apiserver's aggregated discovery refuses a group whose subresources disagree
+    with their parent's scope. The aggregator proxies every path of the group either way;
+    discovery tells clients (``kubectl api-resources``, ``kubectl auth can-i``) what exists.
+    """
+
+    def resource(name: str, *, namespaced: bool, verb: str) -> dict[str, Any]:
         return {
             "name": name,
             "singularName": "",
-            "namespaced": False,
+            "namespaced": namespaced,
             "kind": "QueueUnitsSummary",
-            "verbs": ["get"],
+            "verbs": [verb],
         }
 
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",
         "groupVersion": API_VERSION,
-        "resources": [resource("queues/queueunits"), resource("elasticquotas/queueunits")],
+        "resources": [
+            resource("queues/queueunits", namespaced=True, verb="get"),
+            resource("elasticquotas/queueunits", namespaced=False, verb="get"),
+            # A collection path: the apiserver authorizes a GET of it as ``list``.
+            resource("queueunits", namespaced=True, verb="list"),
+        ],
     }

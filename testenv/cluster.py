@@ -4,8 +4,8 @@ Two profiles (TESTING.md):
 
 * ``integration``: etcd + kube-apiserver. Enough for CRD schemas, printer columns, the webhook called
   by the real apiserver, and the reconciler's list/watch/patch semantics.
-* ``e2e``: + kube-controller-manager (Job controller, garbage collector, ...), kube-scheduler and kwok
-  with fake nodes, so pods are created, scheduled, run and finish.
+* ``e2e``: + kube-controller-manager (Job controller, garbage collector, ClusterRole aggregation,
+  ...), kube-scheduler and kwok with fake nodes, so pods are created, scheduled, run and finish.
 
 Every process runs in its own session and is stopped by PID (SIGTERM, then SIGKILL after a bounded
 wait); readiness is polled with a deadline, never slept for. The PKI comes from ``certs.pki`` — the
@@ -387,10 +387,13 @@ class LocalCluster:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--cert-dir={self._path('cm-certs')}",
+                # clusterrole-aggregation-controller: as in a real cluster, the built-in view, edit
+                # and admin ClusterRoles take in manifests/rbac/user-roles.yaml.
                 "--controllers=job-controller,garbage-collector-controller,namespace-controller,"
                 "serviceaccount-controller,serviceaccount-token-controller,pod-garbage-collector-controller,"
                 "ttl-after-finished-controller,node-lifecycle-controller,"
-                "root-ca-certificate-publisher-controller,replicaset-controller,deployment-controller",
+                "root-ca-certificate-publisher-controller,replicaset-controller,deployment-controller,"
+                "clusterrole-aggregation-controller",
                 f"--root-ca-file={p / 'ca.crt'}",
                 f"--service-account-private-key-file={p / 'sa.key'}",
                 "--use-service-account-credentials=false",

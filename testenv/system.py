@@ -183,6 +183,11 @@ def webhook_configurations(*, url: str, ca_pem: bytes) -> list[dict[str, Any]]:
         },
     ]
 
+    gated_label = {
+        "objectSelector": {"matchExpressions": [{"key": names.GATED_POD_LABEL, "operator": "Exists"}]}
+    }
+    pod_rules = [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]
+
     def rules(ops: list[str], specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{**r, "operations": ops, "scope": "Namespaced"} for r in specs]
 
@@ -228,6 +233,12 @@ def webhook_configurations(*, url: str, ca_pem: bytes) -> list[dict[str, Any]]:
             hook(
                 "jobs-fallback.mutate.koord-queue.x-k8s.io", "/mutate", ["CREATE"], job_rules, fallback_label
             ),
+            # Pods of kinds without a pod template (SparkApplication) carry this label instead:
+            # the webhook gates them; called again if a later webhook changed the pod.
+            {
+                **hook("pods.mutate.koord-queue.x-k8s.io", "/mutate-pod", ["CREATE"], pod_rules, gated_label),
+                "reinvocationPolicy": "IfNeeded",
+            },
         ],
     }
     validating = {
@@ -270,6 +281,28 @@ def register_webhook(cluster: LocalCluster, *, port: int) -> None:
         with contextlib.suppress(urllib.error.HTTPError):
             cluster.request("DELETE", f"{base}/{WEBHOOK_CONFIG_NAME}")
         cluster.request("POST", base, config)
+    wait_until(lambda: _webhook_active(cluster), timeout=30, what="the apiserver calling the webhook")
+
+
+def _webhook_active(cluster: LocalCluster) -> bool:
+    """The apiserver has loaded the new configurations: a labelled Job (dry run, so nothing is
+    stored) comes back held. Until then a test could create a job that is never seen."""
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "webhook-probe", "labels": {names.QUOTA_NAME_LABEL: "webhook-probe"}},
+        "spec": {
+            "template": {
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}
+            }
+        },
+    }
+    try:
+        stored = json.loads(cluster.request("POST", "/apis/batch/v1/namespaces/default/jobs?dryRun=All", job))
+    except urllib.error.HTTPError as err:
+        err.close()
+        return False
+    return bool((stored.get("spec") or {}).get("suspend"))
 
 
 def unregister_webhook(cluster: LocalCluster) -> None:
@@ -287,6 +320,7 @@ def start(cluster: LocalCluster, *, logdir: Path) -> Processes:
             processes.components.append(webhook)
             processes.webhook_port = port
         if (ROOT / "reconciler" / "main.py").is_file():
+            install_policies(cluster)
             processes.components.append(
                 start_reconciler(cluster, logdir=logdir, extra_args=list(VISIBILITY_ARGS))
             )
@@ -347,6 +381,28 @@ def unregister_visibility(cluster: LocalCluster) -> None:
 def install_rbac(cluster: LocalCluster) -> None:
     """Apply the ServiceAccounts and RBAC of ``manifests/`` exactly as a cluster install does."""
     kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    docs = [d for d in rendered_manifests() if d.get("kind") in kinds]
+    subprocess.run(
+        [
+            str(binaries.kubectl()),
+            f"--kubeconfig={cluster.kubeconfig}",
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
+        input=yaml.safe_dump_all(docs),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
+def install_policies(cluster: LocalCluster) -> None:
+    """Apply the ValidatingAdmissionPolicies of ``manifests/`` and their bindings, as an install does
+    (they run inside the apiserver; each takes effect a moment after it is applied)."""
+    kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     docs = [d for d in rendered_manifests() if d.get("kind") in kinds]
     subprocess.run(
         [

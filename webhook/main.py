@@ -42,6 +42,13 @@ def _port(text: str) -> int:
     return value
 
 
+def _int32(text: str) -> int:
+    value = int(text)
+    if not -(2**31) <= value < 2**31:
+        raise argparse.ArgumentTypeError(f"must be a 32-bit integer, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="koord-queue-webhook",
@@ -70,6 +77,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--reconciler-username",
         default=admission.DEFAULT_RECONCILER_USERNAME,
         help="the only user allowed to resume a queued job (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--status-writers",
+        default=",".join(sorted(admission.DEFAULT_STATUS_WRITERS)),
+        help="comma-separated users (besides the reconciler) allowed to change the status of a "
+        "managed job whose CRD has no status subresource, i.e. the Argo workflow controller's "
+        "ServiceAccount (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-user-priority",
+        type=_int32,
+        default=None,
+        help="deny a job whose scheduling.x-k8s.io/priority annotation is above this value; keep it "
+        "equal to maxUserPriority in the reconciler's KoordQueueConfiguration (default: no cap)",
     )
     parser.add_argument(
         "--metrics-port",
@@ -104,7 +125,10 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[server.ServerConfig
     try:
         extensions = frozenset(e.strip() for e in args.enabled_extensions.split(",") if e.strip())
         admission_config = admission.AdmissionConfig(
-            enabled_extensions=extensions, reconciler_username=args.reconciler_username
+            enabled_extensions=extensions,
+            reconciler_username=args.reconciler_username,
+            status_writers=frozenset(u.strip() for u in args.status_writers.split(",") if u.strip()),
+            max_user_priority=args.max_user_priority,
         )
     except registry.UnknownExtensionError as err:
         parser.error(str(err))

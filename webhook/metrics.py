@@ -28,7 +28,7 @@ from shared.jobs import registry
 
 _LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _KNOWN_KINDS: Final = frozenset(
-    {adapter.kind for adapter in registry.ADAPTERS} | {"Queue", "QueueUnit", "ElasticQuota"}
+    {adapter.kind for adapter in registry.ADAPTERS} | {"Queue", "QueueUnit", "ElasticQuota", "Pod"}
 )
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 FLUSH_EVERY: Final = 64

@@ -1,5 +1,10 @@
 """The admission webhook's HTTP(S) server: a thin async shell around ``shared.admission``.
 
+Routes: ``/mutate`` and ``/validate`` (optionally ``/<route>/<kind>``) decide job kinds and our own
+objects with ``shared.admission``; ``/mutate-pod`` gates pods labelled ``koord-queue/gated-pod``
+with ``shared.podgate`` (the pods of kinds without a pod template, such as SparkApplication). All
+share the flow, limits, error handling and metrics below.
+
 Flow of one request: refuse a ``Content-Encoding`` (400), read the body (at most
 ``max_body_bytes``, else 413), decode it with orjson (else 400), check the AdmissionReview envelope
 (else 400 with the reason), decide (pure, in ``shared.admission``), encode the answer with orjson,
@@ -29,7 +34,7 @@ import logging
 import signal
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,8 +43,8 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from shared import admission
-from shared.admission import AdmissionConfig, Operation
+from shared import admission, podgate
+from shared.admission import AdmissionConfig, AdmissionRequest, Operation
 from webhook.metrics import CONTENT_TYPE, Result, WebhookMetrics
 
 log = logging.getLogger("webhook")
@@ -138,6 +143,9 @@ class _SecondClock:
 
 _clock: Final = _SecondClock()
 
+#: How a route decides a parsed review: ``(app, request, operation) -> response``.
+Decision = Callable[[web.Application, AdmissionRequest, Operation], dict[str, Any]]
+
 
 def now_text() -> str:
     """The enqueue timestamp the webhook stamps: RFC 3339, UTC, seconds."""
@@ -154,7 +162,19 @@ def _result_of(response: dict[str, Any]) -> Result:
     return Result.PATCHED if "patch" in response else Result.ALLOWED
 
 
-async def _review(request: web.Request, operation: Operation) -> web.Response:
+def _decide_job(app: web.Application, parsed: AdmissionRequest, operation: Operation) -> dict[str, Any]:
+    """Jobs and our own objects (``shared.admission``)."""
+    # Only a mutation stamps the time (the enqueue timestamp); validation never reads it.
+    stamp = now_text() if operation is Operation.MUTATE else ""
+    return admission.decide(parsed, operation=operation, config=app[CONFIG_KEY].admission, now_text=stamp)
+
+
+def _decide_pod(app: web.Application, parsed: AdmissionRequest, operation: Operation) -> dict[str, Any]:
+    """Pods labelled for the admission gate (``shared.podgate``)."""
+    return podgate.decide(parsed)
+
+
+async def _review(request: web.Request, operation: Operation, decide: Decision = _decide_job) -> web.Response:
     app = request.app
     metrics = app[METRICS_KEY]
     started = time.perf_counter()
@@ -181,11 +201,7 @@ async def _review(request: web.Request, operation: Operation) -> web.Response:
         metrics.observe_since(operation, "unknown", Result.MALFORMED, started)
         return _error(400, str(err))
     try:
-        # Only a mutation stamps the time (the enqueue timestamp); validation never reads it.
-        stamp = now_text() if operation is Operation.MUTATE else ""
-        response = admission.decide(
-            parsed, operation=operation, config=app[CONFIG_KEY].admission, now_text=stamp
-        )
+        response = decide(app, parsed, operation)
         result = _result_of(response)
     except Exception as err:  # the decision is meant to be total; never let a bug become a 5xx
         log.error(
@@ -220,6 +236,7 @@ async def _review(request: web.Request, operation: Operation) -> web.Response:
 # The route handlers: ``_review`` itself with the operation bound (no extra coroutine per review).
 mutate: Final = functools.partial(_review, operation=Operation.MUTATE)
 validate: Final = functools.partial(_review, operation=Operation.VALIDATE)
+mutate_pod: Final = functools.partial(_review, operation=Operation.MUTATE, decide=_decide_pod)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -270,6 +287,7 @@ def make_app(config: ServerConfig, *, metrics: WebhookMetrics | None = None) -> 
     app.router.add_post("/mutate/{kind}", mutate)
     app.router.add_post("/validate", validate)
     app.router.add_post("/validate/{kind}", validate)
+    app.router.add_post("/mutate-pod", mutate_pod)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app

@@ -100,10 +100,24 @@ class JobAdapter(Protocol):
         many templates, none gated). Its pod sets count as running while the released job runs,
         as upstream's synthetic ``mocked-node`` pod makes them (REFERENCE §2.5)."""
 
+    @property
+    def status_subresource(self) -> bool:
+        """The kind's CRD serves ``status`` as a subresource. Where it does not (Argo Workflow), a
+        namespace user can write the status with the object, so the webhook strips it on CREATE
+        and lets only the kind's controller change it (docs/architecture.md#trust-boundaries)."""
+
+    def admission_errors(self, old: Job | None, new: Job) -> list[JobSpecError]:
+        """Kind-specific rules for a namespace user's write of a managed, unfinished job.
+
+        ``old`` is None on CREATE. The rules every kind shares (the hold, the system annotations,
+        the gate, the quota label) live in ``shared.admission``; this hook adds what only one kind
+        needs (a Workflow must declare ``koord-queue/min-resources`` and may not change it while
+        queued). Each error names its field path.
+        """
+
     def queue_unit_name(self, job: Job) -> str: ...
     def is_managed(self, job: Job) -> bool: ...
     def quota_name(self, job: Job) -> str | None: ...
-    def has_started(self, job: Job) -> bool: ...
     def is_suspended(self, job: Job) -> bool: ...
 
     def suspend_state(self, job: Job) -> dict[str, bool]:

@@ -34,6 +34,7 @@ class AdapterBase:
     plural: str
     queue_unit_suffix: str
     synthetic_pods: bool = False
+    status_subresource: bool = True
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.api_version}/{self.kind}>"
@@ -48,8 +49,8 @@ class AdapterBase:
     def is_managed(self, job: Job) -> bool:
         return self.quota_name(job) is not None
 
-    def has_started(self, job: Job) -> bool:
-        return bool(base.dig(job, "status", "startTime"))
+    def admission_errors(self, old: Job | None, new: Job) -> list[base.JobSpecError]:
+        return []
 
     def pod_set_of(self, pod: Job) -> str | None:
         """The related-podset annotation the webhook stamped; else the kind's own pod labels."""

@@ -133,10 +133,6 @@ class RayJobAdapter(_RayAdapter):
     def is_managed(self, job: Job) -> bool:
         return self.quota_name(job) is not None and not base.dig(job, "spec", "clusterSelector")
 
-    def has_started(self, job: Job) -> bool:
-        deployment = base.text(base.dig(job, "status", "jobDeploymentStatus"))
-        return bool(base.dig(job, "status", "startTime")) or deployment not in ("", "New", "Suspended")
-
     def job_status(self, job: Job) -> JobStatus:
         # Upstream keeps a finished job Running while its RayCluster still exists; that check needs
         # the API and belongs to the reconciler.
@@ -164,9 +160,6 @@ class RayClusterAdapter(_RayAdapter):
         if any(kind in _PARENT_KINDS for _, kind, _ in base.owner_kinds(job)):
             return False
         return base.labels_of(job).get(_ORIGIN_LABEL) not in _PARENT_KINDS
-
-    def has_started(self, job: Job) -> bool:
-        return base.text(base.dig(job, "status", "state")) not in ("", "suspended")
 
     def job_status(self, job: Job) -> JobStatus:
         state = base.dig(job, "status", "state")

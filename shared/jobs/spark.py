@@ -1,18 +1,36 @@
 """Adapter for ``sparkoperator.k8s.io/v1beta2`` SparkApplication (REFERENCE §2.5, ``sparkapp.go``).
 
-A SparkApplication is held by the annotation ``scheduling.x-k8s.io/suspend: "true"`` (upstream's
-contract with its patched operator). It has no PodTemplateSpec the webhook could gate: the operator
-builds the driver and executor pods from ``spec.driver``/``spec.executor``. Instead the webhook puts
-the related-QueueUnit and pod-set annotations into ``spec.driver.annotations`` and
-``spec.executor.annotations``, which the operator copies onto the pods, so the reconciler can still
-map pods to pod sets (also possible through the ``spark-role`` label).
+What holds a SparkApplication, and its pods, until its QueueUnit is admitted:
+
+* The annotation ``scheduling.x-k8s.io/suspend: "true"`` (upstream's contract with its patched
+  operator). It is only advisory: the stock Spark operator ignores it and runs spark-submit at once,
+  so the driver pod (and, through the driver, the executor pods) would be created right away.
+* The pods themselves, which is what actually holds them whatever the operator does. A
+  SparkApplication has no PodTemplateSpec the webhook could gate: the operator builds the driver
+  pod from ``spec.driver`` and the driver builds the executors from ``spec.executor``. So the
+  webhook puts the label ``koord-queue/gated-pod: "true"`` into ``spec.driver.labels`` and
+  ``spec.executor.labels`` (the operator turns them into ``spark.kubernetes.{driver,executor}.label.*``
+  and Spark copies them onto every pod it creates), and the pod webhook (``shared.podgate``,
+  ``failurePolicy: Fail`` for pods carrying that label) adds the scheduling gate
+  ``koord-queue/admission`` to each such pod when it is created, whatever the label's value. A gated
+  pod stays Pending and is never scheduled. The reconciler removes the gate from at most the
+  admitted number of pods per pod set: it links a pod to the unit by the related-QueueUnit
+  annotation and to its pod set by the related-podset annotation (both put into
+  ``spec.driver.annotations`` and ``spec.executor.annotations`` here, which Spark copies onto the
+  pods likewise) or else by the ``spark-role`` label, and counts only the application's own pods
+  (the driver is owned by the application, each executor by the driver).
+
+The label may not be removed or changed while the application is managed, even once it has
+finished (:meth:`SparkApplicationAdapter.admission_errors`): the operator re-runs a
+SparkApplication whose spec changes, a finished one included, and without the label the new pods
+would not be gated.
 
 Pod sets: ``driver`` (count 1, cluster mode only, the default mode) and ``executor`` (count
 ``executor.instances``, else ``dynamicAllocation.initialExecutors`` when dynamic allocation is on,
-else 1). Per-pod requests follow upstream: cpu from ``coreRequest``, else ``cores``, else
-``coreLimit``; memory is ``memory + memoryOverhead`` after turning JVM sizes into quantities
-(``512m`` -> ``512Mi``, ``2g`` -> ``2Gi``; a bare number means MiB, as Spark reads it); a ``gpu``
-block adds ``{name: quantity}``.
+else 1). Executors beyond the admitted count (dynamic allocation scaling up) stay gated. Per-pod
+requests follow upstream: cpu from ``coreRequest``, else ``cores``, else ``coreLimit``; memory is
+``memory + memoryOverhead`` after turning JVM sizes into quantities (``512m`` -> ``512Mi``, ``2g`` ->
+``2Gi``; a bare number means MiB, as Spark reads it); a ``gpu`` block adds ``{name: quantity}``.
 """
 
 from __future__ import annotations
@@ -86,10 +104,6 @@ class SparkApplicationAdapter(AdapterBase):
     plural = "sparkapplications"
     queue_unit_suffix = "spark-qu"
 
-    def has_started(self, job: Job) -> bool:
-        state = base.text(base.dig(job, "status", "applicationState", "state"))
-        return state in _RUNNING or state in _FAILED or state == "COMPLETED"
-
     def is_suspended(self, job: Job) -> bool:
         return base.annotations_of(job).get(names.SUSPEND_ANNOTATION) == "true"
 
@@ -97,16 +111,54 @@ class SparkApplicationAdapter(AdapterBase):
         return {f"metadata.annotations[{names.SUSPEND_ANNOTATION}]": self.is_suspended(job)}
 
     def suspend_patch(self, job: Job, *, now_text: str) -> list[JsonPatchOp]:
+        """Hold the application and label both roles so their pods are gated (module docstring).
+
+        A missing ``spec.driver`` or ``spec.executor`` is created: the operator runs a driver
+        with default settings without one, and that pod must carry the label too.
+        """
         builder = self.begin_suspend(job, now_text=now_text)
         builder.set(("metadata", "annotations", names.SUSPEND_ANNOTATION), "true")
         ref = self.queue_unit_ref(job)
         for role in _ROLES:
-            if not isinstance(base.dig(job, "spec", role), Mapping):
-                continue
+            builder.set(("spec", role, "labels", names.GATED_POD_LABEL), "true")
             if ref is not None:
                 builder.set(("spec", role, "annotations", names.RELATED_QUEUEUNIT_ANNOTATION), ref)
             builder.set(("spec", role, "annotations", names.RELATED_PODSET_ANNOTATION), role)
         return builder.ops
+
+    def admission_errors(self, old: Job | None, new: Job) -> list[JobSpecError]:
+        """The pod-gating label must be on both roles, and stay there while the job is managed.
+
+        ``old`` is None on CREATE and when the application joins the queue by gaining a quota
+        label. On CREATE the mutating webhook has just added the label, so a missing one means
+        something removed it after us. On UPDATE a label the old object carried may be neither
+        removed nor changed, finished or not: a spec change makes the operator run the application
+        again. A SparkApplication stored before the label existed is not required to gain it.
+        """
+        errors: list[JobSpecError] = []
+        for role in _ROLES:
+            path = f"spec.{role}.labels[{names.GATED_POD_LABEL}]"
+            after = _role_labels(new, role).get(names.GATED_POD_LABEL)
+            if old is None:
+                if after is None:
+                    detail = (
+                        f"Required value: koord-queue holds the {role} pods of a queued "
+                        f'SparkApplication by the label {names.GATED_POD_LABEL}: "true", which its '
+                        "mutating webhook adds when a SparkApplication is created with a quota label; "
+                        "set it yourself when adding a quota label to an existing SparkApplication"
+                    )
+                    errors.append(JobSpecError(path, detail))
+                continue
+            before = _role_labels(old, role).get(names.GATED_POD_LABEL)
+            if before is not None and after != before:
+                detail = (
+                    f"Forbidden: the label {names.GATED_POD_LABEL} makes koord-queue hold the {role} "
+                    "pods until the QueueUnit admits them; it cannot be removed or changed while "
+                    "the SparkApplication is managed (the Spark operator re-runs an application "
+                    "whose spec changes); delete and re-create the SparkApplication instead"
+                )
+                errors.append(JobSpecError(path, detail))
+        return errors
 
     def resume_patch(self, job: Job, *, now_text: str) -> dict[str, Any]:
         body = {"metadata": {"annotations": {names.SUSPEND_ANNOTATION: "false"}}}
@@ -163,3 +215,8 @@ class SparkApplicationAdapter(AdapterBase):
         if base.is_enqueued(job):
             return JobStatus.QUEUING
         return JobStatus.CREATED
+
+
+def _role_labels(job: Job, role: str) -> dict[str, str]:
+    """``spec.<role>.labels`` (string entries only; ``{}`` when missing or malformed)."""
+    return base.string_map(base.dig(job, "spec", role, "labels"))

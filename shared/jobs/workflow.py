@@ -2,28 +2,49 @@
 
 A Workflow is held by ``spec.suspend: true``. Upstream also recognises its workflows by a template
 named ``koord-queue-suspend`` with a ``suspend`` block, so the webhook appends
-``{name: koord-queue-suspend, suspend: {}}`` to ``spec.templates`` when it is missing; a step may
-reference it to pause the workflow again later.
+``{name: koord-queue-suspend, suspend: {}}`` to ``spec.templates`` when it is missing.
 
 A workflow's pods are created one step at a time from many templates, so there is no pod template
 the webhook could gate and no pod count known up front. The demand is declared instead by the
 annotation ``koord-queue/min-resources`` (a ResourceList in JSON or YAML) and becomes one pod set
-``default`` with count 1 whose synthetic template asks for exactly that. Without the annotation the
-workflow asks for nothing and is admitted as soon as its queue lets it through.
+``default`` with count 1 whose synthetic template asks for exactly that. Unlike upstream (where a
+workflow without it asks for nothing and is admitted at once, charged nothing), the annotation is
+required: the webhook refuses a managed Workflow without a non-empty one, with an example value,
+and refuses any change of it until the workflow finishes (the QueueUnit follows it, so lowering it
+while the workflow runs would release quota the workflow still uses). The reconciler enforces the
+same: :meth:`WorkflowAdapter.pod_sets` raises for a Workflow without it, so such a workflow (stored
+before the rule) gets no QueueUnit but an ``InvalidJob`` event, and stays held.
 
-Status differs from upstream in one detail: upstream reads a status condition ``Enqueued`` that its
-controller writes; here the webhook's ``koord-queue/job-has-enqueued`` annotation counts as well, so
-a workflow the webhook held is Queuing from its first reconcile.
+Trust: Argo's CRD has no status subresource, so anyone who may update a Workflow may write its
+status with it (``status_subresource = False``). The webhook removes a status sent on CREATE and
+lets only Argo's controller change it afterwards. The readers here depend as little as possible
+on status even so:
+
+* :meth:`WorkflowAdapter.is_suspended` reads ``spec.suspend`` only, the one field that holds the
+  whole workflow (and the one the queue writes). Upstream also counts a Running ``Suspend`` node,
+  but such a node is one *step* waiting (an approval step the user wrote, possibly next to branches
+  that keep running pods), so it would make an admitted, running workflow look held: its unit would
+  report nothing running and be open to reclaim, and a deleted unit would be re-queued instead of
+  adopted while the workflow kept running uncharged.
+* :meth:`WorkflowAdapter.job_status` reports a workflow the queue still holds (enqueued,
+  ``spec.suspend: true``, no dequeue stamp) as Queuing whatever its phase says: the admission
+  rules stop applying to a finished job, so a phase that could be made to read ``Succeeded`` or
+  ``Failed`` must not end the hold. A workflow that really fails while queued (``argo stop``, a
+  deadline) is therefore released once more when admitted, then seen Failed and its quota freed.
+
+Status differs from upstream in one more detail: upstream reads a status condition ``Enqueued`` that
+its controller writes; here the webhook's enqueue annotations (``koord-queue/job-has-enqueued``,
+``koord-queue/job-enqueue-timestamp``) count as well, so a workflow the webhook held is Queuing
+from its first reconcile.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Final
 
 from shared import names, quantities
 from shared.jobs import base
-from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp
+from shared.jobs.base import Job, JobPodSet, JobSpecError, JobStatus, JsonPatchOp
 from shared.jobs.common import AdapterBase, synthetic_template
 from shared.jobs.patches import deep_merge
 from shared.jobs.podspec import parse_min_resources
@@ -31,6 +52,31 @@ from shared.jobs.podspec import parse_min_resources
 POD_SET: Final = "default"
 _WORKFLOW_LABEL: Final = "workflows.argoproj.io/workflow"
 _MIN_RESOURCES_PATH: Final = f"metadata.annotations[{names.MIN_RESOURCES_ANNOTATION}]"
+_FINISHED: Final = (JobStatus.SUCCEEDED, JobStatus.FAILED)
+#: Why the annotation is needed and what to write, for every message that asks for it.
+_MIN_RESOURCES_HELP: Final = (
+    "koord-queue charges a Workflow to its quota by this annotation, because a Workflow's pods are "
+    "created step by step from its templates and cannot be counted up front; set it to the "
+    "resources to reserve while the workflow runs, as a resource list in JSON or YAML, for example "
+    f"""{names.MIN_RESOURCES_ANNOTATION}: '{{"cpu": "4", "memory": "8Gi"}}'"""
+)
+
+_EMPTY_MIN_RESOURCES: Final = (
+    f"Required value: the value names no resource with a quantity above zero; {_MIN_RESOURCES_HELP}"
+)
+
+
+def min_resources(job: Job) -> dict[str, int] | None:
+    """The declared demand, or ``None`` when the annotation is missing, unreadable or names no
+    resource with a quantity above zero (none of which sizes the workflow)."""
+    raw = base.annotations_of(job).get(names.MIN_RESOURCES_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        parsed = parse_min_resources(raw, _MIN_RESOURCES_PATH)
+    except JobSpecError:
+        return None
+    return parsed if any(value > 0 for value in parsed.values()) else None
 
 
 class WorkflowAdapter(AdapterBase):
@@ -41,26 +87,44 @@ class WorkflowAdapter(AdapterBase):
     queue_unit_suffix = ""
     #: No pod of a workflow is linked to its unit; upstream reports one synthetic bound pod.
     synthetic_pods = True
+    #: Argo's CRD serves no status subresource: status is written with the object.
+    status_subresource = False
 
-    def has_started(self, job: Job) -> bool:
-        phase = base.dig(job, "status", "phase")
-        return bool(base.dig(job, "status", "startedAt")) or phase in (
-            "Running",
-            "Succeeded",
-            "Failed",
-            "Error",
+    def admission_errors(self, old: Job | None, new: Job) -> list[JobSpecError]:
+        """``koord-queue/min-resources`` is required, then frozen until the workflow finishes.
+
+        ``old`` is None on CREATE and when the workflow joins the queue by gaining a quota label:
+        then the annotation must size it. An annotation that does not parse is reported by the
+        webhook's annotation checks already, so it is not reported again here. A workflow whose
+        old annotation did not size it was stored before the rule: its updates (Argo's own status
+        writes among them) are not refused for that, and it may still get one, which only raises
+        what it is charged; until then the reconciler keeps it held (:meth:`pod_sets`).
+        """
+        raw = base.annotations_of(new).get(names.MIN_RESOURCES_ANNOTATION)
+        if old is not None and min_resources(old) is None:
+            return []
+        if old is None:
+            if raw is None:
+                return [JobSpecError(_MIN_RESOURCES_PATH, f"Required value: {_MIN_RESOURCES_HELP}")]
+            try:
+                parsed = parse_min_resources(raw, _MIN_RESOURCES_PATH)
+            except JobSpecError:
+                return []
+            if not any(value > 0 for value in parsed.values()):
+                return [JobSpecError(_MIN_RESOURCES_PATH, _EMPTY_MIN_RESOURCES)]
+            return []
+        if self.job_status(old) in _FINISHED or min_resources(new) == min_resources(old):
+            return []
+        detail = (
+            f"Forbidden: {names.MIN_RESOURCES_ANNOTATION} is the size the Workflow was queued with "
+            "and what its QueueUnit reserves in the quota; it cannot change until the workflow "
+            "finishes (delete and re-create the Workflow to resize it)"
         )
+        return [JobSpecError(_MIN_RESOURCES_PATH, detail)]
 
     def is_suspended(self, job: Job) -> bool:
-        if base.dig(job, "spec", "suspend") is True:
-            return True
-        nodes = base.dig(job, "status", "nodes")
-        if not isinstance(nodes, Mapping):
-            return False
-        return any(
-            base.dig(node, "type") == "Suspend" and base.dig(node, "phase") == "Running"
-            for node in nodes.values()
-        )
+        """``spec.suspend`` alone; a Running ``Suspend`` node is one waiting step (module docstring)."""
+        return base.dig(job, "spec", "suspend") is True
 
     def suspend_state(self, job: Job) -> dict[str, bool]:
         return {"spec.suspend": base.dig(job, "spec", "suspend") is True}
@@ -82,7 +146,11 @@ class WorkflowAdapter(AdapterBase):
 
     def pod_sets(self, job: Job) -> list[JobPodSet]:
         raw = base.annotations_of(job).get(names.MIN_RESOURCES_ANNOTATION)
-        per_pod = parse_min_resources(raw, _MIN_RESOURCES_PATH) if raw is not None else {}
+        if raw is None:
+            raise JobSpecError(_MIN_RESOURCES_PATH, f"Required value: {_MIN_RESOURCES_HELP}")
+        per_pod = parse_min_resources(raw, _MIN_RESOURCES_PATH)
+        if not any(value > 0 for value in per_pod.values()):
+            raise JobSpecError(_MIN_RESOURCES_PATH, _EMPTY_MIN_RESOURCES)
         template = synthetic_template(POD_SET, quantities.format_resource_list(per_pod))
         class_name, value = self.priority(job)
         if class_name:
@@ -108,14 +176,18 @@ class WorkflowAdapter(AdapterBase):
         return POD_SET if base.labels_of(pod).get(_WORKFLOW_LABEL) else None
 
     def job_status(self, job: Job) -> JobStatus:
+        """Upstream's reading, except that a workflow the queue holds is Queuing whatever its
+        phase says (module docstring)."""
+        annotations = base.annotations_of(job)
+        enqueued = base.has_condition(job, "Enqueued") or base.enqueued_in(annotations)
+        suspended = self.is_suspended(job)
+        if enqueued and suspended and not base.dequeued_in(annotations):
+            return JobStatus.QUEUING
         phase = base.dig(job, "status", "phase")
         if phase == "Succeeded":
             return JobStatus.SUCCEEDED
         if phase in ("Failed", "Error"):
             return JobStatus.FAILED
-        enqueued = base.has_condition(job, "Enqueued") or bool(
-            base.annotations_of(job).get(names.JOB_HAS_ENQUEUED_ANNOTATION)
-        )
         if not enqueued:
             return JobStatus.CREATED
-        return JobStatus.QUEUING if self.is_suspended(job) else JobStatus.RUNNING
+        return JobStatus.QUEUING if suspended else JobStatus.RUNNING

@@ -3,8 +3,11 @@
 Covers: the kustomization renders every component; a server-side dry run of the whole install is
 accepted; the reconciler's RBAC is explicit (no wildcards), equals the table below and grants exactly
 that when the apiserver is asked (SubjectAccessReview), while the webhook's ServiceAccount is bound
-to nothing; the webhook configurations carry the same webhooks, rules and scoping as the local test
-setup (``testenv.system.webhook_configurations``); the component config parses without warnings; the
+to nothing; the namespace users' roles are aggregated into view/edit/admin, read only, equal their
+table and grant it only in the bound namespace (never a cluster-wide visibility path, never a
+QueueUnit write); no role anywhere can escalate, bind or impersonate; the webhook configurations
+carry the same webhooks, rules and scoping as the local test setup
+(``testenv.system.webhook_configurations``); the component config parses without warnings; the
 Deployments are hardened (the apiserver's PodSecurity admission accepts their pods under the
 ``restricted`` level the namespace enforces) and wired to their Services, PDBs, Secret, ConfigMap and
 flags; the visibility APIService reaches the reconciler's visibility port through its Service, with
@@ -14,6 +17,7 @@ the names the reconciler's flags certify and inject into.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import urllib.error
 from collections.abc import Iterator
@@ -28,7 +32,7 @@ from reconciler import visibility as reconciler_visibility
 from shared import admission, names, visibility
 from shared import config as component_config
 from testenv import binaries, system
-from testenv.cluster import LocalCluster
+from testenv.cluster import LocalCluster, wait_until
 from tests import kube
 from webhook import main as webhook_main
 
@@ -47,6 +51,13 @@ AUTH_NAMESPACE = "kube-system"
 AUTH_CONFIGMAP = "extension-apiserver-authentication"
 AUTH_READER = "koord-queue-reconciler-authentication-reader"
 LEASE = "koord-queue-reconciler"
+#: The quota-binding admission policy's parameters, kept by the reconciler.
+BINDINGS_CONFIGMAP = names.QUOTA_BINDINGS_CONFIGMAP
+#: manifests/quota-binding-policy.yaml: each a ValidatingAdmissionPolicy and its binding.
+QUOTA_POLICIES = ("koord-queue-quota-binding", "koord-queue-reconciler-quota-writes")
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+#: Only the reconciler removes a pod's admission gate (manifests/admission-gate-policy.yaml).
+GATE_POLICY = "koord-queue-admission-gate"
 WEBHOOK_CONFIGURATION = "koord-queue"
 
 Doc = dict[str, Any]
@@ -57,7 +68,8 @@ Doc = dict[str, Any]
 RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", "scheduling.x-k8s.io", "queueunits", (), ("get", "list", "watch", "create", "patch")),
     ("", "scheduling.x-k8s.io", "queueunits/status", (), ("patch",)),
-    ("", "scheduling.sigs.k8s.io", "elasticquotas", (), ("get", "list", "watch")),
+    # patch: only the ignored-reason annotation (the policy koord-queue-reconciler-quota-writes).
+    ("", "scheduling.sigs.k8s.io", "elasticquotas", (), ("get", "list", "watch", "patch")),
     ("", "scheduling.k8s.io", "priorityclasses", (), ("get", "list", "watch")),
     ("", "batch", "jobs", (), ("get", "list", "watch", "patch")),
     ("", "kubeflow.org", "tfjobs", (), ("get", "list", "watch", "patch")),
@@ -89,6 +101,8 @@ RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     (NAMESPACE, "coordination.k8s.io", "leases", (LEASE,), ("get", "update")),
     (NAMESPACE, "", "secrets", (), ("create",)),
     (NAMESPACE, "", "secrets", (CERT_SECRET, VISIBILITY_SECRET), ("get", "update")),
+    (NAMESPACE, "", "configmaps", (), ("create",)),
+    (NAMESPACE, "", "configmaps", (BINDINGS_CONFIGMAP,), ("get", "update")),
     (AUTH_NAMESPACE, "", "configmaps", (AUTH_CONFIGMAP,), ("get",)),
 )
 CLUSTER_SCOPED = {
@@ -100,6 +114,50 @@ CLUSTER_SCOPED = {
 #: A namespace standing for "any namespace where users run jobs".
 USER_NAMESPACE = "team-a"
 
+VISIBILITY_GROUP = visibility.GROUP
+#: The namespace users' ClusterRoles (manifests/rbac/user-roles.yaml): name → the built-in role it is
+#: aggregated into. Each grants exactly USER_RULES.
+USER_ROLES = {
+    "koord-queue-user-view": "view",
+    "koord-queue-user-edit": "edit",
+    "koord-queue-user-admin": "admin",
+}
+#: (group, resource, verb) every namespace user's role grants: reading our objects, and the
+#: namespaced visibility paths (a collection GET is authorized as ``list``, a named one as ``get``).
+USER_RULES = {
+    *(
+        (group, resource, verb)
+        for group, resource in (
+            ("scheduling.x-k8s.io", "queueunits"),
+            ("scheduling.x-k8s.io", "queues"),
+            ("scheduling.sigs.k8s.io", "elasticquotas"),
+        )
+        for verb in ("get", "list", "watch")
+    ),
+    (VISIBILITY_GROUP, "queueunits", "list"),
+    (VISIBILITY_GROUP, "queues/queueunits", "get"),
+}
+#: (namespace, group, resource, verb) a namespace user bound in USER_NAMESPACE must NOT be allowed.
+USER_DENIED = (
+    *(
+        (USER_NAMESPACE, "scheduling.x-k8s.io", "queueunits", verb)
+        for verb in ("create", "update", "patch", "delete", "deletecollection")
+    ),
+    *((USER_NAMESPACE, "scheduling.x-k8s.io", "queueunits/status", verb) for verb in ("update", "patch")),
+    (USER_NAMESPACE, "scheduling.x-k8s.io", "queues", "create"),
+    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "patch"),
+    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "create"),
+    # Another namespace.
+    ("team-b", "scheduling.x-k8s.io", "queueunits", "list"),
+    ("team-b", VISIBILITY_GROUP, "queueunits", "list"),
+    ("team-b", VISIBILITY_GROUP, "queues/queueunits", "get"),
+    # The cluster-wide views stay with admins.
+    ("", "scheduling.x-k8s.io", "queueunits", "list"),
+    ("", VISIBILITY_GROUP, "queueunits", "list"),
+    ("", VISIBILITY_GROUP, "queues/queueunits", "get"),
+    ("", VISIBILITY_GROUP, "elasticquotas/queueunits", "get"),
+)
+
 #: (namespace, group, resource, name, verb) the reconciler must NOT be allowed.
 RECONCILER_DENIED = (
     (NAMESPACE, "", "secrets", "other-secret", "get"),
@@ -109,7 +167,13 @@ RECONCILER_DENIED = (
     (USER_NAMESPACE, "scheduling.x-k8s.io", "queueunits", "u", "delete"),
     (USER_NAMESPACE, "scheduling.x-k8s.io", "queueunits", "u", "update"),
     (USER_NAMESPACE, "scheduling.x-k8s.io", "queues", "", "create"),
-    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "q", "patch"),
+    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "q", "update"),
+    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "", "create"),
+    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "q", "delete"),
+    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas/status", "q", "patch"),
+    (NAMESPACE, "", "configmaps", "koord-queue-config", "update"),
+    (NAMESPACE, "", "configmaps", "", "list"),
+    (USER_NAMESPACE, "", "configmaps", "", "create"),
     (USER_NAMESPACE, "batch", "jobs", "j", "update"),
     (USER_NAMESPACE, "batch", "jobs", "j", "delete"),
     (USER_NAMESPACE, "", "pods", "", "create"),
@@ -187,6 +251,7 @@ def test_kustomize_renders_every_component(integration_cluster: LocalCluster) ->
         ("ServiceAccount", RECONCILER_SA),
         ("ClusterRole", RECONCILER_SA),
         ("ClusterRoleBinding", RECONCILER_SA),
+        *(("ClusterRole", name) for name in USER_ROLES),
         ("Role", RECONCILER_SA),
         ("RoleBinding", RECONCILER_SA),
         ("ConfigMap", "koord-queue-config"),
@@ -202,6 +267,7 @@ def test_kustomize_renders_every_component(integration_cluster: LocalCluster) ->
         ("PodDisruptionBudget", "koord-queue-webhook"),
         ("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
         ("ValidatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
+        *((kind, policy) for kind in POLICY_KINDS for policy in (*QUOTA_POLICIES, GATE_POLICY)),
     }
     assert present == expected, f"missing {expected - present}, unexpected {present - expected}"
     cluster_scoped = {
@@ -212,6 +278,8 @@ def test_kustomize_renders_every_component(integration_cluster: LocalCluster) ->
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
         "APIService",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     for doc in docs:
         where = doc["metadata"].get("namespace")
@@ -353,7 +421,11 @@ def test_reconciler_rbac_is_explicit_and_matches_the_table(rendered: list[Doc]) 
             assert ns == NAMESPACE
             assert set(verbs) == {"create"} or resource_names == (CERT_SECRET, VISIBILITY_SECRET)
         if group == "" and resource == "configmaps":
-            assert (ns, resource_names, verbs) == (AUTH_NAMESPACE, (AUTH_CONFIGMAP,), ("get",))
+            assert (ns, resource_names, verbs) in (
+                (AUTH_NAMESPACE, (AUTH_CONFIGMAP,), ("get",)),
+                (NAMESPACE, (), ("create",)),
+                (NAMESPACE, (BINDINGS_CONFIGMAP,), ("get", "update")),
+            )
 
 
 def test_webhook_service_account_is_bound_to_nothing(rendered: list[Doc]) -> None:
@@ -387,6 +459,30 @@ def allowed(
     verb: str,
 ) -> bool:
     """Ask the apiserver (SubjectAccessReview) whether the ServiceAccount may do this."""
+    return review(
+        cluster,
+        user=f"system:serviceaccount:{NAMESPACE}:{service_account}",
+        groups=("system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated"),
+        namespace=namespace,
+        group=group,
+        resource=resource,
+        name=name,
+        verb=verb,
+    )
+
+
+def review(
+    cluster: LocalCluster,
+    *,
+    user: str,
+    groups: tuple[str, ...],
+    namespace: str,
+    group: str,
+    resource: str,
+    name: str,
+    verb: str,
+) -> bool:
+    """Ask the apiserver (SubjectAccessReview) whether ``user`` in ``groups`` may do this."""
     resource, _, subresource = resource.partition("/")
     attributes = {"verb": verb, "group": group, "resource": resource}
     if subresource:
@@ -395,20 +491,12 @@ def allowed(
         attributes["namespace"] = namespace
     if name:
         attributes["name"] = name
-    review = {
+    body = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SubjectAccessReview",
-        "spec": {
-            "user": f"system:serviceaccount:{NAMESPACE}:{service_account}",
-            "groups": [
-                "system:serviceaccounts",
-                f"system:serviceaccounts:{NAMESPACE}",
-                "system:authenticated",
-            ],
-            "resourceAttributes": attributes,
-        },
+        "spec": {"user": user, "groups": list(groups), "resourceAttributes": attributes},
     }
-    out = cluster.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+    out = cluster.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body)
     return bool(json.loads(out)["status"].get("allowed"))
 
 
@@ -467,6 +555,93 @@ def test_the_apiserver_grants_the_webhook_nothing(rbac_installed: LocalCluster) 
     assert excessive == []
 
 
+def test_no_role_can_escalate_bind_or_impersonate(rendered: list[Doc]) -> None:
+    for role in of_kind(rendered, "ClusterRole", "Role"):
+        for rule in role.get("rules") or []:
+            assert not {"escalate", "bind", "impersonate", "*"} & set(rule["verbs"]), (role, rule)
+            for key in ("apiGroups", "resources"):
+                assert "*" not in (rule.get(key) or []), (role["metadata"]["name"], rule)
+
+
+AGGREGATE_LABEL = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+def test_namespace_users_roles_are_read_only_and_aggregated_into_view_edit_and_admin(
+    rendered: list[Doc],
+) -> None:
+    for name, builtin in USER_ROLES.items():
+        role = find(rendered, "ClusterRole", name)
+        labels = role["metadata"]["labels"]
+        assert {k: v for k, v in labels.items() if k.startswith(AGGREGATE_LABEL)} == {
+            f"{AGGREGATE_LABEL}{builtin}": "true"
+        }, name
+        assert "aggregationRule" not in role
+        granted: set[tuple[str, str, str]] = set()
+        for rule in role["rules"]:
+            # No resourceNames or nonResourceURLs: plain reads of whole resources.
+            assert set(rule) == {"apiGroups", "resources", "verbs"}, rule
+            # Read only, whatever the table says: a namespace user never writes a unit or its status.
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, (name, rule)
+            granted |= {
+                (g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+            }
+        assert granted == USER_RULES, (name, USER_RULES - granted, granted - USER_RULES)
+    # Only these carry an aggregation label, and none is bound directly: users get them through the
+    # built-in roles their namespace admin binds.
+    aggregated = {
+        d["metadata"]["name"]
+        for d in of_kind(rendered, "ClusterRole")
+        if any(k.startswith(AGGREGATE_LABEL) for k in d["metadata"].get("labels") or {})
+    }
+    assert aggregated == set(USER_ROLES)
+    for binding in of_kind(rendered, "RoleBinding", "ClusterRoleBinding"):
+        assert binding["roleRef"]["name"] not in USER_ROLES, binding
+
+
+@pytest.mark.parametrize("role", sorted(USER_ROLES))
+def test_the_apiserver_grants_a_namespace_user_their_table_in_their_namespace_only(
+    rbac_installed: LocalCluster, role: str
+) -> None:
+    """Without a controller-manager nothing aggregates here: the user is bound to our ClusterRole
+    itself with a RoleBinding, which is what aggregation into view/edit/admin adds to theirs."""
+    user = f"tenant-{role}"
+    ensure_namespace(rbac_installed, USER_NAMESPACE)
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": f"{role}-test", "namespace": USER_NAMESPACE},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+    kube.kubectl(rbac_installed, "apply", "-f", "-", input_text=json.dumps(binding))
+
+    def may(namespace: str, group: str, resource: str, verb: str) -> bool:
+        collection = verb in ("list", "watch", "create", "deletecollection")
+        return review(
+            rbac_installed,
+            user=user,
+            groups=("system:authenticated",),
+            namespace=namespace,
+            group=group,
+            resource=resource,
+            name="" if collection else "some-object",
+            verb=verb,
+        )
+
+    try:
+        wait_until(
+            lambda: may(USER_NAMESPACE, "scheduling.x-k8s.io", "queueunits", "list"),
+            timeout=30,
+            what=f"the RoleBinding to {role} in effect",
+        )
+        missing = [(g, r, v) for g, r, v in sorted(USER_RULES) if not may(USER_NAMESPACE, g, r, v)]
+        assert missing == []
+        excessive = [probe for probe in USER_DENIED if may(*probe)]
+        assert excessive == []
+    finally:
+        kube.kubectl(rbac_installed, "delete", "-f", "-", input_text=json.dumps(binding), check=False)
+
+
 # --- webhook configurations ------------------------------------------------------------------------
 
 
@@ -499,6 +674,33 @@ def test_webhook_configurations_match_the_local_test_setup(rendered: list[Doc]) 
             }, name  # no caBundle: the reconciler injects it and a re-apply must not wipe it
 
 
+def test_the_pod_webhook_sees_only_the_creation_of_pods_labelled_for_the_gate(rendered: list[Doc]) -> None:
+    """failurePolicy Fail on pods is safe only because the webhook is scoped to pods that must be
+    gated: any other pod never waits for it, so an outage blocks only those."""
+    config = find(rendered, "MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)
+    [hook] = [w for w in config["webhooks"] if w["name"] == "pods.mutate.koord-queue.x-k8s.io"]
+    assert hook["clientConfig"]["service"]["path"] == "/mutate-pod"
+    assert hook["objectSelector"] == {
+        "matchExpressions": [{"key": names.GATED_POD_LABEL, "operator": "Exists"}]
+    }
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "operations": ["CREATE"],
+            "scope": "Namespaced",
+        }
+    ]
+    excluded = hook["namespaceSelector"]["matchExpressions"][0]
+    assert excluded["operator"] == "NotIn" and set(excluded["values"]) == {"kube-system", NAMESPACE}
+    # Every other webhook on pods would widen that: none exists.
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for other in find(rendered, kind, WEBHOOK_CONFIGURATION)["webhooks"]:
+            if other is not hook:
+                assert all("pods" not in rule["resources"] for rule in other["rules"]), other["name"]
+
+
 # --- configuration and Deployments -----------------------------------------------------------------
 
 
@@ -507,6 +709,8 @@ def test_component_config_is_accepted_without_warnings(rendered: list[Doc]) -> N
     settings = component_config.parse(text, source="koord-queue-config")
     assert settings.warnings == ()
     assert settings.reclaim_protect_seconds == 0
+    assert settings.quota_namespace_binding is True
+    assert settings.max_user_priority is None
     doc = yaml.safe_load(text)
     assert (doc["apiVersion"], doc["kind"]) == ("scheduling.k8s.io/v1", "KoordQueueConfiguration")
     assert doc["plugins"] == [{"name": "Priority"}, {"name": "ElasticQuotaV2"}]
@@ -597,6 +801,9 @@ def test_reconciler_deployment_reads_its_config_and_elects_a_leader(rendered: li
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert args.health_port == ports["health"] == 8081
     assert args.metrics_port == ports["metrics"] == 10259
+    # The webhook's serving certificate exists only because the reconciler issues it: without this
+    # flag the webhook pods never start and every labelled job is refused.
+    assert args.manage_webhook_certs and args.manage_visibility_certs
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
@@ -634,3 +841,43 @@ def test_the_visibility_apiservice_reaches_the_reconcilers_visibility_port(rende
     assert args.visibility_secret == VISIBILITY_SECRET
     assert args.visibility_apiservice == APISERVICE
     assert not args.visibility_client_ca  # read from the apiserver's ConfigMap, which RBAC allows
+
+
+# --- the quota-binding admission policy ------------------------------------------------------------
+
+
+def test_the_quota_binding_policy_covers_what_the_job_webhooks_cover(rendered: list[Doc]) -> None:
+    """Same job kinds, operations and namespace scoping as the validating job webhooks; the
+    reconciler exempt; its parameters the ConfigMap the reconciler keeps, allowing until it exists."""
+    policy = find(rendered, "ValidatingAdmissionPolicy", "koord-queue-quota-binding")["spec"]
+    webhook = find(rendered, "ValidatingWebhookConfiguration", WEBHOOK_CONFIGURATION)["webhooks"][0]
+    assert webhook["name"] == "jobs.validate.koord-queue.x-k8s.io"
+    assert policy["failurePolicy"] == "Fail"
+    assert policy["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+    constraints = policy["matchConstraints"]
+    assert constraints["namespaceSelector"] == webhook["namespaceSelector"]
+    assert [{k: v for k, v in r.items() if k != "scope"} for r in webhook["rules"]] == constraints[
+        "resourceRules"
+    ]
+    conditions = {c["name"]: c["expression"] for c in policy["matchConditions"]}
+    assert conditions["not-the-reconciler"] == webhook["matchConditions"][0]["expression"]
+    assert names.QUOTA_NAME_LABEL in conditions["carries-a-quota-label"]
+    assert names.QUOTA_NAME_LABEL_FALLBACK in conditions["carries-a-quota-label"]
+    binding = find(rendered, "ValidatingAdmissionPolicyBinding", "koord-queue-quota-binding")["spec"]
+    assert binding["validationActions"] == ["Deny"]
+    assert binding["paramRef"] == {
+        "name": BINDINGS_CONFIGMAP,
+        "namespace": NAMESPACE,
+        "parameterNotFoundAction": "Allow",
+    }
+    # The denial text is the scheduler's waiting message, built in CEL: the same literals around
+    # the same values.
+    [validation] = policy["validations"]
+    variables = {"QUOTA": "variables.quota", "NAMESPACE": "request.namespace", "USABLE": "variables.usable"}
+    parts = re.split(
+        "(QUOTA|NAMESPACE|USABLE)", names.quota_not_bound_message("QUOTA", "NAMESPACE", ["USABLE"])
+    )
+    cel = " + ".join(variables.get(p, f"'{p}'") for p in parts if p)
+    assert " ".join(validation["messageExpression"].split()) == cel
+    writes = find(rendered, "ValidatingAdmissionPolicyBinding", "koord-queue-reconciler-quota-writes")["spec"]
+    assert writes["validationActions"] == ["Deny"]

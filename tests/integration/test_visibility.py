@@ -41,7 +41,9 @@ from tests import kube
 
 pytestmark = pytest.mark.integration
 
-GROUP_VERSION = "visibility.koord-queue.x-k8s.io/v1alpha1"
+GROUP = "visibility.koord-queue.x-k8s.io"
+GROUP_VERSION = f"{GROUP}/v1alpha1"
+RESOURCES = {"queues/queueunits", "elasticquotas/queueunits", "queueunits"}
 SERVICE = "koord-queue-visibility-server"
 SECRET = "koord-queue-visibility-cert"
 APISERVICE = "v1alpha1.visibility.koord-queue.x-k8s.io"
@@ -112,12 +114,12 @@ class Visibility:
             return resp.status, json.loads(await resp.read())
 
 
-@pytest.fixture
-async def visibility(integration_cluster: LocalCluster, system_integration: system.Processes) -> Visibility:
-    """Once the leader has issued the certificate and the server has loaded it."""
-    port = next(c.ports["visibility"] for c in system_integration.components if c.name == "reconciler")
-    assert integration_cluster.workdir is not None
-    client = await kq.Kube.connect(kubeconfig=str(integration_cluster.kubeconfig))
+async def serving_visibility(cluster: LocalCluster, processes: system.Processes) -> Visibility:
+    """The reconciler's visibility server, once the leader has issued the certificate and the
+    server has loaded it (either profile: tests/e2e uses it too)."""
+    port = next(c.ports["visibility"] for c in processes.components if c.name == "reconciler")
+    assert cluster.workdir is not None
+    client = await kq.Kube.connect(kubeconfig=str(cluster.kubeconfig))
     try:
 
         async def issued() -> bytes | None:
@@ -131,7 +133,7 @@ async def visibility(integration_cluster: LocalCluster, system_integration: syst
         ca = await kube.eventually(issued, what="the visibility certificate Secret")
     finally:
         await client.close()
-    vis = Visibility(port=port, ca_pem=ca, pki=integration_cluster.workdir / "pki")
+    vis = Visibility(port=port, ca_pem=ca, pki=cluster.workdir / "pki")
 
     async def serving() -> bool:
         try:
@@ -142,6 +144,11 @@ async def visibility(integration_cluster: LocalCluster, system_integration: syst
 
     await kube.eventually(serving, what="the visibility server serving the Secret's certificate")
     return vis
+
+
+@pytest.fixture
+async def visibility(integration_cluster: LocalCluster, system_integration: system.Processes) -> Visibility:
+    return await serving_visibility(integration_cluster, system_integration)
 
 
 async def make_waiting_units(cluster: LocalCluster, ns: str, quota: str, waiting: dict[str, int]) -> None:
@@ -214,7 +221,52 @@ async def test_visibility_lists_waiting_units_in_order_with_their_reasons(
     status, _ = await visibility.get(f"/queues/{quota}/queueunits?limit=0")
     assert status == 400
     status, discovery = await visibility.get("")
-    assert {r["name"] for r in discovery["resources"]} == {"queues/queueunits", "elasticquotas/queueunits"}
+    assert {r["name"] for r in discovery["resources"]} == RESOURCES
+
+
+async def test_a_namespaced_path_answers_only_about_its_namespace_with_positions_in_the_whole_queue(
+    integration_cluster: LocalCluster, visibility: Visibility, namespace_in: str
+) -> None:
+    ns, quota = namespace_in, f"ns-{namespace_in}"
+    other = f"{ns}-other"
+    await make_waiting_units(integration_cluster, ns, quota, {"mine": 1})
+    async with kube.client(integration_cluster) as api:
+        await kube.create_namespace(api, other)
+        try:
+            await kube.custom(api).create_namespaced_custom_object(
+                names.GROUP, names.VERSION, other, "queueunits", unit("theirs", quota, 10)
+            )
+
+            async def both_waiting() -> list[tuple[str, int]] | None:
+                status, body = await visibility.get(f"/queues/{quota}/queueunits")
+                found = [(i["metadata"]["name"], i["position"]) for i in body.get("items", [])]
+                return found if status == 200 and len(found) == 2 else None
+
+            waiting = await kube.eventually(both_waiting, what="two units waiting")
+            assert waiting == [("theirs", 1), ("mine", 2)]
+
+            for path in (f"/namespaces/{ns}/queueunits", f"/namespaces/{ns}/queues/{quota}/queueunits"):
+                status, body = await visibility.get(path)
+                assert status == 200, (path, body)
+                assert body["kind"] == "QueueUnitsSummary" and body["metadata"]["total"] == 1, body
+                (item,) = body["items"]
+                assert (item["metadata"], item["queueName"], item["position"]) == (
+                    {"name": "mine", "namespace": ns},
+                    quota,
+                    2,
+                )
+                assert item["message"].startswith(f"limited quotaName:{quota}"), item
+            status, body = await visibility.get(f"/namespaces/{other}/queues/{quota}/queueunits")
+            assert [(i["metadata"]["name"], i["position"]) for i in body["items"]] == [("theirs", 1)]
+
+            status, body = await visibility.get(f"/namespaces/{ns}-nothing/queueunits")
+            assert (status, body["items"]) == (200, [])
+            status, body = await visibility.get(f"/namespaces/{ns}/queues/no-such-queue/queueunits")
+            assert (status, body["reason"]) == (404, "NotFound")
+            status, body = await visibility.get("/namespaces/Not_A_Namespace/queueunits")
+            assert (status, body["reason"]) == (400, "BadRequest")
+        finally:
+            await kube.delete_namespace(api, other)
 
 
 async def test_only_the_front_proxy_client_naming_a_user_is_served(visibility: Visibility) -> None:
@@ -232,6 +284,35 @@ async def test_only_the_front_proxy_client_naming_a_user_is_served(visibility: V
         await visibility.get_with(ssl.create_default_context(cadata=visibility.ca_pem.decode()), "")
 
 
+#: Content negotiation for the apiserver's aggregated discovery (what kubectl reads by default).
+AGGREGATED_DISCOVERY = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+
+
+async def aggregated_resources(cluster: LocalCluster) -> dict[str, tuple[str, list[str]]] | None:
+    """Our group version in ``/apis`` aggregated discovery: resource → (scope, subresources); None
+    while it is missing or stale (the apiserver could not fetch or convert our document)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            cluster.server + "/apis",
+            ssl=cluster.ssl_context(),
+            headers={"Accept": AGGREGATED_DISCOVERY},
+            timeout=aiohttp.ClientTimeout(10),
+        ) as resp,
+    ):
+        body = json.loads(await resp.read())
+    for group in body.get("items") or []:
+        if group["metadata"]["name"] != GROUP:
+            continue
+        for version in group.get("versions") or []:
+            if version["version"] == "v1alpha1" and version.get("freshness", "Current") == "Current":
+                return {
+                    r["resource"]: (r["scope"], sorted(s["subresource"] for s in r.get("subresources") or []))
+                    for r in version.get("resources") or []
+                }
+    return None
+
+
 @contextlib.contextmanager
 def registered(cluster: LocalCluster, *, port: int) -> Iterator[None]:
     """The manifests' APIService, pointing at an ExternalName Service for localhost:``port``."""
@@ -243,6 +324,23 @@ def registered(cluster: LocalCluster, *, port: int) -> Iterator[None]:
         yield
     finally:
         system.unregister_visibility(cluster)
+
+
+async def available(cluster: LocalCluster) -> dict[str, Any]:
+    """The registered APIService once it is Available and carries the reconciler's caBundle."""
+
+    async def probe() -> dict[str, Any] | None:
+        obj = json.loads(cluster.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}"))
+        conditions = obj.get("status", {}).get("conditions") or []
+        ok = any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
+        # The availability check does not verify the serving certificate; proxied requests do,
+        # against the caBundle the reconciler injects: wait for both.
+        return obj if ok and obj["spec"].get("caBundle") else None
+
+    result: dict[str, Any] = await kube.eventually(
+        probe, timeout=90, interval=0.5, what="APIService Available with a caBundle"
+    )
+    return result
 
 
 def raw(cluster: LocalCluster, path: str, *as_user: str) -> subprocess.CompletedProcess[str]:
@@ -262,22 +360,7 @@ async def test_kubectl_get_raw_reaches_the_visibility_api_through_the_aggregatio
     await kube.eventually(waiting_in_queue, what="two units waiting")
 
     with registered(integration_cluster, port=visibility.port):
-
-        async def available() -> dict[str, Any] | None:
-            obj = json.loads(
-                integration_cluster.request(
-                    "GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}"
-                )
-            )
-            conditions = obj.get("status", {}).get("conditions") or []
-            ok = any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
-            # The availability check does not verify the serving certificate; proxied requests do,
-            # against the caBundle the reconciler injects: wait for both.
-            return obj if ok and obj["spec"].get("caBundle") else None
-
-        apiservice = await kube.eventually(
-            available, timeout=90, interval=0.5, what="APIService Available with a caBundle"
-        )
+        apiservice = await available(integration_cluster)
         # The CA the aggregator trusts is the one the reconciler keeps in the Secret.
         assert apiservice["spec"]["caBundle"] == base64.b64encode(visibility.ca_pem).decode()
 
@@ -300,10 +383,25 @@ async def test_kubectl_get_raw_reaches_the_visibility_api_through_the_aggregatio
 
         discovery = raw(integration_cluster, "")
         assert discovery.returncode == 0, discovery.stderr
-        assert {r["name"] for r in json.loads(discovery.stdout)["resources"]} == {
-            "queues/queueunits",
-            "elasticquotas/queueunits",
+        assert {r["name"] for r in json.loads(discovery.stdout)["resources"]} == RESOURCES
+        # The apiserver took the document into its aggregated discovery (it refuses one whose
+        # scopes disagree), which is what kubectl reads: the namespaced collection is listed.
+        aggregated = await kube.eventually(
+            lambda: aggregated_resources(integration_cluster),
+            what="the visibility group in the apiserver's aggregated discovery",
+        )
+        assert aggregated == {
+            "queues": ("Namespaced", ["queueunits"]),
+            "elasticquotas": ("Cluster", ["queueunits"]),
+            "queueunits": ("Namespaced", []),
         }
+        listed = kube.kubectl(integration_cluster, "api-resources", f"--api-group={GROUP}", "--no-headers")
+        assert listed.stderr == "" and listed.stdout.split() == [
+            "queueunits",
+            GROUP_VERSION,
+            "true",
+            "QueueUnitsSummary",
+        ], listed
         # Our Status errors pass through the aggregator unchanged.
         missing = raw(integration_cluster, "/queues/no-such-queue/queueunits")
         assert missing.returncode != 0 and "NotFound" in missing.stderr, missing.stderr

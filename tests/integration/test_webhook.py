@@ -1,9 +1,11 @@
 """The admission webhook called by the real kube-apiserver over TLS.
 
 A labelled job of every kind is stored suspended and gated; an unlabelled Job is stored unchanged; a
-user cannot unsuspend a queued Job; invalid Queues and ElasticQuotas are denied with their field
-paths; and with the webhook server stopped, unlabelled Jobs and everything in kube-system are still
-created (the configurations are scoped so an outage never blocks unrelated workloads).
+pod labelled ``koord-queue/gated-pod`` is stored gated, another pod unchanged; a user cannot
+unsuspend a queued Job; invalid Queues and ElasticQuotas are denied with their field paths; and with
+the webhook server stopped, unlabelled Jobs and pods and everything in kube-system are still created
+(the configurations are scoped so an outage never blocks unrelated workloads) while labelled ones
+are refused.
 """
 
 from __future__ import annotations
@@ -175,13 +177,18 @@ def is_held(obj: dict[str, Any]) -> bool:
             t.get("name") == names.WORKFLOW_SUSPEND_TEMPLATE for t in spec["templates"]
         )
     if kind == "SparkApplication":
-        return annotations.get(names.SUSPEND_ANNOTATION) == "true"
+        # The annotation holds only a patched operator; the labels make the pod webhook gate the
+        # driver and executor pods whatever the operator does.
+        return annotations.get(names.SUSPEND_ANNOTATION) == "true" and all(
+            spec[role]["labels"].get(names.GATED_POD_LABEL) == "true" for role in ("driver", "executor")
+        )
     raise AssertionError(kind)
 
 
 def kubectl_apply(cluster: LocalCluster, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
     kube.kubectl(cluster, "apply", "-n", namespace, "-f", "-", input_text=yaml.safe_dump(obj))
-    resource = f"{obj['kind'].lower()}s.{obj['apiVersion'].split('/')[0]}"
+    group = obj["apiVersion"].rpartition("/")[0]
+    resource = f"{obj['kind'].lower()}s.{group}" if group else f"{obj['kind'].lower()}s"
     out = kube.kubectl(
         cluster, "get", "-n", namespace, resource, obj["metadata"]["name"], "-o", "json"
     ).stdout
@@ -287,6 +294,25 @@ def test_an_elastic_quota_with_min_above_max_is_denied_with_its_field_path(
     assert "spec.min" in result.stderr and "cpu" in result.stderr
 
 
+def pod(name: str, *, gated_label: bool) -> dict[str, Any]:
+    labels = {names.GATED_POD_LABEL: "true"} if gated_label else {"app": name}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": TEMPLATE["spec"],
+    }
+
+
+def test_a_pod_labelled_for_the_gate_is_stored_gated_and_another_pod_unchanged(
+    integration_cluster: LocalCluster, webhook: Component, namespace_in: str
+) -> None:
+    stored = kubectl_apply(integration_cluster, namespace_in, pod("gated", gated_label=True))
+    assert stored["spec"]["schedulingGates"] == [GATE]
+    plain = kubectl_apply(integration_cluster, namespace_in, pod("plain", gated_label=False))
+    assert "schedulingGates" not in plain["spec"]
+
+
 def test_with_the_webhook_down_unrelated_workloads_are_still_created(
     integration_cluster: LocalCluster, webhook: Component, namespace_in: str
 ) -> None:
@@ -294,6 +320,21 @@ def test_with_the_webhook_down_unrelated_workloads_are_still_created(
     try:
         stored = kubectl_apply(integration_cluster, namespace_in, batch_job("unrelated", labelled=False))
         assert stored["metadata"]["name"] == "unrelated"
+        assert kubectl_apply(integration_cluster, namespace_in, pod("unrelated-pod", gated_label=False))
+        # ...while a pod that must be gated is refused rather than created without its gate.
+        refused = kube.kubectl(
+            integration_cluster,
+            "apply",
+            "-n",
+            namespace_in,
+            "-f",
+            "-",
+            input_text=yaml.safe_dump(pod("must-wait", gated_label=True)),
+            check=False,
+        )
+        assert refused.returncode != 0 and "pods.mutate.koord-queue.x-k8s.io" in refused.stderr, (
+            refused.stderr
+        )
         system_job = batch_job(f"sys-{namespace_in}", labelled=True)
         kube.kubectl(
             integration_cluster,

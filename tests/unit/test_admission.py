@@ -159,8 +159,6 @@ def test_a_labelled_job_of_every_enabled_kind_is_patched(extension: str) -> None
     ("change", "kw"),
     [
         (lambda j: j["metadata"].pop("labels"), {}),
-        (lambda j: j.update(status={"startTime": "2025-01-01T00:00:00Z"}), {}),
-        (lambda j: j["metadata"].update(deletionTimestamp="2025-01-01T00:00:00Z"), {}),
         (lambda j: None, {"operation": "DELETE"}),
         (lambda j: None, {"sub_resource": "status"}),
         (lambda j: j.update(kind="CronJob"), {}),
@@ -174,6 +172,34 @@ def test_objects_we_do_not_manage_pass_untouched(change: Any, kw: dict[str, Any]
         kw["old"] = obj
     response = mutate(obj, **kw)
     assert response == {"uid": "uid-1", "allowed": True}
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda j: j.update(status={"startTime": "2025-01-01T00:00:00Z", "active": 1}),
+        lambda j: j["metadata"].update(deletionTimestamp="2025-01-01T00:00:00Z"),
+    ],
+)
+def test_a_job_claiming_to_have_started_or_to_be_deleted_is_still_held_on_create(forge: Any) -> None:
+    # The apiserver drops status and deletionTimestamp only after mutating admission.
+    obj = batch_job()
+    forge(obj)
+    stored = apply_patch(obj, decoded_patch(mutate(obj)))
+    assert stored["spec"]["suspend"] is True
+    assert GATE in stored["spec"]["template"]["spec"]["schedulingGates"]
+
+
+def test_a_forged_status_is_removed_only_where_the_crd_has_no_status_subresource() -> None:
+    flow = SAMPLES["workflow"]()
+    flow["status"] = {"phase": "Succeeded", "startedAt": NOW}
+    ops = decoded_patch(mutate(flow))
+    assert {"op": "remove", "path": "/status"} in ops
+    stored = apply_patch(flow, ops)
+    assert "status" not in stored and stored["spec"]["suspend"] is True
+    job = batch_job()
+    job["status"] = {"startTime": NOW}
+    assert {"op": "remove", "path": "/status"} not in decoded_patch(mutate(job))
 
 
 def test_disabled_kinds_are_not_mutated_until_enabled() -> None:
@@ -270,20 +296,118 @@ def test_the_quota_label_is_frozen_while_admitted() -> None:
     assert "'team-a'" in response["status"]["message"]
 
 
-def test_the_quota_label_may_change_while_queued_or_after_finishing() -> None:
+def test_the_quota_label_is_frozen_while_queued_and_free_after_finishing() -> None:
     old = queued(batch_job())
-    assert validate(relabelled(old, "team-b"), operation="UPDATE", old=old)["allowed"] is True
+    response = validate(relabelled(old, "team-b"), operation="UPDATE", old=old)
+    assert response["status"]["message"].startswith(f"metadata.labels[{names.QUOTA_NAME_LABEL}]: Forbidden")
+    unlabelled = json.loads(json.dumps(old))
+    del unlabelled["metadata"]["labels"][names.QUOTA_NAME_LABEL]
+    assert validate(unlabelled, operation="UPDATE", old=old)["allowed"] is False
+    fallback = json.loads(json.dumps(old))
+    fallback["metadata"]["labels"][names.QUOTA_NAME_LABEL_FALLBACK] = "team-c"
+    assert validate(fallback, operation="UPDATE", old=old)["allowed"] is False
     done = admitted(batch_job())
     done["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
     assert validate(relabelled(done, "team-b"), operation="UPDATE", old=done)["allowed"] is True
 
 
-def test_an_admitted_job_may_be_suspended_and_resumed_by_its_user() -> None:
+def test_an_admitted_job_may_be_suspended_by_its_user_but_only_the_reconciler_resumes_it() -> None:
     old = admitted(batch_job())
     new = json.loads(json.dumps(old))
     new["spec"]["suspend"] = True
     assert validate(new, operation="UPDATE", old=old)["allowed"] is True
-    assert validate(old, operation="UPDATE", old=new)["allowed"] is True
+    assert validate(old, operation="UPDATE", old=new)["allowed"] is False
+    assert validate(old, operation="UPDATE", old=new, user=RECONCILER)["allowed"] is True
+
+
+@pytest.mark.parametrize("key", [names.JOB_HAS_ENQUEUED_ANNOTATION, names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION])
+def test_stripping_the_enqueue_annotations_neither_is_allowed_nor_unlocks_the_hold(key: str) -> None:
+    old = queued(batch_job())
+    stripped = json.loads(json.dumps(old))
+    del stripped["metadata"]["annotations"][key]
+    response = validate(stripped, operation="UPDATE", old=old)
+    assert response["status"]["message"].startswith(f"metadata.annotations[{key}]: Forbidden")
+    # Even if both were gone already (a job stored before the webhook existed), the hold stays.
+    for gone in (names.JOB_HAS_ENQUEUED_ANNOTATION, names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION):
+        stripped["metadata"]["annotations"].pop(gone, None)
+    released = json.loads(json.dumps(stripped))
+    released["spec"]["suspend"] = False
+    response = validate(released, operation="UPDATE", old=stripped)
+    assert response["status"]["message"].startswith("spec.suspend: Forbidden")
+
+
+@pytest.mark.parametrize("extension", sorted(SAMPLES))
+def test_removing_a_template_gate_is_denied_for_every_kind(extension: str) -> None:
+    config = AdmissionConfig(enabled_extensions=frozenset({extension}))
+    sample = SAMPLES[extension]()
+    old = apply_patch(sample, decoded_patch(mutate(sample, config)))
+    new = json.loads(json.dumps(old))
+    removed = _drop_gates(new)
+    response = validate(new, config, operation="UPDATE", old=old)
+    if not removed:  # kinds without pod templates (Workflow, Spark) have no gate to remove
+        assert response["allowed"] is True
+        return
+    assert response["allowed"] is False
+    assert (
+        "schedulingGates: Forbidden: the scheduling gate koord-queue/admission"
+        in response["status"]["message"]
+    )
+
+
+def _drop_gates(node: Any) -> int:
+    removed = 0
+    if isinstance(node, dict):
+        gates = node.get("schedulingGates")
+        if isinstance(gates, list) and GATE in gates:
+            node["schedulingGates"] = [g for g in gates if g != GATE]
+            removed += 1
+        for value in node.values():
+            removed += _drop_gates(value)
+    elif isinstance(node, list):
+        for value in node:
+            removed += _drop_gates(value)
+    return removed
+
+
+def test_a_legacy_job_without_gates_is_not_blocked_for_missing_them() -> None:
+    old = batch_job()
+    old["spec"]["suspend"] = True
+    new = json.loads(json.dumps(old))
+    new["metadata"].setdefault("annotations", {})["example.com/note"] = "x"
+    assert validate(new, operation="UPDATE", old=old)["allowed"] is True
+
+
+def test_a_running_job_cannot_join_a_queue_by_gaining_the_quota_label() -> None:
+    old = batch_job()
+    del old["metadata"]["labels"]
+    new = batch_job()
+    response = validate(new, operation="UPDATE", old=old)
+    assert response["status"]["message"].startswith("spec.suspend: Forbidden: a Job that gains a quota label")
+    new["spec"]["suspend"] = True
+    assert validate(new, operation="UPDATE", old=old)["allowed"] is True
+
+
+def test_a_job_must_arrive_held_even_if_something_mutated_it_after_us() -> None:
+    response = validate(batch_job())
+    assert response["status"]["message"].startswith("spec.suspend: Forbidden: a Job that is created")
+    assert validate(queued(batch_job()))["allowed"] is True
+
+
+def test_workflow_status_belongs_to_its_controller() -> None:
+    old = queued(SAMPLES["workflow"]())
+    forged = json.loads(json.dumps(old))
+    forged["status"] = {"phase": "Succeeded"}
+    response = validate(forged, operation="UPDATE", old=old)
+    assert response["status"]["message"].startswith("status: Forbidden")
+    writer = next(iter(admission.DEFAULT_STATUS_WRITERS))
+    assert validate(forged, operation="UPDATE", old=old, user=writer)["allowed"] is True
+    created = json.loads(json.dumps(forged))
+    assert validate(created)["allowed"] is False
+    # A batch Job's status lives in a subresource: a status in the main resource is not checked.
+    job = queued(batch_job())
+    job_forged = json.loads(json.dumps(job))
+    job_forged["status"] = {"active": 1}
+    assert validate(job_forged, operation="UPDATE", old=job)["allowed"] is True
 
 
 def test_bad_job_annotations_are_denied_on_create_but_ratcheted_on_update() -> None:
@@ -295,14 +419,19 @@ def test_bad_job_annotations_are_denied_on_create_but_ratcheted_on_update() -> N
     assert validate(obj, operation="UPDATE", old=obj)["allowed"] is True
 
 
-def test_objects_being_deleted_and_status_updates_are_never_blocked() -> None:
+def test_status_updates_and_deletes_are_never_blocked_but_a_deleting_job_stays_held() -> None:
     old = queued(batch_job())
     new = json.loads(json.dumps(old))
     new["spec"]["suspend"] = False
     assert validate(new, operation="UPDATE", old=old, sub_resource="status")["allowed"] is True
-    new["metadata"]["deletionTimestamp"] = NOW
-    assert validate(new, operation="UPDATE", old=old)["allowed"] is True
     assert validate(None, operation="DELETE", old=old)["allowed"] is True
+    # A finalizer keeps a deleted job in the API: it must not be released meanwhile.
+    new["metadata"]["deletionTimestamp"] = NOW
+    assert validate(new, operation="UPDATE", old=old)["allowed"] is False
+    unfinalized = json.loads(json.dumps(old))
+    unfinalized["metadata"]["deletionTimestamp"] = NOW
+    unfinalized["metadata"]["finalizers"] = []
+    assert validate(unfinalized, operation="UPDATE", old=old)["allowed"] is True
 
 
 # --- our own objects ------------------------------------------------------------------------------

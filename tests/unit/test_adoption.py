@@ -54,9 +54,29 @@ def created(unit: dict[str, Any]) -> dict[str, Any]:
     ],
 )
 def test_only_a_released_job_is_adopted(job_status: JobStatus, adopt: bool) -> None:
-    assert adoption.needs_adoption(job_status, suspended=False) is adopt
+    assert adoption.needs_adoption(job_status, suspended=False, stamped=True) is adopt
     # Held again (preempted, deactivated) while its pods still count: it queues, never adopts.
-    assert adoption.needs_adoption(job_status, suspended=True) is False
+    assert adoption.needs_adoption(job_status, suspended=True, stamped=True) is False
+    # Released without the reconciler's stamp: it never waited in the queue, so it is queued.
+    assert adoption.needs_adoption(job_status, suspended=False, stamped=False) is False
+
+
+@pytest.mark.parametrize(
+    ("job_status", "suspended", "stamped", "escaped"),
+    [
+        (JobStatus.RUNNING, False, False, True),
+        (JobStatus.PENDING, False, False, True),
+        (JobStatus.CREATED, False, False, True),
+        (JobStatus.RUNNING, False, True, False),
+        (JobStatus.RUNNING, True, False, False),
+        (JobStatus.SUCCEEDED, False, False, False),
+        (JobStatus.FAILED, False, False, False),
+    ],
+)
+def test_a_job_released_without_the_reconcilers_stamp_has_escaped_its_hold(
+    job_status: JobStatus, suspended: bool, stamped: bool, escaped: bool
+) -> None:
+    assert adoption.escaped_hold(job_status, suspended=suspended, stamped=stamped) is escaped
 
 
 def test_the_unit_of_an_adopted_job_is_marked_and_only_then() -> None:
@@ -76,7 +96,7 @@ def test_a_marker_copied_from_the_job_is_dropped() -> None:
 
 def test_a_released_job_gets_its_unit_back_dequeued_with_every_pod_set_admitted() -> None:
     unit = created(jobext.build_queue_unit(released_job(), JOB, {}, adopted=True))
-    patch = adoption.completion_status(unit, JobStatus.PENDING, suspended=False, now_text=NOW)
+    patch = adoption.completion_status(unit, JobStatus.PENDING, suspended=False, stamped=True, now_text=NOW)
     assert patch is not None
     status = patch["status"]
     assert (status["phase"], status["message"]) == ("Dequeued", names.Message.ADOPTED)
@@ -91,7 +111,7 @@ def test_a_released_job_gets_its_unit_back_dequeued_with_every_pod_set_admitted(
     assert not adoption.awaiting_status({**unit, "status": status})
     assert (
         adoption.completion_status(
-            {**unit, "status": status}, JobStatus.PENDING, suspended=False, now_text=NOW
+            {**unit, "status": status}, JobStatus.PENDING, suspended=False, stamped=True, now_text=NOW
         )
         is None
     )
@@ -105,7 +125,7 @@ def test_a_job_suspended_again_before_the_status_write_is_queued_instead(
     job_status: JobStatus, suspended: bool
 ) -> None:
     unit = created(jobext.build_queue_unit(released_job(), JOB, {}, adopted=True))
-    patch = adoption.completion_status(unit, job_status, suspended=suspended, now_text=NOW)
+    patch = adoption.completion_status(unit, job_status, suspended=suspended, stamped=True, now_text=NOW)
     assert patch is not None
     assert (patch["status"]["phase"], patch["status"]["message"]) == ("Enqueued", names.Message.ENQUEUED)
     assert "admissions" not in patch["status"]
@@ -114,7 +134,7 @@ def test_a_job_suspended_again_before_the_status_write_is_queued_instead(
 @pytest.mark.parametrize("job_status", [JobStatus.SUCCEEDED, JobStatus.FAILED])
 def test_a_finished_job_leaves_the_marked_unit_to_the_report(job_status: JobStatus) -> None:
     unit = created(jobext.build_queue_unit(released_job(), JOB, {}, adopted=True))
-    assert adoption.completion_status(unit, job_status, suspended=False, now_text=NOW) is None
+    assert adoption.completion_status(unit, job_status, suspended=False, stamped=True, now_text=NOW) is None
     report = jobext.report(unit, [], job_status, now_text=NOW)
     assert report is not None and report["status"]["admissions"] == []
 
@@ -143,7 +163,7 @@ def test_completion_is_total_and_admits_what_the_scheduler_would_read(
     }
     if phase is not None:
         unit["status"] = {"phase": phase}
-    patch = adoption.completion_status(unit, JobStatus.RUNNING, suspended=False, now_text=NOW)
+    patch = adoption.completion_status(unit, JobStatus.RUNNING, suspended=False, stamped=True, now_text=NOW)
     if not marked or phase:
         assert patch is None
         return

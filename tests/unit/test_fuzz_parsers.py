@@ -398,7 +398,6 @@ def test_adapters_raise_only_job_spec_errors(data: st.DataObject, extension: str
     adapter.is_managed(job)
     adapter.quota_name(job)
     adapter.queue_unit_name(job)
-    adapter.has_started(job)
     adapter.is_suspended(job)
     adapter.suspend_state(job)
     adapter.pod_set_of(job)

@@ -25,6 +25,7 @@ NOW = "2025-01-02T03:04:05Z"
 QUOTA = {names.QUOTA_NAME_LABEL: "team-a"}
 GATED = {"job", "tfjob", "pytorchjob", "rayjob", "rayjobv1alpha1", "raycluster"}
 GATE = {"name": names.ADMISSION_GATE}
+WF_PATH = f"metadata.annotations[{names.MIN_RESOURCES_ANNOTATION}]"
 
 
 # --- RFC 6902 / RFC 7386 appliers (strict: a missing parent is an error, as in the apiserver) -----
@@ -185,7 +186,6 @@ def test_a_fresh_labelled_job_is_managed_and_not_started(case: tuple[JobAdapter,
     adapter, job = case
     assert adapter.is_managed(job)
     assert adapter.quota_name(job) == "team-a"
-    assert not adapter.has_started(job)
     assert not adapter.is_suspended(job)
     assert adapter.job_status(job) in (JobStatus.CREATED, JobStatus.PENDING)
 
@@ -244,6 +244,20 @@ def test_resume_then_suspend_merge_patches(case: tuple[JobAdapter, dict[str, Any
     assert adapter.job_status(held) is JobStatus.QUEUING
 
 
+def test_a_held_job_passes_its_own_kind_rules(case: tuple[JobAdapter, dict[str, Any]]) -> None:
+    """What the webhook stores on CREATE is accepted by the kind's rules, on CREATE and on an
+    UPDATE that changes nothing (the controllers' own writes)."""
+    adapter, job = case
+    held = apply_patch(job, adapter.suspend_patch(job, now_text=NOW))
+    assert adapter.admission_errors(None, held) == []
+    assert adapter.admission_errors(held, copy.deepcopy(held)) == []
+
+
+def test_only_the_workflow_crd_lacks_a_status_subresource(case: tuple[JobAdapter, dict[str, Any]]) -> None:
+    adapter, _ = case
+    assert adapter.status_subresource is (adapter.kind != "Workflow")
+
+
 def test_identity_and_queue_unit_name(case: tuple[JobAdapter, dict[str, Any]]) -> None:
     adapter, job = case
     name = job["metadata"]["name"]
@@ -269,11 +283,12 @@ def test_predicates_are_total_on_garbage(case: tuple[JobAdapter, dict[str, Any]]
     adapter, _ = case
     for garbage in ({}, {"metadata": 1, "spec": [], "status": "x"}, {"spec": {"suspend": "yes"}}):
         adapter.is_managed(garbage)
-        adapter.has_started(garbage)
         adapter.is_suspended(garbage)
         adapter.job_status(garbage)
         adapter.priority(garbage)
         adapter.pod_set_of(garbage)
+        assert all(isinstance(e, JobSpecError) for e in adapter.admission_errors(None, garbage))
+        assert all(isinstance(e, JobSpecError) for e in adapter.admission_errors(garbage, garbage))
         try:  # an unreadable spec is reported, never a KeyError/TypeError
             ops = adapter.suspend_patch({"metadata": {"labels": QUOTA}, "spec": 5}, now_text=NOW)
         except JobSpecError:
@@ -505,8 +520,19 @@ def test_workflow_pod_set_from_min_resources() -> None:
     assert (pod_set.name, pod_set.count) == ("default", 1)
     assert pod_set.per_pod == {"cpu": 4000, "memory": 8 * 1024**3 * 1000}
     assert pod_set.template["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "4", "memory": "8Gi"}
-    [empty] = ADAPTERS["workflow"].pod_sets(workflow(None))
-    assert empty.per_pod == {}
+
+
+@pytest.mark.parametrize("min_resources", [None, "", "{}", "cpu: 0", '{"cpu": "0", "memory": "0"}'])
+def test_a_workflow_that_declares_no_size_has_no_pod_sets_but_an_error_naming_the_annotation(
+    min_resources: str | None,
+) -> None:
+    """The reconciler's half of the rule (the webhook's is ``admission_errors``): a Workflow stored
+    without a size gets no QueueUnit, so it stays held instead of running uncharged."""
+    with pytest.raises(JobSpecError) as info:
+        ADAPTERS["workflow"].pod_sets(workflow(min_resources))
+    assert info.value.path == WF_PATH
+    assert info.value.detail.startswith("Required value: ")
+    assert names.MIN_RESOURCES_ANNOTATION in info.value.detail
 
 
 def test_workflow_suspend_template_is_appended_once() -> None:
@@ -518,6 +544,237 @@ def test_workflow_suspend_template_is_appended_once() -> None:
     del job["spec"]["templates"]
     created = apply_patch(job, adapter.suspend_patch(job, now_text=NOW))
     assert created["spec"]["templates"] == [{"name": names.WORKFLOW_SUSPEND_TEMPLATE, "suspend": {}}]
+
+
+# --- per-kind rules for a namespace user's writes (admission_errors) ------------------------------
+
+
+def queued(job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` as the webhook stores it on CREATE."""
+    return apply_patch(job, ADAPTERS[EXTENSION_OF[job["kind"]]].suspend_patch(job, now_text=NOW))
+
+
+EXTENSION_OF = {"Workflow": "workflow", "SparkApplication": "sparkapp"}
+
+
+@pytest.mark.parametrize("value", [None, "", "{}", "cpu: 0"])
+def test_a_workflow_without_a_size_is_refused_with_the_annotation_why_and_an_example(
+    value: str | None,
+) -> None:
+    [error] = ADAPTERS["workflow"].admission_errors(None, queued(workflow(value)))
+    assert error.path == WF_PATH
+    assert error.detail.startswith("Required value: ")
+    assert names.MIN_RESOURCES_ANNOTATION in error.detail
+    assert "cannot be counted up front" in error.detail
+    assert """koord-queue/min-resources: '{"cpu": "4", "memory": "8Gi"}'""" in error.detail
+    # ...and the example it gives is itself accepted.
+    example = error.detail.rsplit(f"{names.MIN_RESOURCES_ANNOTATION}: ", 1)[1].strip("'")
+    assert ADAPTERS["workflow"].admission_errors(None, queued(workflow(example))) == []
+
+
+@pytest.mark.parametrize("value", ["cpu: 2", '{"memory": "1Gi"}', "cpu: 0\nnvidia.com/gpu: 1"])
+def test_a_workflow_with_a_size_is_accepted(value: str) -> None:
+    assert ADAPTERS["workflow"].admission_errors(None, queued(workflow(value))) == []
+
+
+def test_an_unreadable_size_is_left_to_the_annotation_checks() -> None:
+    """``validation.validate_job_annotations`` reports it as Invalid; no second error here."""
+    assert ADAPTERS["workflow"].admission_errors(None, queued(workflow("cpu: [1, 2]"))) == []
+
+
+def _with_min_resources(job: dict[str, Any], value: str | None) -> dict[str, Any]:
+    changed = copy.deepcopy(job)
+    annotations = changed["metadata"]["annotations"]
+    if value is None:
+        del annotations[names.MIN_RESOURCES_ANNOTATION]
+    else:
+        annotations[names.MIN_RESOURCES_ANNOTATION] = value
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("new_value", "refused"),
+    [
+        ('{"cpu": "4", "memory": "8Gi"}', False),
+        ("cpu: 4\nmemory: 8Gi", False),  # the same size, written as YAML
+        ('{"cpu": "1", "memory": "8Gi"}', True),
+        ('{"cpu": "40", "memory": "8Gi"}', True),
+        ("{}", True),
+        ("cpu: [1]", True),
+        (None, True),
+    ],
+)
+def test_a_queued_workflows_size_is_frozen(new_value: str | None, refused: bool) -> None:
+    old = queued(workflow())
+    errors = ADAPTERS["workflow"].admission_errors(old, _with_min_resources(old, new_value))
+    if not refused:
+        assert errors == []
+        return
+    [error] = errors
+    assert error.path == WF_PATH
+    assert error.detail.startswith("Forbidden: ")
+    assert names.MIN_RESOURCES_ANNOTATION in error.detail and "until the workflow finishes" in error.detail
+
+
+def test_a_running_workflows_size_is_frozen_and_a_finished_ones_is_not() -> None:
+    adapter = ADAPTERS["workflow"]
+    running = merge_patch(queued(workflow()), adapter.resume_patch(queued(workflow()), now_text="t"))
+    running["status"] = {"phase": "Running"}
+    assert adapter.admission_errors(running, _with_min_resources(running, "cpu: 1"))
+    finished = {**running, "status": {"phase": "Succeeded"}}
+    assert adapter.admission_errors(finished, _with_min_resources(finished, "cpu: 1")) == []
+
+
+def test_a_held_workflow_claiming_to_have_finished_keeps_its_size_frozen() -> None:
+    """Status is the one part of a Workflow whose writer the apiserver cannot restrict; a held
+    workflow does not count as finished whatever its phase says, so the rules stay on."""
+    adapter = ADAPTERS["workflow"]
+    forged = {**queued(workflow()), "status": {"phase": "Succeeded"}}
+    assert adapter.admission_errors(forged, _with_min_resources(forged, "cpu: 1"))
+
+
+def test_a_workflow_stored_before_the_rule_may_be_updated_and_may_gain_a_size() -> None:
+    adapter = ADAPTERS["workflow"]
+    legacy = queued(workflow(None))
+    legacy["status"] = {"phase": "Running"}  # Argo's own write of an old workflow
+    assert adapter.admission_errors(legacy, {**legacy, "status": {"phase": "Running", "x": 1}}) == []
+    grown = copy.deepcopy(legacy)
+    grown["metadata"]["annotations"][names.MIN_RESOURCES_ANNOTATION] = "cpu: 2"
+    assert adapter.admission_errors(legacy, grown) == []
+
+
+@pytest.mark.parametrize(
+    ("phase", "annotations", "suspend", "expected"),
+    [
+        # Held by the queue: Queuing, whatever the phase says.
+        ("Succeeded", {names.JOB_HAS_ENQUEUED_ANNOTATION: "true"}, True, JobStatus.QUEUING),
+        ("Failed", {names.JOB_HAS_ENQUEUED_ANNOTATION: "true"}, True, JobStatus.QUEUING),
+        ("Error", {names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION: "t"}, True, JobStatus.QUEUING),
+        # Released (or never queued): the phase counts.
+        (
+            "Succeeded",
+            {names.JOB_HAS_ENQUEUED_ANNOTATION: "true", names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION: "t"},
+            False,
+            JobStatus.SUCCEEDED,
+        ),
+        (
+            "Failed",
+            {names.JOB_HAS_ENQUEUED_ANNOTATION: "true", names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION: "t"},
+            True,  # suspended by the user after admission: still the phase
+            JobStatus.FAILED,
+        ),
+        ("Succeeded", {}, True, JobStatus.SUCCEEDED),
+    ],
+)
+def test_workflow_status_of_a_held_workflow_ignores_its_phase(
+    phase: str, annotations: dict[str, str], suspend: bool, expected: JobStatus
+) -> None:
+    job = workflow()
+    job["metadata"]["annotations"].update(annotations)
+    job["spec"]["suspend"] = suspend
+    job["status"] = {"phase": phase}
+    assert ADAPTERS["workflow"].job_status(job) is expected
+
+
+def test_a_waiting_suspend_step_does_not_make_a_running_workflow_look_held() -> None:
+    """A Running ``Suspend`` node is one step waiting (an approval step, maybe beside branches
+    that keep running pods); only ``spec.suspend`` holds the workflow."""
+    adapter = ADAPTERS["workflow"]
+    job = merge_patch(queued(workflow()), adapter.resume_patch(queued(workflow()), now_text="t"))
+    job["status"] = {
+        "phase": "Running",
+        "nodes": {
+            "wf-1": {"type": "Suspend", "phase": "Running", "templateName": "approve"},
+            "wf-2": {"type": "Suspend", "phase": "Running", "templateName": names.WORKFLOW_SUSPEND_TEMPLATE},
+            "wf-3": {"type": "Pod", "phase": "Running"},
+        },
+    }
+    assert not adapter.is_suspended(job)
+    assert adapter.job_status(job) is JobStatus.RUNNING
+    job["spec"]["suspend"] = True
+    assert adapter.is_suspended(job)
+
+
+# --- SparkApplication: pods held by a label the pod webhook gates ---------------------------------
+
+SPARK_LABEL_PATHS = [f"spec.{role}.labels[{names.GATED_POD_LABEL}]" for role in ("driver", "executor")]
+
+
+def test_spark_roles_are_labelled_for_the_pod_gate_and_linked_to_the_unit() -> None:
+    job = spark_app(driver={"cores": 1, "labels": {"team": "a", names.GATED_POD_LABEL: "false"}})
+    stored = queued(job)
+    for role in ("driver", "executor"):
+        spec = stored["spec"][role]
+        assert spec["labels"][names.GATED_POD_LABEL] == "true"
+        assert spec["annotations"][names.RELATED_QUEUEUNIT_ANNOTATION] == "ns/sp-spark-qu"
+        assert spec["annotations"][names.RELATED_PODSET_ANNOTATION] == role
+    assert stored["spec"]["driver"]["labels"]["team"] == "a"
+
+
+def test_spark_roles_missing_from_the_spec_are_created_labelled() -> None:
+    """The operator runs a driver with defaults when ``spec.driver`` is missing; it must be gated."""
+    job = spark_app()
+    del job["spec"]["driver"], job["spec"]["executor"]
+    stored = queued(job)
+    assert stored["spec"]["driver"]["labels"] == {names.GATED_POD_LABEL: "true"}
+    assert stored["spec"]["executor"]["labels"] == {names.GATED_POD_LABEL: "true"}
+
+
+def test_a_spark_pod_made_from_the_labelled_spec_is_found_and_linked() -> None:
+    """What the operator (driver) and Spark (executors) create: the role's labels and annotations,
+    plus Spark's own ``spark-role`` label."""
+    adapter = ADAPTERS["sparkapp"]
+    stored = queued(spark_app())
+    for role in ("driver", "executor"):
+        spec = stored["spec"][role]
+        labels = {**spec["labels"], "spark-role": role}
+        pod = {"metadata": {"labels": labels, "annotations": dict(spec["annotations"])}}
+        assert adapter.pod_set_of(pod) == role
+        ref = pod["metadata"]["annotations"][names.RELATED_QUEUEUNIT_ANNOTATION]
+        assert ref == adapter.queue_unit_ref(stored) == "ns/sp-spark-qu"
+        del pod["metadata"]["annotations"]  # linked by annotation; the pod set also by its label
+        assert adapter.pod_set_of(pod) == role
+
+
+def test_a_spark_application_that_skipped_the_mutating_webhook_is_refused() -> None:
+    errors = ADAPTERS["sparkapp"].admission_errors(None, spark_app())
+    assert [e.path for e in errors] == SPARK_LABEL_PATHS
+    assert all(e.detail.startswith("Required value: ") for e in errors)
+
+
+@pytest.mark.parametrize(
+    ("change", "paths"),
+    [
+        (lambda s: s["driver"]["labels"].pop(names.GATED_POD_LABEL), SPARK_LABEL_PATHS[:1]),
+        (lambda s: s["executor"]["labels"].update({names.GATED_POD_LABEL: "false"}), SPARK_LABEL_PATHS[1:]),
+        (lambda s: s["executor"].pop("labels"), SPARK_LABEL_PATHS[1:]),
+        (lambda s: s.pop("driver") and s.pop("executor"), SPARK_LABEL_PATHS),
+        (lambda s: s["executor"].update(instances=5), []),
+        (lambda s: s["driver"]["labels"].update(team="b"), []),
+    ],
+)
+@pytest.mark.parametrize("state", ["", "RUNNING", "COMPLETED", "FAILED"])
+def test_the_spark_pod_label_cannot_be_removed_or_changed_even_once_finished(
+    change: Any, paths: list[str], state: str
+) -> None:
+    """The operator re-runs an application whose spec changes, a finished one too."""
+    old = queued(spark_app())
+    if state:
+        old["status"] = {"applicationState": {"state": state}}
+    new = copy.deepcopy(old)
+    change(new["spec"])
+    errors = ADAPTERS["sparkapp"].admission_errors(old, new)
+    assert [e.path for e in errors] == paths
+    for error in errors:
+        assert error.detail.startswith("Forbidden: ") and names.GATED_POD_LABEL in error.detail
+
+
+def test_a_spark_application_stored_before_the_label_existed_need_not_gain_it() -> None:
+    old = spark_app()
+    old["metadata"]["annotations"] = {names.SUSPEND_ANNOTATION: "true"}
+    new = copy.deepcopy(old)
+    new["spec"]["executor"]["instances"] = 3
+    assert ADAPTERS["sparkapp"].admission_errors(old, new) == []
 
 
 # --- per-kind tables: management, status, pod mapping, priority -----------------------------------

@@ -104,6 +104,7 @@ async def test_a_restart_between_the_create_and_the_status_write_converges() -> 
 async def test_a_queuing_job_without_a_unit_gets_a_plain_one() -> None:
     job = released_job()
     job["metadata"]["annotations"].pop(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
+    job["spec"]["suspend"] = True
     jobs, client = extensions({})
     jobs.job_informers[("batch/v1", "Job")].objects["ns/first"] = job
     await jobs.reconcile(JobKey("batch/v1", "Job", "ns", "first"))
@@ -124,6 +125,22 @@ async def test_a_held_job_whose_pods_still_count_is_queued_not_adopted() -> None
     [created] = client.creates
     assert adoption.ADOPTED_ANNOTATION not in created["metadata"]["annotations"]
     assert status_writes(client) == []
+
+
+async def test_a_job_running_without_the_reconcilers_stamp_is_held_before_anything_else() -> None:
+    """Released by someone else (or running before it was labelled): suspended, never adopted."""
+    job = released_job()
+    job["metadata"]["annotations"].pop(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
+    job["metadata"]["resourceVersion"] = "42"
+    job["status"] = {"active": 2}
+    jobs, client = extensions({})
+    jobs.job_informers[("batch/v1", "Job")].objects["ns/first"] = job
+    await jobs.reconcile(JobKey("batch/v1", "Job", "ns", "first"))
+    assert client.creates == []
+    [(name, patch, sub)] = client.patches
+    assert (name, sub) == ("first", "")
+    assert patch["spec"] == {"suspend": True}
+    assert patch["metadata"]["resourceVersion"] == "42"  # never over a newer version
 
 
 def plurals(jobs: JobExtensions) -> list[str]:
@@ -163,7 +180,7 @@ async def test_the_scheduler_neither_admits_nor_parks_a_unit_awaiting_its_adopti
     unit["metadata"].update(resourceVersion="5", creationTimestamp=NOW)
     loop.on_unit(None, unit)
     assert "ns/first" not in loop.cache.units
-    patch = adoption.completion_status(unit, JobStatus.PENDING, suspended=False, now_text=NOW)
+    patch = adoption.completion_status(unit, JobStatus.PENDING, suspended=False, stamped=True, now_text=NOW)
     assert patch is not None
     adopted = {**unit, "metadata": {**unit["metadata"], "resourceVersion": "6"}, "status": patch["status"]}
     loop.on_unit(unit, adopted)

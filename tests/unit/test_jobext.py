@@ -155,6 +155,40 @@ def test_reclaim_of_replicas_whose_pods_do_not_exist_needs_no_delete_and_requeue
     }
 
 
+@pytest.mark.parametrize(
+    ("replicas", "pods", "deleted", "ungated"),
+    [
+        # Two released pods for one admitted replica: the newest released pod goes.
+        (1, [("a", False, False), ("b", False, False)], ["b"], []),
+        # A bound pod uses the one replica: the released unbound pod is beyond the admission.
+        (1, [("a", True, False), ("b", False, False)], ["b"], []),
+        # Released within the admission: nothing deleted, the rest released.
+        (3, [("a", False, False), ("b", False, True)], [], ["b"]),
+        # Gated pods are never deleted for this, however many exist.
+        (0, [("a", False, True), ("b", False, True)], [], []),
+    ],
+)
+def test_pods_released_beyond_the_admission_are_deleted(
+    replicas: int, pods: list[tuple[str, bool, bool]], deleted: list[str], ungated: list[str]
+) -> None:
+    views = [
+        pod(name, bound=bound, gated=gated, created=f"2026-01-01T00:00:0{i}Z")
+        for i, (name, bound, gated) in enumerate(pods)
+    ]
+    plan = jobext.plan_pods(unit_with(replicas), views)
+    assert [p.name for p in plan.unadmitted] == deleted
+    assert [p.name for p in plan.ungate] == ungated
+    assert plan.delete == [] and plan.status is None
+
+
+def test_every_released_unbound_pod_of_a_unit_without_admission_is_deleted() -> None:
+    waiting = {"metadata": {"name": "u"}, "status": {"phase": "Enqueued"}}
+    views = [pod("a", gated=False), pod("b"), pod("c", bound=True, gated=False)]
+    plan = jobext.plan_pods(waiting, views)
+    assert [p.name for p in plan.unadmitted] == ["a"]
+    assert plan.ungate == [] and plan.delete == []
+
+
 def test_report_counts_bound_pods_and_moves_a_running_job_to_running() -> None:
     pods = [pod("a", bound=True, gated=False), pod("b")]
     patch = jobext.report(unit_with(2), pods, JobStatus.RUNNING, now_text="T")

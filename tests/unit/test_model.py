@@ -176,10 +176,11 @@ def queue(name: str) -> QueueBuilder:
 
 
 def quota(name: str, *, parent: str | None = None, **max_: str) -> Quota:
+    """A quota in namespace ``default``, the namespace of ``unit``'s units (bound to them)."""
     labels = {names.QUOTA_PARENT_LABEL: parent} if parent is not None else {}
     return model.parse_quota(
         {
-            "metadata": {"name": name, "namespace": "kube-system", "labels": labels},
+            "metadata": {"name": name, "namespace": "default", "labels": labels},
             "spec": {"min": dict(max_), "max": dict(max_)},
         }
     )

@@ -1,4 +1,5 @@
-"""The visibility server's TLS and aggregator authentication over real sockets, and its flags.
+"""The visibility server's TLS and aggregator authentication over real sockets, its namespaced
+answers (what a namespace user may see), its discovery document, and its flags.
 
 ``reconciler.visibility.make_app`` is served on 127.0.0.1 with ``ServingTLS.listening``, exactly as
 the reconciler does. Certificates come from ``certs.pki``: a serving pair for the Service's DNS name
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from certs import bundle, pki
 from reconciler import main, visibility
 from reconciler.visibility import RequestHeader, ServingTLS, Unauthorized
 from shared import kube
+from shared import visibility as answers
 from shared.scheduling import Cache
+from tests.unit.test_model import queue, quota, unit
 
 NOW = datetime.now(UTC)
 SERVICE, NAMESPACE = "koord-queue-visibility-server", "koord-queue"
@@ -54,8 +57,10 @@ class FrontProxy:
 
 
 @contextlib.asynccontextmanager
-async def served(tls: ServingTLS | None, **kwargs: Any) -> AsyncIterator[int]:
-    runner = web.AppRunner(visibility.make_app(Cache, tls=tls, **kwargs))
+async def served(
+    tls: ServingTLS | None, *, cache: Callable[[], Cache] = Cache, **kwargs: Any
+) -> AsyncIterator[int]:
+    runner = web.AppRunner(visibility.make_app(cache, tls=tls, **kwargs))
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls.listening if tls else None)
@@ -339,6 +344,137 @@ async def test_every_replica_follows_the_secret_and_the_published_requestheader_
         cluster.put_secret(server_ca, reissued)
         await until(lambda: tls.serving == reissued)
         assert (await get(port, tmp_path, server_ca=server_ca, client=front.client()))[0] == 200
+
+
+# --- what a namespace user sees --------------------------------------------------------------------
+
+
+def two_tenants() -> Cache:
+    """Queues team-a and team-b (one cpu each, nothing admitted yet) with units of namespaces a and b.
+
+    team-a holds a/high (1), b/mid (2), a/low (3); team-b holds b/other (1), a/solo (2).
+    """
+    cache = Cache()
+    for name in ("team-a", "team-b"):
+        cache.put_quota(quota(name, cpu="1"))
+        cache.put_queue(queue(name).build())
+    for name, namespace, queue_name, priority in (
+        ("high", "a", "team-a", 10),
+        ("mid", "b", "team-a", 5),
+        ("low", "a", "team-a", 1),
+        ("other", "b", "team-b", 3),
+        ("solo", "a", "team-b", 1),
+    ):
+        cache.put_unit(unit(name, namespace).quota(queue_name).priority(priority).cpu("1").build())
+    return cache
+
+
+def listed(body: dict[str, Any]) -> list[tuple[str, str, str, int]]:
+    return [
+        (i["metadata"]["namespace"], i["metadata"]["name"], i["queueName"], i["position"])
+        for i in body["items"]
+    ]
+
+
+def test_a_namespace_sees_its_own_waiting_units_across_queues_with_global_positions() -> None:
+    cache = two_tenants()
+
+    mine = answers.namespace_units(cache.state, cache.units, "a", {})
+
+    assert mine["kind"] == "QueueUnitsSummary" and mine["metadata"]["total"] == 3
+    assert listed(mine) == [("a", "high", "team-a", 1), ("a", "low", "team-a", 3), ("a", "solo", "team-b", 2)]
+    assert listed(answers.namespace_units(cache.state, cache.units, "b", {"offset": "1"})) == [
+        ("b", "other", "team-b", 1)
+    ]
+    assert answers.namespace_units(cache.state, cache.units, "nobody", {})["items"] == []
+
+
+def test_a_queue_seen_from_a_namespace_lists_only_that_namespace_at_its_place_in_the_queue() -> None:
+    cache = two_tenants()
+
+    everyone = answers.queue_units(cache.state, cache.units, "team-a", {})
+    only_b = answers.queue_units(cache.state, cache.units, "team-a", {}, namespace="b")
+
+    assert listed(everyone) == [
+        ("a", "high", "team-a", 1),
+        ("b", "mid", "team-a", 2),
+        ("a", "low", "team-a", 3),
+    ]
+    assert listed(only_b) == [("b", "mid", "team-a", 2)] and only_b["metadata"]["total"] == 1
+    assert answers.queue_units(cache.state, cache.units, "team-b", {}, namespace="c")["items"] == []
+    with pytest.raises(answers.NotFound):
+        answers.queue_units(cache.state, cache.units, "no-such-queue", {}, namespace="a")
+
+
+@pytest.mark.parametrize("namespace", ["", "A", "a/b", "a_b", "-a", "a-", "a.b", "x" * 64, "a\n"])
+def test_a_path_that_cannot_name_a_namespace_is_refused(namespace: str) -> None:
+    """The apiserver authorized the path's namespace segment verbatim; we must read the same one."""
+    cache = two_tenants()
+    with pytest.raises(answers.BadRequest, match="namespace name"):
+        answers.namespace_units(cache.state, cache.units, namespace, {})
+    with pytest.raises(answers.BadRequest, match="namespace name"):
+        answers.queue_units(cache.state, cache.units, "team-a", {}, namespace=namespace)
+
+
+def test_discovery_lists_each_resource_once_with_a_scope_its_parent_agrees_with() -> None:
+    """The apiserver's aggregated discovery refuses a group whose subresource and parent (real or
+    implied by another subresource) disagree on scope; kubectl would then warn on every call."""
+    resources = answers.discovery()["resources"]
+    names = [r["name"] for r in resources]
+    assert len(names) == len(set(names))
+    scope = {r["name"]: r["namespaced"] for r in resources}
+    assert scope == {"queues/queueunits": True, "elasticquotas/queueunits": False, "queueunits": True}
+    parents: dict[str, bool] = {n: v for n, v in scope.items() if "/" not in n}
+    for name, namespaced in scope.items():
+        parent = name.split("/", 1)[0]
+        if "/" in name:
+            assert parents.setdefault(parent, namespaced) == namespaced, name
+    verbs = {r["name"]: r["verbs"] for r in resources}
+    # What the apiserver checks: GET of a collection path is ``list``, of a named object ``get``.
+    assert verbs == {
+        "queues/queueunits": ["get"],
+        "elasticquotas/queueunits": ["get"],
+        "queueunits": ["list"],
+    }
+    assert {r["kind"] for r in resources} == {"QueueUnitsSummary"}
+
+
+async def get_json(port: int, path: str) -> tuple[int, dict[str, Any] | str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}{DISCOVERY}{path}") as resp,
+    ):
+        if resp.content_type == "application/json":
+            return resp.status, await resp.json()
+        return resp.status, await resp.text()
+
+
+async def test_the_server_routes_the_namespaced_paths_and_never_answers_past_the_namespace() -> None:
+    cache = two_tenants()
+    async with served(None, cache=lambda: cache) as port:
+        status, body = await get_json(port, "/namespaces/a/queueunits")
+        assert status == 200 and isinstance(body, dict)
+        assert [i["metadata"]["name"] for i in body["items"]] == ["high", "low", "solo"]
+
+        status, body = await get_json(port, "/namespaces/b/queues/team-a/queueunits?limit=5")
+        assert status == 200 and isinstance(body, dict)
+        assert listed(body) == [("b", "mid", "team-a", 2)]
+
+        status, body = await get_json(port, "/namespaces/b/queues/missing/queueunits")
+        assert status == 404 and isinstance(body, dict) and body["reason"] == "NotFound"
+        status, body = await get_json(port, "/namespaces/a/queueunits?limit=0")
+        assert status == 400 and isinstance(body, dict) and body["reason"] == "BadRequest"
+        status, body = await get_json(port, "/namespaces/Nope/queueunits")
+        assert status == 400 and isinstance(body, dict) and "namespace name" in body["message"]
+        # An escaped slash is one segment to some parsers and two to others: never an answer.
+        for sneaky in ("/namespaces/a%2Fb/queueunits", "/namespaces/b%2F..%2Fa/queueunits"):
+            status, body = await get_json(port, sneaky)
+            assert status in (400, 404), (sneaky, status, body)
+
+        # The cluster-wide view is unchanged: every namespace.
+        status, body = await get_json(port, "/queues/team-a/queueunits")
+        assert status == 200 and isinstance(body, dict)
+        assert [i["metadata"]["namespace"] for i in body["items"]] == ["a", "b", "a"]
 
 
 # --- flags ----------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from shared import admission, names
+from shared import admission, names, podgate
+from tests.unit import test_podgate as pod_gate
 from tests.unit.test_admission import review_body
 from tests.unit.test_job_adapters import batch_job
 from webhook import main, server
@@ -154,6 +155,37 @@ async def test_mutate_returns_a_json_patch_for_a_labelled_job() -> None:
     assert {"op": "add", "path": "/spec/suspend", "value": True} in ops
     stamp = next(op["value"] for op in ops if op["path"].endswith("job-enqueue-timestamp"))
     assert dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")
+
+
+async def test_mutate_pod_gates_a_labelled_pod_and_counts_it_as_a_pod() -> None:
+    labelled = pod_gate.pod()
+    async with serving(ServerConfig()) as (url, app):
+        status, answer = await post(f"{url}/mutate-pod", review_body(labelled))
+        _, plain = await post(f"{url}/mutate-pod", review_body(pod_gate.pod(labels={})))
+        # A job sent to the pod route is not the pod route's business: allowed untouched.
+        _, job = await post(f"{url}/mutate-pod", review_body(batch_job()))
+        metrics = app[server.METRICS_KEY].render().decode()
+    assert status == 200 and answer["kind"] == "AdmissionReview"
+    ops = json.loads(base64.b64decode(answer["response"]["patch"]))
+    assert ops == [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": names.ADMISSION_GATE}]}]
+    assert plain["response"] == {"uid": "uid-1", "allowed": True}
+    assert job["response"] == {"uid": "uid-1", "allowed": True}
+    assert 'koord_queue_webhook_requests_total{kind="Pod",operation="mutate",result="patched"} 1.0' in metrics
+    assert 'koord_queue_webhook_requests_total{kind="Pod",operation="mutate",result="allowed"} 1.0' in metrics
+
+
+async def test_a_pod_gate_bug_is_answered_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("secret pod contents")
+
+    monkeypatch.setattr(podgate, "decide", broken)
+    async with serving(ServerConfig()) as (url, _):
+        status, answer = await post(f"{url}/mutate-pod", review_body(pod_gate.pod()))
+        _, bad = await post(f"{url}/mutate-pod", b"[1]")
+    assert status == 200
+    assert answer["response"]["allowed"] is False and answer["response"]["status"]["code"] == 500
+    assert "secret" not in json.dumps(answer)
+    assert "AdmissionReview" in bad["error"]
 
 
 async def test_per_kind_paths_and_validation_denials() -> None:

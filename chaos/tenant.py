@@ -1,0 +1,1043 @@
+"""The hostile tenant: ``mallory``, a namespace user, attacks the queue while the load runs.
+
+Threat model (docs/architecture.md#trust-boundaries): namespace users are untrusted. Nothing they
+can write (labels, annotations, pod fields, the status of a CRD without a status subresource) may
+let a job skip the queue, grant it quota, or change another namespace's accounting. ``mallory``
+gets exactly a namespace user's rights (``tests.tenancy.grant``: the built-in ``edit`` ClusterRole,
+with the koord-queue user roles aggregated into it, plus a Role with the job and pod rights
+``edit`` has in a real cluster) in the load namespace ``chaos``, where she is a member of the team
+whose jobs the load submits, and in a namespace of her own, ``chaos-mallory``, whose quota is
+``chaos-mallory``. Every request of hers is impersonated (``Impersonate-User: mallory``), so it goes
+through the real authentication, RBAC, admission webhooks and ValidatingAdmissionPolicies.
+
+Each round (a few per run, spread over the load) picks live targets from the API, as she can see
+them (queued Jobs, admitted never-schedulable victim Jobs, gated pods), and tries every attack of
+:data:`ATTACKS` once. Each try ends in one of:
+
+``refused``
+    the API refused it (RBAC, our webhook, an admission policy, or the API's own validation); the
+    message is kept;
+``neutralised``
+    the API accepted it, and the harm it aims at was verified not to happen (the forged pod is not
+    counted in the unit's running pods, the forged status was stripped, the priority was clamped,
+    the unit was never admitted, ...);
+``undone``
+    the API accepted it, it took effect, and the reconciler repaired it (how long that took is
+    kept); the observer's invariants still judge what happened in between;
+``SUCCEEDED``
+    the attack worked: a ``tenant-bypass`` violation with the details;
+``skipped``
+    no live target this time (or the target changed or vanished under the attack).
+
+Transient refusals (the webhook or the apiserver down during a fault, 5xx, 429) are retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from chaos import load
+from chaos.observer import Observer
+from shared import kube, names
+from testenv.cluster import LocalCluster
+from tests import tenancy
+
+USER: Final = "mallory"
+#: Mallory's own namespace; its quota (same name) is bound to it by living there.
+NAMESPACE: Final = "chaos-mallory"
+QUOTA: Final = "chaos-mallory"
+QUOTA_CPU: Final = "2"
+#: ``maxUserPriority`` of the run (the reconciler's configuration and the webhook's flag).
+CLUSTER_PRIORITY_CAP: Final = 1000
+#: ``koord-queue/max-user-priority`` on :data:`CAPPED_QUOTA` (at the load's own top priority).
+QUOTA_PRIORITY_CAP: Final = 100
+CAPPED_QUOTA: Final = "chaos-a"
+#: How long an accepted attack is watched for its harm (or its repair).
+WATCH_S: Final = 6.0
+UNDO_S: Final = 30.0
+
+JOBS = load.JOBS
+UNITS = load.UNITS
+QUOTAS = load.QUOTA_RESOURCE
+WORKFLOWS = kube.Resource("argoproj.io", "v1alpha1", "workflows", "Workflow")
+CRDS = kube.Resource(
+    "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
+)
+NODES = kube.Resource("", "v1", "nodes", "Node", False)
+
+#: attack -> the defence expected to stop it (the report's table).
+ATTACKS: Final[dict[str, str]] = {
+    "forged-status-create": "mutating webhook holds every managed job on CREATE (suspend, gate, "
+    "dequeue stamp dropped); the forged status is dropped by the apiserver",
+    "strip-enqueue-annotations": "validating webhook: system annotations of an unfinished managed job "
+    "are frozen",
+    "unsuspend-queued-job": "validating webhook: only the reconciler releases a hold; reconciler: a "
+    "job running without its dequeue stamp is suspended again (HeldUnadmitted)",
+    "strip-and-unsuspend-in-one-write": "validating webhook (the hold does not depend on the "
+    "annotations); reconciler as above",
+    "remove-template-gate": "validating webhook: a managed job's template keeps the admission gate",
+    "relabel-to-another-quota": "validating webhook: the quota label is frozen while unfinished "
+    "(and the quota-binding policy)",
+    "remove-quota-label": "validating webhook: the quota label cannot be removed while unfinished",
+    "ungate-pod-of-queued-job": "ValidatingAdmissionPolicy koord-queue-admission-gate; reconciler "
+    "deletes a released unbound pod beyond the admission (UnadmittedPodDeleted)",
+    "bound-pod-in-own-namespace-claiming-job": "reconciler counts a pod only in the unit's namespace "
+    "and owned by its job's UID (shared/podlinks.py)",
+    "bare-bound-pod-naming-unit": "reconciler counts a pod only if owned by the unit's job "
+    "(owner UID), never by the related-queueunit annotation alone",
+    "label-running-job-into-quota": "validating webhook: a job joining a queue must arrive held; "
+    "reconciler: a managed job running without a dequeue stamp is held and queued, not adopted",
+    "job-naming-unbound-quota": "ValidatingAdmissionPolicy koord-queue-quota-binding; the "
+    "scheduler never admits a unit whose namespace is not bound to its quota",
+    "priority-above-cluster-cap": "validating webhook: scheduling.x-k8s.io/priority <= maxUserPriority",
+    "priority-above-quota-cap": "reconciler clamps the unit's priority to the quota's "
+    "koord-queue/max-user-priority",
+    "workflow-forged-succeeded": "mutating webhook strips the status of a kind without a status "
+    "subresource on CREATE",
+    "workflow-status-update": "validating webhook: only the reconciler and --status-writers change "
+    "a Workflow's status",
+    "write-queueunit-status": "RBAC: namespace users may only read QueueUnits (user roles)",
+    "create-queueunit": "RBAC: namespace users may only read QueueUnits (user roles)",
+    "raise-quota-max": "RBAC: ElasticQuotas are cluster-admin objects",
+    "create-same-named-quota": "RBAC: ElasticQuotas are cluster-admin objects (and of same-named "
+    "quotas the oldest counts)",
+}
+OUTCOMES: Final = ("refused", "neutralised", "undone", "SUCCEEDED", "skipped", "error")
+
+
+@dataclass
+class Attempt:
+    attack: str
+    round: int
+    target: str
+    outcome: str
+    detail: str
+    #: seconds until the reconciler repaired an accepted attack (``undone``)
+    seconds: float | None = None
+
+
+@dataclass
+class Sent:
+    """What became of one request: ``accepted`` (with the stored object), ``refused`` or ``gone``
+    (with the message), ``changed`` (the target changed since it was read: 409 on our
+    resourceVersion)."""
+
+    status: str
+    obj: kube.Obj = field(default_factory=dict)
+    message: str = ""
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return _meta(obj).get("annotations") or {}
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return _meta(obj).get("labels") or {}
+
+
+def quota_label(job: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(label key, quota)`` of a managed job, the Koordinator label first."""
+    labels = _labels(job)
+    for key in (names.QUOTA_NAME_LABEL, names.QUOTA_NAME_LABEL_FALLBACK):
+        if labels.get(key):
+            return key, str(labels[key])
+    return None
+
+
+def finished(job: Mapping[str, Any]) -> bool:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions)
+
+
+def queued(job: Mapping[str, Any]) -> bool:
+    """A managed Job held by the queue: suspended, not admitted (no dequeue stamp), alive."""
+    return (
+        quota_label(job) is not None
+        and (job.get("spec") or {}).get("suspend") is True
+        and not _annotations(job).get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
+        and not finished(job)
+        and not _meta(job).get("deletionTimestamp")
+    )
+
+
+def admitted(job: Mapping[str, Any]) -> bool:
+    return (
+        quota_label(job) is not None
+        and (job.get("spec") or {}).get("suspend") is not True
+        and bool(_annotations(job).get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION))
+        and not finished(job)
+        and not _meta(job).get("deletionTimestamp")
+    )
+
+
+def gated(spec: object) -> bool:
+    gates = (spec or {}).get("schedulingGates") if isinstance(spec, Mapping) else None
+    return any(isinstance(g, Mapping) and g.get("name") == names.ADMISSION_GATE for g in gates or [])
+
+
+def running_reported(unit: Mapping[str, Any]) -> int:
+    """The running pods a unit's admissions report (``status.admissions[].running``, what the job
+    extension counts; ``podState`` is not read: the chaos status writer scribbles on it)."""
+    status = unit.get("status") or {}
+    return sum(int(a.get("running") or 0) for a in status.get("admissions") or [])
+
+
+def is_admitted_unit(unit: Mapping[str, Any]) -> bool:
+    status = unit.get("status") or {}
+    phase = status.get("phase")
+    replicas = sum(int(a.get("replicas") or 0) for a in status.get("admissions") or [])
+    return replicas > 0 and phase not in ("Succeed", "Failed")
+
+
+def summarize(attempts: list[Attempt]) -> dict[str, dict[str, Any]]:
+    """Per attack: how many tries ended how, the defence, a sample refusal and the repair times."""
+    out: dict[str, dict[str, Any]] = {}
+    for attack, defence in ATTACKS.items():
+        mine = [a for a in attempts if a.attack == attack]
+        counts = Counter(a.outcome for a in mine)
+        row: dict[str, Any] = {"tried": sum(counts[o] for o in OUTCOMES if o != "skipped")}
+        row.update({o: counts[o] for o in OUTCOMES})
+        row["defence"] = defence
+        sample = next((a.detail for a in mine if a.outcome == "refused"), "")
+        sample = sample or next((a.detail for a in mine if a.outcome != "skipped"), "")
+        row["sample"] = sample[:300]
+        undone = [a.seconds for a in mine if a.seconds is not None]
+        if undone:
+            row["undone_s"] = [round(s, 1) for s in undone]
+        out[attack] = row
+    return out
+
+
+class Tenant:
+    """Mallory and her attacks. :meth:`setup` before the load, :meth:`run` during it,
+    :meth:`final_checks` after the drain, :meth:`results` for the report."""
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        admin: kube.Kube,
+        observer: Observer,
+        *,
+        violate: Callable[[str, str], None],
+        log: Callable[[str], None],
+        spare: Callable[[str], bool] = lambda _: False,
+    ) -> None:
+        self.cluster = cluster
+        self.admin = admin
+        self.observer = observer
+        self.violate = violate
+        self.log = log
+        #: ``ns/name`` of load jobs she must leave alone (e.g. deleted on purpose by a fault)
+        self.spare = spare
+        self.attempts: list[Attempt] = []
+        self.transient: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self.rng = random.Random(8)
+        self.nodes: list[str] = []
+        self.workflows = False
+        self.mallory: kube.Kube | None = None
+        #: units whose job was accepted under a quota not bound to its namespace (never admitted)
+        self._unbound_units: set[str] = set()
+        #: victim units forged pods were aimed at (they never run a pod of their own)
+        self._victim_units: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- set-up ---------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Her namespace and quota, her rights in both namespaces (as a cluster admin grants them),
+        the run's priority cap on :data:`CAPPED_QUOTA`; waits until RBAC lets her in."""
+        with contextlib.suppress(kube.Conflict):
+            await self.admin.create(kube.NAMESPACES, {"metadata": {"name": NAMESPACE}})
+        await self.admin.create(
+            QUOTAS, load.quota(QUOTA, QUOTA_CPU, "", False, NAMESPACE), namespace=NAMESPACE
+        )
+        cap = {"metadata": {"annotations": {names.MAX_USER_PRIORITY_ANNOTATION: str(QUOTA_PRIORITY_CAP)}}}
+        await self.admin.patch(QUOTAS, CAPPED_QUOTA, cap, namespace=load.NAMESPACE)
+        for namespace in (load.NAMESPACE, NAMESPACE):
+            await asyncio.to_thread(tenancy.grant, self.cluster, namespace, USER)
+        nodes, _ = await self.admin.list(NODES)
+        self.nodes = sorted(str(_meta(n).get("name")) for n in nodes)
+        try:
+            await self.admin.get(CRDS, "workflows.argoproj.io")
+            self.workflows = True
+        except kube.NotFound:
+            self.workflows = False
+        self.mallory = await kube.Kube.connect(
+            kubeconfig=str(self.cluster.kubeconfig), qps=50, burst=100, user_agent="mallory", impersonate=USER
+        )
+        deadline = time.monotonic() + 60
+        for namespace in (load.NAMESPACE, NAMESPACE):
+            while True:
+                try:
+                    await self.mallory.list(JOBS, namespace=namespace)
+                    await self.mallory.list(kube.PODS, namespace=namespace)
+                    break
+                except kube.KubeError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+        sa = kube.Resource("", "v1", "serviceaccounts", "ServiceAccount")
+        while time.monotonic() < deadline:
+            try:
+                await self.admin.get(sa, "default", namespace=NAMESPACE)
+                break
+            except kube.KubeError:
+                await asyncio.sleep(0.3)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.mallory is not None:
+            await self.mallory.close()
+
+    # --- the phase ------------------------------------------------------------------------------
+
+    async def run(self, *, rounds: int, seconds: float, delay: float) -> None:
+        """``rounds`` rounds of every attack, the first after ``delay`` s, spread over ``seconds``."""
+        await asyncio.sleep(delay)
+        interval = max(0.0, seconds - delay) / max(rounds, 1)
+        for r in range(rounds):
+            started = time.monotonic()
+            await self.round(r)
+            counts = Counter(a.outcome for a in self.attempts if a.round == r)
+            self.log(f"tenant round {r}: {dict(counts)} ({time.monotonic() - started:.0f}s)")
+            await asyncio.sleep(max(0.0, started + interval - time.monotonic()))
+
+    async def _wait_for_targets(self, timeout: float) -> None:
+        """Until the load offers a few queued jobs, a victim and a gated pod (as the observer sees
+        them, which costs the apiserver nothing), or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        prefix = f"{load.NAMESPACE}/"
+        while time.monotonic() < deadline:
+            jobs = [j for k, j in self.observer.jobs.items() if k.startswith(prefix)]
+            waiting = sum(1 for j in jobs if j.managed and j.suspended and not j.finished and not j.deleting)
+            victims = any(j.key.startswith(f"{prefix}victim-") and not j.finished for j in jobs)
+            pods = any(
+                p.live and p.gated and not p.bound
+                for k, p in self.observer.pods.items()
+                if k.startswith(prefix) and not k.startswith(f"{prefix}mallory-")
+            )
+            if waiting >= 3 and victims and pods:
+                return
+            await asyncio.sleep(1.0)
+
+    async def round(self, r: int) -> None:
+        m = self.mallory
+        assert m is not None
+        await self._wait_for_targets(25.0)
+        # Targets as she sees them: everything she needs is readable with a namespace user's rights.
+        jobs = (await self._read(lambda: m.list(JOBS, namespace=load.NAMESPACE))) or []
+        pods = (await self._read(lambda: m.list(kube.PODS, namespace=load.NAMESPACE))) or []
+        load_jobs = [
+            j
+            for j in jobs
+            if str(_meta(j).get("name", "")).startswith(("job-", "victim-", "low-"))
+            and not self.spare(f"{load.NAMESPACE}/{_meta(j).get('name')}")
+        ]
+        self.rng.shuffle(load_jobs)
+        queued_jobs = [j for j in load_jobs if queued(j)]
+        victims = [
+            j for j in load_jobs if str(_meta(j).get("name")).startswith("victim-") and not finished(j)
+        ]
+        victims.sort(key=lambda j: not admitted(j))  # admitted ones first
+        capped = [
+            j
+            for j in queued_jobs
+            if (quota_label(j) or ("", ""))[1] == CAPPED_QUOTA
+            and str(_meta(j).get("name")).startswith(("low-", "job-"))
+        ]
+        capped.sort(key=lambda j: not str(_meta(j).get("name")).startswith("low-"))  # a change shows
+        priority_target = capped[0] if capped else None
+        # The priority attack may be accepted (below the cluster cap) and so change its job: keep
+        # it to itself. The others are refused when the defences hold, so they may share targets;
+        # should one be accepted, the others see a changed resourceVersion, read again and retry.
+        queued_jobs = [j for j in queued_jobs if j is not priority_target]
+        gated_pods = [
+            p
+            for p in pods
+            if gated(p.get("spec"))
+            and not _meta(p).get("deletionTimestamp")
+            and not (p.get("spec") or {}).get("nodeName")
+            and not str(_meta(p).get("name", "")).startswith("mallory-")
+        ]
+        self.rng.shuffle(gated_pods)
+
+        def pick(pool: list[kube.Obj], i: int) -> kube.Obj | None:
+            return pool[i % len(pool)] if pool else None
+
+        attacks: list[Awaitable[None]] = [
+            self.forged_status_create(r),
+            self.strip_enqueue_annotations(r, pick(queued_jobs, 0)),
+            self.unsuspend(r, pick(queued_jobs, 1), strip=False),
+            self.unsuspend(r, pick(queued_jobs, 2), strip=True),
+            self.remove_template_gate(r, pick(queued_jobs, 3)),
+            self.relabel(r, pick(queued_jobs, 4), remove=False),
+            self.relabel(r, pick(queued_jobs, 5), remove=True),
+            self.ungate_pod(r, pick(gated_pods, 0)),
+            self.forged_pod(r, pick(victims, 0), own_namespace=True),
+            self.forged_pod(r, pick(victims, 1), own_namespace=False),
+            self.label_running_job(r),
+            self.job_naming_unbound_quota(r),
+            self.priority(r, priority_target),
+            self.rbac(r, pick(queued_jobs, 6)),
+        ]
+        if self.workflows:
+            attacks.append(self.workflow(r))
+        results = await asyncio.gather(*(self._guard(a) for a in attacks), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                self.errors.append(repr(result))
+
+    async def _guard(self, attack: Awaitable[None]) -> None:
+        try:
+            await attack
+        except Exception as err:  # a harness problem: reported, never mistaken for a defence
+            self.errors.append(repr(err))
+            self.log(f"tenant attack failed to run: {err!r}")
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    def record(
+        self, attack: str, r: int, target: str, outcome: str, detail: str, seconds: float | None = None
+    ) -> None:
+        assert attack in ATTACKS and outcome in OUTCOMES, (attack, outcome)
+        self.attempts.append(Attempt(attack, r, target, outcome, detail[:500], seconds))
+        if outcome == "SUCCEEDED":
+            self.violate("tenant-bypass", f"{attack} on {target}: {detail}")
+
+    async def _read(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """A read as mallory (or the harness), retried through faults; None when it never worked."""
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                result = await call()
+            except kube.NotFound:
+                return None
+            except kube.KubeError as err:
+                if time.monotonic() > deadline:
+                    self.errors.append(f"read failed: {err}")
+                    return None
+                self.transient[f"read: HTTP {err.status}"] += 1
+                await asyncio.sleep(0.5)
+                continue
+            if isinstance(result, tuple):
+                return result[0]
+            return result
+
+    async def send(self, call: Callable[[], Awaitable[kube.Obj]]) -> Sent:
+        """One write of mallory's, retried while the refusal is a fault's and not a decision."""
+        deadline = time.monotonic() + 90
+        delay = 0.3
+        while True:
+            try:
+                return Sent("accepted", await call())
+            except kube.NotFound as err:
+                return Sent("gone", message=err.message)
+            except kube.Conflict as err:
+                if err.reason == "AlreadyExists":
+                    return Sent("refused", message=f"HTTP 409: {err.message}")
+                return Sent("changed", message=err.message)
+            except kube.KubeError as err:
+                transient = (
+                    err.status == 0
+                    or err.status >= 500
+                    or err.status == 429
+                    or "failed calling webhook" in err.message
+                )
+                if transient and time.monotonic() < deadline:
+                    kind = (
+                        "webhook unreachable"
+                        if "failed calling webhook" in err.message
+                        else f"HTTP {err.status}"
+                    )
+                    self.transient[kind] += 1
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 3.0)
+                    continue
+                return Sent("refused", message=f"HTTP {err.status}: {err.message}")
+
+    async def _patch_job(
+        self, attack: str, r: int, job: kube.Obj | None, patch: dict[str, Any]
+    ) -> tuple[Sent, str] | None:
+        """Patch a load job as mallory, conditional on the version she read (a job that changed
+        meanwhile is read again, once, and attacked again only if it is still queued)."""
+        m = self.mallory
+        assert m is not None
+        if job is None:
+            self.record(attack, r, "-", "skipped", "no queued job of the load at this moment")
+            return None
+        name = str(_meta(job).get("name"))
+        target = f"{load.NAMESPACE}/{name}"
+        for _ in range(3):
+            body = {
+                **patch,
+                "metadata": {
+                    **patch.get("metadata", {}),
+                    "resourceVersion": _meta(job).get("resourceVersion"),
+                },
+            }
+            sent = await self.send(functools.partial(m.patch, JOBS, name, body, namespace=load.NAMESPACE))
+            if sent.status != "changed":
+                break
+            fresh = await self._read(lambda: m.get(JOBS, name, namespace=load.NAMESPACE))
+            if fresh is None or not queued(fresh):
+                break
+            job = fresh
+        if sent.status in ("gone", "changed"):
+            self.record(attack, r, target, "skipped", f"target changed or vanished: {sent.message}")
+            return None
+        if sent.status == "refused":
+            self.record(attack, r, target, "refused", sent.message)
+            return None
+        return sent, target
+
+    async def _until(
+        self, probe: Callable[[], Awaitable[bool]], timeout: float, interval: float = 0.5
+    ) -> float | None:
+        """Seconds until ``probe`` holds, None if it never did within ``timeout``."""
+        begun = time.monotonic()
+        while time.monotonic() - begun < timeout:
+            with contextlib.suppress(kube.KubeError):
+                if await probe():
+                    return time.monotonic() - begun
+            await asyncio.sleep(interval)
+        return None
+
+    async def _job_held_again(self, namespace: str, name: str) -> bool:
+        job = await self.admin.get(JOBS, name, namespace=namespace)
+        spec = job.get("spec") or {}
+        return spec.get("suspend") is True or bool(
+            _annotations(job).get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
+        )
+
+    # --- the attacks ----------------------------------------------------------------------------
+
+    async def forged_status_create(self, r: int) -> None:
+        """A labelled Job created with a forged ``status`` (startTime, active) and a forged dequeue
+        stamp: the apiserver drops the status only after mutating admission."""
+        attack = "forged-status-create"
+        m = self.mallory
+        assert m is not None
+        name = f"mallory-forged-{r}"
+        body = load.job(load.JobPlan(name, "chaos-b", "single", None, False), "mallory")
+        body["spec"]["template"]["spec"]["containers"] = [load.container("100m")]
+        body["metadata"]["annotations"] = {names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION: "2026-01-01T00:00:00Z"}
+        body["status"] = {"startTime": "2026-01-01T00:00:00Z", "active": 1, "ready": 1}
+        target = f"{load.NAMESPACE}/{name}"
+        sent = await self.send(lambda: m.create(JOBS, body, namespace=load.NAMESPACE))
+        if sent.status != "accepted":
+            self.record(attack, r, target, "refused", sent.message)
+            return
+        stored = sent.obj
+        spec = stored.get("spec") or {}
+        held = (
+            spec.get("suspend") is True
+            and gated((spec.get("template") or {}).get("spec"))
+            and not _annotations(stored).get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
+        )
+        if held:
+            self.record(
+                attack,
+                r,
+                target,
+                "neutralised",
+                "stored held: spec.suspend=true, template gated, forged dequeue stamp and status dropped",
+            )
+            return
+        seconds = await self._until(lambda: self._job_held_again(load.NAMESPACE, name), UNDO_S)
+        detail = f"stored unheld (suspend={spec.get('suspend')!r}, annotations {dict(_annotations(stored))})"
+        if seconds is not None:
+            self.record(attack, r, target, "undone", detail + "; held again by the reconciler", seconds)
+        else:
+            self.record(attack, r, target, "SUCCEEDED", detail + "; never held again")
+
+    async def strip_enqueue_annotations(self, r: int, job: kube.Obj | None) -> None:
+        attack = "strip-enqueue-annotations"
+        if job is not None and not (
+            _annotations(job).get(names.JOB_HAS_ENQUEUED_ANNOTATION)
+            or _annotations(job).get(names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION)
+        ):
+            job = None
+        patch = {
+            "metadata": {
+                "annotations": {
+                    names.JOB_HAS_ENQUEUED_ANNOTATION: None,
+                    names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION: None,
+                }
+            }
+        }
+        done = await self._patch_job(attack, r, job, patch)
+        if done is None:
+            return
+        sent, target = done
+        left = {k: v for k, v in _annotations(sent.obj).items() if k.startswith("koord-queue/job-")}
+        self.record(attack, r, target, "SUCCEEDED", f"accepted: the system annotations are now {left}")
+
+    async def unsuspend(self, r: int, job: kube.Obj | None, *, strip: bool) -> None:
+        """Release the hold (``spec.suspend: false``); with ``strip``, in the same write as
+        removing the enqueue annotations (the hold must not depend on them)."""
+        attack = "strip-and-unsuspend-in-one-write" if strip else "unsuspend-queued-job"
+        patch: dict[str, Any] = {"spec": {"suspend": False}}
+        if strip:
+            patch["metadata"] = {
+                "annotations": {
+                    names.JOB_HAS_ENQUEUED_ANNOTATION: None,
+                    names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION: None,
+                }
+            }
+        done = await self._patch_job(attack, r, job, patch)
+        if done is None:
+            return
+        _, target = done
+        name = target.split("/", 1)[1]
+        seconds = await self._until(lambda: self._job_held_again(load.NAMESPACE, name), UNDO_S)
+        if seconds is not None:
+            self.record(attack, r, target, "undone", "accepted; suspended again by the reconciler", seconds)
+        else:
+            self.record(attack, r, target, "SUCCEEDED", f"accepted and still released after {UNDO_S:.0f}s")
+
+    async def remove_template_gate(self, r: int, job: kube.Obj | None) -> None:
+        attack = "remove-template-gate"
+        patch = {"spec": {"template": {"spec": {"schedulingGates": None}}}}
+        done = await self._patch_job(attack, r, job, patch)
+        if done is None:
+            return
+        sent, target = done
+        template = ((sent.obj.get("spec") or {}).get("template") or {}).get("spec")
+        if gated(template):
+            self.record(attack, r, target, "neutralised", "accepted, but the template is still gated")
+        else:
+            self.record(attack, r, target, "SUCCEEDED", "accepted: the job's pod template lost its gate")
+
+    async def relabel(self, r: int, job: kube.Obj | None, *, remove: bool) -> None:
+        attack = "remove-quota-label" if remove else "relabel-to-another-quota"
+        found = quota_label(job) if job is not None else None
+        if job is None or found is None:
+            self.record(attack, r, "-", "skipped", "no queued job of the load at this moment")
+            return
+        key, current = found
+        other = next(q for q in ("chaos-a", "chaos-b", "chaos-c") if q != current)
+        done = await self._patch_job(
+            attack, r, job, {"metadata": {"labels": {key: None if remove else other}}}
+        )
+        if done is None:
+            return
+        sent, target = done
+        now = quota_label(sent.obj)
+        self.record(attack, r, target, "SUCCEEDED", f"accepted: quota label {found} -> {now}")
+
+    async def ungate_pod(self, r: int, pod: kube.Obj | None) -> None:
+        """Remove the admission gate from a gated pod of a job that is not admitted for it."""
+        attack = "ungate-pod-of-queued-job"
+        m = self.mallory
+        assert m is not None
+        if pod is None:
+            self.record(attack, r, "-", "skipped", "no gated pod at this moment")
+            return
+        name = str(_meta(pod).get("name"))
+        target = f"{load.NAMESPACE}/{name}"
+        body = {
+            "metadata": {"resourceVersion": _meta(pod).get("resourceVersion")},
+            "spec": {"schedulingGates": None},
+        }
+        sent = await self.send(lambda: m.patch(kube.PODS, name, body, namespace=load.NAMESPACE))
+        if sent.status in ("gone", "changed"):
+            self.record(attack, r, target, "skipped", f"target changed or vanished: {sent.message}")
+            return
+        if sent.status == "refused":
+            self.record(attack, r, target, "refused", sent.message)
+            return
+
+        async def repaired() -> bool:
+            try:
+                now = await self.admin.get(kube.PODS, name, namespace=load.NAMESPACE)
+            except kube.NotFound:
+                return True
+            return bool(_meta(now).get("deletionTimestamp")) or gated(now.get("spec"))
+
+        seconds = await self._until(repaired, UNDO_S)
+        if seconds is not None:
+            self.record(
+                attack, r, target, "undone", "accepted; the pod was deleted by the reconciler", seconds
+            )
+        else:
+            self.record(attack, r, target, "SUCCEEDED", f"accepted: the pod stayed ungated for {UNDO_S:.0f}s")
+
+    async def forged_pod(self, r: int, victim: kube.Obj | None, *, own_namespace: bool) -> None:
+        """A pod bound to a node (``nodeName``), naming a victim's unit in its annotation: in her own
+        namespace claiming the victim Job as owner with its real UID, or bare in the load namespace.
+        A victim's pods never bind, so its unit must go on reporting 0 running pods."""
+        attack = "bound-pod-in-own-namespace-claiming-job" if own_namespace else "bare-bound-pod-naming-unit"
+        m = self.mallory
+        assert m is not None
+        if victim is None or not self.nodes:
+            self.record(attack, r, "-", "skipped", "no victim job at this moment")
+            return
+        job_name = str(_meta(victim).get("name"))
+        template = ((victim.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        unit_ref = str((template.get("annotations") or {}).get(names.RELATED_QUEUEUNIT_ANNOTATION) or "")
+        if not unit_ref:
+            unit_ref = f"{load.NAMESPACE}/{job_name}"
+        unit_name = unit_ref.split("/", 1)[-1]
+        namespace = NAMESPACE if own_namespace else load.NAMESPACE
+        name = f"mallory-{'claim' if own_namespace else 'bare'}-{r}"
+        meta: dict[str, Any] = {
+            "name": name,
+            "namespace": namespace,
+            "annotations": {
+                **(template.get("annotations") or {}),
+                names.RELATED_QUEUEUNIT_ANNOTATION: unit_ref,
+            },
+            "labels": {"batch.kubernetes.io/job-name": job_name, "job-name": job_name},
+        }
+        if own_namespace:
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": job_name,
+                    "uid": str(_meta(victim).get("uid")),
+                    "controller": True,
+                }
+            ]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {
+                "nodeName": self.nodes[r % len(self.nodes)],
+                "restartPolicy": "Never",
+                "containers": [{"name": "c", "image": "busybox"}],
+            },
+        }
+        target = f"{namespace}/{name} -> {unit_ref}"
+
+        async def unit() -> kube.Obj | None:
+            try:
+                return await self.admin.get(UNITS, unit_name, namespace=load.NAMESPACE)
+            except kube.KubeError:
+                return None
+
+        before = await unit()
+        sent = await self.send(lambda: m.create(kube.PODS, pod, namespace=namespace))
+        if sent.status != "accepted":
+            self.record(attack, r, target, "refused", sent.message)
+            return
+        self._victim_units.add(f"{load.NAMESPACE}/{unit_name}")
+        try:
+            worst, samples = 0, 0
+            begun = time.monotonic()
+            while time.monotonic() - begun < WATCH_S:
+                found = await unit()
+                if found is not None:
+                    worst = max(worst, running_reported(found))
+                    samples += 1
+                await asyncio.sleep(0.5)
+            was = running_reported(before) if before is not None else 0
+            state = "admitted" if before is not None and is_admitted_unit(before) else "queued"
+            if worst > 0:
+                self.record(
+                    attack,
+                    r,
+                    target,
+                    "SUCCEEDED",
+                    f"the victim's unit ({state}) reported {worst} running pods (before: {was}); its "
+                    "own pods can never bind: the forged pod was counted",
+                )
+            else:
+                self.record(
+                    attack,
+                    r,
+                    target,
+                    "neutralised",
+                    f"accepted; not counted: the victim's unit ({state}) reported 0 running pods in "
+                    f"{samples} reads over {WATCH_S:.0f}s",
+                )
+        finally:
+            with contextlib.suppress(kube.KubeError):
+                await m.request(
+                    "DELETE",
+                    kube.PODS.path(namespace, name),
+                    body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+                )
+
+    async def label_running_job(self, r: int) -> None:
+        """Her own unlabelled Job runs at once (nothing queues it); then she labels it into her
+        namespace's own quota, which would make it count as admitted without waiting."""
+        attack = "label-running-job-into-quota"
+        m = self.mallory
+        assert m is not None
+        name = f"mallory-runner-{r}"
+        body = load.job(load.JobPlan(name, QUOTA, "single", None, False), "mallory", namespace=NAMESPACE)
+        body["metadata"]["labels"] = {}
+        body["spec"]["template"]["spec"]["containers"] = [load.container("100m")]
+        created = await self.send(lambda: m.create(JOBS, body, namespace=NAMESPACE))
+        target = f"{NAMESPACE}/{name}"
+        if created.status != "accepted" or (created.obj.get("spec") or {}).get("suspend") is True:
+            self.record(
+                attack, r, target, "skipped", f"the unlabelled job was not created running: {created.message}"
+            )
+            return
+        label = {"metadata": {"labels": {names.QUOTA_NAME_LABEL: QUOTA}}}
+        sent = await self.send(lambda: m.patch(JOBS, name, label, namespace=NAMESPACE))
+        if sent.status != "accepted":
+            outcome = "refused" if sent.status == "refused" else "skipped"
+            self.record(attack, r, target, outcome, sent.message)
+            return
+        if finished(sent.obj):
+            self.record(attack, r, target, "skipped", "accepted, but the job had already finished")
+            return
+        seconds = await self._until(lambda: self._job_held_again(NAMESPACE, name), UNDO_S)
+        if seconds is not None:
+            self.record(attack, r, target, "undone", "accepted; held and queued by the reconciler", seconds)
+        else:
+            self.record(attack, r, target, "SUCCEEDED", f"accepted and not held within {UNDO_S:.0f}s")
+
+    async def job_naming_unbound_quota(self, r: int) -> None:
+        """A Job in her namespace under one of the load's quotas, which are not bound to it."""
+        attack = "job-naming-unbound-quota"
+        m = self.mallory
+        assert m is not None
+        quota = ("chaos-a", "chaos-b", "chaos-c")[r % 3]
+        name = f"mallory-unbound-{r}"
+        body = load.job(load.JobPlan(name, quota, "single", None, False), "mallory", namespace=NAMESPACE)
+        body["spec"]["template"]["spec"]["containers"] = [load.container("100m")]
+        target = f"{NAMESPACE}/{name} (quota {quota})"
+        sent = await self.send(lambda: m.create(JOBS, body, namespace=NAMESPACE))
+        if sent.status != "accepted":
+            self.record(attack, r, target, "refused", sent.message)
+            return
+        key = f"{NAMESPACE}/{name}"
+        self._unbound_units.add(key)
+        message = ""
+        begun = time.monotonic()
+        while time.monotonic() - begun < WATCH_S:
+            try:
+                unit = await self.admin.get(UNITS, name, namespace=NAMESPACE)
+            except kube.KubeError:
+                unit = {}
+            if unit and is_admitted_unit(unit):
+                self.record(attack, r, target, "SUCCEEDED", f"admitted under {quota}: {unit.get('status')}")
+                return
+            message = str((unit.get("status") or {}).get("message") or message)
+            await asyncio.sleep(0.5)
+        self.record(attack, r, target, "neutralised", f"accepted; not admitted, waits: {message!r}")
+
+    async def priority(self, r: int, job: kube.Obj | None) -> None:
+        """``scheduling.x-k8s.io/priority`` raised on a queued job of the capped quota: first to the
+        int32 maximum (above the cluster's maxUserPriority), then to the cluster cap itself (above
+        the quota's own cap)."""
+        cluster_attack, quota_attack = "priority-above-cluster-cap", "priority-above-quota-cap"
+        patch = {"metadata": {"annotations": {names.PRIORITY_ANNOTATION: str(2**31 - 1)}}}
+        done = await self._patch_job(cluster_attack, r, job, patch)
+        if done is not None:
+            await self._priority_held(cluster_attack, r, done[1], 2**31 - 1)
+        if job is None:
+            self.record(quota_attack, r, "-", "skipped", "no queued job of the capped quota at this moment")
+            return
+        m = self.mallory
+        assert m is not None
+        fresh = await self._read(lambda: m.get(JOBS, str(_meta(job).get("name")), namespace=load.NAMESPACE))
+        if fresh is None or not queued(fresh):
+            self.record(quota_attack, r, "-", "skipped", "the target was admitted or vanished meanwhile")
+            return
+        patch = {"metadata": {"annotations": {names.PRIORITY_ANNOTATION: str(CLUSTER_PRIORITY_CAP)}}}
+        done = await self._patch_job(quota_attack, r, fresh, patch)
+        if done is not None:
+            await self._priority_held(quota_attack, r, done[1], CLUSTER_PRIORITY_CAP)
+
+    async def _priority_held(self, attack: str, r: int, target: str, asked: int) -> None:
+        """The unit's priority must stay at or below the caps."""
+        name = target.split("/", 1)[1]
+        cap = min(CLUSTER_PRIORITY_CAP, QUOTA_PRIORITY_CAP)
+        seen: list[int] = []
+        begun = time.monotonic()
+        while time.monotonic() - begun < WATCH_S:
+            with contextlib.suppress(kube.KubeError):
+                unit = await self.admin.get(UNITS, name, namespace=load.NAMESPACE)
+                value = (unit.get("spec") or {}).get("priority")
+                if isinstance(value, int):
+                    seen.append(value)
+                    if value > cap:
+                        self.record(
+                            attack,
+                            r,
+                            target,
+                            "SUCCEEDED",
+                            f"asked {asked}: the unit's priority became {value}",
+                        )
+                        return
+            await asyncio.sleep(0.5)
+        final = seen[-1] if seen else None
+        self.record(
+            attack,
+            r,
+            target,
+            "neutralised",
+            f"accepted (asked {asked}); the unit's priority stayed <= {cap} "
+            f"(values seen {sorted(set(seen))}, now {final})",
+        )
+
+    async def workflow(self, r: int) -> None:
+        """An Argo Workflow (its CRD has no status subresource) created with a forged
+        ``status.phase: Succeeded``, then its status changed to Succeeded by an update."""
+        m = self.mallory
+        assert m is not None
+        name = f"mallory-wf-{r}"
+        target = f"{NAMESPACE}/{name}"
+        body = {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Workflow",
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "labels": {names.QUOTA_NAME_LABEL: QUOTA},
+                "annotations": {names.MIN_RESOURCES_ANNOTATION: json.dumps({"cpu": "100m"})},
+            },
+            "spec": {
+                "entrypoint": "main",
+                "templates": [{"name": "main", "container": {"image": "busybox"}}],
+            },
+            "status": {"phase": "Succeeded", "finishedAt": "2026-01-01T00:00:00Z"},
+        }
+        sent = await self.send(lambda: m.create(WORKFLOWS, body, namespace=NAMESPACE))
+        if sent.status != "accepted":
+            self.record("workflow-forged-succeeded", r, target, "refused", sent.message)
+            self.record("workflow-status-update", r, target, "skipped", "no workflow of hers to update")
+            return
+        try:
+            phase = (sent.obj.get("status") or {}).get("phase")
+            if phase == "Succeeded":
+                self.record(
+                    "workflow-forged-succeeded", r, target, "SUCCEEDED", "stored with status.phase Succeeded"
+                )
+            else:
+                self.record(
+                    "workflow-forged-succeeded",
+                    r,
+                    target,
+                    "neutralised",
+                    f"accepted; the forged status was stripped (stored status {sent.obj.get('status')!r})",
+                )
+            update = {"status": {"phase": "Succeeded", "finishedAt": "2026-01-01T00:00:00Z"}}
+            sent = await self.send(lambda: m.patch(WORKFLOWS, name, update, namespace=NAMESPACE))
+            if sent.status == "accepted":
+                stored = (sent.obj.get("status") or {}).get("phase")
+                outcome = "SUCCEEDED" if stored == "Succeeded" else "neutralised"
+                self.record(
+                    "workflow-status-update", r, target, outcome, f"accepted; stored status.phase {stored!r}"
+                )
+            else:
+                outcome = "refused" if sent.status == "refused" else "skipped"
+                self.record("workflow-status-update", r, target, outcome, sent.message)
+        finally:
+            # No Argo controller here: an admitted Workflow would hold its quota for ever.
+            with contextlib.suppress(kube.KubeError):
+                await m.delete(WORKFLOWS, name, namespace=NAMESPACE)
+
+    async def rbac(self, r: int, job: kube.Obj | None) -> None:
+        """Writes of admin- and reconciler-owned objects: a QueueUnit's status (admit herself), a
+        QueueUnit of her own, a quota's max, a same-named quota in her namespace."""
+        m = self.mallory
+        assert m is not None
+        if job is not None:
+            name = str(_meta(job).get("name"))
+            status = {"status": {"phase": "Dequeued", "admissions": [{"name": name, "replicas": 1}]}}
+            sent = await self.send(
+                lambda: m.patch(UNITS, name, status, namespace=load.NAMESPACE, subresource="status")
+            )
+            await self._rbac_outcome("write-queueunit-status", r, f"{load.NAMESPACE}/{name}", sent)
+        else:
+            self.record(
+                "write-queueunit-status", r, "-", "skipped", "no queued job of the load at this moment"
+            )
+        unit = load.bare_unit(f"mallory-unit-{r}", "chaos-b", "1", "mallory", namespace=load.NAMESPACE)
+        sent = await self.send(lambda: m.create(UNITS, unit, namespace=load.NAMESPACE))
+        await self._rbac_outcome("create-queueunit", r, f"{load.NAMESPACE}/mallory-unit-{r}", sent)
+        raise_max = {"spec": {"max": {"cpu": "1000"}}}
+        sent = await self.send(lambda: m.patch(QUOTAS, CAPPED_QUOTA, raise_max, namespace=load.NAMESPACE))
+        await self._rbac_outcome("raise-quota-max", r, f"{load.NAMESPACE}/{CAPPED_QUOTA}", sent)
+        twin = load.quota(CAPPED_QUOTA, "1000", "", True, NAMESPACE)
+        sent = await self.send(lambda: m.create(QUOTAS, twin, namespace=NAMESPACE))
+        await self._rbac_outcome("create-same-named-quota", r, f"{NAMESPACE}/{CAPPED_QUOTA}", sent)
+
+    async def _rbac_outcome(self, attack: str, r: int, target: str, sent: Sent) -> None:
+        if sent.status == "refused":
+            self.record(attack, r, target, "refused", sent.message)
+            return
+        if sent.status != "accepted":
+            self.record(attack, r, target, "skipped", sent.message)
+            return
+        self.record(attack, r, target, "SUCCEEDED", "accepted: a namespace user wrote it")
+        # Put things back so that the rest of the run stays meaningful.
+        namespace, name = target.split("/", 1)
+        with contextlib.suppress(kube.KubeError):
+            if attack == "raise-quota-max":
+                spec = {"spec": {"max": {"cpu": load.QUOTAS[CAPPED_QUOTA][0]}}}
+                await self.admin.patch(QUOTAS, name, spec, namespace=namespace)
+            elif attack == "create-same-named-quota":
+                await self.admin.delete(QUOTAS, name, namespace=namespace)
+            elif attack == "create-queueunit":
+                await self.admin.delete(UNITS, name, namespace=namespace)
+
+    # --- after the load -------------------------------------------------------------------------
+
+    async def final_checks(self, checks: Counter[str]) -> None:
+        """After the drain: no unit of hers under an unbound quota was ever admitted; no unit reports
+        more running pods than the pods its job owns and has bound (so no forged pod was counted)."""
+        for key in sorted(self._unbound_units):
+            checks["tenant: unit under an unbound quota never admitted"] += 1
+            if self.observer.cycles.get(key, 0) > 0:
+                self.record(
+                    "job-naming-unbound-quota",
+                    -1,
+                    key,
+                    "SUCCEEDED",
+                    f"admitted {self.observer.cycles[key]} times by the end of the run",
+                )
+        for namespace in (load.NAMESPACE, NAMESPACE):
+            units = await self._read(functools.partial(self.admin.list, UNITS, namespace=namespace)) or []
+            for unit in units:
+                ref = (unit.get("spec") or {}).get("consumerRef") or {}
+                if ref.get("kind") != "Job":
+                    continue
+                job = self.observer.jobs.get(f"{namespace}/{ref.get('name')}")
+                if job is None or job.deleting:
+                    continue
+                owned = sum(1 for p in self.observer.owned_pods(job) if p.live and p.bound)
+                reported = running_reported(unit)
+                checks["tenant: unit reports no more running pods than its job owns"] += 1
+                key = f"{namespace}/{_meta(unit).get('name')}"
+                if reported > owned and (unit.get("status") or {}).get("phase") not in ("Succeed", "Failed"):
+                    self.violate(
+                        "tenant-bypass",
+                        f"{key} reports {reported} running pods at the end; its job owns {owned} bound pods",
+                    )
+
+    def results(self) -> dict[str, Any]:
+        return {
+            "user": USER,
+            "namespaces": [load.NAMESPACE, NAMESPACE],
+            "attacks": summarize(self.attempts),
+            "attempts": [asdict(a) for a in self.attempts],
+            "transient_retries": dict(self.transient),
+            "harness_errors": self.errors,
+        }

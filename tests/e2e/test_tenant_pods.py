@@ -1,0 +1,151 @@
+"""A namespace user cannot start the gated replacement of a preempted pod (full control plane).
+
+The case only a real Job controller produces: a low-priority Job is admitted, its pod is released
+but cannot be placed (its node selector matches no node), a high-priority Job takes the quota back,
+and reclaim deletes the unbound pod. The Job controller creates a replacement from the template,
+gated. Its owner ``alice``, bound in her namespace to the built-in ``edit`` role (aggregated by the
+controller-manager as in a real cluster; ``tests/tenancy.py``), tries to remove the gate: the
+admission policy refuses it, the pod stays gated and unbound, and the victim's unit holds nothing
+(docs/architecture.md#trust-boundaries).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from shared import names
+from testenv import system
+from testenv.cluster import LocalCluster
+from tests import kube, tenancy
+
+pytestmark = pytest.mark.e2e
+
+ALICE = "alice"
+
+
+@pytest.fixture
+def priorities(e2e_cluster: LocalCluster) -> Iterator[tuple[str, str]]:
+    suffix = uuid.uuid4().hex[:6]
+    low, high = f"tenant-low-{suffix}", f"tenant-high-{suffix}"
+    for name, value in ((low, 10), (high, 1000)):
+        body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}}
+        kube.kubectl(e2e_cluster, "create", "-f", "-", input_text=yaml.safe_dump({**body, "value": value}))
+    yield low, high
+    kube.kubectl(e2e_cluster, "delete", "priorityclass", low, high, "--ignore-not-found", "--wait=false")
+
+
+def quota(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": names.QUOTA_API_VERSION,
+        "kind": "ElasticQuota",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": {
+                names.ENABLE_PREEMPTION_ANNOTATION: "true",
+                names.WAIT_FOR_PODS_RUNNING_ANNOTATION: "true",
+            },
+        },
+        "spec": {"min": {"cpu": "2", "memory": "4Gi"}, "max": {"cpu": "2", "memory": "4Gi"}},
+    }
+
+
+def job(name: str, quota_name: str, priority_class: str, *, placeable: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "priorityClassName": priority_class,
+        "containers": [
+            {
+                "name": "main",
+                "image": "busybox",
+                "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}},
+            }
+        ],
+    }
+    if not placeable:
+        spec["nodeSelector"] = {"example.com/no-such-node": "true"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": {names.QUOTA_NAME_LABEL: quota_name}},
+        "spec": {"backoffLimit": 0, "template": {"spec": spec}},
+    }
+
+
+def pods_of(cluster: LocalCluster, namespace: str, job_name: str) -> list[dict[str, Any]]:
+    out = kube.kubectl(cluster, "get", "pods", "-n", namespace, "-l", f"job-name={job_name}", "-o", "json")
+    return [p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def gated(pod: dict[str, Any]) -> bool:
+    return {"name": names.ADMISSION_GATE} in (pod["spec"].get("schedulingGates") or [])
+
+
+async def test_the_gated_replacement_of_a_preempted_pod_cannot_be_released_by_its_owner(
+    e2e_cluster: LocalCluster,
+    system_e2e: system.Processes,
+    namespace_in: str,
+    priorities: tuple[str, str],
+) -> None:
+    cluster, ns = e2e_cluster, namespace_in
+    low_class, high_class = priorities
+    tenancy.grant(cluster, ns, ALICE)
+    quota_name = f"{ns}-q"
+    kube.kubectl(cluster, "apply", "-f", "-", input_text=yaml.safe_dump(quota(quota_name, ns)))
+
+    async def queue_ready() -> bool:
+        found = kube.kubectl(
+            cluster, "get", "queue", quota_name, "-n", names.COMPONENT_NAMESPACE, check=False
+        )
+        return found.returncode == 0
+
+    await kube.eventually(queue_ready, what="the quota's Queue")
+    try:
+        submit = tenancy.as_user
+        low = job("low", quota_name, low_class, placeable=False)
+        done = submit(cluster, ALICE, "-n", ns, "create", "-f", "-", input_text=yaml.safe_dump(low))
+        assert done.returncode == 0, done.stderr
+
+        async def released() -> bool:
+            return any(not gated(p) and not p["spec"].get("nodeName") for p in pods_of(cluster, ns, "low"))
+
+        await kube.eventually(released, timeout=60, what="the low job's pod released but unplaceable")
+        high = job("high", quota_name, high_class, placeable=True)
+        done = submit(cluster, ALICE, "-n", ns, "create", "-f", "-", input_text=yaml.safe_dump(high))
+        assert done.returncode == 0, done.stderr
+
+        async def replacement() -> dict[str, Any] | None:
+            live = pods_of(cluster, ns, "low")
+            if len(live) == 1 and gated(live[0]):
+                return live[0]
+            units = kube.kubectl(cluster, "get", "queueunit", "-n", ns, "-o", "json").stdout
+            states = [(u["metadata"]["name"], u.get("status")) for u in json.loads(units)["items"]]
+            raise AssertionError(f"pods {[(p['metadata']['name'], p['spec']) for p in live]}; units {states}")
+
+        pod = await kube.eventually(replacement, timeout=90, what="the low job's gated replacement pod")
+        name = pod["metadata"]["name"]
+        attack = json.dumps([{"op": "remove", "path": "/spec/schedulingGates"}])
+        done = submit(cluster, ALICE, "-n", ns, "patch", "pod", name, "--type=json", "-p", attack)
+        assert done.returncode != 0, "alice removed the admission gate"
+        assert names.ADMISSION_GATE in done.stderr and "denied" in done.stderr, done.stderr
+        # Replacing the gate list with another gate is the same attack in other clothes.
+        other = json.dumps({"spec": {"schedulingGates": [{"name": "example.com/mine"}]}})
+        done = submit(cluster, ALICE, "-n", ns, "patch", "pod", name, "--type=merge", "-p", other)
+        assert done.returncode != 0, "alice swapped the admission gate for another"
+
+        stored = json.loads(kube.kubectl(cluster, "get", "pod", name, "-n", ns, "-o", "json").stdout)
+        assert gated(stored) and not stored["spec"].get("nodeName"), stored["spec"]
+        unit = json.loads(kube.kubectl(cluster, "get", "queueunit", "low", "-n", ns, "-o", "json").stdout)
+        assert sum(a.get("replicas", 0) for a in unit["status"].get("admissions") or []) == 0, unit["status"]
+        # alice can see where her job stands, through the roles the install aggregates into edit.
+        done = submit(cluster, ALICE, "-n", ns, "get", "queueunit", "low", "-o", "name")
+        assert done.returncode == 0, done.stderr
+    finally:
+        kube.kubectl(cluster, "delete", "jobs", "--all", "-n", ns, "--wait=false")
+        kube.kubectl(cluster, "delete", "elasticquota", quota_name, "-n", ns, "--wait=false")

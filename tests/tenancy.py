@@ -1,0 +1,60 @@
+"""A namespace user for the hostile-tenant tests: the rights a team member really has, nothing more.
+
+``grant`` binds user ``alice`` (or any name) in one namespace to the built-in ``edit`` ClusterRole
+(as a cluster admin would) and, because a cluster without the controller-manager's aggregation
+controller leaves that role's rules empty, to a Role with the same job and pod rights ``edit``
+aggregates in a real cluster. ``as_user`` runs kubectl impersonating that user, so every request
+goes through the real authorization and admission chain.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import yaml
+
+from testenv.cluster import LocalCluster
+from tests import kube
+
+#: What ``edit`` lets a namespace user do with workloads (read and write, not RBAC).
+WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
+RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "resources": ["pods", "configmaps", "services"], "verbs": WRITE},
+    {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": WRITE},
+    {"apiGroups": ["kubeflow.org"], "resources": ["tfjobs", "pytorchjobs"], "verbs": WRITE},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayclusters"], "verbs": WRITE},
+    {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": WRITE},
+    {"apiGroups": ["sparkoperator.k8s.io"], "resources": ["sparkapplications"], "verbs": WRITE},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+]
+
+
+def grant(cluster: LocalCluster, namespace: str, user: str = "alice") -> None:
+    """Give ``user`` a namespace user's rights in ``namespace`` (``edit`` plus explicit rules)."""
+    docs = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": f"{user}-workloads", "namespace": namespace},
+            "rules": RULES,
+        },
+        *(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": f"{user}-{kind.lower()}-{role}", "namespace": namespace},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+            }
+            for kind, role in (("ClusterRole", "edit"), ("Role", f"{user}-workloads"))
+        ),
+    ]
+    kube.kubectl(cluster, "apply", "-f", "-", input_text=yaml.safe_dump_all(docs))
+
+
+def as_user(
+    cluster: LocalCluster, user: str, *args: str, input_text: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """kubectl as ``user``; never raises on a refusal (the tests read ``returncode`` and stderr)."""
+    return kube.kubectl(cluster, f"--as={user}", *args, input_text=input_text, check=False)

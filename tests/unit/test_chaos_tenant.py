@@ -1,0 +1,58 @@
+"""The hostile-tenant phase's pure parts: how it reads targets and how it tallies outcomes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaos import tenant
+from shared import names
+
+
+def job(
+    *, suspend: bool, stamp: bool = False, done: bool = False, label: str | None = "chaos-a"
+) -> dict[str, Any]:
+    annotations = {names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION: "t"} if stamp else {}
+    return {
+        "metadata": {
+            "name": "j",
+            "labels": {names.QUOTA_NAME_LABEL_FALLBACK: label} if label else {},
+            "annotations": annotations,
+        },
+        "spec": {"suspend": suspend},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}] if done else []},
+    }
+
+
+def test_queued_and_admitted_jobs_as_mallory_sees_them() -> None:
+    assert tenant.queued(job(suspend=True))
+    assert not tenant.queued(job(suspend=True, label=None))
+    assert not tenant.queued(job(suspend=True, done=True))
+    assert tenant.admitted(job(suspend=False, stamp=True))
+    assert not tenant.admitted(job(suspend=False))  # released by someone else: not admitted
+    assert tenant.quota_label(job(suspend=True)) == (names.QUOTA_NAME_LABEL_FALLBACK, "chaos-a")
+
+
+def test_running_count_reads_the_admissions_not_the_pod_state() -> None:
+    unit = {"status": {"admissions": [{"replicas": 1, "running": 1}], "podState": {"running": 7}}}
+    assert tenant.running_reported(unit) == 1
+    assert tenant.is_admitted_unit(unit)
+    assert not tenant.is_admitted_unit({"status": {"phase": "Succeed", "admissions": [{"replicas": 1}]}})
+
+
+def test_gated_reads_the_admission_gate_only() -> None:
+    assert tenant.gated({"schedulingGates": [{"name": names.ADMISSION_GATE}]})
+    assert not tenant.gated({"schedulingGates": [{"name": "other"}]})
+    assert not tenant.gated(None)
+
+
+def test_summary_counts_every_outcome_per_attack_and_keeps_a_refusal() -> None:
+    attempts = [
+        tenant.Attempt("ungate-pod-of-queued-job", 0, "chaos/p", "refused", "HTTP 403: denied"),
+        tenant.Attempt("ungate-pod-of-queued-job", 1, "-", "skipped", "no gated pod"),
+        tenant.Attempt("ungate-pod-of-queued-job", 2, "chaos/q", "undone", "deleted", 1.25),
+    ]
+    row = tenant.summarize(attempts)["ungate-pod-of-queued-job"]
+    assert (row["tried"], row["refused"], row["undone"], row["skipped"]) == (2, 1, 1, 1)
+    assert row["sample"] == "HTTP 403: denied"
+    assert row["undone_s"] == [1.2]
+    assert set(tenant.summarize([])) == set(tenant.ATTACKS)

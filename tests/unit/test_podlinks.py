@@ -1,0 +1,62 @@
+"""Which pods count for a unit (``shared.podlinks``): same namespace, owned by the unit's job."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from shared import podlinks
+
+JOB_UID = "job-uid"
+
+
+def obj(name: str, *owners: tuple[str, str, str], namespace: str = "ns", uid: str = "") -> dict[str, Any]:
+    refs = [{"apiVersion": "v1", "kind": k, "name": n, "uid": u, "controller": True} for k, n, u in owners]
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid or f"uid-{name}",
+            "ownerReferences": refs,
+        }
+    }
+
+
+CLUSTER = obj("rc", ("RayJob", "train", JOB_UID), uid="rc-uid")
+DRIVER = obj("driver", ("SparkApplication", "spark", JOB_UID), uid="driver-uid")
+STRANGER = obj("other-rc", ("RayJob", "other", "other-uid"), uid="other-rc-uid")
+PARENTS: dict[tuple[str, str], Mapping[str, Any]] = {
+    ("RayCluster", "rc"): CLUSTER,
+    ("Pod", "driver"): DRIVER,
+    ("RayCluster", "other-rc"): STRANGER,
+}
+
+
+def lookup(kind: str, name: str) -> Mapping[str, Any] | None:
+    return PARENTS.get((kind, name))
+
+
+@pytest.mark.parametrize(
+    ("pod", "counts"),
+    [
+        (obj("p", ("Job", "train", JOB_UID)), True),  # owned directly
+        (obj("p", ("RayCluster", "rc", "rc-uid")), True),  # through the job's RayCluster
+        (obj("p", ("Pod", "driver", "driver-uid")), True),  # a Spark executor through its driver
+        (obj("p"), False),  # a bare pod naming the unit
+        (obj("p", ("Job", "train", "forged")), False),  # the job's name with another UID
+        (obj("p", ("RayCluster", "rc", "forged")), False),  # a parent reference with a wrong UID
+        (obj("p", ("RayCluster", "other-rc", "other-rc-uid")), False),  # another job's cluster
+        (obj("p", ("Job", "train", JOB_UID), namespace="elsewhere"), False),  # another namespace
+    ],
+)
+def test_a_pod_counts_only_in_the_units_namespace_and_owned_by_its_job(
+    pod: dict[str, Any], counts: bool
+) -> None:
+    assert podlinks.counts_for(pod, unit_namespace="ns", job_uid=JOB_UID, parent=lookup) is counts
+
+
+def test_a_job_without_a_uid_owns_nothing() -> None:
+    pod = obj("p", ("Job", "train", ""))
+    assert not podlinks.owned_by(pod, "", lookup)
