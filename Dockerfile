@@ -27,10 +27,12 @@ COPY certs ./certs
 # Wheels exist for every dependency (aiohttp, orjson, cryptography, pyyaml, ...), so no build tools
 # are needed even here. pip byte-compiles at install time: the running containers have a read-only
 # root filesystem and never write .pyc files. Then a smoke import of both entry points; testenv
-# (the local control plane for tests) is not shipped, so its console script goes; pip goes last.
+# (the local control plane for tests) and the kubectl plugin (a client tool) are not shipped, so
+# their console scripts go; pip goes last.
 RUN /opt/venv/bin/pip install /src \
  && /opt/venv/bin/python -c "import webhook.main, reconciler.main, certs" \
- && rm -f /opt/venv/bin/koord-queue-localcluster \
+ && rm -f /opt/venv/bin/koord-queue-localcluster /opt/venv/bin/kubectl-koord_queue \
+    /opt/venv/bin/kubectl_complete-koord_queue \
  && /opt/venv/bin/pip uninstall --yes pip setuptools
 
 FROM ${PYTHON_IMAGE}

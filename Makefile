@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(PY) -m pytest
-SOURCES := shared webhook reconciler certs testenv chaos
+SOURCES := shared webhook reconciler certs testenv chaos koordqueue_cli
 
 .DEFAULT_GOAL := help
 
@@ -85,6 +85,14 @@ image: ## Build the container image (needs a Docker daemon): IMAGE=registry/name
 .PHONY: manifests
 manifests: ## Render the install manifests (kubectl kustomize manifests/)
 	kubectl kustomize manifests/
+
+.PHONY: chart
+chart: venv ## Generate the Helm chart charts/koord-queue from manifests/ (CHECK=1: only check it is up to date)
+	$(PY) -m testenv.chart $(if $(CHECK),--check,)
+
+.PHONY: helm
+helm: venv ## Build helm (pinned in hack/helmbin) into the binary cache and print where it is
+	$(PY) -c 'from testenv import binaries; print(binaries.helm())'
 
 .PHONY: clean
 clean: ## Remove local state (.local/, caches); keeps the venv and the binary cache

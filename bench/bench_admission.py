@@ -1,4 +1,4 @@
-"""End-to-end admission benchmark against a real control plane (issue 7).
+"""End-to-end admission benchmark against a real control plane.
 
 Run: ``python bench/bench_admission.py`` (the default matrix), or one run with
 ``--jobs N --quotas Q --mode comparable|full``; ``--quick`` is a 300-job smoke run (< 2 min).
@@ -120,7 +120,7 @@ WRITE_VERBS: Final = frozenset({"POST", "PATCH", "PUT", "DELETE"})
 CEILING_CONCURRENCY: Final = 64  # reconciler.scheduler.WRITE_CONCURRENCY
 TICKS: Final = os.sysconf("SC_CLK_TCK")
 #: The default matrix of ``make bench``: (mode, jobs, quotas, load deadline in s; 0 = derived).
-#: 15,000 jobs get ten minutes, the budget the issue gives this 2-core machine.
+#: 15,000 jobs get ten minutes, the budget set for this 2-core machine.
 MATRIX: Final = (
     ("comparable", 1_000, 10, 0),
     ("comparable", 5_000, 10, 0),

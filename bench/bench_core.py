@@ -1,4 +1,4 @@
-"""Benchmark of the pure scheduling core (issue 4 and issue 5 targets).
+"""Benchmark of the pure scheduling core: admission decisions and preemption planning.
 
 Run: ``python bench/bench_core.py`` (``--quick`` for a smaller run). Writes ``bench/results/core.json``
 and prints a table.

@@ -1,4 +1,4 @@
-"""Benchmark of the admission webhook over TLS on loopback (issue 3 target).
+"""Benchmark of the admission webhook over TLS on loopback.
 
 Run: ``python bench/bench_webhook.py`` (``--quick`` for a smaller run, under 20 s). Writes
 ``bench/results/webhook.json`` and prints a table.

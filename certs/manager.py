@@ -1,14 +1,14 @@
 """Keep a serving certificate's Secret current and make the API server trust its CA.
 
-Two servers of ours are dialled by the kube-apiserver over TLS: the admission webhook (trusted
-through the ``caBundle`` of both webhook configurations) and the reconciler's visibility API behind
-the aggregation layer (trusted through the APIService's ``spec.caBundle``). One
-``ServingCertManager`` per server runs inside the reconciler (the leader), because the webhook
-itself holds no API credentials (ARCHITECTURE decision 6). Every ``interval`` it reads the Secret,
+Two servers of ours are dialled by the kube-apiserver over TLS: the admission webhook (trusted through
+the ``caBundle`` of both webhook configurations) and the reconciler's visibility API behind the
+aggregation layer (trusted through the APIService's ``spec.caBundle``). One ``ServingCertManager`` per
+server runs inside the reconciler (the leader), because the webhook itself holds no API credentials
+(docs/architecture.md#decision-6-a-stateless-scoped-webhook). Every ``interval`` it reads the Secret,
 asks ``certs.bundle`` whether a new CA or serving certificate is due (missing, wrong names, or two
-thirds of the validity gone), writes the Secret when it is, and makes sure every target object
-trusts the CA. ``WebhookCertManager`` and ``VisibilityCertManager`` only name the Secret, the
-Service and the targets.
+thirds of the validity gone), writes the Secret when it is, and makes sure every target object trusts
+the CA. ``WebhookCertManager`` and ``VisibilityCertManager`` only name the Secret, the Service and the
+targets.
 
 How the servers pick up a new pair differs: webhook pods mount the Secret and reload the files the
 kubelet refreshes; every reconciler replica reads the Secret with ``read_serving_pair`` and swaps

@@ -286,6 +286,8 @@ class Run:
         done = asyncio.Event()
         # Victims with no retry budget are left alone: they show whether a preemption fails a job.
         fragile = {f"{ns}/{load.plan(i, random.Random(0)).name}" for i in range(p.jobs) if i % 20 == 3}
+        # The tenant phase's sentinels are always admitted and never bound: leave them alone too.
+        fragile |= {f"{ns}/{name}" for name in tenant.SENTINELS}
         deleting = asyncio.create_task(
             faults.delete_jobs(ns, count=p.deletions, until=done, spare=fragile.__contains__),
             name="deletions",

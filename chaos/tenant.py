@@ -11,7 +11,8 @@ whose jobs the load submits, and in a namespace of her own, ``chaos-mallory``, w
 through the real authentication, RBAC, admission webhooks and ValidatingAdmissionPolicies.
 
 Each round (a few per run, spread over the load) picks live targets from the API, as she can see
-them (queued Jobs, admitted never-schedulable victim Jobs, gated pods), and tries every attack of
+them (queued Jobs; never-schedulable victim Jobs whose unit holds an admission, else the two
+:data:`SENTINELS` the harness adds to the load; gated pods), and tries every attack of
 :data:`ATTACKS` once. Each try ends in one of:
 
 ``refused``
@@ -29,7 +30,9 @@ them (queued Jobs, admitted never-schedulable victim Jobs, gated pods), and trie
 ``skipped``
     no live target this time (or the target changed or vanished under the attack).
 
-Transient refusals (the webhook or the apiserver down during a fault, 5xx, 429) are retried.
+Transient refusals are retried, not counted: the webhook or the apiserver down during a fault, 5xx,
+429, and a just-restarted apiserver that has not loaded its RBAC bindings or an admission policy's
+parameters yet.
 """
 
 from __future__ import annotations
@@ -61,9 +64,16 @@ CLUSTER_PRIORITY_CAP: Final = 1000
 #: ``koord-queue/max-user-priority`` on :data:`CAPPED_QUOTA` (at the load's own top priority).
 QUOTA_PRIORITY_CAP: Final = 100
 CAPPED_QUOTA: Final = "chaos-a"
+#: Jobs of the load namespace the harness adds for this phase, under their own quota: admitted, never
+#: bound (a node selector no node has), so their units report 0 running pods for the whole run and a
+#: forged pod counted for them would show. Load victims are admitted only now and then.
+SENTINELS: Final = ("sentinel-0", "sentinel-1")
+SENTINEL_QUOTA: Final = "chaos-sentinel"
 #: How long an accepted attack is watched for its harm (or its repair).
 WATCH_S: Final = 6.0
 UNDO_S: Final = 30.0
+#: How long a round looks for a gated pod when its listing had none.
+HUNT_S: Final = 20.0
 
 JOBS = load.JOBS
 UNITS = load.UNITS
@@ -174,16 +184,6 @@ def queued(job: Mapping[str, Any]) -> bool:
     )
 
 
-def admitted(job: Mapping[str, Any]) -> bool:
-    return (
-        quota_label(job) is not None
-        and (job.get("spec") or {}).get("suspend") is not True
-        and bool(_annotations(job).get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION))
-        and not finished(job)
-        and not _meta(job).get("deletionTimestamp")
-    )
-
-
 def gated(spec: object) -> bool:
     gates = (spec or {}).get("schedulingGates") if isinstance(spec, Mapping) else None
     return any(isinstance(g, Mapping) and g.get("name") == names.ADMISSION_GATE for g in gates or [])
@@ -252,15 +252,13 @@ class Tenant:
         self.mallory: kube.Kube | None = None
         #: units whose job was accepted under a quota not bound to its namespace (never admitted)
         self._unbound_units: set[str] = set()
-        #: victim units forged pods were aimed at (they never run a pod of their own)
-        self._victim_units: set[str] = set()
-        self._tasks: list[asyncio.Task[None]] = []
 
     # --- set-up ---------------------------------------------------------------------------------
 
     async def setup(self) -> None:
         """Her namespace and quota, her rights in both namespaces (as a cluster admin grants them),
-        the run's priority cap on :data:`CAPPED_QUOTA`; waits until RBAC lets her in."""
+        the run's priority cap on :data:`CAPPED_QUOTA`, the :data:`SENTINELS`; waits until RBAC lets
+        her in."""
         with contextlib.suppress(kube.Conflict):
             await self.admin.create(kube.NAMESPACES, {"metadata": {"name": NAMESPACE}})
         await self.admin.create(
@@ -268,6 +266,12 @@ class Tenant:
         )
         cap = {"metadata": {"annotations": {names.MAX_USER_PRIORITY_ANNOTATION: str(QUOTA_PRIORITY_CAP)}}}
         await self.admin.patch(QUOTAS, CAPPED_QUOTA, cap, namespace=load.NAMESPACE)
+        sentinels = load.quota(SENTINEL_QUOTA, "1", "", False, load.NAMESPACE)
+        await self.admin.create(QUOTAS, sentinels, namespace=load.NAMESPACE)
+        for name in SENTINELS:
+            body = load.job(load.JobPlan(name, SENTINEL_QUOTA, "victim", 0, False), "sentinel")
+            body["spec"]["template"]["spec"]["containers"] = [load.container("100m")]
+            await self.admin.create(JOBS, body, namespace=load.NAMESPACE)
         for namespace in (load.NAMESPACE, NAMESPACE):
             await asyncio.to_thread(tenancy.grant, self.cluster, namespace, USER)
         nodes, _ = await self.admin.list(NODES)
@@ -300,11 +304,6 @@ class Tenant:
                 await asyncio.sleep(0.3)
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
         if self.mallory is not None:
             await self.mallory.close()
 
@@ -349,15 +348,24 @@ class Tenant:
         load_jobs = [
             j
             for j in jobs
-            if str(_meta(j).get("name", "")).startswith(("job-", "victim-", "low-"))
+            if str(_meta(j).get("name", "")).startswith(("job-", "victim-", "low-", "sentinel-"))
             and not self.spare(f"{load.NAMESPACE}/{_meta(j).get('name')}")
         ]
         self.rng.shuffle(load_jobs)
         queued_jobs = [j for j in load_jobs if queued(j)]
         victims = [
-            j for j in load_jobs if str(_meta(j).get("name")).startswith("victim-") and not finished(j)
+            j
+            for j in load_jobs
+            if str(_meta(j).get("name")).startswith(("victim-", "sentinel-"))
+            and not finished(j)
+            and not _meta(j).get("deletionTimestamp")
         ]
-        victims.sort(key=lambda j: not admitted(j))  # admitted ones first
+        # Victims whose unit holds an admission first (load victims when there are, else the
+        # sentinels): their units report running pods, so a forged pod counted for them would show
+        # (a queued unit reports nothing at all). Preempted victims keep their dequeue stamp, so the
+        # job alone does not tell; she reads the units (the user roles let her).
+        admitted_units = await self._admitted_units()
+        victims.sort(key=lambda j: f"{load.NAMESPACE}/{_meta(j).get('name')}" not in admitted_units)
         capped = [
             j
             for j in queued_jobs
@@ -406,6 +414,24 @@ class Tenant:
             if isinstance(result, BaseException):
                 self.errors.append(repr(result))
 
+    async def _admitted_units(self) -> set[str]:
+        """``ns/name`` of the load's units holding an admission, as mallory reads them."""
+        m = self.mallory
+        assert m is not None
+        try:
+            units, _ = await m.list(UNITS, namespace=load.NAMESPACE)
+        except kube.KubeError as err:
+            self.transient[f"read units: HTTP {err.status}"] += 1
+            return set()
+        return {
+            f"{load.NAMESPACE}/{_meta(u).get('name')}"
+            for u in units
+            if is_admitted_unit(u)
+            and not any(
+                (a or {}).get("reclaimState") for a in (u.get("status") or {}).get("admissions") or []
+            )
+        }
+
     async def _guard(self, attack: Awaitable[None]) -> None:
         try:
             await attack
@@ -442,8 +468,14 @@ class Tenant:
                 return result[0]
             return result
 
-    async def send(self, call: Callable[[], Awaitable[kube.Obj]]) -> Sent:
-        """One write of mallory's, retried while the refusal is a fault's and not a decision."""
+    async def send(self, call: Callable[[], Awaitable[kube.Obj]], *, rbac_allows: bool = True) -> Sent:
+        """One write of mallory's, retried while the refusal is a fault's and not a decision.
+
+        ``rbac_allows``: her roles grant this verb on this resource, so an RBAC refusal is the
+        freshly restarted apiserver whose authorizer has not loaded the bindings yet (it answers 403
+        for a moment), not a decision. Likewise a ValidatingAdmissionPolicy whose parameters are not
+        loaded yet refuses everything it matches (``failurePolicy: Fail``) until they are.
+        """
         deadline = time.monotonic() + 90
         delay = 0.3
         while True:
@@ -456,16 +488,24 @@ class Tenant:
                     return Sent("refused", message=f"HTTP 409: {err.message}")
                 return Sent("changed", message=err.message)
             except kube.KubeError as err:
+                unready_rbac = rbac_allows and err.status == 403 and f'User "{USER}" cannot' in err.message
+                unready_policy = "not yet synced to use for admission" in err.message
                 transient = (
                     err.status == 0
                     or err.status >= 500
                     or err.status == 429
                     or "failed calling webhook" in err.message
+                    or unready_rbac
+                    or unready_policy
                 )
                 if transient and time.monotonic() < deadline:
                     kind = (
                         "webhook unreachable"
                         if "failed calling webhook" in err.message
+                        else "RBAC not loaded yet (403)"
+                        if unready_rbac
+                        else "admission policy parameters not loaded yet (422)"
+                        if unready_policy
                         else f"HTTP {err.status}"
                     )
                     self.transient[kind] += 1
@@ -644,24 +684,66 @@ class Tenant:
         now = quota_label(sent.obj)
         self.record(attack, r, target, "SUCCEEDED", f"accepted: quota label {found} -> {now}")
 
-    async def ungate_pod(self, r: int, pod: kube.Obj | None) -> None:
-        """Remove the admission gate from a gated pod of a job that is not admitted for it."""
+    def _gated_pod_keys(self) -> list[str]:
+        """Gated, unbound, live pods of the load as the observer sees them; those whose job's unit
+        holds no admission first (a preempted victim's replacement waits like that for long)."""
+        prefix = f"{load.NAMESPACE}/"
+        found: list[tuple[bool, str]] = []
+        for key, pod in self.observer.pods.items():
+            if not key.startswith(prefix) or key.startswith(f"{prefix}mallory-"):
+                continue
+            if not (pod.live and pod.gated and not pod.bound):
+                continue
+            unit = self.observer.units.get(pod.unit) if pod.unit else None
+            found.append((unit is not None and unit.total > 0, key))
+        self.rng.shuffle(found)
+        return [key for _, key in sorted(found, key=lambda f: f[0])]
+
+    async def ungate_pod(self, r: int, listed: kube.Obj | None) -> None:
+        """Remove the admission gate from a gated pod of a job that is not admitted for it. Gated
+        pods are rarer than queued jobs (a preempted victim's replacement, or a pod between its
+        creation and its release): without one in her listing she hunts for one for a while."""
         attack = "ungate-pod-of-queued-job"
         m = self.mallory
         assert m is not None
-        if pod is None:
-            self.record(attack, r, "-", "skipped", "no gated pod at this moment")
-            return
-        name = str(_meta(pod).get("name"))
-        target = f"{load.NAMESPACE}/{name}"
-        body = {
-            "metadata": {"resourceVersion": _meta(pod).get("resourceVersion")},
-            "spec": {"schedulingGates": None},
-        }
-        sent = await self.send(lambda: m.patch(kube.PODS, name, body, namespace=load.NAMESPACE))
-        if sent.status in ("gone", "changed"):
-            self.record(attack, r, target, "skipped", f"target changed or vanished: {sent.message}")
-            return
+        deadline = time.monotonic() + HUNT_S
+        tried: set[str] = set()
+        sent: Sent | None = None
+        name = target = ""
+        while sent is None:
+            pod = listed
+            listed = None
+            if pod is None:
+                keys = [k for k in self._gated_pod_keys() if k not in tried]
+                if not keys:
+                    if time.monotonic() > deadline:
+                        self.record(attack, r, "-", "skipped", f"no gated pod within {HUNT_S:.0f}s")
+                        return
+                    await asyncio.sleep(0.2)
+                    continue
+                tried.add(keys[0])
+                pod = await self._read(
+                    functools.partial(m.get, kube.PODS, keys[0].split("/", 1)[1], namespace=load.NAMESPACE)
+                )
+                if pod is None or not gated(pod.get("spec")) or (pod.get("spec") or {}).get("nodeName"):
+                    continue
+            name = str(_meta(pod).get("name"))
+            target = f"{load.NAMESPACE}/{name}"
+            body = {
+                "metadata": {"resourceVersion": _meta(pod).get("resourceVersion")},
+                "spec": {"schedulingGates": None},
+            }
+            attempt = await self.send(
+                functools.partial(m.patch, kube.PODS, name, body, namespace=load.NAMESPACE)
+            )
+            if attempt.status in ("gone", "changed"):
+                if time.monotonic() > deadline:
+                    self.record(
+                        attack, r, target, "skipped", f"target changed or vanished: {attempt.message}"
+                    )
+                    return
+                continue  # released or deleted by the reconciler meanwhile: find another
+            sent = attempt
         if sent.status == "refused":
             self.record(attack, r, target, "refused", sent.message)
             return
@@ -741,7 +823,6 @@ class Tenant:
         if sent.status != "accepted":
             self.record(attack, r, target, "refused", sent.message)
             return
-        self._victim_units.add(f"{load.NAMESPACE}/{unit_name}")
         try:
             worst, samples = 0, 0
             begun = time.monotonic()
@@ -962,7 +1043,8 @@ class Tenant:
             name = str(_meta(job).get("name"))
             status = {"status": {"phase": "Dequeued", "admissions": [{"name": name, "replicas": 1}]}}
             sent = await self.send(
-                lambda: m.patch(UNITS, name, status, namespace=load.NAMESPACE, subresource="status")
+                lambda: m.patch(UNITS, name, status, namespace=load.NAMESPACE, subresource="status"),
+                rbac_allows=False,
             )
             await self._rbac_outcome("write-queueunit-status", r, f"{load.NAMESPACE}/{name}", sent)
         else:
@@ -970,13 +1052,15 @@ class Tenant:
                 "write-queueunit-status", r, "-", "skipped", "no queued job of the load at this moment"
             )
         unit = load.bare_unit(f"mallory-unit-{r}", "chaos-b", "1", "mallory", namespace=load.NAMESPACE)
-        sent = await self.send(lambda: m.create(UNITS, unit, namespace=load.NAMESPACE))
+        sent = await self.send(lambda: m.create(UNITS, unit, namespace=load.NAMESPACE), rbac_allows=False)
         await self._rbac_outcome("create-queueunit", r, f"{load.NAMESPACE}/mallory-unit-{r}", sent)
         raise_max = {"spec": {"max": {"cpu": "1000"}}}
-        sent = await self.send(lambda: m.patch(QUOTAS, CAPPED_QUOTA, raise_max, namespace=load.NAMESPACE))
+        sent = await self.send(
+            lambda: m.patch(QUOTAS, CAPPED_QUOTA, raise_max, namespace=load.NAMESPACE), rbac_allows=False
+        )
         await self._rbac_outcome("raise-quota-max", r, f"{load.NAMESPACE}/{CAPPED_QUOTA}", sent)
         twin = load.quota(CAPPED_QUOTA, "1000", "", True, NAMESPACE)
-        sent = await self.send(lambda: m.create(QUOTAS, twin, namespace=NAMESPACE))
+        sent = await self.send(lambda: m.create(QUOTAS, twin, namespace=NAMESPACE), rbac_allows=False)
         await self._rbac_outcome("create-same-named-quota", r, f"{NAMESPACE}/{CAPPED_QUOTA}", sent)
 
     async def _rbac_outcome(self, attack: str, r: int, target: str, sent: Sent) -> None:

@@ -3,6 +3,10 @@
 # kube-apiserver, kube-controller-manager, kube-scheduler, etcd (from hack/k8sbins)
 # and kwok (from hack/kwokbin), straight from the Go module proxy.
 #
+# `build-binaries.sh helm` builds helm (from hack/helmbin, for the chart's tests) instead, into a
+# directory of its own keyed by its own module files, so adding or bumping helm never invalidates
+# the control-plane binaries (and they never rebuild helm). Same cache root, same lock.
+#
 # Why a script and not `go install`: k8s.io/kubernetes needs replace directives for its
 # staging modules, which `go install pkg@version` refuses. The wrapper modules pin every
 # version; their go.sum files are committed so the build is reproducible.
@@ -15,6 +19,43 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+log() { echo "build-binaries: $*" >&2; }
+
+if [[ "${1:-}" == "helm" ]]; then
+  helm_version="$(awk '$1=="helm.sh/helm/v3" && $2 ~ /^v/ {print $2}' "$here/helmbin/go.mod")"
+  # helm's default Kubernetes version (`helm template`'s .Capabilities) is the client-go it is
+  # built with, set by ldflags as helm's own Makefile does (v0.37 -> 1.37).
+  client_go="$(awk '$1=="k8s.io/client-go" && $2 ~ /^v/ {print $2}' "$here/helmbin/go.mod")"
+  k8s_minor="$(echo "$client_go" | cut -d. -f2)"
+  helm_sum="$(cat "$here/helmbin/go.mod" "$here/helmbin/go.sum" | sha256sum | cut -c1-12)"
+  root="${KOORD_QUEUE_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/koord-queue-py/bin}"
+  out="$root/helm-${helm_version}_k8s-1.${k8s_minor}_$(go env GOVERSION)_$(go env GOOS)-$(go env GOARCH)_${helm_sum}"
+  mkdir -p "$root"
+  exec 9>"$root/.lock"
+  flock 9
+  if [[ -x "$out/helm" ]]; then
+    echo "$out"
+    exit 0
+  fi
+  tmp="$out.tmp"
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  start=$SECONDS
+  log "downloading modules (helm $helm_version)"
+  (cd "$here/helmbin" && go mod download)
+  log "building helm (a cold build takes about 5 minutes)"
+  (cd "$here/helmbin" && GOFLAGS=-mod=readonly GOPROXY=off go build -trimpath \
+    -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=${helm_version} \
+      -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${k8s_minor} \
+      -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${k8s_minor}" \
+    -o "$tmp/helm" helm.sh/helm/v3/cmd/helm)
+  "$tmp/helm" version >&2
+  rm -rf "$out"
+  mv "$tmp" "$out"
+  log "done in $((SECONDS - start))s: $out"
+  echo "$out"
+  exit 0
+fi
 
 k8s_version="$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2}; $1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$here/k8sbins/go.mod" | head -n1)"
 etcd_version="$(awk '$1=="go.etcd.io/etcd/server/v3" && $2 ~ /^v/ {print $2}' "$here/k8sbins/go.mod")"
@@ -34,7 +75,6 @@ if [[ -x "$out/kube-apiserver" && -x "$out/kwok" ]]; then
   exit 0
 fi
 
-log() { echo "build-binaries: $*" >&2; }
 tmp="$out.tmp"
 rm -rf "$tmp"
 mkdir -p "$tmp"

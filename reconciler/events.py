@@ -11,6 +11,11 @@ events wait, and each whole QueueUnit (our write's answer, ``managedFields`` inc
 alive until its event was written (the 15,000-job benchmark measured about 100 MiB of them). One
 writer fell behind a burst (about 40 Scheduled events a second, each a round trip) and dropped
 events, so several write concurrently; events of one object go to one writer, in order.
+
+Only the leader records (docs/architecture.md#decision-12-leadership-and-high-availability): while
+the ``leadership`` gate is closed ``record`` drops the event instead of queueing it. A follower sees
+the same watch events as the leader, which records whatever they call for; queueing them too would
+write them a second time, stale, when the follower takes over.
 """
 
 from __future__ import annotations
@@ -51,8 +56,11 @@ class EventRecorder:
         min_patch_interval_s: float = 30.0,
         max_queue: int = 10_000,
         writers: int = 4,
+        leadership: kube.Leadership | None = None,
     ) -> None:
         self.client = client
+        #: closed while following: events are dropped, never queued (open by default)
+        self.leadership = leadership if leadership is not None else kube.Leadership()
         self.component = component
         self.instance = instance
         self.window_s = window_s
@@ -64,10 +72,18 @@ class EventRecorder:
         ]
         self._seen: dict[tuple[str, str, str, str], _Seen] = {}
         self.dropped = 0
+        #: events not recorded because this replica did not lead
+        self.not_leading = 0
+        #: optional events (on jobs) skipped because the writers were behind
+        self.skipped_optional = 0
         self.written = 0
 
     def record(self, obj: kube.Obj, *, type_: str, reason: str, message: str) -> None:
-        """Queue an event about ``obj`` (any object with apiVersion, kind and metadata)."""
+        """Queue an event about ``obj`` (any object with apiVersion, kind and metadata); dropped
+        while this replica does not lead."""
+        if not self.leadership.leading:
+            self.not_leading += 1
+            return
         meta = obj.get("metadata") or {}
         ref = {
             "apiVersion": str(obj.get("apiVersion", "")),
@@ -81,6 +97,16 @@ class EventRecorder:
             queue.put_nowait((ref, type_, reason, message))
         except asyncio.QueueFull:
             self.dropped += 1
+
+    def record_optional(self, obj: kube.Obj, *, type_: str, reason: str, message: str) -> bool:
+        """:meth:`record` for an event that may be skipped: not while the writers are behind (a
+        writer's queue half full), so it never delays or crowds out the events that must be
+        written (reconciler/job_events.py). Returns whether it was queued."""
+        if any(q.qsize() * 2 >= q.maxsize for q in self._queues):
+            self.skipped_optional += 1
+            return False
+        self.record(obj, type_=type_, reason=reason, message=message)
+        return True
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:

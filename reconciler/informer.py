@@ -1,9 +1,10 @@
 """List + watch one resource into an in-memory store, forever.
 
-The cluster is the source of truth (ARCHITECTURE decision 2): the store is a cache rebuilt by a
-full list at start and after any ``410 Gone``; between lists, a watch resumes from the last
-resourceVersion seen (bookmarks keep it fresh). Transport errors back off exponentially (tenacity's
-wait strategy), so an apiserver restart costs a relist at most, never the loop.
+The cluster is the source of truth (docs/architecture.md#decision-2-the-cluster-is-the-source-of-truth):
+the store is a cache rebuilt by a full list at start and after any ``410 Gone``; between lists, a watch
+resumes from the last resourceVersion seen (bookmarks keep it fresh). Transport errors back off
+exponentially (tenacity's wait strategy), so an apiserver restart costs a relist at most, never the
+loop.
 
 Handlers receive ``(old, new)`` pairs — ``old`` is None on add, ``new`` is None on delete — and must
 not block: they update derived state and wake the scheduler. A handler error is logged and the

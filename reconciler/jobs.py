@@ -1,4 +1,5 @@
-"""The job extensions: the job-facing half of the system (ARCHITECTURE decision 8).
+"""The job extensions: the job-facing half of the system
+(docs/architecture.md#decision-8-the-queueunit-api-stands-on-its-own).
 
 For every managed job of an enabled kind this controller keeps a QueueUnit (created owned by the
 job, spec kept in step), resumes the job once its unit is admitted, releases (ungates) at most the
@@ -12,12 +13,13 @@ events for the same job costs one reconcile.
 
 Two refinements of "a job and its unit":
 
-* a RayJob's pod sets follow the RayCluster KubeRay created for it (REFERENCE §2.5, S27), so
-  RayClusters are watched too (optionally: the CRD may be absent) and a cluster's events mark
-  its RayJob;
-* a released job whose unit was deleted gets it back admitted (REFERENCE §2.3 step 4): the unit
-  is created marked for adoption and its status written right after (``shared.adoption``); a
-  marked unit without a status is finished whenever it is met, so a restart in between converges.
+* a RayJob's pod sets follow the RayCluster KubeRay created for it
+  (docs/compatibility.md#s27-rayjob-follows-its-live-raycluster), so RayClusters are watched too
+  (optionally: the CRD may be absent) and a cluster's events mark its RayJob;
+* a released job whose unit was deleted gets it back admitted
+  (docs/compatibility.md#adoption-of-released-jobs): the unit is created marked for adoption and its
+  status written right after (``shared.adoption``); a marked unit without a status is finished whenever
+  it is met, so a restart in between converges.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,14 +37,14 @@ from typing import Any
 from reconciler import metrics
 from reconciler.events import EventRecorder
 from reconciler.informer import Informer, key_of, slim
-from shared import adoption, jobext, kube, names, podlinks
+from shared import adoption, jobext, kube, names, podlinks, running_timeout
 from shared.jobs import ray, registry
-from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued
+from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, is_enqueued
 
 log = logging.getLogger(__name__)
 
 QUEUE_UNITS = kube.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
-ADMITTED_PHASES = frozenset({names.Phase.DEQUEUED, names.Phase.RUNNING, names.Phase.SCHED_SUCCEED})
+ADMITTED_PHASES = jobext.ADMITTED_PHASES
 
 
 def now_text() -> str:
@@ -74,8 +77,13 @@ class JobExtensions:
         events: EventRecorder,
         workers: int = 8,
         priority_cap: Callable[[Job], int | None] = lambda job: None,
+        running_timeouts: running_timeout.RunningTimeouts | None = None,
+        leadership: kube.Leadership | None = None,
     ) -> None:
         self.client = client
+        #: closed while following: events of jobs, units and pods only fill the stores and the pod
+        #: index, no job is marked (the leader's first pass, ``_take_over``, looks at all of them)
+        self.leadership = leadership if leadership is not None else kube.Leadership()
         self.adapters = {(a.api_version, a.kind): a for a in adapters}
         self.units = units
         self.priority_classes = priority_classes
@@ -83,6 +91,12 @@ class JobExtensions:
         self.workers = workers
         #: the cap on the job's priority annotation (cluster-wide and its quota's), None for none
         self.priority_cap = priority_cap
+        #: per-extension running, backoff and partial running timeouts (all off by default)
+        self.running_timeouts = running_timeouts or running_timeout.RunningTimeouts()
+        #: unit key -> pod set -> when its shortfall was first seen (``running_timeout.decide``)
+        self._short_since: dict[str, Mapping[str, float]] = {}
+        #: the pending running-timeout re-check of each job (one at a time)
+        self._timeout_checks: dict[JobKey, asyncio.TimerHandle] = {}
         self.job_informers = {
             (a.api_version, a.kind): Informer(
                 client,
@@ -169,6 +183,8 @@ class JobExtensions:
                     )
 
     def mark(self, key: JobKey, *, urgent: bool = False) -> None:
+        if not self.leadership.leading:
+            return  # a follower queues no work: it would pile up, and be stale on take-over
         if urgent:
             self._urgent[key] = None
         else:
@@ -201,6 +217,9 @@ class JobExtensions:
     def on_unit(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         """Called by the unit informer (owned by the scheduler side)."""
         obj = new or old or {}
+        if new is None:
+            self._short_since.pop(key_of(obj), None)  # running-timeout memory of a deleted unit
+            self._prune_pod_index(key_of(obj))
         ref = (obj.get("spec") or {}).get("consumerRef") or {}
         api_version, kind = ref.get("apiVersion"), ref.get("kind")
         if (api_version, kind) not in self.adapters:
@@ -217,25 +236,55 @@ class JobExtensions:
         return ref if isinstance(ref, str) and ref else None
 
     def _on_pod(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
-        obj = new or old or {}
-        ref = self._unit_ref_of_pod(obj)
-        if ref is None:
+        """Keep the pod index exact (a pod leaves its old unit's set when it is deleted or names
+        another unit; an emptied set is dropped) and look at the units concerned."""
+        old_ref = self._unit_ref_of_pod(old) if old is not None else None
+        new_ref = self._unit_ref_of_pod(new) if new is not None else None
+        if old_ref is None and new_ref is None:
             return
-        key = key_of(obj)
-        if new is None:
-            self._pods_by_unit.get(ref, set()).discard(key)
-        else:
-            self._pods_by_unit.setdefault(ref, set()).add(key)
-        unit = self.units().get(ref)
-        if unit is not None:
-            self.on_unit(None, unit)
+        key = key_of(new or old or {})
+        if old_ref is not None and old_ref != new_ref:
+            self._unindex_pod(old_ref, key)
+        if new_ref is not None:
+            self._pods_by_unit.setdefault(new_ref, set()).add(key)
+        for ref in dict.fromkeys(r for r in (old_ref, new_ref) if r is not None):
+            unit = self.units().get(ref)
+            if unit is not None:
+                self.on_unit(None, unit)
+
+    def _unindex_pod(self, unit_key: str, pod_key: str) -> None:
+        pods = self._pods_by_unit.get(unit_key)
+        if pods is not None:
+            pods.discard(pod_key)
+            if not pods:
+                del self._pods_by_unit[unit_key]
+
+    def _prune_pod_index(self, unit_key: str) -> None:
+        """A unit went away: forget its pods that are gone too. Pods still in the store keep naming
+        it and stay indexed: a unit re-created under the same key (adoption) finds them at once,
+        and they leave with their own deletion events."""
+        pods = self._pods_by_unit.get(unit_key)
+        if pods is None:
+            return
+        pods.intersection_update([k for k in pods if k in self.pods.objects])
+        if not pods:
+            del self._pods_by_unit[unit_key]
 
     # --- workers --------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """The workers; runs only while leading (``reconciler/main.py``)."""
+        self._take_over()
         async with asyncio.TaskGroup() as tg:
             for i in range(self.workers):
                 tg.create_task(self._worker(), name=f"job-worker-{i}")
+
+    def _take_over(self) -> None:
+        """The first pass of a new leader: every managed job, and the consumer of every unit (a
+        unit whose job is gone is found only this way), since a follower marked nothing."""
+        self.mark_all()
+        for unit in self.units().values():
+            self.on_unit(None, unit)
 
     async def _worker(self) -> None:
         while True:
@@ -274,14 +323,27 @@ class JobExtensions:
         adapter = self.adapters[(key.api_version, key.kind)]
         store = self.job_informers[(key.api_version, key.kind)].objects
         job = store.get(f"{key.namespace}/{key.name}")
-        if job is None or not adapter.is_managed(job):
-            return  # deletion is garbage collection's job (the unit is owned by the job)
+        if job is None:
+            # A unit left behind by a job deleted with --cascade=orphan; any other unit of a
+            # deleted job still has its owner reference, and garbage collection deletes it.
+            gone_key = f"{key.namespace}/{adapter.queue_unit_name({'metadata': {'name': key.name}})}"
+            gone = self.units().get(gone_key)
+            if gone is not None and orphaned(gone, key, None):
+                await self._release_orphan(gone, gone_key, None)
+            return
+        if not adapter.is_managed(job):
+            return
         unit_name = adapter.queue_unit_name(job)
         unit_key = f"{key.namespace}/{unit_name}"
         unit = self.units().get(unit_key)
-        status = adapter.job_status(job)
-        finished = status in (JobStatus.SUCCEEDED, JobStatus.FAILED)
+        if unit is not None and orphaned(unit, key, job):
+            await self._release_orphan(unit, unit_key, job)
+            return  # a predecessor's unit: its deletion brings us back to create this job's own
+        if unit is not None and owned_by_another(unit, key, job):
+            return  # a predecessor's unit, which garbage collection deletes: that brings us back
         live = self._live_cluster(adapter, job)
+        status = ray.hold_while_cluster_lives(adapter.job_status(job), live)
+        finished = status in (JobStatus.SUCCEEDED, JobStatus.FAILED)
         suspended, stamped = adapter.is_suspended(job), is_dequeued(job)
         if adoption.escaped_hold(status, suspended=suspended, stamped=stamped):
             await self._hold_escaped(key, adapter, job)
@@ -309,6 +371,10 @@ class JobExtensions:
                 await self.client.patch(QUEUE_UNITS, unit_name, drift, namespace=key.namespace)
         if not finished and await self._lifecycle(key, adapter, job, unit, unit_name):
             return  # the unit's update brings us back
+        # Before the resume below: a job held by a running timeout whose unit write failed must be
+        # decided again, not released again (see ``_running_timeout``).
+        if not finished and await self._running_timeout(key, adapter, job, unit, unit_name, unit_key):
+            return  # the unit's update brings us back
         phase = (unit.get("status") or {}).get("phase", "")
         if phase in ADMITTED_PHASES and not finished and adapter.is_suspended(job):
             await self.client.patch(
@@ -319,7 +385,7 @@ class JobExtensions:
             )
             return  # the job's update brings us back with fresh objects
         pods = self._pods_of(unit_key, adapter, job)
-        plan = jobext.plan_pods(unit, pods)
+        plan = jobext.plan_pods(unit, pods, now_text=now_text())
         stale = False
         for pod in plan.delete:
             if await self._reclaim_pod(pod):
@@ -352,13 +418,8 @@ class JobExtensions:
             await self.client.patch(
                 QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
             )
-            if plan.delete or plan.status:
-                self.events.record(
-                    unit,
-                    type_="Normal",
-                    reason=names.EventReason.RECLAIMED,
-                    message=names.Message.reclaimed_event(unit_name),
-                )
+            # No event here: the scheduler records Reclaimed when it sees the reclaim done and
+            # replicas taken back (shared.scheduling.reclaim_took_back), for bare units too.
             return  # the unit's update brings us back
         await asyncio.gather(*(self._ungate(p) for p in plan.ungate))
         if adapter.kind == "Job" and status == JobStatus.RUNNING and not any(p.bound for p in pods):
@@ -376,12 +437,21 @@ class JobExtensions:
     async def _lifecycle(
         self, key: JobKey, adapter: JobAdapter, job: kube.Obj, unit: kube.Obj, unit_name: str
     ) -> bool:
-        """Execution budget and deactivation (REFERENCE §2.9); True when something was written."""
+        """Execution budget and deactivation (docs/compatibility.md#activation-and-execution-budget);
+        True when something was written."""
         now = time.time()
         stamp = now_text()
         rv = (unit.get("metadata") or {}).get("resourceVersion")
         budget = jobext.execution_budget(unit, now=now, now_text=stamp)
         if budget.spec_patch is not None and budget.status_patch is not None:
+            # The spec first: once ``spec.active`` is false the unit is parked by ``deactivation``
+            # whatever happens next, so a failed second write can never leave the job running
+            # with its budget clock stopped (the other order could). The status write then
+            # follows the version the spec write made.
+            updated = await self.client.patch(
+                QUEUE_UNITS, unit_name, budget.spec_patch, namespace=key.namespace
+            )
+            rv = (updated.get("metadata") or {}).get("resourceVersion") or rv
             await self.client.patch(
                 QUEUE_UNITS,
                 unit_name,
@@ -389,7 +459,6 @@ class JobExtensions:
                 namespace=key.namespace,
                 subresource="status",
             )
-            await self.client.patch(QUEUE_UNITS, unit_name, budget.spec_patch, namespace=key.namespace)
             seconds = (unit.get("spec") or {}).get("maximumExecutionTimeSeconds")
             self.events.record(
                 job,
@@ -421,6 +490,128 @@ class JobExtensions:
             message="Job is suspended and its resources are reclaimed because the queue unit is deactivated",
         )
         return True
+
+    async def _running_timeout(
+        self,
+        key: JobKey,
+        adapter: JobAdapter,
+        job: kube.Obj,
+        unit: kube.Obj,
+        unit_name: str,
+        unit_key: str,
+    ) -> bool:
+        """Running timeout, backoff and partial running timeout (docs/compatibility.md#running-timeout),
+        decided by ``shared.running_timeout``; True when something was written.
+
+        Order of the two writes of a backoff: the job is suspended first, the unit's status
+        (TimeoutBackoff, admissions cleared) second. The status write is what frees the quota, so
+        the quota is never handed to another job while this one can still start pods. If the second
+        write fails, the unit still holds its quota with its job held; the next pass (this step runs
+        before the resume step) decides the same timeout again and only writes the status. The other
+        order would free the quota of a still-released job whenever the suspension failed, and its
+        pods could then be bound uncharged.
+        """
+        timeouts = self.running_timeouts.for_extension(adapter.extension)
+        if not timeouts.enabled:
+            return False
+        now = time.time()
+        decision = running_timeout.decide(
+            unit,
+            self._pods_of(unit_key, adapter, job),
+            timeouts,
+            now=now,
+            now_text=now_text(),
+            jitter=random.random(),
+            short_since=self._short_since.get(unit_key),
+        )
+        if decision.short_since:
+            self._short_since[unit_key] = decision.short_since
+        else:
+            self._short_since.pop(unit_key, None)
+        self._check_again(key, decision.recheck_in)
+        if decision.status_patch is None:
+            return False
+        if decision.suspend and not adapter.is_suspended(job):
+            await self.client.patch(
+                resource_of(adapter), key.name, adapter.suspend_merge_patch(job), namespace=key.namespace
+            )
+        rv = (unit.get("metadata") or {}).get("resourceVersion")
+        await self.client.patch(
+            QUEUE_UNITS,
+            unit_name,
+            {**decision.status_patch, "metadata": {"resourceVersion": rv}},
+            namespace=key.namespace,
+            subresource="status",
+        )
+        log.info("%s %s: %s", decision.event_reason, unit_key, decision.event_message)
+        for obj in (unit, job):
+            self.events.record(
+                obj, type_="Warning", reason=decision.event_reason, message=decision.event_message
+            )
+        return True
+
+    def _check_again(self, key: JobKey, delay: float | None) -> None:
+        """Look at the job again in ``delay`` seconds (replacing any earlier re-check), or never."""
+        pending = self._timeout_checks.pop(key, None)
+        if pending is not None:
+            pending.cancel()
+        if delay is not None:
+
+            def due() -> None:
+                self._timeout_checks.pop(key, None)
+                self.mark(key)
+
+            self._timeout_checks[key] = asyncio.get_running_loop().call_later(delay + 0.05, due)
+
+    async def _release_orphan(self, unit: kube.Obj, unit_key: str, job: kube.Obj | None) -> None:
+        """Release an orphaned unit (:func:`orphaned`) by deleting it, once none of its pods runs.
+
+        A job deleted with ``kubectl delete --cascade=orphan`` leaves its unit behind without an
+        owner: the garbage collector never deletes it, and an admitted one would hold its quota for
+        good. Deleting it gives the quota back as a finished job's ``admissions: []`` does (the
+        scheduler stops charging a unit that is gone, exactly as one that holds nothing), frees the
+        name for a new job of the same name (the usual reason for orphaning: re-create a job with
+        a changed spec), and leaves no ownerless unit in ``kubectl get qu``; a terminal phase would
+        keep that ghost forever and block the name. The orphaned pods keep running on their
+        nodes, though, so the unit stays (still charged) until none of them runs: a tenant cannot
+        run pods outside the quota by orphaning them (docs/architecture.md#trust-boundaries).
+
+        The delete is conditional on the unit's UID and version: a unit re-created or changed
+        meanwhile is looked at again.
+        """
+        if self._orphaned_pods_run(unit_key, _uid_of(job)):
+            return  # the pods' events bring us back
+        meta = unit.get("metadata") or {}
+        namespace, _, name = unit_key.partition("/")
+        try:
+            await self.client.delete(
+                QUEUE_UNITS,
+                name,
+                namespace=namespace,
+                precondition_uid=str(meta.get("uid") or "") or None,
+                precondition_rv=str(meta.get("resourceVersion") or "") or None,
+            )
+        except kube.NotFound:
+            return
+        ref = (unit.get("spec") or {}).get("consumerRef") or {}
+        log.info("released QueueUnit %s: its %s %s is gone", unit_key, ref.get("kind"), ref.get("name"))
+
+    def _orphaned_pods_run(self, unit_key: str, job_uid: str | None) -> bool:
+        """Does a pod of an orphaned unit still run, or is it released to run? Its job is gone, so
+        its pods are the ones naming the unit in the unit's namespace, except pods of the live job
+        of the same name (``job_uid``), if any. A pod still gated never ran and never will."""
+        namespace = unit_key.partition("/")[0]
+        parent = self._parent_lookup(namespace)
+        for pod_key in sorted(self._pods_by_unit.get(unit_key, ())):
+            pod = self.pods.objects.get(pod_key)
+            if pod is None or (pod.get("metadata") or {}).get("namespace") != namespace:
+                continue
+            if job_uid and podlinks.owned_by(pod, job_uid, parent):
+                continue
+            view = jobext.pod_view(pod, "")
+            if view.live and (view.bound or not view.gated):
+                return True
+        return False
 
     def _pods_of(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[jobext.PodView]:
         """The unit's pods: those naming it that live in its namespace and belong to its job
@@ -620,6 +811,49 @@ class JobExtensions:
             latest = self.pods.objects.get(pod_key)
             if latest is not None and _rv_of(latest) == _rv_of(current):
                 self.pods.objects[pod_key] = slim_pod(updated)
+
+
+def _names_consumer(unit: kube.Obj, key: JobKey) -> bool:
+    ref = (unit.get("spec") or {}).get("consumerRef") or {}
+    namespace = ref.get("namespace") or (unit.get("metadata") or {}).get("namespace")
+    return (ref.get("kind"), ref.get("name"), namespace) == (key.kind, key.name, key.namespace)
+
+
+def _owners(unit: kube.Obj, key: JobKey) -> list[str]:
+    """UIDs of the unit's owner references to a job of ``key``'s kind and name."""
+    return [uid for kind, name, uid in podlinks.owner_uids(unit) if (kind, name) == (key.kind, key.name)]
+
+
+def orphaned(unit: kube.Obj, key: JobKey, job: kube.Obj | None) -> bool:
+    """``unit`` was made for a job called like ``key`` that was deleted with ``--cascade=orphan``.
+
+    The job extension creates every unit owned by its job; the garbage collector removes that
+    owner reference only when the job is deleted with orphan propagation. So a unit naming the job
+    as its consumer, without an owner reference to it, carrying the webhook's enqueue stamp
+    (copied from the job it was made from) is orphaned when no such job exists, or when the job
+    of that name (``job``) is younger than the unit: a unit is never made before its job. A unit
+    without the stamp was created directly and stands on its own
+    (docs/architecture.md#decision-8-the-queueunit-api-stands-on-its-own), never ours to release.
+    """
+    if not _names_consumer(unit, key) or _owners(unit, key) or not is_enqueued(unit):
+        return False
+    if job is None:
+        return True
+    made = str((unit.get("metadata") or {}).get("creationTimestamp") or "")
+    born = str((job.get("metadata") or {}).get("creationTimestamp") or "")
+    return bool(made and born and made < born)  # RFC 3339 in UTC: ordered as text
+
+
+def owned_by_another(unit: kube.Obj, key: JobKey, job: kube.Obj) -> bool:
+    """``unit`` still belongs to an earlier job of ``job``'s name, deleted (only one job has a name
+    at a time): garbage collection deletes it, and ``job`` must neither use its admission nor
+    take it for its own."""
+    owners = _owners(unit, key)
+    return _names_consumer(unit, key) and bool(owners) and _uid_of(job) not in owners
+
+
+def _uid_of(obj: kube.Obj | None) -> str | None:
+    return str(((obj or {}).get("metadata") or {}).get("uid") or "") or None
 
 
 def _rv_of(obj: kube.Obj | None) -> object:

@@ -244,18 +244,26 @@ def metrics_app() -> web.Application:
 
 async def run(args: argparse.Namespace) -> None:
     settings = component_config.load(args.config) if args.config else component_config.Settings()
+    for warning in settings.warnings:
+        log.warning("%s", warning)
     adapters = registry.enabled_adapters(args.enabled_extensions.split(","))
+    # The one leadership gate (``kube.Leadership``): closed from the start with --leader-elect, so
+    # not even the first watch event can lead to a write before the Lease is held; ``kube.lead``
+    # opens it. The client refuses every write while it is closed; the parts that queue work from
+    # watch events get it too, so a follower queues nothing.
+    leadership = kube.Leadership(leading=not args.leader_elect)
     client = await kube.Kube.connect(
         kubeconfig=args.kubeconfig,
         qps=args.qps,
         burst=args.burst,
         user_agent="koord-queue-reconciler",
         impersonate=args.impersonate or None,
+        leadership=leadership,
     )
     client.on_request = metrics.count_api_request
     runners: list[web.AppRunner] = []
     try:
-        events = EventRecorder(client, instance=socket.gethostname())
+        events = EventRecorder(client, instance=socket.gethostname(), leadership=leadership)
         priority_classes: dict[str, int] = {}
 
         def on_priority_class(old: kube.Obj | None, new: kube.Obj | None) -> None:
@@ -275,7 +283,7 @@ async def run(args: argparse.Namespace) -> None:
         def jobs_ready() -> bool:
             return all(i.synced.is_set() for i in jobs.informers())
 
-        scheduler = SchedulerLoop(client, events=events, settings=settings)
+        scheduler = SchedulerLoop(client, events=events, settings=settings, leadership=leadership)
         ledger = scheduler.cache.ledger
 
         def priority_cap(job: base.Job) -> int | None:
@@ -310,6 +318,8 @@ async def run(args: argparse.Namespace) -> None:
             events=events,
             workers=args.workers,
             priority_cap=priority_cap,
+            running_timeouts=settings.running_timeouts,
+            leadership=leadership,
         )
         units = Informer(client, QUEUE_UNITS, handler=_fanout(scheduler.on_unit, jobs.on_unit), packed=True)
         scheduler.unit_store = units.objects
@@ -350,7 +360,13 @@ async def run(args: argparse.Namespace) -> None:
                 runners.append(runner)
 
         async def act() -> None:
-            """What only the leader does; every replica keeps its caches warm for a fast take-over."""
+            """What only the leader does; every replica keeps its caches warm for a fast take-over.
+
+            Runs while ``leadership`` is open. Every writer starts here, and each begins from its
+            warm cache, since a follower queued nothing: the job extensions and the scheduler with
+            a full pass (``_take_over``), the Queue sync with every quota it saw, the binding sync
+            and the certificate managers with a first comparison against the cluster.
+            """
             for inf in informers:
                 await inf.synced.wait()
             log.info(

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the reconciler, served on :10259 (REFERENCE §7.1).
+"""Prometheus metrics of the reconciler, served on :10259 (docs/compatibility.md#metrics).
 
 Upstream's names are kept so existing dashboards work, and every metric declared here is populated
 (upstream declares several it never sets). Our own metrics carry the ``koord_queue_`` prefix.

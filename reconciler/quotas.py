@@ -1,5 +1,5 @@
-"""Keep one Queue per ElasticQuota (REFERENCE §4.3) and the quota-binding ConfigMap; decisions in
-``shared.quotaqueues``.
+"""Keep one Queue per ElasticQuota (docs/compatibility.md#queues-from-elasticquotas) and the
+quota-binding ConfigMap; decisions in ``shared.quotaqueues``.
 
 Every quota event marks the quota's name dirty; a single worker creates, patches or deletes the
 Queue in namespace ``koord-queue``. The Queue store (from the scheduler's Queue informer) is read to

@@ -1,6 +1,6 @@
 """The scheduling loop: feed watch events into ``shared.scheduling.Cache``, run cycles, write plans.
 
-ARCHITECTURE decisions 2-4 in practice:
+Decisions 2-4 of docs/architecture.md#decisions in practice:
 
 * every QueueUnit, Queue and ElasticQuota event is parsed once (``shared.model``) and folded into
   the cache incrementally; a relist simply feeds everything again;
@@ -12,9 +12,9 @@ ARCHITECTURE decisions 2-4 in practice:
 * marks (reclaim states) are written asynchronously; the preemptor is admitted by a later cycle
   once the freed quota is observed.
 
-Besides cycles this loop moves Reserved units through their admission checks (REFERENCE §6.1),
-returns backed-off units to the queue when their ``requeueAt`` passes, and publishes each queue's
-``status.queueItemDetails`` at its refresh interval.
+Besides cycles this loop moves Reserved units through their admission checks
+(docs/compatibility.md#admission-checks), returns backed-off units to the queue when their ``requeueAt``
+passes, and publishes each queue's ``status.queueItemDetails`` at its refresh interval.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from reconciler import metrics
+from reconciler import job_events, metrics
 from reconciler.events import EventRecorder
 from reconciler.jobs import QUEUE_UNITS
 from reconciler.quotas import QUEUES
-from shared import admission_checks, adoption, conditions, kube, names, quantities
+from shared import admission_checks, adoption, conditions, explain, kube, names, quantities
 from shared.config import Settings
 from shared.model import Unit, format_time, parse_queue, parse_quota, parse_unit
 from shared.names import EventReason, Message, Phase
@@ -75,9 +75,19 @@ def admissions_json(unit: Unit) -> list[dict[str, Any]]:
 class SchedulerLoop:
     verbosity: ClassVar[int] = 0
 
-    def __init__(self, client: kube.Kube, *, events: EventRecorder, settings: Settings) -> None:
+    def __init__(
+        self,
+        client: kube.Kube,
+        *,
+        events: EventRecorder,
+        settings: Settings,
+        leadership: kube.Leadership | None = None,
+    ) -> None:
         self.client = client
         self.events = events
+        #: closed while following: watch events only fill the cache, nothing is queued to write
+        #: (docs/architecture.md#decision-12-leadership-and-high-availability)
+        self.leadership = leadership if leadership is not None else kube.Leadership()
         self.cache = Cache(
             reclaim_protect_seconds=settings.reclaim_protect_seconds,
             quota_namespace_binding=settings.quota_namespace_binding,
@@ -124,7 +134,8 @@ class SchedulerLoop:
     def _apply_unit(self, key: str, raw: kube.Obj | None) -> None:
         if raw is not None and adoption.awaiting_status(raw):
             # Re-created for a released job; the job extension writes its admission next
-            # (REFERENCE §2.3 step 4). Until then it is neither admitted nor parked by us.
+            # (docs/compatibility.md#adoption-of-released-jobs). Until then it is neither admitted nor
+            # parked by us.
             raw = None
         if raw is None:
             gone = self.cache.units.get(key)
@@ -150,18 +161,21 @@ class SchedulerLoop:
                 self._reserved.add(key)
             else:
                 self._reserved.discard(key)
-            if unit.phase == Phase.TIMEOUT_BACKOFF:
+            if unit.phase == Phase.TIMEOUT_BACKOFF and self.leadership.leading:
+                # Only the leader requeues; a follower's heap would grow with every event and
+                # never be drained. ``_take_over`` fills it from the cache instead.
                 heapq.heappush(self._backoff, (self._requeue_at(unit), key))
             if old is None and unit.consumer_kind:
                 metrics.QUEUEUNITS_BY_JOB_TYPE.labels(unit.namespace, unit.consumer_kind).inc()
-            note = unlabelled_message(unit)
+            note = unlabelled_message(unit) if self.leadership.leading else None
             if note is not None and key not in self._noting:
                 self._noting.add(key)
                 self._spawn(self._write_note(key, unit, note), name=f"note-{key}")
         self.wake()
 
     async def _write_note(self, key: str, unit: Unit, message: str) -> None:
-        """Give a unit no cycle looks at its reason, without a phase (REFERENCE S29).
+        """Give a unit no cycle looks at its reason, without a phase
+        (docs/compatibility.md#s29-unit-without-a-quota-label).
 
         Conditional on the version seen, so it never lands over a label added meanwhile; on any
         failure the next event of the unit tries again.
@@ -205,7 +219,24 @@ class SchedulerLoop:
 
     # --- the loop ----------------------------------------------------------------------------
 
+    def _take_over(self) -> None:
+        """What a follower left to the leader, taken up from the warm cache as leadership begins:
+        the backed-off units to requeue and the unlabelled units still without their reason."""
+        self._backoff = [
+            (self._requeue_at(unit), key)
+            for key, unit in self.cache.units.items()
+            if unit.phase == Phase.TIMEOUT_BACKOFF
+        ]
+        heapq.heapify(self._backoff)
+        for key, unit in sorted(self.cache.units.items()):
+            note = unlabelled_message(unit)
+            if note is not None and key not in self._noting:
+                self._noting.add(key)
+                self._spawn(self._write_note(key, unit, note), name=f"note-{key}")
+
     async def run(self) -> None:
+        """The loop; runs only while leading (``reconciler/main.py``)."""
+        self._take_over()
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._publisher(), name="queue-items")
             wake_at: float | None = None
@@ -249,24 +280,39 @@ class SchedulerLoop:
     async def _outcome_of(self, key: str, before: Unit, err: kube.KubeError) -> kube.Obj | None:
         """Did a failed admission write land anyway? A dropped connection or a 5xx may come after
         etcd committed it; forgetting it then would free the quota twice (an overrun) until the
-        watch caught up. So ask, with a bounded backoff, while the unit stays assumed: the unit as
-        written if it holds more than before, None if the write certainly did not happen."""
+        watch caught up. So the unit stays assumed until the cluster answers: the unit as written
+        if it holds more than before, None if the write certainly did not happen. There is no
+        retry limit (a limit would turn "unknown" into "not written"); the backoff is capped, the
+        watch may answer first (a newer version in the store), and losing leadership or stopping
+        cancels the wait."""
         if err.status not in (0, 500, 502, 503, 504):
             return None  # a definite refusal (409, 422, ...): nothing was written
         namespace, name = key.split("/", 1)
         admitted_before = sum(a.replicas for a in before.admissions)
-        for attempt in range(8):
-            try:
-                current = await self.client.get(QUEUE_UNITS, name, namespace=namespace)
-            except kube.NotFound:
-                return None
-            except kube.KubeError:
-                await asyncio.sleep(min(0.25 * 2**attempt, 4.0))
-                continue
+        attempt = 0
+        while True:
+            current = self._newer_in_store(key, before)
+            if current is None:
+                try:
+                    current = await self.client.get(QUEUE_UNITS, name, namespace=namespace)
+                except kube.NotFound:
+                    return None
+                except kube.KubeError:
+                    if attempt == 8:
+                        log.warning("admission of %s: outcome still unknown; it stays assumed", key)
+                    attempt += 1
+                    await asyncio.sleep(min(0.25 * 2 ** min(attempt, 5), 4.0))
+                    continue
             now_admitted = sum(a.replicas for a in parse_unit(current).admissions)
             return current if now_admitted > admitted_before else None
-        log.warning("admission of %s: outcome unknown after retries; it competes again", key)
-        return None
+
+    def _newer_in_store(self, key: str, before: Unit) -> kube.Obj | None:
+        """The watched version of ``key`` if the watch has delivered one newer than ``before``."""
+        latest = self.unit_store.get(key)
+        if latest is None:
+            return None
+        version = (latest.get("metadata") or {}).get("resourceVersion")
+        return latest if version and version != before.resource_version else None
 
     def _hold(self, err: kube.KubeError) -> None:
         """After a transport error, a 5xx or a 429, pause the cycles briefly: the same decisions
@@ -369,6 +415,10 @@ class SchedulerLoop:
             self.events.record(
                 written, type_="Normal", reason=EventReason.SCHEDULED, message=Message.SCHEDULED_EVENT
             )
+            if before.phase == Phase.ENQUEUED:  # it waited: tell the job (none on the fast path)
+                waited = now - before.created if before.created else None
+                message = job_events.admitted_message(admit.queue, waited)
+                job_events.record(self.events, written, EventReason.ADMITTED, message)
 
     # --- parks --------------------------------------------------------------------------------
 
@@ -471,6 +521,11 @@ class SchedulerLoop:
         self.events.record(
             target, type_="Warning", reason=EventReason.FAILED_SCHEDULING, message=park.message
         )
+        if not unit.phase:  # its first wait (phase "" -> Enqueued): once per unit, on the job
+            state = self.cache.state.queues.get(park.queue)
+            place = explain.position(state, park.key) if state is not None else None
+            message = job_events.queued_message(park.queue, place, park.message)
+            job_events.record(self.events, target, EventReason.QUEUED, message)
         if park.queue_not_found and park.key not in self._queue_not_found:
             self._queue_not_found.add(park.key)
             self.events.record(
@@ -542,6 +597,8 @@ class SchedulerLoop:
                 message=f"{replicas} replica(s) marked for reclaim in queue {mark.queue} "
                 f"so that higher-priority QueueUnit {preemptor} can be admitted",
             )
+            message = job_events.preempted_message(mark.queue, replicas, preemptor)
+            job_events.record(self.events, written, EventReason.PREEMPTED, message)
 
     # --- admission checks and backoff --------------------------------------------------------
 
@@ -584,6 +641,9 @@ class SchedulerLoop:
             self.events.record(
                 written, type_="Normal", reason=EventReason.SCHEDULED, message=Message.SCHEDULED_EVENT
             )
+            waited = now - unit.created if unit.created else None
+            message = job_events.admitted_message(unit.quota or "", waited)
+            job_events.record(self.events, written, EventReason.ADMITTED, message)
 
     @staticmethod
     def _requeue_at(unit: Unit) -> float:

@@ -1,4 +1,5 @@
-"""Admission decisions: AdmissionReview in, AdmissionReview response out, no I/O (decision 6).
+"""Admission decisions: AdmissionReview in, AdmissionReview response out, no I/O
+(docs/architecture.md#decision-6-a-stateless-scoped-webhook).
 
 The webhook server (``webhook/server.py``) parses the HTTP body and calls :func:`review`; everything
 that decides lives here so it can be tested as a table and fuzzed without a socket.
@@ -445,6 +446,8 @@ def _guard_queue_hold(
                 "admits them; it cannot be removed from a managed job's pod template"
             )
             errors.append(validation.forbidden(_pointer_to_field(path), detail))
+    if base.dequeued_in(old_annotations):
+        errors += _guard_admitted_size(adapter, new, old)
     old_labels, new_labels = base.labels_of(old), base.labels_of(new)
     for label in (names.QUOTA_NAME_LABEL, names.QUOTA_NAME_LABEL_FALLBACK):
         if old_labels.get(label) != new_labels.get(label):
@@ -454,6 +457,31 @@ def _guard_queue_hold(
             )
             errors.append(validation.forbidden(f"metadata.labels[{label}]", detail))
     return errors
+
+
+def _guard_admitted_size(
+    adapter: JobAdapter, new: Mapping[str, Any], old: Mapping[str, Any]
+) -> list[FieldError]:
+    """An admitted job's pods keep the size they were admitted with.
+
+    The quota is charged per pod as admitted; a template edited to larger requests would create
+    pods bigger than their admission (the operators' CRDs allow such edits at any time). Counts may
+    change: the unit follows them and the scheduler admits or releases the difference.
+    """
+    try:
+        before = {ps.name: ps.per_pod for ps in adapter.pod_sets(old)}
+        after = {ps.name: ps.per_pod for ps in adapter.pod_sets(new)}
+    except JobSpecError:
+        return []  # unreadable: the other checks (or the adapter on the next reconcile) report it
+    changed = sorted(name for name, per_pod in after.items() if name in before and before[name] != per_pod)
+    if not changed:
+        return []
+    detail = (
+        f"the job is admitted with pods of the size it was queued with; the resource requests of pod "
+        f"set(s) {', '.join(changed)} cannot change until it finishes (delete and re-create the job "
+        "to resize it)"
+    )
+    return [validation.forbidden("spec", detail)]
 
 
 #: Annotations koord-queue keeps on a managed job; the dequeue stamp has its own rule above.

@@ -1,4 +1,5 @@
-"""Admission checks: which checks a unit must pass, and what their states mean (REFERENCE §6.1).
+"""Admission checks: which checks a unit must pass, and what their states mean
+(docs/compatibility.md#admission-checks).
 
 A Queue lists checks (``spec.admissionChecks``), each with an optional label selector matched
 against the QueueUnit labels. A unit that matches at least one check is admitted to ``Reserved``
@@ -203,7 +204,8 @@ class CheckOutcome:
 
 
 def evaluate(checks: Sequence[CheckState]) -> CheckOutcome | None:
-    """Apply the §6.1 rules to a unit's check states; ``None`` means "stay Reserved"."""
+    """Apply the rules of docs/compatibility.md#admission-checks to a unit's check states; ``None``
+    means "stay Reserved"."""
     for check in checks:
         if check.state in (AdmissionCheckState.REJECTED, AdmissionCheckState.RETRY):
             return CheckOutcome(Phase.TIMEOUT_BACKOFF, Message.CHECK_FAILED, failed_check=check.name)

@@ -1,4 +1,5 @@
-"""Adoption: a released job whose QueueUnit is gone gets its unit back, admitted (REFERENCE §2.3 step 4).
+"""Adoption: a released job whose QueueUnit is gone gets its unit back, admitted
+(docs/compatibility.md#adoption-of-released-jobs).
 
 A job that is no longer queuing was admitted once and runs (or is about to) on quota it was
 granted. If its QueueUnit is deleted, a fresh unit would queue it again as a new job while it keeps

@@ -1,4 +1,5 @@
-"""QueueUnit conditions and the structured requeue backoff (REFERENCE §6.3, §3.9).
+"""QueueUnit conditions and the structured requeue backoff (docs/compatibility.md#conditions,
+docs/compatibility.md#attempts-and-backoff).
 
 Phases are the compatible API, but tools built on Kueue habits read ``status.conditions``
 (``QuotaReserved``, ``Admitted``, ``PodsReady``, ``Finished``, ``Evicted``). Upstream derives them
@@ -73,7 +74,8 @@ def _has(conditions: Conditions, type_: str) -> bool:
 def sync_conditions(
     existing: Sequence[Mapping[str, object]], *, phase: str, message: str, now: str
 ) -> tuple[Conditions, bool]:
-    """Conditions for ``phase`` (REFERENCE §6.3 table) and whether ``requeueState`` is to be cleared.
+    """Conditions for ``phase`` (the table of docs/compatibility.md#conditions) and whether
+    ``requeueState`` is to be cleared.
 
     ``existing`` is not modified. Phases outside the table (``""``, legacy ``Preempted``) leave the
     conditions as they are.
@@ -100,6 +102,10 @@ def sync_conditions(
     elif phase == Phase.RUNNING:
         rows = [_RESERVED, _ADMITTED, (_P, "True", "PodsRunning", "The pods of the job are running")]
         clear_requeue = True
+    if phase in (Phase.DEQUEUED, Phase.SCHED_READY, Phase.SCHED_SUCCEED, Phase.RUNNING) and _has(conds, _E):
+        # Admitted again (or still admitted after a partial reclaim): an earlier eviction no longer
+        # describes the unit. Kueue clears it the same way; upstream leaves Evicted=True for good.
+        rows.append((_E, "False", "Admitted", "The queue unit is admitted again"))
     elif phase == Phase.SUCCEED:
         rows = [(_F, "True", "Succeeded", "The job succeeded")]
     elif phase == Phase.FAILED:

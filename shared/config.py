@@ -1,4 +1,5 @@
-"""The component configuration file, ``KoordQueueConfiguration`` (REFERENCE §1.5).
+"""The component configuration file, ``KoordQueueConfiguration``
+(docs/compatibility.md#component-configuration).
 
 ``--config`` names a YAML file of ``apiVersion: scheduling.k8s.io/v1``, ``kind:
 KoordQueueConfiguration`` (the older ``KubeQueueConfiguration`` is accepted too). What changes our
@@ -10,7 +11,11 @@ behaviour:
   upstream's unchecked behaviour (any job may name any quota);
 * ``maxUserPriority`` (default unset: no cap): the largest priority a job may ask for with the
   ``scheduling.x-k8s.io/priority`` annotation; larger values are clamped (PriorityClass values,
-  which admins control, are not).
+  which admins control, are not);
+* ``jobRunningTimeout`` (default: all off): per job extension, ``runningTimeout``,
+  ``backoffTimeout`` and ``partialRunningTimeout`` (upstream's per-extension argument names), with
+  a ``default`` entry whose fields an extension's entry overrides one by one
+  (docs/compatibility.md#running-timeout, ``shared.running_timeout``).
 
 ``plugins`` and ``pluginConfigs`` are accepted for compatibility with upstream files and otherwise
 ignored. Unknown keys are reported, not ignored silently, so a typo does not turn protection off
@@ -19,6 +24,7 @@ without a word.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +33,9 @@ from typing import Any, Final
 import yaml
 
 from shared.durations import DurationError, parse_duration
+from shared.goparse import INT32_MAX, INT32_MIN
+from shared.jobs import registry
+from shared.running_timeout import RunningTimeout, RunningTimeouts
 
 API_VERSION: Final = "scheduling.k8s.io/v1"
 KINDS: Final = ("KoordQueueConfiguration", "KubeQueueConfiguration")
@@ -39,10 +48,17 @@ _KNOWN: Final = frozenset(
         "defaultReclaimProtectTime",
         "quotaNamespaceBinding",
         "maxUserPriority",
+        "jobRunningTimeout",
     }
 )
-_INT32_MIN: Final = -(2**31)
-_INT32_MAX: Final = 2**31 - 1
+#: ``jobRunningTimeout`` entries: field name in the file -> ``RunningTimeout`` attribute.
+_TIMEOUT_FIELDS: Final = {
+    "runningTimeout": "running_timeout",
+    "backoffTimeout": "backoff_timeout",
+    "partialRunningTimeout": "partial_running_timeout",
+}
+#: The ``jobRunningTimeout`` entry every extension inherits from.
+DEFAULT_TIMEOUTS: Final = "default"
 
 
 class ConfigError(ValueError):
@@ -58,6 +74,8 @@ class Settings:
     quota_namespace_binding: bool = True
     #: Cluster-wide cap on the priority a job may ask for by annotation (``maxUserPriority``).
     max_user_priority: int | None = None
+    #: Per job extension running, backoff and partial running timeouts (``jobRunningTimeout``).
+    running_timeouts: RunningTimeouts = field(default_factory=RunningTimeouts)
 
 
 def parse(text: str, *, source: str = "config") -> Settings:
@@ -95,17 +113,68 @@ def parse(text: str, *, source: str = "config") -> Settings:
         raise ConfigError(f"{source}: quotaNamespaceBinding: expected true or false, got {binding!r}")
     cap = doc.get("maxUserPriority")
     if cap is not None and (
-        isinstance(cap, bool) or not isinstance(cap, int) or not _INT32_MIN <= cap <= _INT32_MAX
+        isinstance(cap, bool) or not isinstance(cap, int) or not INT32_MIN <= cap <= INT32_MAX
     ):
         raise ConfigError(
             f"{source}: maxUserPriority: expected a 32-bit integer (or no value for no cap), got {cap!r}"
         )
+    timeouts, timeout_warnings = _running_timeouts(doc.get("jobRunningTimeout"), source)
     return Settings(
         reclaim_protect_seconds=protect,
-        warnings=warnings,
+        warnings=warnings + timeout_warnings,
         quota_namespace_binding=binding,
         max_user_priority=cap,
+        running_timeouts=timeouts,
     )
+
+
+def _timeout(raw: object, where: str) -> float:
+    """A Go duration (``90s``, ``10m``) or a number of seconds; finite and not negative."""
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise ConfigError(f"{where}: expected a duration such as 10m, got {raw!r}")
+    try:
+        seconds = parse_duration(raw) if isinstance(raw, str) else float(raw)
+    except DurationError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{where}: must be a finite, non-negative duration")
+    return seconds
+
+
+def _running_timeouts(raw: object, source: str) -> tuple[RunningTimeouts, tuple[str, ...]]:
+    """``jobRunningTimeout``: ``{default: {...}, <extension>: {...}}``, each entry holding any of
+    ``runningTimeout``, ``backoffTimeout`` and ``partialRunningTimeout``. An extension's entry
+    inherits every field it does not set from ``default``; unknown extensions and fields are
+    reported as warnings (like unknown top-level keys), wrong types and bad durations refused."""
+    where = f"{source}: jobRunningTimeout"
+    if raw is None:
+        return RunningTimeouts(), ()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping of job extension name to timeouts, got {raw!r}")
+    known = (DEFAULT_TIMEOUTS, *registry.EXTENSIONS)
+    warnings: list[str] = []
+    entries: dict[str, dict[str, float]] = {}
+    for name in sorted(raw, key=str):
+        if name not in known:
+            warnings.append(f"{where}: unknown job extension {name!r} ignored; known: {', '.join(known)}")
+            continue
+        body = raw[name]
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise ConfigError(f"{where}.{name}: expected a mapping of timeouts, got {body!r}")
+        for key in sorted(set(body) - _TIMEOUT_FIELDS.keys(), key=str):
+            warnings.append(f"{where}.{name}: unknown field {key!r} ignored")
+        entries[name] = {
+            attr: _timeout(body[key], f"{where}.{name}.{key}")
+            for key, attr in _TIMEOUT_FIELDS.items()
+            if body.get(key) is not None
+        }
+    default = RunningTimeout(**entries.pop(DEFAULT_TIMEOUTS, {}))
+    per_extension = tuple(
+        (name, dataclasses.replace(default, **fields)) for name, fields in sorted(entries.items())
+    )
+    return RunningTimeouts(default=default, per_extension=per_extension), tuple(warnings)
 
 
 def load(path: Path) -> Settings:

@@ -1,14 +1,17 @@
 """Pure decisions of the job extensions: job → QueueUnit, pod gating, reclaim and usage reports.
 
-The reconciler's job-extension half (ARCHITECTURE decision 8) is four questions, each answered here
-from plain values so they can be table-tested:
+The reconciler's job-extension half
+(docs/architecture.md#decision-8-the-queueunit-api-stands-on-its-own) is four questions, each answered
+here from plain values so they can be table-tested:
 
-* :func:`build_queue_unit` / :func:`spec_drift`: what QueueUnit a job should have (REFERENCE §2.4),
-  including a RayJob's pod sets raised to its live RayCluster (§2.5) and the unit re-created for a
-  released job (§2.3 step 4, see ``shared.adoption``);
+* :func:`build_queue_unit` / :func:`spec_drift`: what QueueUnit a job should have
+  (docs/compatibility.md#queueunit-construction), including a RayJob's pod sets raised to its live
+  RayCluster (docs/compatibility.md#rayjob) and the unit re-created for a released job
+  (docs/compatibility.md#adoption-of-released-jobs, see ``shared.adoption``);
 * :func:`plan_pods`: which gated pods to release and which unbound pods to delete for a reclaim
-  (ARCHITECTURE decision 5: at most ``admissions[i].replicas`` pods per pod set are ungated; reclaim
-  deletes only pods that are neither bound nor terminal, so running pods are never touched);
+  (docs/architecture.md#decision-5-gate-pods-reclaim-only-unbound-ones: at most
+  ``admissions[i].replicas`` pods per pod set are ungated; reclaim deletes only pods that are neither
+  bound nor terminal, so running pods are never touched);
 * :func:`report`: the ``status`` patch that reports bound pods, pod states and the job's phase.
 
 Every function returns ``None`` (or an empty plan) when nothing needs writing, so the I/O side
@@ -23,37 +26,22 @@ from typing import Any
 
 from shared import adoption, conditions, names, podspec, quantities
 from shared.durations import parse_time
+from shared.goparse import parse_go_bool, parse_lenient_int
 from shared.jobs import ray, registry
-from shared.jobs.base import Job, JobAdapter, JobStatus, annotations_of, dig, labels_of, text
+from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, annotations_of, dig, labels_of, text
+from shared.jobs.podspec import template_requests
 
 Obj = dict[str, Any]
+
+#: Phases in which a unit's admission releases pods. ``Reserved`` holds quota while admission checks
+#: run: its pods stay gated until the checks pass (and go back behind the gate if they fail).
+ADMITTED_PHASES = frozenset({names.Phase.DEQUEUED, names.Phase.RUNNING, names.Phase.SCHED_SUCCEED})
 
 #: Annotations never copied from a job to its QueueUnit: large, and meaningless on the unit; the
 #: adoption marker is ours to set (copied from a job it would hide a new unit from the scheduler).
 _SKIPPED_ANNOTATIONS = frozenset(
     {"kubectl.kubernetes.io/last-applied-configuration", adoption.ADOPTED_ANNOTATION}
 )
-
-
-def parse_int32(raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        return None
-    return value if -(2**31) <= value < 2**31 else None
-
-
-def parse_bool(raw: str | None) -> bool | None:
-    """Go's strconv.ParseBool spellings; anything else is ignored (None)."""
-    if raw is None:
-        return None
-    if raw in ("1", "t", "T", "true", "TRUE", "True"):
-        return True
-    if raw in ("0", "f", "F", "false", "FALSE", "False"):
-        return False
-    return None
 
 
 def resolve_priority(
@@ -72,7 +60,7 @@ def resolve_priority(
     """
     class_name, raw = adapter.priority(job)
     value = priority_classes.get(class_name, raw) if class_name else raw
-    override = parse_int32(annotations_of(job).get(names.PRIORITY_ANNOTATION))
+    override = parse_lenient_int(annotations_of(job).get(names.PRIORITY_ANNOTATION), bits=32)
     if override is not None:
         value = override if max_user_priority is None else min(override, max_user_priority)
     return class_name, value
@@ -91,7 +79,8 @@ def desired_spec(
     ``max_user_priority`` caps the priority annotation (:func:`resolve_priority`).
 
     ``live_cluster`` is a RayJob's running RayCluster (``ray.live_cluster``): KubeRay's autoscaler
-    scales it, not the RayJob, so its replicas raise the pod set counts (REFERENCE §2.5, S27).
+    scales it, not the RayJob, so its replicas raise the pod set counts
+    (docs/compatibility.md#s27-rayjob-follows-its-live-raycluster).
     """
     pod_sets = adapter.pod_sets(job)
     if live_cluster is not None:
@@ -124,10 +113,10 @@ def desired_spec(
     if value is not None:
         spec["priority"] = value
     annotations = annotations_of(job)
-    active = parse_bool(annotations.get(names.ACTIVE_ANNOTATION))
+    active = parse_go_bool(annotations.get(names.ACTIVE_ANNOTATION))
     if active is not None:
         spec["active"] = active
-    budget = parse_int32(annotations.get(names.MAX_EXEC_TIME_ANNOTATION))
+    budget = parse_lenient_int(annotations.get(names.MAX_EXEC_TIME_ANNOTATION), bits=32)
     if budget is not None and budget > 0:
         spec["maximumExecutionTimeSeconds"] = budget
     return spec
@@ -172,15 +161,26 @@ def build_queue_unit(
     }
 
 
+def _pod_set_shape(pod_set: object) -> tuple[object, object, dict[str, int] | None]:
+    """``(name, count, per-pod requests)`` of a unit's pod set; requests None when unreadable."""
+    try:
+        per_pod = template_requests(dig(pod_set, "template"), "template")
+    except JobSpecError:
+        per_pod = None
+    return dig(pod_set, "name"), dig(pod_set, "count"), per_pod
+
+
 def spec_drift(unit: Obj, desired: Obj) -> Obj | None:
-    """A merge patch bringing the unit's pod set counts, priority and activation in line with
-    the job, or None. ``spec.resource`` follows pod set changes except while Running (REFERENCE
-    §2.3 step 5); the whole ``podSet`` list is replaced because merge patches replace lists."""
+    """A merge patch bringing the unit's pod sets, priority and activation in line with the job, or
+    None. Pod sets differ when a name, a count or a pod's requests differ: a queued job whose
+    template grows must be charged its new size when admitted, not the size it was queued with.
+    ``spec.resource`` follows pod set changes except while Running (docs/compatibility.md#pod-set-drift);
+    the whole ``podSet`` list is replaced because merge patches replace lists."""
     current = unit.get("spec") or {}
     patch: Obj = {}
-    old_counts = [(p.get("name"), p.get("count")) for p in current.get("podSet") or []]
-    new_counts = [(p["name"], p["count"]) for p in desired["podSet"]]
-    if old_counts != new_counts:
+    old_shape = [_pod_set_shape(p) for p in current.get("podSet") or []]
+    new_shape = [_pod_set_shape(p) for p in desired["podSet"]]
+    if old_shape != new_shape:
         patch["podSet"] = desired["podSet"]
         if (unit.get("status") or {}).get("phase") != names.Phase.RUNNING:
             patch["resource"] = desired["resource"]
@@ -293,7 +293,7 @@ def _beyond_admission(live: Sequence[PodView], replicas: int) -> list[PodView]:
     return list(reversed(_order(released)))[:excess] if excess > 0 else []
 
 
-def plan_pods(unit: Obj, pods: Sequence[PodView]) -> PodPlan:
+def plan_pods(unit: Obj, pods: Sequence[PodView], *, now_text: str = "") -> PodPlan:
     """Release gated pods up to the admitted count and carry out any pending reclaim.
 
     Reclaim of an admission with ``reclaimState.replicas = n`` takes back ``min(n, replicas -
@@ -302,10 +302,15 @@ def plan_pods(unit: Obj, pods: Sequence[PodView]) -> PodPlan:
     such a reclaimState forever). Bound pods are never deleted, so the reclaim may take back fewer
     replicas than asked; the reclaimState is cleared either way and the scheduler sees the result.
     Released unbound pods beyond the admission (see :func:`_beyond_admission`) are deleted too,
-    including every released unbound pod of a unit that holds no admission at all.
+    including every released unbound pod of a unit that holds no admission at all. Pods are
+    released only in an admitted phase (:data:`ADMITTED_PHASES`): a unit that holds quota while
+    its admission checks run, or that is backing off, keeps them gated and deletes any released
+    unbound pod.
     """
     plan = PodPlan()
     admissions = admissions_of(unit)
+    phase = (unit.get("status") or {}).get("phase") or ""
+    releasing = phase in ADMITTED_PHASES
     by_set: dict[str, list[PodView]] = {}
     for pod in pods:
         if pod.live:
@@ -336,34 +341,49 @@ def plan_pods(unit: Obj, pods: Sequence[PodView]) -> PodPlan:
             reclaimed_any = True
             deleted = {p.uid for p in victims}
             live = [p for p in live if p.uid not in deleted]
-        excess = _beyond_admission(live, replicas)
+        excess = _beyond_admission(live, replicas if releasing else 0)
         if excess:
             plan.unadmitted.extend(excess)
             gone = {p.uid for p in excess}
             live = [p for p in live if p.uid not in gone]
         released = [p for p in live if p.bound or not p.gated]
         missing = replicas - len(released)
-        if missing > 0:
+        if missing > 0 and releasing:
             plan.ungate.extend(_order(p for p in live if not p.bound and p.gated)[:missing])
         new_admissions.append(entry)
     if reclaimed_any:
-        status: Obj = {"admissions": new_admissions}
-        if all(_int(a.get("replicas")) == 0 for a in new_admissions):
-            # Nothing is held any more: the unit is back in its queue, and says so.
-            status["phase"] = names.Phase.ENQUEUED.value
-            status["message"] = names.Message.ENQUEUED_AFTER_PREEMPTED
-        plan.status = {"status": status}
+        plan.status = {"status": _after_reclaim(unit, new_admissions, now_text=now_text)}
     return plan
+
+
+def _after_reclaim(unit: Obj, admissions: list[Obj], *, now_text: str) -> Obj:
+    """The status once a reclaim is carried out, conditions included.
+
+    Nothing held any more: the unit is back in its queue, and says so (``Enqueued``, conditions
+    for that phase). Something still held (bound pods are never reclaimed): the unit stays in its
+    admitted phase, and its conditions say admitted again (the marking set ``Admitted=False``).
+    """
+    status: Obj = {"admissions": admissions}
+    current = (unit.get("status") or {}).get("phase") or ""
+    if all(_int(a.get("replicas")) == 0 for a in admissions):
+        phase, message = names.Phase.ENQUEUED.value, names.Message.ENQUEUED_AFTER_PREEMPTED
+        status["phase"], status["message"] = phase, message
+    else:
+        phase, message = current, str((unit.get("status") or {}).get("message") or "")
+    conds, _ = conditions.sync_conditions(_conditions(unit), phase=phase, message=message, now=now_text)
+    if conds != _conditions(unit):
+        status["conditions"] = conds
+    return status
 
 
 def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_text: str) -> Obj | None:
     """The status patch reporting bound pods and the job's life, or None when nothing changed.
 
     ``admissions[i].running`` counts the bound live pods of the pod set; ``podState`` counts bound
-    (running) and unbound (pending) live pods. A finished job's unit moves to Succeed or Failed
-    with ``admissions = []``, which releases its quota (REFERENCE §2.8). A unit that was admitted
-    (Dequeued) moves to Running once the job runs. A kind with ``synthetic_pods`` (Workflow)
-    reports its admitted replicas as running while the released job runs or is pending.
+    (running) and unbound (pending) live pods. A finished job's unit moves to Succeed or Failed with
+    ``admissions = []``, which releases its quota (docs/compatibility.md#job-finish-and-deletion). A
+    unit that was admitted (Dequeued) moves to Running once the job runs. A kind with ``synthetic_pods``
+    (Workflow) reports its admitted replicas as running while the released job runs or is pending.
     """
     status = unit.get("status") or {}
     phase = status.get("phase") or ""
@@ -399,14 +419,23 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
     patch: Obj = {}
     new_admissions = []
     changed = False
+    counts = _pod_set_counts(unit)
     for a in raw_admissions:
         entry = dict(a)
-        running = bound_by_set.get(str(a.get("name")), 0)
+        name = str(a.get("name"))
+        running = bound_by_set.get(name, 0)
         if entry.get("running") != running:
             entry["running"] = running
             changed = True
         if _int(entry.get("replicas")) < running:
             entry["replicas"] = running
+            changed = True
+        wanted = counts.get(name)
+        if wanted is not None and _int(entry.get("replicas")) > max(wanted, running):
+            # Over-admission: the pod set shrank (completed pods of a Job, lowered parallelism),
+            # so the quota of the replicas it no longer needs is given back, and the unit is not
+            # "assumed" for pods that will never run.
+            entry["replicas"] = max(wanted, running)
             changed = True
         new_admissions.append(entry)
     if changed:
@@ -429,6 +458,17 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
         return None
     patch["lastUpdateTime"] = now_text
     return {"status": patch}
+
+
+def _pod_set_counts(unit: Obj) -> dict[str, int]:
+    """``count`` per pod set of the unit's spec (the job's current demand, kept in step by
+    :func:`spec_drift`)."""
+    found: dict[str, int] = {}
+    for pod_set in dig(unit, "spec", "podSet") or []:
+        name, count = dig(pod_set, "name"), dig(pod_set, "count")
+        if isinstance(name, str) and isinstance(count, int) and not isinstance(count, bool):
+            found[name] = count
+    return found
 
 
 def _synthetic_pods(unit: Obj) -> bool:
@@ -457,11 +497,12 @@ def _accumulated(unit: Obj) -> int:
 def deactivation(unit: Obj, *, now: float, now_text: str) -> Obj | None:
     """The status patch that parks a deactivated unit (``spec.active: false``), or None.
 
-    REFERENCE §2.9 ``reconcileDeactivation``: finished units and units still being reclaimed are
-    left alone; a unit already parked (nothing reserved, Enqueued) needs nothing. Otherwise the
-    unit returns to Enqueued with its quota released, the time its pods ran is added to
-    ``accumulatedPastExecutionTimeSeconds``, and ``Evicted=True/Deactivated`` is set. The caller
-    suspends the job and records the ``Deactivated`` event on it.
+    Upstream's ``reconcileDeactivation`` (docs/compatibility.md#activation-and-execution-budget):
+    finished units and units still being reclaimed are left alone; a unit already parked (nothing
+    reserved, Enqueued) needs nothing. Otherwise the unit returns to Enqueued with its quota released,
+    the time its pods ran is added to ``accumulatedPastExecutionTimeSeconds``, and
+    ``Evicted=True/Deactivated`` is set. The caller suspends the job and records the ``Deactivated``
+    event on it.
     """
     spec = unit.get("spec") or {}
     status = unit.get("status") or {}
@@ -502,10 +543,11 @@ class Budget:
 
 
 def execution_budget(unit: Obj, *, now: float, now_text: str) -> Budget:
-    """REFERENCE §2.9 ``reconcileMaxExecutionTime``: with a budget, an active unit and
-    ``PodsReady=True``, remaining = budget - accumulated - (now - PodsReady since). At or below zero
-    the unit is deactivated (``spec.active: false``), its clock stopped (``PodsReady=False``) and
-    ``Evicted=True/MaximumExecutionTimeExceeded`` set; the caller records the Warning event."""
+    """Upstream's ``reconcileMaxExecutionTime`` (docs/compatibility.md#activation-and-execution-budget):
+    with a budget, an active unit and ``PodsReady=True``, remaining = budget - accumulated - (now -
+    PodsReady since). At or below zero the unit is deactivated (``spec.active: false``), its clock
+    stopped (``PodsReady=False``) and ``Evicted=True/MaximumExecutionTimeExceeded`` set; the caller
+    records the Warning event."""
     spec = unit.get("spec") or {}
     budget = spec.get("maximumExecutionTimeSeconds")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0 or spec.get("active") is False:

@@ -1,4 +1,4 @@
-"""The one module that talks to the Kubernetes API (ARCHITECTURE import rules).
+"""The one module that talks to the Kubernetes API (docs/architecture.md#import-rules).
 
 kubernetes-asyncio loads the configuration (kubeconfig or in-cluster service account, with token
 refresh) and owns the HTTPS session; this module sends raw JSON through that session instead of the
@@ -18,7 +18,8 @@ Error tree::
      ├── Conflict        409 (write conflicts; also AlreadyExists, see ``reason``)
      ├── Gone            410 (a watch or list resourceVersion that is too old)
      ├── Invalid         422
-     └── TooManyRequests 429
+     ├── TooManyRequests 429
+     └── NotLeading      never sent: a write refused while this process does not lead
 """
 
 from __future__ import annotations
@@ -80,6 +81,51 @@ class Invalid(KubeError):
 
 class TooManyRequests(KubeError):
     pass
+
+
+class NotLeading(KubeError):
+    """A write refused by :class:`Leadership` before it was sent (status 0, nothing reached the API)."""
+
+    def __init__(self, method: str, path: str) -> None:
+        super().__init__(0, "NotLeading", f"{method} {path} refused: this replica does not lead")
+
+
+class Leadership:
+    """Whether this process may change the cluster: the one gate every write passes.
+
+    A reconciler started with ``--leader-elect`` is a follower until it holds the Lease; a follower
+    keeps its informers warm and serves reads, and must never write. Rather than trusting every
+    write path (workers, spawned status notes, the event recorder, certificate managers, the
+    Queue and ConfigMap syncs, and whatever is added later) to check, :class:`Kube` refuses every
+    request that is not a read while the gate is closed: it raises :class:`NotLeading` before the
+    request is rate-limited, counted or sent, so a follower cannot write even through a path that
+    forgot to ask. The Lease itself is kept by kubernetes-asyncio's own client, outside the gate.
+
+    The same object is handed to the parts that queue work from watch events (the scheduler's
+    status notes, the event recorder, the job extensions): while following they queue nothing,
+    so no per-object work piles up and nothing seen while following is written on take-over (a
+    new leader starts from a full pass over its warm caches instead, see ``reconciler/main.py``).
+
+    Opened by :func:`lead` once the Lease is held, closed the moment it is lost. Open by default:
+    a process without leader election (tools, tests, a single replica) always leads.
+    """
+
+    def __init__(self, *, leading: bool = True) -> None:
+        self._leading = leading
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
+
+    def acquire(self) -> None:
+        self._leading = True
+
+    def release(self) -> None:
+        self._leading = False
+
+
+#: Methods that only read (list and watch are GETs too): allowed whether or not the process leads.
+_READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 _ERRORS: dict[int, type[KubeError]] = {
@@ -172,8 +218,11 @@ class Kube:
         burst: int,
         user_agent: str,
         impersonate: str | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         self._api = api
+        #: the gate of every write (:class:`Leadership`); open unless the caller passes a closed one
+        self.leadership = leadership if leadership is not None else Leadership()
         self._limiter = RateLimiter(qps=qps, burst=burst)
         self._host = str(api.configuration.host).rstrip("/")
         self._headers = {"User-Agent": user_agent, "Accept": JSON}
@@ -204,22 +253,31 @@ class Kube:
         user_agent: str = "koord-queue-py",
         impersonate: str | None = None,
         pool_size: int = 64,
+        leadership: Leadership | None = None,
+        context: str | None = None,
     ) -> Kube:
-        """Load the kubeconfig (or the in-cluster service account when none is given)."""
+        """Load the kubeconfig (or the in-cluster service account when none is given); ``context``
+        names a kubeconfig context other than its current one (``kubectl --context``)."""
         configuration = k8s_client.Configuration()
         try:
-            await cls._load(configuration, kubeconfig)
+            await cls._load(configuration, kubeconfig, context)
         except (k8s_config.ConfigException, OSError) as err:
             where = kubeconfig or "the in-cluster ServiceAccount"
             raise ClientConfigError(f"cannot load API credentials from {where}: {err}") from None
         configuration.connection_pool_maxsize = pool_size
         api = k8s_client.ApiClient(configuration)
-        return cls(api, qps=qps, burst=burst, user_agent=user_agent, impersonate=impersonate)
+        return cls(
+            api, qps=qps, burst=burst, user_agent=user_agent, impersonate=impersonate, leadership=leadership
+        )
 
     @staticmethod
-    async def _load(configuration: k8s_client.Configuration, kubeconfig: str | None) -> None:
+    async def _load(
+        configuration: k8s_client.Configuration, kubeconfig: str | None, context: str | None = None
+    ) -> None:
         if kubeconfig:
-            await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            await k8s_config.load_kube_config(
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
         else:
             k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
 
@@ -265,7 +323,12 @@ class Kube:
         timeout: float = 30.0,
         verb: str | None = None,
     ) -> Obj:
-        """One API call; returns the decoded JSON body or raises a :class:`KubeError`."""
+        """One API call; returns the decoded JSON body or raises a :class:`KubeError`.
+
+        A write while :attr:`leadership` is closed raises :class:`NotLeading` and sends nothing.
+        """
+        if method not in _READ_METHODS and not self.leadership.leading:
+            raise NotLeading(method, path)
         await self._limiter.acquire()
         self._count(verb or method)
         headers = await self._headers_for(content_type or (JSON if body is not None else None))
@@ -430,19 +493,34 @@ async def lead(
     a Lease whose holder has not renewed it within ``lease_s``). ``work`` is cancelled the moment
     renewal fails, and :class:`LeadershipLost` is raised so the process exits and restarts with
     fresh state instead of acting on a cache another leader has moved past.
+
+    The client's :class:`Leadership` gate follows the Lease: closed while waiting, opened just
+    before ``work`` starts, closed again the moment renewal fails (before ``work`` has even seen
+    its cancellation), so no write of this process can overlap another leader's.
     """
     from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
     from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
+    gate = client.leadership
+
     async def started() -> None:
         log.info("%s: leading as %s", name, identity)
-        await work()
+        gate.acquire()
+        try:
+            await work()
+        finally:
+            gate.release()
 
     async def stopped() -> None:
+        gate.release()
         log.warning("%s: leadership lost by %s", name, identity)
 
+    gate.release()
     lock = LeaseLock(name, namespace, identity, client.api_client)
     # The Lease stores whole seconds; the library formats the duration into it as given.
     config = electionconfig.Config(lock, max(1, round(lease_s)), renew_s, retry_s, started, stopped)
-    await leaderelection.LeaderElection(config).run()
+    try:
+        await leaderelection.LeaderElection(config).run()
+    finally:
+        gate.release()
     raise LeadershipLost(f"lease {namespace}/{name} lost by {identity}")

@@ -1,12 +1,12 @@
 """Parsed, immutable views of QueueUnits, Queues and ElasticQuotas: the only input of the core.
 
 Raw Kubernetes objects (plain dicts from the API) are parsed here exactly once, at the edge; every
-decision module past this point reads typed, frozen values and never digs in raw dicts (STYLE).
-Parsing never raises on user data: a malformed field is replaced by its documented default and a
-human-readable entry is appended to ``problems`` (with the field path), which the reconciler turns
-into a status message and an event. One bad object must never stop the reconcile loop. When a bad
-field makes a unit's demand unknowable (an unparsable quantity) the unit also gets ``invalid``: the
-scheduler parks it with that text instead of guessing and over-admitting.
+decision module past this point reads typed, frozen values and never digs in raw dicts
+(docs/development.md#code-style). Parsing never raises on user data: a malformed field is replaced by
+its documented default and a human-readable entry is appended to ``problems`` (with the field path),
+which the reconciler turns into a status message and an event. One bad object must never stop the
+reconcile loop. When a bad field makes a unit's demand unknowable (an unparsable quantity) the unit also
+gets ``invalid``: the scheduler parks it with that text instead of guessing and over-admitting.
 
 Quantities are exact milli-units (``shared.quantities``); times are float epoch seconds parsed from
 RFC 3339 text. Pure: standard library and sibling ``shared`` modules only, no clock.
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from shared import names, podspec, quantities
 from shared.admission_checks import CheckState, QueueAdmissionCheck, parse_selector
 from shared.durations import DurationError, format_time, parse_duration, parse_time
+from shared.goparse import parse_go_bool, parse_go_int, parse_lenient_int
 from shared.quantities import QuantityError, Resources
 
 __all__ = [
@@ -46,8 +47,6 @@ __all__ = [
 ]
 
 DEFAULT_ITEMS_REFRESH_SECONDS = 15.0
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go strconv.ParseBool
-_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 _NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _INT32 = re.compile(r"[+-]?[0-9]{1,11}")
 
@@ -114,7 +113,8 @@ class Unit:
 
 @dataclass(frozen=True, slots=True)
 class QueueConfig:
-    """A Queue's spec and tuning annotations (REFERENCE §1.1, §3.6).
+    """A Queue's spec and tuning annotations (docs/compatibility.md#queue,
+    docs/compatibility.md#queue-annotations).
 
     ``policy`` is ``None`` when ``spec.queuePolicy`` names an unsupported strategy; ``policy_error``
     then carries upstream's text for the ``AddQueueFail`` event and the queue admits nothing.
@@ -218,10 +218,9 @@ class _Reader:
         value = annotations.get(key)
         if value is None:
             return default
-        if value in _TRUE:
-            return True
-        if value in _FALSE:
-            return False
+        parsed = parse_go_bool(value)
+        if parsed is not None:
+            return parsed
         self.problems.append(f'metadata.annotations[{key}]: {value!r} is not a boolean, using "{default}"')
         return default
 
@@ -229,11 +228,11 @@ class _Reader:
         value = annotations.get(key)
         if value is None:
             return default
-        try:
-            return int(value.strip(), 10)
-        except ValueError:
+        parsed = parse_lenient_int(value)
+        if parsed is None:
             self.problems.append(f"metadata.annotations[{key}]: {value!r} is not an integer, using {default}")
             return default
+        return parsed
 
     def resources(self, raw: object, path: str) -> tuple[Resources, bool]:
         """Parse a resource list; a bad entry is recorded and makes the second value False."""
@@ -400,7 +399,7 @@ def with_grants(unit: Unit, grants: Mapping[str, int], *, phase: str, message: s
     """The unit as it looks once an admission is written: ``replicas += granted`` per pod set.
 
     Missing pod sets are appended with ``running=0`` (upstream's dequeue). The reconciler uses this
-    to *assume* the admission into its cache before the API write (ARCHITECTURE decision 3).
+    to *assume* the admission into its cache before the API write (docs/architecture.md#assume-and-forget).
     """
     admissions = list(unit.admissions)
     for podset in sorted(grants):
@@ -533,8 +532,8 @@ def parse_user_priority_cap(text: str | None) -> tuple[int | None, str | None]:
     if text is None:
         return None, None
     value = text.strip()
-    number = int(value) if _INT32.fullmatch(value) else None
-    if number is None or not -(2**31) <= number < 2**31:
+    number = parse_go_int(value, bits=32) if _INT32.fullmatch(value) else None
+    if number is None:
         return None, (
             f"metadata.annotations[{names.MAX_USER_PRIORITY_ANNOTATION}]: {text[:80]!r} is not a 32-bit "
             "integer; no per-quota priority cap applies until it is fixed"

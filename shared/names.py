@@ -1,9 +1,10 @@
 """Every name the Koord-Queue compatible API fixes: groups, kinds, labels, annotations, phases,
 condition types, event reasons and user-facing messages.
 
-They live in one module because compatibility is the contract (ARCHITECTURE decision 1): a typo in a
-label key silently breaks a user's existing YAML, so every other module imports the name from here
-instead of spelling it again. Texts marked "sic" keep upstream's spelling on purpose.
+They live in one module because compatibility is the contract
+(docs/architecture.md#decision-1-a-compatible-api): a typo in a label key silently breaks a user's
+existing YAML, so every other module imports the name from here instead of spelling it again. Texts
+marked "sic" keep upstream's spelling on purpose.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ JOB_DEQUEUE_TIMESTAMP_ANNOTATION: Final = "koord-queue/job-dequeue-timestamp"
 RELATED_QUEUEUNIT_ANNOTATION: Final = "koord-queue/related-queueunit"
 RELATED_PODSET_ANNOTATION: Final = "koord-queue/related-podset-name"
 
-#: The scheduling gate the webhook adds to managed pod templates (ARCHITECTURE decision 5).
+#: The scheduling gate the webhook adds to managed pod templates
+#: (docs/architecture.md#decision-5-gate-pods-reclaim-only-unbound-ones).
 ADMISSION_GATE: Final = "koord-queue/admission"
 #: Pod label marking pods that must be created behind :data:`ADMISSION_GATE` by the pod webhook
 #: (``shared.podgate``). For kinds without a pod template the webhook could gate (SparkApplication:
@@ -64,12 +66,12 @@ GATED_POD_LABEL: Final = "koord-queue/gated-pod"
 #: controller counts as a failure against ``backoffLimit``; reclaim removes it first (see
 #: ``reconciler.jobs``), the way the Job controller does for pods it deletes itself.
 JOB_TRACKING_FINALIZER: Final = "batch.kubernetes.io/job-tracking"
-#: Name of the suspend template Argo Workflows get (REFERENCE §2.5).
+#: Name of the suspend template Argo Workflows get (docs/compatibility.md#argo-workflow).
 WORKFLOW_SUSPEND_TEMPLATE: Final = "koord-queue-suspend"
 #: Pseudo pod set used when a unit has a request but no pod sets.
 DEFAULT_REQUIREMENT_PODSET: Final = "koord-queue/default-requirement"
 
-# --- Queue annotations (REFERENCE §3.6) ---------------------------------------------------------
+# --- Queue annotations (docs/compatibility.md#queue-annotations) ----------------------------------
 
 QUEUE_ANNOTATION_PREFIX: Final = "koord-queue/"
 WAIT_FOR_PODS_RUNNING_ANNOTATION: Final = "koord-queue/wait-for-pods-running"
@@ -93,7 +95,7 @@ class QueuePolicy(enum.StrEnum):
 
 
 class Phase(enum.StrEnum):
-    """QueueUnit phases (REFERENCE §1.2). ``""`` counts as pending and is not a member."""
+    """QueueUnit phases (docs/compatibility.md#phases). ``""`` counts as pending and is not a member."""
 
     ENQUEUED = "Enqueued"
     RESERVED = "Reserved"
@@ -130,6 +132,10 @@ class EventReason(enum.StrEnum):
     HELD_UNADMITTED = "HeldUnadmitted"
     #: Ours: a pod of a managed job lost its scheduling gate without admission and was deleted.
     UNADMITTED_POD_DELETED = "UnadmittedPodDeleted"
+    #: Ours, on the job: it waits in its queue (quota, position when it first had to wait).
+    QUEUED = "Queued"
+    #: Ours, on the job: admitted after it waited (``Preempted`` is recorded on the job too).
+    ADMITTED = "Admitted"
 
 
 class AdmissionCheckState(enum.StrEnum):
@@ -140,7 +146,7 @@ class AdmissionCheckState(enum.StrEnum):
 
 
 class Message:
-    """``status.message`` texts (REFERENCE §3.8), exact."""
+    """``status.message`` texts (docs/compatibility.md#status-messages), exact."""
 
     ENQUEUED: Final = "Enqueued"
     ADOPTED: Final = "Deuqueued"  # sic
@@ -164,8 +170,9 @@ class Message:
     PREEMPT_FAILED_SUFFIX: Final = "; preempt failed"
     PREEMPT_SUCCEED_SUFFIX: Final = "; preempt succeed"
     SCHEDULED_EVENT: Final = "dequeue success"
-    #: Ours, not upstream's: a unit with no quota label belongs to no queue (REFERENCE S29: no
-    #: phase, no event), but it should not wait without a word saying why.
+    #: Ours, not upstream's: a unit with no quota label belongs to no queue
+    #: (docs/compatibility.md#s29-unit-without-a-quota-label: no phase, no event), but it should not
+    #: wait without a word saying why.
     NO_QUOTA_LABEL: Final = (
         f"not queued: the unit has no quota label ({QUOTA_NAME_LABEL} or {QUOTA_NAME_LABEL_FALLBACK}),"
         " so it belongs to no queue"
@@ -180,8 +187,9 @@ class Message:
     @staticmethod
     def unadmitted_pod_deleted(pod: str) -> str:
         return (
-            f"deleted pod {pod}: its scheduling gate {ADMISSION_GATE} was removed although the job "
-            "holds no admission for it; its controller creates a gated replacement"
+            f"deleted unbound pod {pod}: it was out of its scheduling gate {ADMISSION_GATE} but the "
+            "job holds no admission for it (the admission was given back, or the gate was removed "
+            "past the queue); its controller creates a gated replacement"
         )
 
     @staticmethod
@@ -272,4 +280,30 @@ def duplicate_quota_message(namespace: str, name: str, winner_namespace: str) ->
         f"ElasticQuota {namespace}/{name} is ignored: ElasticQuota {winner_namespace}/{name} has the "
         f"same name and is older, and quotas are keyed by name across the cluster, so only the oldest "
         f"counts (its limits, its Queue, its namespace bindings); rename or delete one of them"
+    )
+
+
+# --- Running timeout (docs/compatibility.md#running-timeout) -------------------------------------
+
+#: Ours: Warning on the unit and its job when the pods did not all run within ``runningTimeout``.
+RUNNING_TIMEOUT_REASON: Final = "RunningTimeout"
+#: Ours: Warning on the unit when ``partialRunningTimeout`` shrinks its admission.
+PARTIAL_RUNNING_TIMEOUT_REASON: Final = "PartialRunningTimeout"
+
+
+def running_timeout_message(not_running: int, replicas: int, timeout: str, backoff: str) -> str:
+    """The ``RunningTimeout`` event: what was late, and what happens next."""
+    return (
+        f"{not_running} of {replicas} admitted pod(s) not running {timeout} after admission "
+        f"(runningTimeout): the job is suspended, its quota is released, and it is queued again "
+        f"in {backoff}"
+    )
+
+
+def partial_running_timeout_message(pod_set: str, running: int, replicas: int, timeout: str) -> str:
+    """The ``PartialRunningTimeout`` event: the pod set whose admission shrinks."""
+    return (
+        f"pod set {pod_set}: {running} of {replicas} admitted pod(s) running after {timeout} "
+        f"(partialRunningTimeout): the admission shrinks to {running} and the quota of the others "
+        f"is released"
     )

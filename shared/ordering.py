@@ -1,10 +1,11 @@
 """Total orders over units and queues: who is served first, and who may preempt whom.
 
 Every ordering here ends with a tie-breaker so that the same snapshot always yields the same plan
-(ARCHITECTURE decision 9); the keys are plain tuples so that sorted lists can be maintained with
-``bisect`` instead of re-sorting on every cycle.
+(docs/architecture.md#decision-9-deterministic-order); the keys are plain tuples so that sorted lists
+can be maintained with ``bisect`` instead of re-sorting on every cycle.
 
-Unit order for the Priority and Block policies (upstream ``less``, REFERENCE §3.5):
+Unit order for the Priority and Block policies (upstream ``less``,
+docs/compatibility.md#priority-and-block-policies):
 
 1. higher ``spec.priority`` first (nil counts as 0);
 2. earlier ``creationTimestamp`` first (upstream's ``InitialAttemptTimestamp``);
@@ -12,10 +13,10 @@ Unit order for the Priority and Block policies (upstream ``less``, REFERENCE §3
 4. then namespace and uid, which upstream lacks: two units with the same name in different
    namespaces created in the same second would otherwise compare equal.
 
-Intelligent policy (REFERENCE §3.7): units with priority >= the queue's threshold form the *high*
-sub-queue, the others the *low* one; each is ordered by priority desc, then a non-preemptible unit
-before a preemptible one (label ``quota.scheduling.alibabacloud.com/preemptible`` == ``"true"``),
-then creation time, name, namespace, uid.
+Intelligent policy (docs/compatibility.md#intelligent-policy): units with priority >= the queue's
+threshold form the *high* sub-queue, the others the *low* one; each is ordered by priority desc, then a
+non-preemptible unit before a preemptible one (label ``quota.scheduling.alibabacloud.com/preemptible``
+== ``"true"``), then creation time, name, namespace, uid.
 
 The preemption rule "a victim sorts after its preemptor" uses the queue's unit key: because keys
 are total and strict, a unit can never be both the preemptor and the victim of another.

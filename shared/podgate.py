@@ -1,16 +1,16 @@
 """The pod gate: hold pods that carry ``koord-queue/gated-pod`` behind the admission gate (pure).
 
 Most job kinds are held through their pod templates: the job webhook adds the scheduling gate
-``koord-queue/admission`` to every template, so every pod the job's controller creates starts
-gated. A SparkApplication has no pod template: the Spark operator builds the driver pod from
-``spec.driver`` and the driver builds the executors from ``spec.executor``, and the stock operator
-ignores the suspend annotation and does so at once. The job webhook therefore labels those pods
-instead (``spec.driver.labels`` / ``spec.executor.labels``, copied onto the pods), and this webhook,
-called by the apiserver on pod CREATE for pods carrying the label (``objectSelector``,
-``failurePolicy: Fail``), adds the gate to each of them. A gated pod is never scheduled; the
-reconciler removes the gate from at most the admitted number of pods per pod set (ARCHITECTURE
-decision 5). The hold thus depends on neither the operator nor anything it does with the suspend
-annotation.
+``koord-queue/admission`` to every template, so every pod the job's controller creates starts gated. A
+SparkApplication has no pod template: the Spark operator builds the driver pod from ``spec.driver`` and
+the driver builds the executors from ``spec.executor``, and the stock operator ignores the suspend
+annotation and does so at once. The job webhook therefore labels those pods instead
+(``spec.driver.labels`` / ``spec.executor.labels``, copied onto the pods), and this webhook, called by
+the apiserver on pod CREATE for pods carrying the label (``objectSelector``, ``failurePolicy: Fail``),
+adds the gate to each of them. A gated pod is never scheduled; the reconciler removes the gate from at
+most the admitted number of pods per pod set
+(docs/architecture.md#decision-5-gate-pods-reclaim-only-unbound-ones). The hold thus depends on neither
+the operator nor anything it does with the suspend annotation.
 
 The label's value is not read: the label being there is what gates, so a value set elsewhere (a
 user's ``sparkConf`` entry for the same label) cannot switch the gate off. A labelled pod created

@@ -7,7 +7,7 @@ kube-scheduler will later account for the same pods:
 
 * each container asks for ``requests[r]``, falling back to ``limits[r]`` per resource (the API
   server defaults requests from limits; upstream Koord-Queue copies limits into requests when it
-  builds pod sets, REFERENCE §2.4);
+  builds pod sets, docs/compatibility.md#queueunit-construction);
 * regular containers are summed;
 * init containers run one at a time before them, so the pod needs the maximum of that sum and each
   init container; restartable init containers (sidecars, ``restartPolicy: Always``) keep running,

@@ -1,16 +1,18 @@
-"""Per-queue scheduling state, kept incrementally from watch events (REFERENCE §3.5, §3.7).
+"""Per-queue scheduling state, kept incrementally from watch events
+(docs/compatibility.md#priority-and-block-policies, docs/compatibility.md#intelligent-policy).
 
 Upstream keeps per queue a sorted slice, ``assumed`` and ``updating`` sets, blocked quotas, a scan
 cursor and a preemption flag, mutated from informer callbacks. :class:`QueueState` keeps the same
 facts, derived from the units wherever possible so that a relist after a restart rebuilds the same
-state (ARCHITECTURE decision 2):
+state (docs/architecture.md#decision-2-the-cluster-is-the-source-of-truth):
 
 * ``lanes``: the *waiting* units (not dequeued, not satisfied, not in backoff, no reclaim in
   progress) as sorted lists of ``sort_key + (key,)`` kept with ``bisect``; one lane for
   Priority/Block, two (high, low) for Intelligent. Inactive units keep their place.
 * ``assumed``: units holding quota whose pods are not all running, sorted the same way.
 * ``in_flight`` / ``marks``: victims whose reclaim is observed on the unit, or decided and not
-  yet observed ("capacity on the way", decision 4); ``round``: the queue's one preemption round.
+  yet observed ("capacity on the way", docs/architecture.md#decision-4-asynchronous-preemption);
+  ``round``: the queue's one preemption round.
 * ``updating``: units admitted by a plan whose write has not been observed yet.
 * ``blocked``: Block/Intelligent's blocked quota. Units reach a queue through their quota label,
   so all units of a queue share one quota and upstream's set of blocked quotas is one flag here.
@@ -92,9 +94,9 @@ def is_waiting(unit: Unit) -> bool:
 def unlabelled_message(unit: Unit) -> str | None:
     """The message a unit with no quota label should show, or None when it needs none.
 
-    Such a unit maps to no queue, so no cycle ever looks at it (REFERENCE S29: no phase, no
-    event). Only one that never got a phase is told why; one that lost its label later keeps
-    whatever its last decision said.
+    Such a unit maps to no queue, so no cycle ever looks at it
+    (docs/compatibility.md#s29-unit-without-a-quota-label: no phase, no event). Only one that never got
+    a phase is told why; one that lost its label later keeps whatever its last decision said.
     """
     if unit.quota or unit.phase or unit.message == Message.NO_QUOTA_LABEL:
         return None
@@ -351,7 +353,8 @@ def rebuild(
 def queue_item_details(state: QueueState) -> list[dict[str, object]]:
     """``Queue.status.queueItemDetails["active"]``: waiting units with 1-based positions.
 
-    Intelligent lists its high sub-queue then its low one, numbered continuously (REFERENCE §3.6).
+    Intelligent lists its high sub-queue then its low one, numbered continuously
+    (docs/compatibility.md#intelligent-policy).
     """
     out: list[dict[str, object]] = []
     for lane in state.lanes:
@@ -373,7 +376,8 @@ class SchedulerState:
 
     Units whose label names a queue that does not exist (or whose Queue has an unsupported policy)
     wait in ``orphans`` and are parked once with ``queue <q> is not exist``; they move into the
-    queue as soon as it appears. Units without a quota label are not tracked at all (REFERENCE §4.1).
+    queue as soon as it appears. Units without a quota label are not tracked at all
+    (docs/compatibility.md#units-without-a-quota-label).
     ``dirty`` names the queues a cycle must rescan; ``timers`` the queues to rescan at a given time.
     """
 

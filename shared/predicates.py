@@ -1,4 +1,5 @@
-"""Phase predicates of upstream ``pkg/utils/util.go``, copied exactly (REFERENCE §1.2).
+"""Phase predicates of upstream ``pkg/utils/util.go``, copied exactly
+(docs/compatibility.md#phase-predicates).
 
 Every component asks the same questions about a QueueUnit: does it still hold quota, has it got
 all it asked for, are its pods running, is it out of the queue? Upstream answers them in one file

@@ -1,6 +1,6 @@
 """Queue-level preemption planner: which admitted-but-not-running units to reclaim, and when.
 
-Specification: seed 000 ("Queue-Level Preemption"), REFERENCE §5, issue 5. Two entry points, both
+Specification: docs/compatibility.md#queue-level-preemption. Two entry points, both
 pure functions of a queue's state, the units and ``now``; the scheduler turns their outcome into a
 :class:`MarkVictims` decision and remembers the marks until they are observed.
 
@@ -12,16 +12,16 @@ pure functions of a queue's state, the units and ``now``; the scheduler turns th
   from the lowest priority and stops as soon as the released resources cover the preemptor's request
   for every requested resource.
 
-A victim (seed 000 "Victim Selection Rules"): sorts after the preemptor in the queue's order; has an
+A victim (docs/compatibility.md#victim-rules): sorts after the preemptor in the queue's order; has an
 admission with ``replicas != running`` and no ``reclaimState`` (reclaimable = ``replicas -
 running`` replicas of that pod set); and its ``lastAllocateTime`` is older than the reclaim protect
 time. Bound pods are never reclaimed, so a unit whose pods all run is never a victim.
 
 Where we do better than upstream (each keeps the documented behaviour in the documented cases):
 
-* **Capacity on the way** (seed 002, ARCHITECTURE decision 4): victims already marked and not yet
-  reclaimed count as released capacity, so a preemptor requeued while they are reclaimed marks
-  nobody new unless they are not enough; nothing is ever marked twice.
+* **Capacity on the way** (docs/architecture.md#decision-4-asynchronous-preemption): victims already
+  marked and not yet reclaimed count as released capacity, so a preemptor requeued while they are
+  reclaimed marks nobody new unless they are not enough; nothing is ever marked twice.
 * **No useless marking.** Upstream marks victims even when the preemptor could still not be
   admitted afterwards. We mark nothing when an assumed unit that can never be this preemptor's
   victim (it sorts before it) would still hold the queue, when a protected unit would (we retry
@@ -31,7 +31,8 @@ Where we do better than upstream (each keeps the documented behaviour in the doc
   mark the whole walk).
 * **One round per queue** is a real round here: it lasts until the preemptor is admitted or gone,
   or until none of its victims is still being reclaimed; another unit asking meanwhile is rejected
-  with upstream's text.
+  with upstream's text. A preemptor that counts on capacity on the way takes the round too (those
+  victims join it), so a victim's freed quota is promised to one waiting preemptor at a time.
 
 Pure: standard library and sibling modules only.
 """
@@ -106,8 +107,8 @@ class Reclaimable:
 class PreemptOutcome:
     """What a preemption attempt decided.
 
-    ``victims`` are newly marked; ``waiting_for`` names victims already on the way that the
-    preemptor counts on; ``error`` is upstream's error text when nothing is (or was) marked;
+    ``victims`` are newly marked; ``waiting_for`` are the keys of victims already on the way that
+    the preemptor counts on; ``error`` is upstream's error text when nothing is (or was) marked;
     ``wake_at`` is when a protected candidate becomes reclaimable; ``protected`` are the keys of
     the candidates skipped because of the reclaim protect time (for the decision log and the
     protection-skip metric).
@@ -122,6 +123,13 @@ class PreemptOutcome:
     @property
     def succeeded(self) -> bool:
         return self.error is None and bool(self.victims or self.waiting_for)
+
+    @property
+    def promised(self) -> tuple[str, ...]:
+        """The keys of every victim whose freed quota the preemptor now counts on."""
+        if not self.succeeded:
+            return ()
+        return (*(v.key for v in self.victims), *self.waiting_for)
 
 
 @dataclass(slots=True)
@@ -159,9 +167,11 @@ def reclaimable(unit: Unit, *, now: float, protect: float) -> Reclaimable | None
 
 
 def _on_the_way(ctx: _Ctx, preemptor: Item) -> tuple[list[str], Resources]:
-    """Victims already marked and not yet reclaimed that sort after the preemptor."""
+    """Victims already marked and not yet reclaimed that sort after the preemptor (their keys, in
+    queue order) and what they free. While a round is in progress only its preemptor gets here
+    (:func:`_gate`), so no two waiting units count on the same victim."""
     state = ctx.state
-    names: list[tuple[Item, str]] = []
+    found: list[Item] = []
     released: Resources = {}
     for key in sorted(state.in_flight.keys() | state.marks.keys()):
         unit = ctx.units.get(key)
@@ -173,8 +183,8 @@ def _on_the_way(ctx: _Ctx, preemptor: Item) -> tuple[list[str], Resources]:
         per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
         for podset, replicas in sorted(state.reclaim_on_the_way(key).items()):
             released = quantities.add(released, quantities.scale(per_pod.get(podset, {}), replicas))
-        names.append((item, unit.name))
-    return [name for _, name in sorted(names)], released
+        found.append(item)
+    return [str(item[-1]) for item in sorted(found)], released
 
 
 def first_holder(state: QueueState, admitted: list[Item], exclude: str) -> Item | None:
@@ -337,15 +347,21 @@ def record_outcome(
     state: QueueState, preemptor: str, outcome: PreemptOutcome, *, now: float, path: str
 ) -> MarkVictims | None:
     """Remember what an attempt decided: the wake-up time, the round, and the marks (until they are
-    observed on the victims, so nothing is marked twice); returns the plan decision, if any."""
+    observed on the victims, so nothing is marked twice); returns the plan decision, if any.
+
+    Every victim the preemptor counts on, newly marked or already on the way, joins its round: no
+    other unit may count on it while the round lasts."""
     if outcome.wake_at is not None and (state.wake_at is None or outcome.wake_at < state.wake_at):
         state.wake_at = outcome.wake_at
-    if not outcome.victims:
+    promised = outcome.promised
+    if not promised:
         return None
     if state.round is None:
         state.round = PreemptRound(preemptor=preemptor, started_at=now)
+    state.round.victims.update(promised)
+    if not outcome.victims:
+        return None
     for victim in outcome.victims:
-        state.round.victims.add(victim.key)
         state.marks[victim.key] = Mark(dict(victim.reclaim), now)
     state.dirty = True  # re-check the preemptor once the marks are written
     return MarkVictims(queue=state.name, preemptor=preemptor, victims=outcome.victims, path=path)

@@ -1,8 +1,9 @@
-"""Quota usage and the quota filter: what units hold, and whether a request fits (REFERENCE §4).
+"""Quota usage and the quota filter: what units hold, and whether a request fits
+(docs/compatibility.md#usage-and-the-quota-filter).
 
-Usage is computed from ``status.admissions`` (ARCHITECTURE decision 2: the cluster is the source of
-truth), kept per quota *and* per ancestor, and updated on every watch event in O(depth). Where
-upstream falls short we do better, deliberately:
+Usage is computed from ``status.admissions``
+(docs/architecture.md#decision-2-the-cluster-is-the-source-of-truth), kept per quota *and* per ancestor,
+and updated on every watch event in O(depth). Where upstream falls short we do better, deliberately:
 
 * **Symmetric accounting.** Upstream adds a unit's admissions but removes its ``spec.resource``, so
   usage drifts. Here one function, :func:`reserved_resources`, computes what a unit holds; the

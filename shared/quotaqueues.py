@@ -1,4 +1,5 @@
-"""ElasticQuota → Queue: the Queue every quota gets (REFERENCE §4.3), as pure decisions.
+"""ElasticQuota → Queue: the Queue every quota gets (docs/compatibility.md#queues-from-elasticquotas),
+as pure decisions.
 
 Each ElasticQuota gets a Queue of the same name in namespace ``koord-queue`` with priority 1000, the
 policy named by the quota's label ``koord-queue/queue-policy`` (Priority when absent), every

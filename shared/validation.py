@@ -4,14 +4,15 @@ The validating webhook turns these lists into one denial message, in the shape K
 know from ``field.ErrorList`` (``spec.queuePolicy: Unsupported value: "FIFO": supported values:
 "Priority", "Block", "Intelligent"``), so a user fixes everything in one round. Checked here:
 
-* job annotations read by the job extensions (REFERENCE §2.4, §2.9): priority, active,
-  max-exec-time-seconds, min-resources;
-* Queue: policy and the ``koord-queue/*`` tuning annotations (REFERENCE §3.6);
-* QueueUnit: pod sets and quantities (REFERENCE §1.2);
+* job annotations read by the job extensions (docs/compatibility.md#queueunit-construction,
+  docs/compatibility.md#activation-and-execution-budget): priority, active, max-exec-time-seconds,
+  min-resources;
+* Queue: policy and the ``koord-queue/*`` tuning annotations (docs/compatibility.md#queue-annotations);
+* QueueUnit: pod sets and quantities (docs/compatibility.md#queueunit-spec);
 * ElasticQuota: quantities, ``min <= max``, a parent that is not itself, the namespaces it is
   bound to (a JSON array), its cap on users' priorities; and, because an
   ElasticQuota's ``koord-queue/*`` annotations and policy label are copied onto the Queue created
-  for it (REFERENCE §4.3), the same Queue checks on those.
+  for it (docs/compatibility.md#queues-from-elasticquotas), the same Queue checks on those.
 
 Scalars are parsed the way upstream's Go code parses them (``strconv.ParseBool``,
 ``strconv.ParseInt``, ``time.ParseDuration``), so we neither reject what upstream accepted nor accept
@@ -27,16 +28,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from shared import durations, names, quantities
+from shared.goparse import INT32_MAX, INT32_MIN, parse_go_bool, parse_go_int
 from shared.jobs import base, podspec
 from shared.jobs.base import JobSpecError
 
 MAX_POD_SETS: Final = 8
-INT32_MIN: Final = -(1 << 31)
-INT32_MAX: Final = (1 << 31) - 1
-
-_GO_TRUE: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_GO_FALSE: Final = frozenset({"0", "f", "F", "FALSE", "false", "False"})
-_GO_INT: Final = re.compile(r"[+-]?[0-9]+")
 _DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _POLICIES: Final = tuple(policy.value for policy in names.QueuePolicy)
 
@@ -115,22 +111,6 @@ def ratchet(new: list[FieldError], old: Iterable[FieldError]) -> list[FieldError
 
 
 # --- Go scalar parsing ---------------------------------------------------------------------------
-
-
-def parse_go_bool(value: str) -> bool | None:
-    """``strconv.ParseBool``: the value, or ``None`` when Go would return an error."""
-    if value in _GO_TRUE:
-        return True
-    return False if value in _GO_FALSE else None
-
-
-def parse_go_int(value: str, *, bits: int = 64) -> int | None:
-    """``strconv.ParseInt(value, 10, bits)``: no spaces, no underscores, in range, else ``None``."""
-    if not _GO_INT.fullmatch(value) or len(value) > 40:
-        return None
-    number = int(value)
-    limit = 1 << (bits - 1)
-    return number if -limit <= number < limit else None
 
 
 def _annotation(key: str) -> str:
@@ -240,7 +220,8 @@ def validate_job_annotations(
 
 
 def validate_queue_annotations(annotations: Mapping[str, str]) -> list[FieldError]:
-    """The ``koord-queue/*`` tuning annotations a Queue is configured by (REFERENCE §3.6)."""
+    """The ``koord-queue/*`` tuning annotations a Queue is configured by
+    (docs/compatibility.md#queue-annotations)."""
     errors: list[FieldError] = []
     for key in (names.WAIT_FOR_PODS_RUNNING_ANNOTATION, names.ENABLE_PREEMPTION_ANNOTATION):
         if (value := annotations.get(key)) is not None and parse_go_bool(value) is None:

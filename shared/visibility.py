@@ -1,7 +1,7 @@
 """The visibility API's answers: which units wait, in what order, for what, and why.
 
-Served as ``visibility.koord-queue.x-k8s.io/v1alpha1`` (REFERENCE §7.2). Cluster-wide, for whoever
-RBAC grants it without a namespace (admins):
+Served as ``visibility.koord-queue.x-k8s.io/v1alpha1`` (docs/compatibility.md#visibility-api).
+Cluster-wide, for whoever RBAC grants it without a namespace (admins):
 
 * ``queues/{queue}/queueunits``: the queue's waiting units in scheduling order;
 * ``elasticquotas/{quota}/queueunits``: every unit charged to the quota, optionally filtered by

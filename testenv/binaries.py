@@ -48,21 +48,24 @@ def _from_assets(names: tuple[str, ...]) -> dict[str, Path]:
     return found
 
 
-def build(*, quiet: bool = False) -> Path:
-    """Run the build script (a no-op when the cache is warm) and return the cache directory."""
+def build(*, quiet: bool = False, target: str = "") -> Path:
+    """Run the build script (a no-op when the cache is warm) and return the cache directory.
+
+    ``target="helm"`` builds helm (hack/helmbin) into its own keyed directory instead."""
     if not BUILD_SCRIPT.is_file():
         raise BinariesError(f"build script not found: {BUILD_SCRIPT}")
     result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)],
+        ["bash", str(BUILD_SCRIPT), *([target] if target else [])],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL if quiet else None,
         text=True,
         check=False,
     )
     if result.returncode != 0:
+        what = target or "the control-plane binaries"
         raise BinariesError(
-            f"building the control-plane binaries failed (exit {result.returncode}); "
-            f"run {BUILD_SCRIPT} to see the Go error"
+            f"building {what} failed (exit {result.returncode}); "
+            f"run {BUILD_SCRIPT} {target} to see the Go error".rstrip()
         )
     out = result.stdout.strip().splitlines()
     if not out:
@@ -95,10 +98,23 @@ def kubectl() -> Path:
     return Path(on_path)
 
 
+def helm() -> Path:
+    """The helm the chart tests use: KUBEBUILDER_ASSETS, else built from hack/helmbin (pinned, like
+    the control plane; a helm on PATH may be any version)."""
+    found = _from_assets(("helm",))
+    if "helm" in found:
+        return found["helm"]
+    candidate = build(target="helm") / "helm"
+    if not candidate.is_file():
+        raise BinariesError(f"helm is missing from {candidate.parent}")
+    return candidate
+
+
 def main() -> None:
     """``make testenv``: build (or find) every binary and print where they are."""
     binaries = resolve()
-    for name, path in sorted(binaries.paths.items()):
+    paths = {**binaries.paths, "helm": helm()}
+    for name, path in sorted(paths.items()):
         print(f"{name}: {path}")
     sys.stdout.flush()
 

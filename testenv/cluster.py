@@ -1,6 +1,6 @@
 """A real Kubernetes control plane on loopback, for the tests, ``make run`` and the benchmarks.
 
-Two profiles (TESTING.md):
+Two profiles (docs/development.md#test-tiers):
 
 * ``integration``: etcd + kube-apiserver. Enough for CRD schemas, printer columns, the webhook called
   by the real apiserver, and the reconciler's list/watch/patch semantics.

@@ -1,83 +1,48 @@
-"""``make demo``: the seed's queue-level preemption story, live, against the system ``make run`` runs.
+"""``make demo``: the preemption example (docs/compatibility.md#preemption-example), live, against the
+system ``make run`` runs.
 
 Start the system with no fake nodes first (``KWOK_NODES=0 make run``), so the low-priority job's pod
 cannot be bound and stays reclaimable; then ``make demo`` in a second terminal. The demo applies
 the example of the Queue-Level Preemption guide (quota team-a with 2 CPU, PriorityClasses, the two
-Jobs), prints ``kubectl get queueunit`` and the events each time something changes, and finally adds
-a fake node with room, on which the high-priority job runs while the reclaimed low-priority pod
-stays gated. Everything lives in namespace ``koord-queue-demo``, deleted at the start.
+Jobs), prints ``kubectl koord-queue list`` (the plugin) and the events each time something changes,
+the quota (``kubectl koord-queue quotas``) and why the preempted job waits (``explain``), and
+finally adds a fake node with room, on which the high-priority job runs while the reclaimed
+low-priority pod stays gated. Everything lives in namespace ``koord-queue-demo``, deleted at the start.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from testenv import binaries, kwok
+from testenv import binaries, kwok, story
 
 NS = "koord-queue-demo"
-
-QUOTA = f"""
-apiVersion: scheduling.sigs.k8s.io/v1alpha1
-kind: ElasticQuota
-metadata:
-  name: team-a
-  namespace: {NS}
-  labels:
-    quota.scheduling.koordinator.sh/parent: ""
-    quota.scheduling.koordinator.sh/is-parent: "false"
-    koord-queue/queue-policy: Priority
-  annotations:
-    koord-queue/wait-for-pods-running: "true"
-    koord-queue/enable-queueunit-preemption: "true"
-spec:
-  min: {{cpu: "2", memory: 8Gi}}
-  max: {{cpu: "2", memory: 8Gi}}
----
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata: {{name: low-priority}}
-value: 100
----
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata: {{name: high-priority}}
-value: 1000
-"""
-
-JOB = """
-apiVersion: batch/v1
-kind: Job
-metadata:
-  name: {level}-priority-job
-  namespace: {ns}
-  labels:
-    quota.scheduling.koordinator.sh/name: team-a
-spec:
-  suspend: true
-  template:
-    spec:
-      priorityClassName: {level}-priority
-      containers:
-        - name: main
-          image: busybox:stable
-          command: ["/bin/sh", "-c", "sleep 3600"]
-          resources:
-            requests:
-              cpu: "2"
-            limits:
-              cpu: "2"
-      restartPolicy: Never
-"""
 
 
 class Kubectl:
     def __init__(self, kubeconfig: Path) -> None:
         self.base = [str(binaries.kubectl()), f"--kubeconfig={kubeconfig}"]
+        self.kubeconfig = kubeconfig
+
+    def plugin(self, *args: str) -> str:
+        """``kubectl koord-queue ARGS``: kubectl finds the plugin the package installs next to this
+        Python (``.venv/bin/kubectl-koord_queue``)."""
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        result = subprocess.run(
+            [*self.base[:1], "koord-queue", f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=env,
+        )
+        return result.stdout if result.returncode == 0 else result.stderr
 
     def __call__(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         result = subprocess.run(
@@ -90,7 +55,7 @@ class Kubectl:
 
 def show(k: Kubectl, last: list[str]) -> None:
     """Print the queue units and the events when they changed since the last call."""
-    units = k("get", "queueunit", "-n", NS, "-o", "wide", check=False)
+    units = k.plugin("list", "-n", NS)
     events = k(
         "get",
         "events",
@@ -105,7 +70,7 @@ def show(k: Kubectl, last: list[str]) -> None:
     if last and last[0] == snapshot:
         return
     last[:] = [snapshot]
-    print(f"\n--- {time.strftime('%H:%M:%S')} kubectl get queueunit -n {NS} -o wide")
+    print(f"\n--- {time.strftime('%H:%M:%S')} kubectl koord-queue list -n {NS}")
     print(units.rstrip() or "(none yet)")
     print("--- events")
     print("\n".join(events.rstrip().splitlines()[-12:]) or "(none yet)")
@@ -147,17 +112,20 @@ def main(argv: list[str] | None = None) -> None:
     k("delete", "namespace", NS, "--ignore-not-found", "--wait=true")
     k("create", "namespace", NS)
     print("1. quota team-a (2 CPU, wait-for-pods-running, enable-queueunit-preemption) and PriorityClasses")
-    k("apply", "-f", "-", stdin=QUOTA)
+    k("apply", "-f", "-", stdin=story.PRIORITY_CLASSES)
+    k("apply", "-f", "-", stdin=story.quota(NS))
     print("2. low-priority-job: admitted, resumed; its pod cannot be bound (no node has room)")
-    k("apply", "-f", "-", stdin=JOB.format(level="low", ns=NS))
+    k("apply", "-f", "-", stdin=story.job("low", NS))
     watch_until(
         k, lambda: phase(k, "low-priority-job") == "Dequeued", timeout=60, what="low-priority-job Dequeued"
     )
+    print(f"\n$ kubectl koord-queue quotas -n {NS}")
+    print(k.plugin("quotas", "-n", NS).rstrip())
     print(
         "\n3. high-priority-job: the quota is full, so the low unit is marked for reclaim, its unbound pod is"
         " deleted, and the high unit is admitted in a later cycle"
     )
-    k("apply", "-f", "-", stdin=JOB.format(level="high", ns=NS))
+    k("apply", "-f", "-", stdin=story.job("high", NS))
     watch_until(
         k, lambda: phase(k, "high-priority-job") == "Dequeued", timeout=60, what="high-priority-job Dequeued"
     )
@@ -177,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
             '{.status.admissions[0].reclaimState.replicas}{"\\n"}',
         )
     )
+    print(f"\n$ kubectl koord-queue explain low-priority-job -n {NS}   # why the preempted job waits now")
+    print(k.plugin("explain", "low-priority-job", "-n", NS).rstrip())
     print("\n4. a node with room appears: the high job's pod is bound and runs; the low pod stays gated")
     k("apply", "-f", "-", stdin=json.dumps(kwok.node("demo-roomy", cpu="4", memory="16Gi")))
     k(

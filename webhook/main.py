@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shared import admission
+from shared.goparse import INT32_MAX, INT32_MIN
 from shared.jobs import registry
 from webhook import server
 
@@ -44,7 +45,7 @@ def _port(text: str) -> int:
 
 def _int32(text: str) -> int:
     value = int(text)
-    if not -(2**31) <= value < 2**31:
+    if not INT32_MIN <= value <= INT32_MAX:
         raise argparse.ArgumentTypeError(f"must be a 32-bit integer, got {value}")
     return value
 

@@ -1,4 +1,5 @@
-"""The job adapter protocol: how the queue sees one kind of job (ARCHITECTURE decision 7).
+"""The job adapter protocol: how the queue sees one kind of job
+(docs/architecture.md#decision-7-one-adapter-per-job-kind).
 
 Every supported job kind (batch Job, Kubeflow TFJob/PyTorchJob, RayJob/RayCluster, Argo Workflow,
 SparkApplication) is reduced to the same few answers: is it ours (``is_managed``), how is it held
@@ -45,7 +46,7 @@ class JobSpecError(ValueError):
 
 
 class JobStatus(enum.StrEnum):
-    """Where a job is in its life, as the job extensions see it (REFERENCE §2.2)."""
+    """Where a job is in its life, as the job extensions see it (docs/compatibility.md#job-states)."""
 
     CREATED = "Created"
     QUEUING = "Queuing"
@@ -98,7 +99,7 @@ class JobAdapter(Protocol):
     def synthetic_pods(self) -> bool:
         """The kind's pods cannot be linked to its unit (Argo Workflow: created step by step from
         many templates, none gated). Its pod sets count as running while the released job runs,
-        as upstream's synthetic ``mocked-node`` pod makes them (REFERENCE §2.5)."""
+        as upstream's synthetic ``mocked-node`` pod makes them (docs/compatibility.md#argo-workflow)."""
 
     @property
     def status_subresource(self) -> bool:

@@ -1,4 +1,4 @@
-"""Adapter for ``batch/v1`` Job (REFERENCE §2.5, upstream ``job.go``).
+"""Adapter for ``batch/v1`` Job (docs/compatibility.md#batchv1-job, upstream ``job.go``).
 
 A Job is held by ``spec.suspend`` and has a single pod template, so it becomes one pod set named
 after the job. Two deliberate differences from upstream:
@@ -6,7 +6,7 @@ after the job. Two deliberate differences from upstream:
 * a nil ``spec.parallelism`` means 1 (upstream dereferences it and can crash);
 * a Job whose *controller* is another kind we manage (a RayJob's submitter, a Kubeflow or Argo
   child) is not managed itself: the parent's QueueUnit already accounts for it, and suspending the
-  child would deadlock the parent (Kueue's "ancestor is managed" rule, KUEUE-LESSONS §1.2).
+  child would deadlock the parent (Kueue's "ancestor is managed" rule, docs/compatibility.md#batchv1-job).
 """
 
 from __future__ import annotations

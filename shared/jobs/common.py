@@ -134,9 +134,9 @@ class AdapterBase:
     ) -> None:
         """Gate one pod template and label it with its QueueUnit and pod set.
 
-        The scheduling gate keeps every pod of the template Pending until the reconciler removes
-        it for an admitted replica (ARCHITECTURE decision 5). A missing template is left alone:
-        the apiserver or the operator rejects such a job anyway.
+        The scheduling gate keeps every pod of the template Pending until the reconciler removes it for
+        an admitted replica (docs/architecture.md#decision-5-gate-pods-reclaim-only-unbound-ones). A
+        missing template is left alone: the apiserver or the operator rejects such a job anyway.
         """
         if builder.get(template) is None:
             return

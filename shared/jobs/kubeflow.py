@@ -1,4 +1,5 @@
-"""Adapters for Kubeflow ``kubeflow.org/v1`` TFJob and PyTorchJob (REFERENCE §2.5, ``tfjob.go``).
+"""Adapters for Kubeflow ``kubeflow.org/v1`` TFJob and PyTorchJob
+(docs/compatibility.md#tfjob-and-pytorchjob, upstream ``tfjob.go``).
 
 A Kubeflow job is held two ways at once: the training operator honours ``spec.runPolicy.suspend``,
 and upstream Koord-Queue reads the annotation ``scheduling.x-k8s.io/suspend``. We write both, so

@@ -1,16 +1,16 @@
 """Adapters for KubeRay: RayJob (``ray.io/v1`` and ``ray.io/v1alpha1``) and RayCluster (``ray.io/v1``).
 
-Both kinds are held by ``spec.suspend`` (REFERENCE §2.5, ``rayjob.go``) and carry a cluster spec
-with one head group and any number of worker groups, each a pod template. The pod sets are ``head``
-(count 1) and one per worker group, named ``lower(groupName)`` (default ``worker``), count
+Both kinds are held by ``spec.suspend`` (docs/compatibility.md#rayjob, upstream ``rayjob.go``) and carry
+a cluster spec with one head group and any number of worker groups, each a pod template. The pod sets
+are ``head`` (count 1) and one per worker group, named ``lower(groupName)`` (default ``worker``), count
 ``replicas`` (default 1).
 
 A RayJob's spec is only the *template* of the RayCluster KubeRay creates for it (named in
-``status.rayClusterName``); KubeRay's autoscaler then scales that live cluster, not the RayJob. So,
-as upstream does (REFERENCE §2.5, S27), each pod set count is raised to the live cluster's replicas
-of the same group when those are larger (:func:`follow_cluster`), and the unit charges what really
-runs. Finding the cluster is pure too (:func:`live_cluster`, :func:`parent_job`); the reconciler
-only watches RayClusters and hands them in.
+``status.rayClusterName``); KubeRay's autoscaler then scales that live cluster, not the RayJob. So, as
+upstream does (docs/compatibility.md#s27-rayjob-follows-its-live-raycluster), each pod set count is
+raised to the live cluster's replicas of the same group when those are larger (:func:`follow_cluster`),
+and the unit charges what really runs. Finding the cluster is pure too (:func:`live_cluster`,
+:func:`parent_job`); the reconciler only watches RayClusters and hands them in.
 
 Not managed, on purpose:
 
@@ -134,8 +134,8 @@ class RayJobAdapter(_RayAdapter):
         return self.quota_name(job) is not None and not base.dig(job, "spec", "clusterSelector")
 
     def job_status(self, job: Job) -> JobStatus:
-        # Upstream keeps a finished job Running while its RayCluster still exists; that check needs
-        # the API and belongs to the reconciler.
+        # Upstream keeps a finished job Running while its RayCluster still exists; that needs the
+        # cluster, which the reconciler has: see ``hold_while_cluster_lives``.
         deployment = base.dig(job, "status", "jobDeploymentStatus")
         if deployment == "Complete":
             return JobStatus.SUCCEEDED
@@ -219,6 +219,15 @@ def live_cluster(job: Job, clusters: Mapping[str, Job]) -> Job | None:
         return None
     cluster = clusters.get(f"{base.namespace_of(job)}/{name}")
     return cluster if cluster is not None and _belongs_to(cluster, job) else None
+
+
+def hold_while_cluster_lives(job_status: JobStatus, cluster: Job | None) -> JobStatus:
+    """A finished RayJob whose RayCluster still exists still holds its pods: it counts as running
+    until the cluster is gone (upstream's rule; KubeRay keeps the cluster after the job for
+    ``shutdownAfterJobFinishes: false`` or a TTL), so its quota is not released under live pods."""
+    if cluster is not None and job_status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        return JobStatus.RUNNING
+    return job_status
 
 
 def cluster_replicas(cluster: Job) -> dict[str, int]:

@@ -1,8 +1,9 @@
 """The one list of job adapters, and lookups by kind and by extension name.
 
-Adapters are listed explicitly (ARCHITECTURE decision 7): adding a kind means adding a line here,
-and the contract test in ``tests/unit/test_job_adapters.py`` picks it up automatically. Extension
-names match upstream's ``--enabled-extensions`` values (REFERENCE §2.1).
+Adapters are listed explicitly (docs/architecture.md#decision-7-one-adapter-per-job-kind): adding a kind
+means adding a line here, and the contract test in ``tests/unit/test_job_adapters.py`` picks it up
+automatically. Extension names match upstream's ``--enabled-extensions`` values
+(docs/compatibility.md#enabled-extensions).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Adapter for ``sparkoperator.k8s.io/v1beta2`` SparkApplication (REFERENCE §2.5, ``sparkapp.go``).
+"""Adapter for ``sparkoperator.k8s.io/v1beta2`` SparkApplication
+(docs/compatibility.md#sparkapplication, upstream ``sparkapp.go``).
 
 What holds a SparkApplication, and its pods, until its QueueUnit is admitted:
 

@@ -1,4 +1,5 @@
-"""Adapter for Argo ``argoproj.io/v1alpha1`` Workflow (REFERENCE §2.5, ``argoworkflow.go``).
+"""Adapter for Argo ``argoproj.io/v1alpha1`` Workflow (docs/compatibility.md#argo-workflow, upstream
+``argoworkflow.go``).
 
 A Workflow is held by ``spec.suspend: true``. Upstream also recognises its workflows by a template
 named ``koord-queue-suspend`` with a ``suspend`` block, so the webhook appends

@@ -1,4 +1,6 @@
-"""Deactivation and the execution budget of running jobs (REFERENCE §2.9, scenarios S24 and S25).
+"""Deactivation and the execution budget of running jobs
+(docs/compatibility.md#activation-and-execution-budget; scenarios S24 and S25 of
+docs/compatibility.md#scenario-list).
 
 S24: a running job whose QueueUnit is deactivated (``spec.active: false``) is suspended, its unit
 returns to Enqueued with ``Evicted=True/Deactivated`` and ``Admitted=False``, its quota is released,

@@ -18,12 +18,10 @@ Pods finish after ``KWOK_POD_DURATION`` (3s) unless the template sets the kwok a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 import yaml
-from kubernetes_asyncio import client as k8s
 
 from shared import kube as kq
 from shared import names
@@ -32,21 +30,16 @@ from testenv import system
 from testenv.cluster import LocalCluster
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION
 from tests import kube
+from tests.scenario import Obj, Scenario, gated, phase, status
 
 pytestmark = pytest.mark.e2e
 
-Obj = dict[str, Any]
-MERGE = "application/merge-patch+json"
 QUEUE_UNITS = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
 
 
-def quota(name: str, cpu: str) -> Obj:
-    return {
-        "apiVersion": names.QUOTA_API_VERSION,
-        "kind": "ElasticQuota",
-        "metadata": {"name": name},
-        "spec": {"min": {"cpu": cpu, "memory": "64Gi"}, "max": {"cpu": cpu, "memory": "64Gi"}},
-    }
+def room(cpu: str) -> dict[str, str]:
+    """A quota's min = max: ``cpu`` CPUs and memory for every test job."""
+    return {"cpu": cpu, "memory": "64Gi"}
 
 
 def job(
@@ -85,154 +78,41 @@ def job(
     }
 
 
-def status(obj: Mapping[str, Any]) -> Obj:
-    return dict(obj.get("status") or {})
-
-
-def phase(unit: Mapping[str, Any]) -> str:
-    return str(status(unit).get("phase", ""))
-
-
-def gated(pod: Any) -> bool:
-    return any(g.name == names.ADMISSION_GATE for g in pod.spec.scheduling_gates or [])
-
-
-class Env:
-    """An API client bound to the test namespace."""
-
-    def __init__(self, api: k8s.ApiClient, cluster: LocalCluster, namespace: str) -> None:
-        self.cluster = cluster
-        self.ns = namespace
-        self.objects = k8s.CustomObjectsApi(api)
-        self.core = k8s.CoreV1Api(api)
-        self.batch = k8s.BatchV1Api(api)
-
-    def name(self, suffix: str) -> str:
-        """A cluster-wide unique quota name (quotas are keyed by name)."""
-        return f"{self.ns}-{suffix}"
-
-    def kubectl(self, *args: str, input_text: str | None = None) -> Any:
-        return kube.kubectl(self.cluster, *args, input_text=input_text)
-
-    async def create_quota(self, name: str, cpu: str) -> None:
-        await self.objects.create_namespaced_custom_object(
-            names.QUOTA_GROUP, names.QUOTA_VERSION, self.ns, names.QUOTA_PLURAL, quota(name, cpu)
-        )
-
-        async def queue() -> bool:
-            try:
-                await self.objects.get_namespaced_custom_object(
-                    names.GROUP, names.VERSION, names.COMPONENT_NAMESPACE, names.QUEUE_PLURAL, name
-                )
-            except k8s.ApiException:
-                return False
-            return True
-
-        await kube.eventually(queue, what=f"Queue {name} created from its quota")
-
-    async def resize_quota(self, name: str, cpu: str) -> None:
-        body = {"spec": quota(name, cpu)["spec"]}
-        await self.objects.patch_namespaced_custom_object(
-            names.QUOTA_GROUP,
-            names.QUOTA_VERSION,
-            self.ns,
-            names.QUOTA_PLURAL,
-            name,
-            body,
-            _content_type=MERGE,
-        )
-
-    def submit(self, obj: Obj) -> None:
-        self.kubectl("apply", "-n", self.ns, "-f", "-", input_text=yaml.safe_dump(obj))
-
-    async def get_job(self, name: str) -> Obj:
-        got: Obj = await self.objects.get_namespaced_custom_object("batch", "v1", self.ns, "jobs", name)
-        return got
-
-    async def wait_job(self, name: str, probe: Callable[[Obj], bool], *, what: str) -> Obj:
-        async def check() -> Obj | None:
-            got = await self.get_job(name)
-            return got if probe(got) else None
-
-        return await kube.eventually(check, what=f"Job {self.ns}/{name}: {what}")
-
-    async def get_unit(self, name: str) -> Obj | None:
-        try:
-            got: Obj = await self.objects.get_namespaced_custom_object(
-                names.GROUP, names.VERSION, self.ns, names.QUEUEUNIT_PLURAL, name
-            )
-        except k8s.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return got
-
-    async def wait_unit(
-        self, name: str, probe: Callable[[Obj], bool], *, what: str, timeout: float = 30.0
-    ) -> Obj:
-        async def check() -> Obj | None:
-            got = await self.get_unit(name)
-            assert got is not None, "no such QueueUnit"
-            if not probe(got):
-                # A batch Job's unit has the Job's name: show its pods too, so a timeout says why.
-                pods = [
-                    (p.metadata.name, p.spec.node_name, gated(p), p.status.phase)
-                    for p in await self.pods(name)
-                ]
-                raise AssertionError(f"status: {got.get('status')}; pods (name, node, gated, phase): {pods}")
-            return got
-
-        return await kube.eventually(check, timeout=timeout, what=f"QueueUnit {self.ns}/{name}: {what}")
-
-    async def pods(self, job_name: str) -> list[Any]:
-        found = await self.core.list_namespaced_pod(
-            self.ns, label_selector=f"batch.kubernetes.io/job-name={job_name}"
-        )
-        return list(found.items)
-
-    async def live_pods(self, job_name: str) -> list[Any]:
-        return [
-            p
-            for p in await self.pods(job_name)
-            if p.status.phase not in ("Succeeded", "Failed") and p.metadata.deletion_timestamp is None
-        ]
-
-
 @pytest.fixture
 async def env(
     e2e_cluster: LocalCluster, system_e2e: system.Processes, namespace_in: str
-) -> AsyncIterator[Env]:
+) -> AsyncIterator[Scenario]:
     async with kube.client(e2e_cluster) as api:
-        yield Env(api, e2e_cluster, namespace_in)
+        yield Scenario(api, e2e_cluster, namespace_in, explain_with_pods=True)
 
 
 async def test_a_job_larger_than_its_quota_is_never_partly_admitted_while_a_smaller_one_runs(
-    env: Env,
+    env: Scenario,
 ) -> None:
     q = env.name("two")
-    await env.create_quota(q, "2")
+    await env.add_quota(q, room("2"))
     async with kube.Recorder(env.cluster, QUEUE_UNITS, namespace=env.ns) as units:
-        env.submit(job("big", q, parallelism=3))
+        env.apply(job("big", q, parallelism=3))
         parked = await env.wait_unit(
             "big", lambda u: Message.limited(q, "cpu") in str(status(u).get("message")), what="parked on cpu"
         )
         assert not status(parked).get("admissions")
 
-        env.submit(job("small", q, parallelism=2))
+        env.apply(job("small", q, parallelism=2))
         await env.wait_unit(
             "small", lambda u: phase(u) == "Succeed", what="small ran and finished", timeout=60
         )
         assert (await env.get_job("small"))["status"].get("succeeded") == 2
 
         # The finished job's 2 CPU went back; big still does not fit and was never partly run.
-        big_unit = await env.get_unit("big")
+        big_unit = await env.find_unit("big")
         assert big_unit is not None
         assert phase(big_unit) in ("", "Enqueued"), status(big_unit)
         assert not status(big_unit).get("admissions")
         assert (await env.get_job("big"))["spec"]["suspend"] is True
         assert await env.pods("big") == []
 
-        await env.resize_quota(q, "3")
+        await env.resize_quota(q, room("3"))
         done = await env.wait_unit(
             "big", lambda u: phase(u) == "Succeed", what="big admitted whole", timeout=60
         )
@@ -244,10 +124,10 @@ async def test_a_job_larger_than_its_quota_is_never_partly_admitted_while_a_smal
     assert all(g in ([], [("big", 3)]) for g in granted), granted
 
 
-async def test_s26_only_the_admitted_number_of_pods_is_ungated(env: Env) -> None:
+async def test_s26_only_the_admitted_number_of_pods_is_ungated(env: Scenario) -> None:
     q = env.name("gate")
-    await env.create_quota(q, "2")
-    env.submit(job("scaled", q, parallelism=2, completions=5, run_for="60s"))
+    await env.add_quota(q, room("2"))
+    env.apply(job("scaled", q, parallelism=2, completions=5, run_for="60s"))
     await env.wait_unit(
         "scaled",
         lambda u: status(u).get("admissions") == [{"name": "scaled", "replicas": 2, "running": 2}],
@@ -276,16 +156,16 @@ async def test_s26_only_the_admitted_number_of_pods_is_ungated(env: Env) -> None
     assert not any(p.spec.node_name for p in pods if gated(p))
 
 
-async def test_running_pods_are_reported_and_a_finished_job_releases_its_quota(env: Env) -> None:
+async def test_running_pods_are_reported_and_a_finished_job_releases_its_quota(env: Scenario) -> None:
     q = env.name("five")
-    await env.create_quota(q, "5")
+    await env.add_quota(q, room("5"))
     async with kube.Recorder(env.cluster, QUEUE_UNITS, namespace=env.ns) as units:
-        env.submit(job("first", q, parallelism=5, run_for="20s"))
+        env.apply(job("first", q, parallelism=5, run_for="20s"))
         await env.wait_unit("first", lambda u: phase(u) == "Running", what="Running", timeout=60)
         pods = await env.live_pods("first")
         assert len(pods) == 5 and not any(gated(p) for p in pods)
 
-        env.submit(job("second", q, parallelism=1))
+        env.apply(job("second", q, parallelism=1))
         await env.wait_unit(
             "second",
             lambda u: Message.limited(q, "cpu") in str(status(u).get("message")),
@@ -315,13 +195,13 @@ async def test_running_pods_are_reported_and_a_finished_job_releases_its_quota(e
     assert second["metadata"]["annotations"].get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
 
 
-async def test_deleting_a_job_deletes_its_unit_and_frees_its_quota(env: Env) -> None:
+async def test_deleting_a_job_deletes_its_unit_and_frees_its_quota(env: Scenario) -> None:
     q = env.name("one")
-    await env.create_quota(q, "1")
-    env.submit(job("holder", q, parallelism=1, run_for="600s"))
+    await env.add_quota(q, room("1"))
+    env.apply(job("holder", q, parallelism=1, run_for="600s"))
     holder = await env.wait_unit("holder", lambda u: phase(u) == "Running", what="holder Running", timeout=60)
     assert holder["metadata"]["ownerReferences"][0]["uid"] == (await env.get_job("holder"))["metadata"]["uid"]
-    env.submit(job("waiter", q, parallelism=1))
+    env.apply(job("waiter", q, parallelism=1))
     await env.wait_unit(
         "waiter", lambda u: Message.limited(q, "cpu") in str(status(u).get("message")), what="waiter parked"
     )
@@ -329,7 +209,7 @@ async def test_deleting_a_job_deletes_its_unit_and_frees_its_quota(env: Env) -> 
     env.kubectl("delete", "-n", env.ns, "job", "holder", "--wait=false")
 
     async def unit_gone() -> bool:
-        return await env.get_unit("holder") is None
+        return await env.find_unit("holder") is None
 
     await kube.eventually(unit_gone, what="holder's QueueUnit garbage-collected")
     await env.wait_unit(
@@ -338,11 +218,11 @@ async def test_deleting_a_job_deletes_its_unit_and_frees_its_quota(env: Env) -> 
     await env.wait_job("waiter", lambda j: j["spec"]["suspend"] is False, what="waiter resumed")
 
 
-async def test_a_job_created_with_generate_name_is_admitted_and_its_pods_run(env: Env) -> None:
+async def test_a_job_created_with_generate_name_is_admitted_and_its_pods_run(env: Scenario) -> None:
     """Under ``generateName`` the webhook cannot know the job's name, so its pod template carries
     the gate but no related-QueueUnit annotation; the pods must still be found and ungated."""
     q = env.name("gen")
-    await env.create_quota(q, "2")
+    await env.add_quota(q, room("2"))
     obj = job("ignored", q, parallelism=2)
     del obj["metadata"]["name"]
     obj["metadata"]["generateName"] = "gen-"

@@ -1,14 +1,15 @@
-"""Queue-level preemption, the example of the specification (seed 000) reproduced literally.
+"""Queue-level preemption, the preemption example (docs/compatibility.md#preemption-example),
+reproduced literally.
 
 Quota team-a holds 2 CPU; `low-priority-job` is admitted first, but no fake node has room, so its
 pod stays unbound and the unit stays in the queue's assumed set. `high-priority-job` then cannot be
 admitted: the low unit is marked for reclaim, the job extension deletes its unbound pod and reports
-the freed quota, and a later cycle admits the high unit. The four states of the seed are observed
+the freed quota, and a later cycle admits the high unit. The four states of the example are observed
 in order from a watch on the QueueUnits (the reclaimState is transient, so polling could miss it).
 Finally a node with room appears: the high job's pod is bound and runs, and the low job's
 replacement pod stays gated.
 
-This module runs its own control plane with no fake nodes at the start (KWOK_NODES=0 in the seed's
+This module runs its own control plane with no fake nodes at the start (KWOK_NODES=0 in the example's
 terms), so no other test's nodes or quota names interfere.
 """
 
@@ -24,72 +25,11 @@ import pytest
 
 from shared import kube as kq
 from shared import names
-from testenv import system
+from testenv import story, system
 from testenv.cluster import LocalCluster
 from tests import kube
 
 pytestmark = pytest.mark.e2e
-
-QUOTA = """
-apiVersion: scheduling.sigs.k8s.io/v1alpha1
-kind: ElasticQuota
-metadata:
-  name: team-a
-  namespace: {ns}
-  labels:
-    quota.scheduling.koordinator.sh/parent: ""
-    quota.scheduling.koordinator.sh/is-parent: "false"
-    koord-queue/queue-policy: Priority
-  annotations:
-    koord-queue/wait-for-pods-running: "true"
-    koord-queue/enable-queueunit-preemption: "true"
-spec:
-  min:
-    cpu: "2"
-    memory: 8Gi
-  max:
-    cpu: "2"
-    memory: 8Gi
-"""
-
-JOB = """
-apiVersion: batch/v1
-kind: Job
-metadata:
-  name: {level}-priority-job
-  namespace: {ns}
-  labels:
-    quota.scheduling.koordinator.sh/name: team-a
-spec:
-  suspend: true
-  template:
-    spec:
-      priorityClassName: {level}-priority
-      containers:
-        - name: main
-          image: busybox:stable
-          command: ["/bin/sh", "-c", "sleep 3600"]
-          resources:
-            requests:
-              cpu: "2"
-            limits:
-              cpu: "2"
-      restartPolicy: Never
-"""
-
-PRIORITY_CLASSES = """
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata:
-  name: low-priority
-value: 100
----
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata:
-  name: high-priority
-value: 1000
-"""
 
 UNITS = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
 
@@ -170,13 +110,13 @@ def first_index(items: list[Any], predicate: Any, start: int = 0) -> int:
     raise AssertionError(f"no matching state after index {start} in {items}")
 
 
-async def test_the_seed_example_preempts_the_unbound_low_priority_job(
+async def test_the_preemption_example_preempts_the_unbound_low_priority_job(
     bare_cluster: LocalCluster, running_system: Path, watched: list[dict[str, Any]]
 ) -> None:
     cluster = bare_cluster
     kube.kubectl(cluster, "create", "namespace", NAMESPACE, check=False)
-    kube.kubectl(cluster, "apply", "-f", "-", input_text=PRIORITY_CLASSES)
-    kube.kubectl(cluster, "apply", "-f", "-", input_text=QUOTA.format(ns=NAMESPACE))
+    kube.kubectl(cluster, "apply", "-f", "-", input_text=story.PRIORITY_CLASSES)
+    kube.kubectl(cluster, "apply", "-f", "-", input_text=story.quota(NAMESPACE))
 
     async def queue_configured() -> bool:
         out = kube.kubectl(
@@ -190,7 +130,7 @@ async def test_the_seed_example_preempts_the_unbound_low_priority_job(
     await kube.eventually(queue_configured, what="Queue team-a with the preemption annotations")
 
     # Step 1: the low job is admitted, resumed, and its pod is released but cannot be bound.
-    kube.kubectl(cluster, "apply", "-f", "-", input_text=JOB.format(level="low", ns=NAMESPACE))
+    kube.kubectl(cluster, "apply", "-f", "-", input_text=story.job("low", NAMESPACE))
 
     async def low_pod_released() -> bool:
         pods = kubectl_json(cluster, "get", "pods", "-n", NAMESPACE, "-l", "job-name=low-priority-job")[
@@ -203,7 +143,7 @@ async def test_the_seed_example_preempts_the_unbound_low_priority_job(
     assert low_job["spec"]["suspend"] is False
 
     # Steps 2-4: the high job arrives; the low unit is marked, reclaimed, and the high unit admitted.
-    kube.kubectl(cluster, "apply", "-f", "-", input_text=JOB.format(level="high", ns=NAMESPACE))
+    kube.kubectl(cluster, "apply", "-f", "-", input_text=story.job("high", NAMESPACE))
 
     async def high_dequeued() -> bool:
         return any(
@@ -223,7 +163,7 @@ async def test_the_seed_example_preempts_the_unbound_low_priority_job(
     high_messages = [s[3] for s in high]
     assert any("limited quotaName:team-a" in m and m.endswith("; preempt succeed") for m in high_messages)
 
-    # The high job's pod is released; the seed's two kubectl commands.
+    # The high job's pod is released; the example's two kubectl commands.
     async def high_pod_released() -> bool:
         pods = kubectl_json(cluster, "get", "pods", "-n", NAMESPACE, "-l", "job-name=high-priority-job")[
             "items"

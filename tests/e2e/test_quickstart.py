@@ -1,4 +1,5 @@
-"""The quick start of the Koord-Queue user guide (seed 003), end to end with its own YAML.
+"""The quick start of the Koord-Queue user guide (docs/operations.md#first-quota-and-job), end to end
+with its own YAML.
 
 Quota team-a holds 4 CPU and 8Gi; `my-job` runs; `my-job-blocked` stays Enqueued with a message
 naming the limiting quota and resource, and is admitted automatically once `my-job` finishes. The

@@ -9,8 +9,9 @@ that happens. An independent observer follows every QueueUnit version in etcd or
   its ``max``;
 * in the end every job has run to completion.
 
-A restarted reconciler rebuilds its state from a relist (ARCHITECTURE decision 2), so none of this
-may depend on what the killed process had in memory.
+A restarted reconciler rebuilds its state from a relist
+(docs/architecture.md#decision-2-the-cluster-is-the-source-of-truth), so none of this may depend on what
+the killed process had in memory.
 """
 
 from __future__ import annotations

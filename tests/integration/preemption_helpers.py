@@ -1,4 +1,5 @@
-"""Builders and probes for the queue-level preemption tests (seed 000, REFERENCE §5 and §8 S3-S5).
+"""Builders and probes for the queue-level preemption tests (docs/compatibility.md#queue-level-preemption,
+scenarios S3-S5 of docs/compatibility.md#scenario-list).
 
 The tests drive the running reconciler only through the API, with bare QueueUnits: the consumer is
 a kind no job extension handles, so the test plays the job extension itself by writing
@@ -25,7 +26,7 @@ from shared import names
 from shared.durations import parse_time
 from testenv.cluster import LocalCluster
 from tests import kube
-from tests.integration.scenario import Scenario, admissions, condition, message, phase, status
+from tests.scenario import Scenario, admissions, condition, message, phase, status
 
 Obj = dict[str, Any]
 UNITS = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")

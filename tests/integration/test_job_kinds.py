@@ -1,22 +1,23 @@
 """Every job kind, submitted with plain kubectl, becomes the right QueueUnit and is released its way.
 
 Black box against the real apiserver with the webhook and the reconciler running
-(``system_integration``); no pods run in this profile. A job is submitted with only the quota label
-(no suspend field: the webhook holds it), and the test checks the QueueUnit the job extension
-creates (REFERENCE §2.4, §2.5): the name and its per-kind suffix, the owner reference, copied labels
-and annotations, ``consumerRef``, pod sets and the resource/request totals, and the JOBTYPE column
-of ``kubectl get qu``. While the quota is too small the job stays held with a message naming the
-limiting quota and resource; once the quota has room the unit is Dequeued and the job is released
-the way its kind is, with ``koord-queue/job-dequeue-timestamp`` set.
+(``system_integration``); no pods run in this profile. A job is submitted with only the quota label (no
+suspend field: the webhook holds it), and the test checks the QueueUnit the job extension creates
+(docs/compatibility.md#queueunit-construction, docs/compatibility.md#job-kinds): the name and its
+per-kind suffix, the owner reference, copied labels and annotations, ``consumerRef``, pod sets and the
+resource/request totals, and the JOBTYPE column of ``kubectl get qu``. While the quota is too small the
+job stays held with a message naming the limiting quota and resource; once the quota has room the unit
+is Dequeued and the job is released the way its kind is, with ``koord-queue/job-dequeue-timestamp`` set.
 
-Also: S22 (priority from the PriorityClass value, and a class created after the job), S23 (the
-priority annotation overrides, follows later changes and is validated by the webhook), a priority
-class change on a Kubeflow template, S34 (Workflow ``min-resources``; a released Workflow counts as
-running, so ``wait-for-pods-running`` does not hold its queue), ``generateName`` jobs (the resume
-links their templates to the unit), pod sets following a scaled queued job, S27 (a RayJob's pod
-sets follow its live RayCluster), adoption of a running job whose unit was deleted (REFERENCE §2.3
-step 4), and the activation / execution-budget annotations (§2.9). Deletion of a job's unit needs
-the garbage collector, so it is tested in ``tests/e2e/test_job_pods.py``.
+Also: S22 (priority from the PriorityClass value, and a class created after the job), S23 (the priority
+annotation overrides, follows later changes and is validated by the webhook), a priority class change on
+a Kubeflow template, S34 (Workflow ``min-resources``; a released Workflow counts as running, so
+``wait-for-pods-running`` does not hold its queue), ``generateName`` jobs (the resume links their
+templates to the unit), pod sets following a scaled queued job, S27 (a RayJob's pod sets follow its live
+RayCluster), adoption of a running job whose unit was deleted
+(docs/compatibility.md#adoption-of-released-jobs), and the activation / execution-budget annotations
+(docs/compatibility.md#activation-and-execution-budget). Deletion of a job's unit needs the garbage
+collector, so it is tested in ``tests/e2e/test_job_pods.py``.
 
 Without a controller-manager a deleted namespace never empties, so every test deletes its jobs,
 units, quotas and PriorityClasses itself (they would otherwise keep the reconciler busy).
@@ -24,7 +25,6 @@ units, quotas and PriorityClasses itself (they would otherwise keep the reconcil
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -32,18 +32,15 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes_asyncio import client as k8s
 
 from shared import names, quantities
 from shared.names import Message
 from testenv import system
 from testenv.cluster import LocalCluster
-from tests import kube
+from tests.scenario import Obj, Scenario, phase, scenario, status
 
 pytestmark = pytest.mark.integration
 
-Obj = dict[str, Any]
-MERGE = "application/merge-patch+json"
 ROOM = {"cpu": "20", "memory": "64Gi"}
 TOO_SMALL = {"cpu": "1", "memory": "64Gi"}
 OWNER_ANNOTATION = "example.com/owner"
@@ -276,10 +273,6 @@ def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("annotations") or {})
 
 
-def status(obj: Mapping[str, Any]) -> Obj:
-    return dict(obj.get("status") or {})
-
-
 def milli(resources: Mapping[str, Any]) -> dict[str, int]:
     return {key: quantities.parse_milli(value) for key, value in resources.items()}
 
@@ -292,195 +285,12 @@ def column(table: str, header: str, row_name: str) -> str:
     return row[start:].split()[0]
 
 
-class Env:
-    """An API client bound to the test namespace; remembers what it made so it can delete it."""
-
-    def __init__(self, api: k8s.ApiClient, cluster: LocalCluster, namespace: str) -> None:
-        self.cluster = cluster
-        self.ns = namespace
-        self.objects = k8s.CustomObjectsApi(api)
-        self.core = k8s.CoreV1Api(api)
-        self._jobs: list[tuple[str, str]] = []  # (kubectl resource, name)
-        self._quotas: list[str] = []
-        self._priority_classes: list[str] = []
-
-    def name(self, suffix: str) -> str:
-        """A cluster-wide unique name (quotas and PriorityClasses are keyed by name)."""
-        return f"{self.ns}-{suffix}"
-
-    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> Any:
-        return kube.kubectl(self.cluster, *args, input_text=input_text, check=check)
-
-    # --- jobs ------------------------------------------------------------------------------------
-
-    @staticmethod
-    def resource(obj: Mapping[str, Any]) -> str:
-        group, _, version = obj["apiVersion"].rpartition("/")
-        return f"{obj['kind'].lower()}s.{version}.{group or 'batch'}"
-
-    def submit(self, obj: Obj) -> Obj:
-        """``kubectl apply`` exactly as a user would; returns the stored job."""
-        self.kubectl("apply", "-n", self.ns, "-f", "-", input_text=yaml.safe_dump(obj))
-        self.remember(obj)
-        return self.get_job_sync(obj)
-
-    def remember(self, obj: Obj) -> None:
-        """Delete ``obj`` when the test ends."""
-        self._jobs.append((self.resource(obj), obj["metadata"]["name"]))
-
-    def get_job_sync(self, obj: Mapping[str, Any]) -> Obj:
-        out = self.kubectl("get", "-n", self.ns, self.resource(obj), obj["metadata"]["name"], "-o", "json")
-        result: Obj = json.loads(out.stdout)
-        return result
-
-    async def get_job(self, obj: Mapping[str, Any]) -> Obj:
-        group, _, version = obj["apiVersion"].rpartition("/")
-        plural = obj["kind"].lower() + "s"
-        got: Obj = await self.objects.get_namespaced_custom_object(
-            group or "batch", version, self.ns, plural, obj["metadata"]["name"]
-        )
-        return got
-
-    async def wait_job(self, obj: Mapping[str, Any], probe: Callable[[Obj], bool], *, what: str) -> Obj:
-        async def check() -> Obj | None:
-            got = await self.get_job(obj)
-            return got if probe(got) else None
-
-        return await kube.eventually(check, what=f"{obj['kind']} {obj['metadata']['name']}: {what}")
-
-    # --- units -----------------------------------------------------------------------------------
-
-    async def get_unit(self, name: str) -> Obj | None:
-        try:
-            got: Obj = await self.objects.get_namespaced_custom_object(
-                names.GROUP, names.VERSION, self.ns, names.QUEUEUNIT_PLURAL, name
-            )
-        except k8s.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return got
-
-    async def wait_unit(
-        self,
-        name: str,
-        probe: Callable[[Obj], bool] = lambda _: True,
-        *,
-        what: str = "exists",
-        timeout: float = 30.0,
-    ) -> Obj:
-        async def check() -> Obj | None:
-            got = await self.get_unit(name)
-            assert got is not None, "no such QueueUnit"
-            assert probe(got), f"status: {got.get('status')}"
-            return got
-
-        return await kube.eventually(check, timeout=timeout, what=f"QueueUnit {self.ns}/{name}: {what}")
-
-    async def list_units(self) -> list[Obj]:
-        out = await self.objects.list_namespaced_custom_object(
-            names.GROUP, names.VERSION, self.ns, names.QUEUEUNIT_PLURAL
-        )
-        return list(out["items"])
-
-    async def wait_event(self, name: str, kind: str, reason: str, *, type_: str) -> Any:
-        async def probe() -> Any:
-            found = await self.core.list_namespaced_event(
-                self.ns, field_selector=f"involvedObject.name={name}"
-            )
-            for event in found.items:
-                if (event.involved_object.kind, event.reason, event.type) == (kind, reason, type_):
-                    return event
-            return None
-
-        return await kube.eventually(probe, what=f"{type_} event {reason} on {kind} {name}")
-
-    # --- quotas and priority classes -------------------------------------------------------------
-
-    async def create_quota(
-        self,
-        name: str,
-        resources: Mapping[str, str],
-        *,
-        labels: Mapping[str, str] | None = None,
-        annotations: Mapping[str, str] | None = None,
-    ) -> None:
-        body = {
-            "apiVersion": names.QUOTA_API_VERSION,
-            "kind": "ElasticQuota",
-            "metadata": {"name": name, "labels": dict(labels or {}), "annotations": dict(annotations or {})},
-            "spec": {"min": dict(resources), "max": dict(resources)},
-        }
-        await self.objects.create_namespaced_custom_object(
-            names.QUOTA_GROUP, names.QUOTA_VERSION, self.ns, names.QUOTA_PLURAL, body
-        )
-        self._quotas.append(name)
-
-        async def queue() -> bool:
-            with contextlib.suppress(k8s.ApiException):
-                await self.objects.get_namespaced_custom_object(
-                    names.GROUP, names.VERSION, names.COMPONENT_NAMESPACE, names.QUEUE_PLURAL, name
-                )
-                return True
-            return False
-
-        await kube.eventually(queue, what=f"Queue {name} created from its quota")
-
-    async def resize_quota(self, name: str, resources: Mapping[str, str]) -> None:
-        patch = {"spec": {"min": dict(resources), "max": dict(resources)}}
-        await self.objects.patch_namespaced_custom_object(
-            names.QUOTA_GROUP,
-            names.QUOTA_VERSION,
-            self.ns,
-            names.QUOTA_PLURAL,
-            name,
-            patch,
-            _content_type=MERGE,
-        )
-
-    def create_priority_class(self, name: str, value: int) -> None:
-        body = {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": name},
-            "value": value,
-        }
-        self.kubectl("create", "-f", "-", input_text=yaml.safe_dump(body))
-        self._priority_classes.append(name)
-
-    # --- cleanup ---------------------------------------------------------------------------------
-
-    async def cleanup(self) -> None:
-        # Jobs first: while a job exists the reconciler would re-create its unit.
-        for resource, name in self._jobs:
-            self.kubectl("delete", "-n", self.ns, resource, name, "--ignore-not-found", "--wait=false")
-        with contextlib.suppress(k8s.ApiException):
-            await self.objects.delete_collection_namespaced_custom_object(
-                names.GROUP, names.VERSION, self.ns, names.QUEUEUNIT_PLURAL
-            )
-        for name in self._quotas:
-            with contextlib.suppress(k8s.ApiException):
-                await self.objects.delete_namespaced_custom_object(
-                    names.QUOTA_GROUP, names.QUOTA_VERSION, self.ns, names.QUOTA_PLURAL, name
-                )
-        for name in self._priority_classes:
-            self.kubectl("delete", "priorityclass", name, "--ignore-not-found", "--wait=false")
-
-
 @pytest.fixture
 async def env(
     integration_cluster: LocalCluster, system_integration: system.Processes, namespace_in: str
-) -> AsyncIterator[Env]:
-    async with kube.client(integration_cluster) as api:
-        it = Env(api, integration_cluster, namespace_in)
-        try:
-            yield it
-        finally:
-            await it.cleanup()
-
-
-def phase(unit: Mapping[str, Any]) -> str:
-    return str(status(unit).get("phase", ""))
+) -> AsyncIterator[Scenario]:
+    async with scenario(integration_cluster, namespace_in) as it:
+        yield it
 
 
 # --- every kind -----------------------------------------------------------------------------------
@@ -488,10 +298,10 @@ def phase(unit: Mapping[str, Any]) -> str:
 
 @pytest.mark.parametrize("kind", KINDS, ids=[k.id for k in KINDS])
 async def test_a_job_of_every_kind_gets_its_queue_unit_waits_for_room_and_is_released(
-    env: Env, kind: Kind
+    env: Scenario, kind: Kind
 ) -> None:
     quota = env.name("q")
-    await env.create_quota(quota, TOO_SMALL)
+    await env.add_quota(quota, TOO_SMALL)
     name = "job-" + kind.id.lower()
     obj = kind.build(name, quota)
     assert "suspend" not in obj["spec"]
@@ -549,7 +359,8 @@ async def test_a_job_of_every_kind_gets_its_queue_unit_waits_for_room_and_is_rel
 
     # Room: Dequeued, and the job is released the way its kind is.
     await env.resize_quota(quota, ROOM)
-    # No pods run in this profile, so only a Workflow (Running once released, REFERENCE §2.5) moves on.
+    # No pods run in this profile, so only a Workflow (Running once released,
+    # docs/compatibility.md#argo-workflow) moves on.
     admitted = await env.wait_unit(unit_name, lambda u: phase(u) in ADMITTED, what=f"phase in {ADMITTED}")
     admissions = {a["name"]: a["replicas"] for a in status(admitted)["admissions"]}
     assert admissions == dict(expected_sets), status(admitted)
@@ -564,10 +375,10 @@ async def test_a_job_of_every_kind_gets_its_queue_unit_waits_for_room_and_is_rel
 
 
 async def test_a_released_workflow_counts_as_running_so_wait_for_pods_running_does_not_hold_the_queue(
-    env: Env,
+    env: Scenario,
 ) -> None:
     quota = env.name("block")
-    await env.create_quota(
+    await env.add_quota(
         quota,
         ROOM,
         labels={names.QUEUE_POLICY_LABEL: "Block"},
@@ -583,12 +394,12 @@ async def test_a_released_workflow_counts_as_running_so_wait_for_pods_running_do
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if k.id in ("TFJob", "RayJob-v1")], ids=lambda k: k.id)
 async def test_a_job_created_with_generate_name_has_its_templates_linked_when_released(
-    env: Env, kind: Kind
+    env: Scenario, kind: Kind
 ) -> None:
     """The webhook cannot name the QueueUnit of a ``generateName`` job; the resume does, so the
     pods (created gated) can be found and ungated. E2e covers the same for a batch Job's pods."""
     quota = env.name("q")
-    await env.create_quota(quota, ROOM)
+    await env.add_quota(quota, ROOM)
     obj = kind.build("ignored", quota)
     del obj["metadata"]["name"]
     obj["metadata"]["generateName"] = "gen-"
@@ -618,11 +429,11 @@ def pod_templates(job: Obj) -> list[Obj]:
 # --- priority -------------------------------------------------------------------------------------
 
 
-async def test_s22_a_jobs_unit_takes_the_priority_class_value_and_kubectl_shows_it(env: Env) -> None:
+async def test_s22_a_jobs_unit_takes_the_priority_class_value_and_kubectl_shows_it(env: Scenario) -> None:
     high = env.name("high")
     env.create_priority_class(high, 100)
     quota = env.name("q")
-    await env.create_quota(quota, ROOM)
+    await env.add_quota(quota, ROOM)
     obj = batch_job("s22", quota, parallelism=2, priority_class=high)
     stored = env.submit(obj)
     assert annotations_of(stored)[names.JOB_HAS_ENQUEUED_ANNOTATION] == "true"
@@ -648,11 +459,11 @@ async def test_s22_a_jobs_unit_takes_the_priority_class_value_and_kubectl_shows_
     assert column(table, "PHASE", "s22") == "Dequeued"
 
 
-async def test_s23_the_priority_annotation_overrides_follows_changes_and_is_validated(env: Env) -> None:
+async def test_s23_the_priority_annotation_overrides_follows_changes_and_is_validated(env: Scenario) -> None:
     mid = env.name("mid")
     env.create_priority_class(mid, 20)
     quota = env.name("q")
-    await env.create_quota(quota, ROOM)
+    await env.add_quota(quota, ROOM)
 
     bad = batch_job("bad", quota, priority_class=mid)
     bad["metadata"]["annotations"][names.PRIORITY_ANNOTATION] = "not-a-number"
@@ -685,12 +496,13 @@ async def test_s23_the_priority_annotation_overrides_follows_changes_and_is_vali
     assert unit["spec"]["priorityClassName"] == mid
 
 
-async def test_a_priority_class_created_after_the_job_gives_the_unit_its_value(env: Env) -> None:
-    """A NotFound class is ignored at creation (REFERENCE §2.4); upstream's periodic resync then
-    picks the value up once the class exists. The class name is on the unit from the start."""
+async def test_a_priority_class_created_after_the_job_gives_the_unit_its_value(env: Scenario) -> None:
+    """A NotFound class is ignored at creation (docs/compatibility.md#queueunit-construction);
+    upstream's periodic resync then picks the value up once the class exists. The class name is on the
+    unit from the start."""
     late = env.name("late")
     quota = env.name("q")
-    await env.create_quota(quota, TOO_SMALL)
+    await env.add_quota(quota, TOO_SMALL)
     env.submit(batch_job("early", quota, priority_class=late))
     unit = await env.wait_unit("early")
     assert unit["spec"]["priorityClassName"] == late and "priority" not in unit["spec"], unit["spec"]
@@ -700,12 +512,12 @@ async def test_a_priority_class_created_after_the_job_gives_the_unit_its_value(e
     )
 
 
-async def test_changing_a_kubeflow_templates_priority_class_updates_the_unit(env: Env) -> None:
+async def test_changing_a_kubeflow_templates_priority_class_updates_the_unit(env: Scenario) -> None:
     high, low = env.name("high"), env.name("low")
     env.create_priority_class(high, 100)
     env.create_priority_class(low, 5)
     quota = env.name("q")
-    await env.create_quota(quota, ROOM)
+    await env.add_quota(quota, ROOM)
     obj = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",
@@ -727,9 +539,9 @@ async def test_changing_a_kubeflow_templates_priority_class_updates_the_unit(env
 # --- pod sets follow the job ------------------------------------------------------------------------
 
 
-async def test_scaling_a_queued_job_updates_its_units_pod_sets_and_totals(env: Env) -> None:
+async def test_scaling_a_queued_job_updates_its_units_pod_sets_and_totals(env: Scenario) -> None:
     quota = env.name("q")
-    await env.create_quota(quota, TOO_SMALL)
+    await env.add_quota(quota, TOO_SMALL)
     obj = tf_job("scale", quota)
     env.submit(obj)
     await env.wait_unit(
@@ -752,11 +564,12 @@ async def test_scaling_a_queued_job_updates_its_units_pod_sets_and_totals(env: E
     assert {a["name"]: a["replicas"] for a in status(admitted)["admissions"]} == {"ps": 1, "worker": 4}
 
 
-async def test_s27_a_rayjobs_pod_sets_follow_its_live_raycluster(env: Env) -> None:
-    """KubeRay's autoscaler grows the RayCluster a RayJob created; upstream raises each pod set
-    count to the live cluster's replicas (REFERENCE §2.5, S27). The test plays KubeRay."""
+async def test_s27_a_rayjobs_pod_sets_follow_its_live_raycluster(env: Scenario) -> None:
+    """KubeRay's autoscaler grows the RayCluster a RayJob created; upstream raises each pod set count to
+    the live cluster's replicas (docs/compatibility.md#s27-rayjob-follows-its-live-raycluster). The test
+    plays KubeRay."""
     quota = env.name("q")
-    await env.create_quota(quota, ROOM)
+    await env.add_quota(quota, ROOM)
     obj = ray_job("v1")("auto", quota)
     worker = obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
     worker.update(groupName="worker", replicas=0, minReplicas=0, maxReplicas=4)
@@ -800,11 +613,12 @@ async def test_s27_a_rayjobs_pod_sets_follow_its_live_raycluster(env: Env) -> No
     )
 
 
-async def test_a_released_job_whose_unit_is_deleted_is_adopted_and_keeps_its_quota(env: Env) -> None:
-    """REFERENCE §2.3 step 4: a job that is no longer Queuing gets its unit back as Dequeued
-    ("Deuqueued", sic), still charged to the quota, rather than queued again as a new job."""
+async def test_a_released_job_whose_unit_is_deleted_is_adopted_and_keeps_its_quota(env: Scenario) -> None:
+    """Adoption (docs/compatibility.md#adoption-of-released-jobs): a job that is no longer Queuing gets
+    its unit back as Dequeued ("Deuqueued", sic), still charged to the quota, rather than queued again
+    as a new job."""
     quota = env.name("q")
-    await env.create_quota(quota, {"cpu": "2", "memory": "64Gi"})
+    await env.add_quota(quota, {"cpu": "2", "memory": "64Gi"})
     first = batch_job("first", quota, parallelism=2)
     env.submit(first)
     old = await env.wait_unit("first", lambda u: phase(u) == "Dequeued", what="Dequeued")
@@ -826,12 +640,12 @@ async def test_a_released_job_whose_unit_is_deleted_is_adopted_and_keeps_its_quo
     assert _spec_suspend(await env.get_job(second)) is True
 
 
-# --- activation and execution budget (REFERENCE §2.9) -----------------------------------------------
+# --- activation and execution budget (docs/compatibility.md#activation-and-execution-budget) ------------
 
 
-async def test_the_active_annotation_holds_releases_and_evicts_a_job(env: Env) -> None:
+async def test_the_active_annotation_holds_releases_and_evicts_a_job(env: Scenario) -> None:
     quota = env.name("q")
-    await env.create_quota(quota, ROOM)
+    await env.add_quota(quota, ROOM)
     sleeper = batch_job("sleeper", quota)
     sleeper["metadata"]["annotations"].update(
         {names.ACTIVE_ANNOTATION: "false", names.MAX_EXEC_TIME_ANNOTATION: "3600"}
@@ -859,18 +673,18 @@ async def test_the_active_annotation_holds_releases_and_evicts_a_job(env: Env) -
     assert phase(evicted) == "Enqueued" and status(evicted).get("admissions") == [], status(evicted)
     conds = {c["type"]: c for c in status(evicted).get("conditions") or []}
     assert (conds["Evicted"]["status"], conds["Evicted"]["reason"]) == ("True", "Deactivated"), conds
-    await env.wait_event("sleeper", "Job", names.EventReason.DEACTIVATED, type_="Normal")
+    await env.wait_event("sleeper", names.EventReason.DEACTIVATED, kind="Job", type_="Normal")
 
 
-async def test_a_workflow_past_its_execution_budget_is_deactivated_and_suspended(env: Env) -> None:
+async def test_a_workflow_past_its_execution_budget_is_deactivated_and_suspended(env: Scenario) -> None:
     quota = env.name("q")
-    await env.create_quota(quota, ROOM)
+    await env.add_quota(quota, ROOM)
     obj = workflow("budget", quota)
     obj["metadata"]["annotations"][names.MAX_EXEC_TIME_ANNOTATION] = "2"
     env.submit(obj)
     unit = await env.wait_unit("budget", lambda u: phase(u) == "Running", what="Running")
     assert unit["spec"]["maximumExecutionTimeSeconds"] == 2
-    await env.wait_event("budget", "Workflow", names.EventReason.MAX_EXEC_TIME_EXCEEDED, type_="Warning")
+    await env.wait_event("budget", names.EventReason.MAX_EXEC_TIME_EXCEEDED, kind="Workflow", type_="Warning")
     await env.wait_job(obj, lambda j: _spec_suspend(j) is True, what="suspended again")
     parked = await env.wait_unit(
         "budget",

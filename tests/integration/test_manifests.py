@@ -66,7 +66,7 @@ Doc = dict[str, Any]
 #: resourceNames, verbs). Each line is a call the code makes (or, for reads, the informer's
 #: get/list/watch); change it together with manifests/rbac/reconciler.yaml.
 RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
-    ("", "scheduling.x-k8s.io", "queueunits", (), ("get", "list", "watch", "create", "patch")),
+    ("", "scheduling.x-k8s.io", "queueunits", (), ("get", "list", "watch", "create", "patch", "delete")),
     ("", "scheduling.x-k8s.io", "queueunits/status", (), ("patch",)),
     # patch: only the ignored-reason annotation (the policy koord-queue-reconciler-quota-writes).
     ("", "scheduling.sigs.k8s.io", "elasticquotas", (), ("get", "list", "watch", "patch")),
@@ -164,7 +164,6 @@ RECONCILER_DENIED = (
     (NAMESPACE, "", "secrets", "", "list"),
     ("default", "", "secrets", CERT_SECRET, "get"),
     (USER_NAMESPACE, "", "secrets", "", "create"),
-    (USER_NAMESPACE, "scheduling.x-k8s.io", "queueunits", "u", "delete"),
     (USER_NAMESPACE, "scheduling.x-k8s.io", "queueunits", "u", "update"),
     (USER_NAMESPACE, "scheduling.x-k8s.io", "queues", "", "create"),
     (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "q", "update"),
@@ -268,6 +267,7 @@ def test_kustomize_renders_every_component(integration_cluster: LocalCluster) ->
         ("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
         ("ValidatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
         *((kind, policy) for kind in POLICY_KINDS for policy in (*QUOTA_POLICIES, GATE_POLICY)),
+        ("ValidatingAdmissionPolicyBinding", "koord-queue-quota-binding-fallback"),
     }
     assert present == expected, f"missing {expected - present}, unexpected {present - expected}"
     cluster_scoped = {
@@ -863,13 +863,24 @@ def test_the_quota_binding_policy_covers_what_the_job_webhooks_cover(rendered: l
     assert conditions["not-the-reconciler"] == webhook["matchConditions"][0]["expression"]
     assert names.QUOTA_NAME_LABEL in conditions["carries-a-quota-label"]
     assert names.QUOTA_NAME_LABEL_FALLBACK in conditions["carries-a-quota-label"]
-    binding = find(rendered, "ValidatingAdmissionPolicyBinding", "koord-queue-quota-binding")["spec"]
-    assert binding["validationActions"] == ["Deny"]
-    assert binding["paramRef"] == {
-        "name": BINDINGS_CONFIGMAP,
-        "namespace": NAMESPACE,
-        "parameterNotFoundAction": "Allow",
-    }
+    # One binding per quota label, each selecting only objects carrying it: until the apiserver has
+    # loaded the parameter a matching binding refuses everything, so it must never match
+    # unrelated workloads.
+    for name, label in (
+        ("koord-queue-quota-binding", names.QUOTA_NAME_LABEL),
+        ("koord-queue-quota-binding-fallback", names.QUOTA_NAME_LABEL_FALLBACK),
+    ):
+        binding = find(rendered, "ValidatingAdmissionPolicyBinding", name)["spec"]
+        assert binding["policyName"] == "koord-queue-quota-binding"
+        assert binding["validationActions"] == ["Deny"]
+        assert binding["paramRef"] == {
+            "name": BINDINGS_CONFIGMAP,
+            "namespace": NAMESPACE,
+            "parameterNotFoundAction": "Allow",
+        }
+        assert binding["matchResources"]["objectSelector"] == {
+            "matchExpressions": [{"key": label, "operator": "Exists"}]
+        }
     # The denial text is the scheduler's waiting message, built in CEL: the same literals around
     # the same values.
     [validation] = policy["validations"]

@@ -1,11 +1,11 @@
 """Queue-level preemption rules, black box against the real apiserver with the reconciler running.
 
-One test per row of the troubleshooting table of seed 000 ("Limitations and Troubleshooting"), and
-REFERENCE §8.2 S3 (filter-path preemption), S4 (reserve-path preemption, Priority and Block) and S5
-(the victim is admitted again after its reclaim), plus the dry run's victim choice (the shortest
-lowest-priority-first prefix) and the one-round-per-queue rule. The units are bare QueueUnits: the
-test plays the job extension by patching ``status.admissions`` (REFERENCE §8: the scheduler must
-honour that).
+One test per row of the troubleshooting table (docs/operations.md#preemption-not-happening), and the
+scenarios of docs/compatibility.md#scenario-list S3 (filter-path preemption), S4 (reserve-path
+preemption, Priority and Block) and S5 (the victim is admitted again after its reclaim), plus the dry
+run's victim choice (the shortest lowest-priority-first prefix) and the one-round-per-queue rule. The
+units are bare QueueUnits: the test plays the job extension by patching ``status.admissions``
+(docs/compatibility.md#acceptance-scenarios: the scheduler must honour that).
 
 "Never marked" is asserted on every recorded version of the victim (``tests.kube.Recorder``), after
 a positive signal that the scheduler evaluated the preemptor (its parked message) and a barrier
@@ -175,7 +175,7 @@ async def test_the_queue_stops_admitting_while_no_assumed_unit_is_reclaimable(pb
     await pb.admitted("newcomer")
 
 
-# --- REFERENCE §8.2 S3, S4, S5 -------------------------------------------------------------------
+# --- S3, S4, S5 (docs/compatibility.md#scenario-list) -------------------------------------------
 
 
 async def test_s3_filter_path_preemption_marks_the_victim(pb: Bench) -> None:

@@ -1,11 +1,11 @@
 """Admission under quota, black box against the real apiserver with the reconciler running.
 
-REFERENCE §8.2 S1 (basic admission: phase, admissions, message, ``spec.queue``,
-``lastAllocateTime``, conditions, the ``Scheduled`` event), S2 (quota exhaustion, then release when
-the holder is deleted or finishes), the parent-quota chain (a child with room is held by an
-exhausted parent), exact milli-CPU arithmetic (two 500m units fit in one CPU; upstream rounds 500m
-up to 1), S29 (no quota label: no phase, no event, in no queue; our reason in ``status.message``)
-and S30 (an unknown quota label: ``QueueNotFound``, then admission once the ElasticQuota appears).
+Scenarios of docs/compatibility.md#scenario-list: S1 (basic admission: phase, admissions, message,
+``spec.queue``, ``lastAllocateTime``, conditions, the ``Scheduled`` event), S2 (quota exhaustion, then
+release when the holder is deleted or finishes), the parent-quota chain (a child with room is held by an
+exhausted parent), exact milli-CPU arithmetic (two 500m units fit in one CPU; upstream rounds 500m up to
+1), S29 (no quota label: no phase, no event, in no queue; our reason in ``status.message``) and S30 (an
+unknown quota label: ``QueueNotFound``, then admission once the ElasticQuota appears).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from shared.names import Message
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube
-from tests.integration import scenario as s
-from tests.integration.scenario import Scenario
+from tests import scenario as s
+from tests.scenario import Scenario
 
 pytestmark = pytest.mark.integration
 

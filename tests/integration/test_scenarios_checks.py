@@ -1,10 +1,10 @@
 """Admission checks, black box against the real apiserver with the reconciler running.
 
-REFERENCE §8.2 S10 (a rejected check backs the unit off: ``TimeoutBackoff``, ``Evicted=True``,
-``QuotaReserved=False``), S11 (``status.requeueState`` counts consecutive backoffs and pushes
-``requeueAt`` further out), S12 (mixed outcomes: all Ready → Dequeued, Rejected or Retry →
-TimeoutBackoff, anything Pending → stays Reserved; also for units with two pod sets) and S13 (a
-check's label selector decides which units must pass it).
+Scenarios of docs/compatibility.md#scenario-list: S10 (a rejected check backs the unit off:
+``TimeoutBackoff``, ``Evicted=True``, ``QuotaReserved=False``), S11 (``status.requeueState`` counts
+consecutive backoffs and pushes ``requeueAt`` further out), S12 (mixed outcomes: all Ready → Dequeued,
+Rejected or Retry → TimeoutBackoff, anything Pending → stays Reserved; also for units with two pod sets)
+and S13 (a check's label selector decides which units must pass it).
 
 Admission checks live on the Queue (``spec.admissionChecks``). The test makes the Queue by hand
 *before* the ElasticQuota, so the reconciler never sees the queue without its checks; the quota
@@ -24,8 +24,8 @@ from shared.model import parse_time
 from shared.names import ConditionType, Message
 from testenv import system
 from testenv.cluster import LocalCluster
-from tests.integration import scenario as s
-from tests.integration.scenario import Scenario
+from tests import scenario as s
+from tests.scenario import Scenario
 
 pytestmark = pytest.mark.integration
 

@@ -1,11 +1,11 @@
 """Queue policies and activation, black box against the real apiserver with the reconciler running.
 
-REFERENCE §8.2 S7 (``wait-for-pods-running`` holds the queue until the admitted unit's pods run),
-S8/S9 (an inactive unit is never admitted and keeps no quota; activating it admits it), how Block
-and Priority differ when a high unit does not fit (Priority lets a smaller unit bypass it, Block
-holds the whole quota until a release), and S14-S17 (Intelligent positions published in the Queue's
-``status.queueItemDetails``: high sub-queue first, each ordered by priority, then non-preemptible
-before preemptible, then age).
+Scenarios of docs/compatibility.md#scenario-list: S7 (``wait-for-pods-running`` holds the queue until
+the admitted unit's pods run), S8/S9 (an inactive unit is never admitted and keeps no quota; activating
+it admits it), how Block and Priority differ when a high unit does not fit (Priority lets a smaller unit
+bypass it, Block holds the whole quota until a release), and S14-S17 (Intelligent positions published in
+the Queue's ``status.queueItemDetails``: high sub-queue first, each ordered by priority, then
+non-preemptible before preemptible, then age).
 
 Queue tuning is put on the ElasticQuota: its ``koord-queue/*`` annotations and policy label are
 copied onto the Queue when it is created, so no unit can race a later Queue update.
@@ -22,8 +22,8 @@ from shared import names
 from shared.names import Message
 from testenv import system
 from testenv.cluster import LocalCluster
-from tests.integration import scenario as s
-from tests.integration.scenario import Scenario
+from tests import scenario as s
+from tests.scenario import Scenario
 
 pytestmark = pytest.mark.integration
 
@@ -145,6 +145,30 @@ async def test_max_depth_limits_how_far_a_unit_may_bypass_one_that_does_not_fit(
     parked = await sc.wait_message("small", "max-depth")
     assert s.message(parked) == f"waiting in queue {q}: position is beyond the queue's max-depth 1"
     await sc.assert_waiting("small")
+
+
+# --- Intelligent: the low sub-queue ---------------------------------------------------------------
+
+
+async def test_intelligent_a_small_low_unit_is_admitted_behind_many_low_units_that_do_not_fit(
+    sc: Scenario,
+) -> None:
+    # Upstream polls the low sub-queue round-robin: low units that cannot fit do not stop a later
+    # low unit that can.
+    q = sc.name("low-rr")
+    annotations = {names.PRIORITY_THRESHOLD_ANNOTATION: "4"}
+    await sc.create_quota(s.quota(q, cpu="2", policy="Intelligent", annotations=annotations))
+    bigs = [f"big-{i}" for i in range(30)]
+    for i, name in enumerate(bigs):
+        await sc.create_unit(s.unit(name, quota=q, cpu="3", priority=i % 4))
+    for name in bigs:
+        await sc.wait_message(name, "limited quotaName:")
+
+    await sc.create_unit(s.unit("small", quota=q, cpu="1", priority=0))
+    got = await sc.wait_phase("small", "Dequeued", timeout=5.0)
+    assert s.admissions(got) == [{"name": "small", "replicas": 1, "running": 0}]
+    for name in bigs:
+        await sc.assert_waiting(name)
 
 
 # --- S14-S17: Intelligent positions ---------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Queues from ElasticQuotas (REFERENCE §8.2 S31, §4.3), black box with the reconciler running.
+"""Queues from ElasticQuotas (docs/compatibility.md#s31-queue-from-an-elasticquota,
+docs/compatibility.md#queues-from-elasticquotas), black box with the reconciler running.
 
 Every ElasticQuota gets a Queue of the same name in ``koord-queue``: priority 1000, the policy of
 the label ``koord-queue/queue-policy``, the quota's ``koord-queue/*`` annotations (only those) and
@@ -20,8 +21,8 @@ from shared import names
 from testenv import system
 from testenv.cluster import LocalCluster, wait_until
 from tests import kube
-from tests.integration import scenario as s
-from tests.integration.scenario import Scenario
+from tests import scenario as s
+from tests.scenario import Scenario
 
 pytestmark = pytest.mark.integration
 

@@ -31,7 +31,8 @@ from shared import names
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube, tenancy
-from tests.integration.test_job_kinds import TOO_SMALL, Env
+from tests.integration.test_job_kinds import TOO_SMALL
+from tests.scenario import Scenario, scenario
 
 pytestmark = pytest.mark.integration
 
@@ -42,14 +43,10 @@ ROOM = {"cpu": "4", "memory": "16Gi"}
 @pytest.fixture
 async def env(
     integration_cluster: LocalCluster, system_integration: system.Processes, namespace_in: str
-) -> AsyncIterator[Env]:
+) -> AsyncIterator[Scenario]:
     tenancy.grant(integration_cluster, namespace_in, ALICE)
-    async with kube.client(integration_cluster) as api:
-        it = Env(api, integration_cluster, namespace_in)
-        try:
-            yield it
-        finally:
-            await it.cleanup()
+    async with scenario(integration_cluster, namespace_in) as it:
+        yield it
 
 
 def batch_job(name: str, quota: str | None, **extra: Any) -> dict[str, Any]:
@@ -73,7 +70,7 @@ def batch_job(name: str, quota: str | None, **extra: Any) -> dict[str, Any]:
     return job
 
 
-def alice(env: Env, *args: str, obj: Any = None) -> tuple[int, str]:
+def alice(env: Scenario, *args: str, obj: Any = None) -> tuple[int, str]:
     """kubectl as alice in the test namespace: (exit code, stdout + stderr)."""
     text = yaml.safe_dump(obj) if obj is not None else None
     done = tenancy.as_user(env.cluster, ALICE, "-n", env.ns, *args, input_text=text)
@@ -84,10 +81,10 @@ def gated(template_spec: dict[str, Any]) -> bool:
     return {"name": names.ADMISSION_GATE} in (template_spec.get("schedulingGates") or [])
 
 
-async def queued_job(env: Env, name: str = "held") -> dict[str, Any]:
+async def queued_job(env: Scenario, name: str = "held") -> dict[str, Any]:
     """A Job alice submitted into a quota too small for it: held, with its unit waiting."""
     quota = env.name("q")
-    await env.create_quota(quota, TOO_SMALL)
+    await env.add_quota(quota, TOO_SMALL)
     job = batch_job(name, quota, spec={**batch_job(name, quota)["spec"], "parallelism": 2})
     code, out = alice(env, "create", "-f", "-", obj=job)
     assert code == 0, out
@@ -96,9 +93,9 @@ async def queued_job(env: Env, name: str = "held") -> dict[str, Any]:
     return env.get_job_sync(job)
 
 
-async def test_a_job_created_with_a_forged_status_is_held_and_gated(env: Env) -> None:
+async def test_a_job_created_with_a_forged_status_is_held_and_gated(env: Scenario) -> None:
     quota = env.name("q")
-    await env.create_quota(quota, TOO_SMALL)
+    await env.add_quota(quota, TOO_SMALL)
     forged = batch_job(
         "forged",
         quota,
@@ -151,7 +148,7 @@ async def test_a_job_created_with_a_forged_status_is_held_and_gated(env: Env) ->
     ids=["strip-has-enqueued", "strip-timestamp", "unsuspend", "ungate-template", "relabel", "unlabel"],
 )
 async def test_a_queued_job_cannot_be_released_by_its_owner(
-    env: Env, attack: list[dict[str, Any]], field: str
+    env: Scenario, attack: list[dict[str, Any]], field: str
 ) -> None:
     await queued_job(env)
     code, out = alice(env, "patch", "job", "held", "--type=json", "-p", json.dumps(attack))
@@ -203,7 +200,7 @@ def owned_pod(name: str, job: dict[str, Any], *, gate: bool, node: str | None = 
 
 
 async def test_only_the_reconciler_removes_a_pods_gate_and_a_pod_released_past_it_is_deleted(
-    env: Env,
+    env: Scenario,
 ) -> None:
     job = await queued_job(env)
     # A gated pod of the queued job (the Job controller would make it from the template).
@@ -242,14 +239,14 @@ async def test_only_the_reconciler_removes_a_pods_gate_and_a_pod_released_past_i
         return not found.stdout.strip()
 
     await kube.eventually(gone, what="the unadmitted pod p2 deleted")
-    await env.wait_event("held", "Job", names.EventReason.UNADMITTED_POD_DELETED, type_="Warning")
+    await env.wait_event("held", names.EventReason.UNADMITTED_POD_DELETED, kind="Job", type_="Warning")
     # The gated pod is untouched.
     assert kube.kubectl(env.cluster, "get", "pod", "-n", env.ns, "p1", "-o", "name").stdout.strip()
 
 
-async def test_a_running_job_labelled_into_a_queue_is_held_and_queued_not_adopted(env: Env) -> None:
+async def test_a_running_job_labelled_into_a_queue_is_held_and_queued_not_adopted(env: Scenario) -> None:
     quota = env.name("q")
-    await env.create_quota(quota, TOO_SMALL)
+    await env.add_quota(quota, TOO_SMALL)
     job = batch_job("runner", None, spec={**batch_job("runner", None)["spec"], "parallelism": 2})
     code, out = alice(env, "create", "-f", "-", obj=job)
     assert code == 0, out
@@ -276,20 +273,20 @@ async def test_a_running_job_labelled_into_a_queue_is_held_and_queued_not_adopte
     await env.wait_job(job, lambda j: j["spec"].get("suspend") is True, what="held again")
     unit = await env.wait_unit("runner", lambda u: (u.get("status") or {}).get("phase") == "Enqueued")
     assert not (unit["status"].get("admissions") or []), unit["status"]
-    await env.wait_event("runner", "Job", names.EventReason.HELD_UNADMITTED, type_="Warning")
+    await env.wait_event("runner", names.EventReason.HELD_UNADMITTED, kind="Job", type_="Warning")
 
 
 async def test_pods_naming_another_teams_unit_never_count_for_it(
-    env: Env, integration_cluster: LocalCluster
+    env: Scenario, integration_cluster: LocalCluster
 ) -> None:
     # The victim: a team in its own namespace with an admitted job.
     victim_ns = f"{env.ns}-b"
     async with kube.client(integration_cluster) as api:
         await kube.create_namespace(api, victim_ns)
         try:
-            victim = Env(api, integration_cluster, victim_ns)
+            victim = Scenario(api, integration_cluster, victim_ns)
             quota = victim.name("q")
-            await victim.create_quota(quota, ROOM)
+            await victim.add_quota(quota, ROOM)
             job = batch_job("train", quota)
             victim.submit(job)
             await victim.wait_unit("train", lambda u: (u.get("status") or {}).get("phase") == "Dequeued")

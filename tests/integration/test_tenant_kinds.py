@@ -33,18 +33,8 @@ from shared import names
 from testenv import system
 from testenv.cluster import LocalCluster, wait_until
 from tests import kube
-from tests.integration.test_job_kinds import (
-    ROOM,
-    TOO_SMALL,
-    Env,
-    Obj,
-    annotations_of,
-    milli,
-    phase,
-    spark_app,
-    status,
-    workflow,
-)
+from tests.integration.test_job_kinds import ROOM, TOO_SMALL, annotations_of, milli, spark_app, workflow
+from tests.scenario import Obj, Scenario, phase, status
 
 pytestmark = pytest.mark.integration
 
@@ -91,9 +81,9 @@ def rbac(namespace: str) -> list[Obj]:
 
 
 class Tenant:
-    """The test namespace's Env (admin: quotas, reads, cleanup) plus alice's kubectl."""
+    """The test namespace's :class:`Scenario` (admin: quotas, reads, cleanup) plus alice's kubectl."""
 
-    def __init__(self, env: Env) -> None:
+    def __init__(self, env: Scenario) -> None:
         self.env = env
         self.cluster = env.cluster
         self.ns = env.ns
@@ -168,7 +158,7 @@ async def tenant(
     integration_cluster: LocalCluster, system_integration: system.Processes, serving: None, namespace_in: str
 ) -> AsyncIterator[Tenant]:
     async with kube.client(integration_cluster) as api:
-        env = Env(api, integration_cluster, namespace_in)
+        env = Scenario(api, integration_cluster, namespace_in)
         it = Tenant(env)
         kube.kubectl(
             integration_cluster, "apply", "-f", "-", input_text=yaml.safe_dump_all(rbac(namespace_in))
@@ -212,7 +202,7 @@ def refused(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
 
 async def test_a_workflow_without_min_resources_is_refused_with_a_message_naming_it(tenant: Tenant) -> None:
     quota = tenant.env.name("q")
-    await tenant.env.create_quota(quota, ROOM)
+    await tenant.env.add_quota(quota, ROOM)
     refused(
         tenant.create(sizeless_workflow("nosize", quota)),
         f"metadata.annotations[{MIN_RESOURCES}]: Required value",
@@ -227,7 +217,7 @@ async def test_a_workflow_without_min_resources_is_refused_with_a_message_naming
 
 async def test_alice_cannot_resize_a_queued_workflow_to_fit(tenant: Tenant) -> None:
     quota = tenant.env.name("q")
-    await tenant.env.create_quota(quota, TOO_SMALL)
+    await tenant.env.add_quota(quota, TOO_SMALL)
     assert tenant.create(workflow("big", quota)).returncode == 0
     await tenant.env.wait_unit(
         "big", lambda u: "limited quotaName:" in str(status(u).get("message")), what="parked for cpu"
@@ -266,7 +256,7 @@ async def test_a_status_sent_on_create_is_dropped_and_the_workflow_stays_held(
     tenant: Tenant, forged: Obj
 ) -> None:
     quota = tenant.env.name("q")
-    await tenant.env.create_quota(quota, TOO_SMALL)
+    await tenant.env.add_quota(quota, TOO_SMALL)
     obj = {**workflow("forged", quota), "status": forged}
     created = tenant.create(obj)
     assert created.returncode == 0, created.stderr
@@ -283,7 +273,7 @@ async def test_a_status_sent_on_create_is_dropped_and_the_workflow_stays_held(
 
 async def test_alice_cannot_mark_a_held_workflow_finished_to_release_it(tenant: Tenant) -> None:
     quota = tenant.env.name("q")
-    await tenant.env.create_quota(quota, TOO_SMALL)
+    await tenant.env.add_quota(quota, TOO_SMALL)
     assert tenant.create(workflow("held", quota)).returncode == 0
     await tenant.env.wait_unit("held", lambda u: "limited quotaName:" in str(status(u).get("message")))
     refused(tenant.patch(WORKFLOWS, "held", {"status": {"phase": "Failed"}}), "status: Forbidden")
@@ -298,7 +288,7 @@ async def test_alice_cannot_mark_an_admitted_workflow_succeeded_and_its_unit_kee
     tenant: Tenant,
 ) -> None:
     quota = tenant.env.name("q")
-    await tenant.env.create_quota(quota, ROOM)
+    await tenant.env.add_quota(quota, ROOM)
     obj = workflow("admitted", quota)
     assert tenant.create(obj).returncode == 0
     before = await tenant.env.wait_unit(
@@ -382,7 +372,7 @@ def gates(pod: Obj) -> list[Obj]:
 
 async def test_a_spark_driver_created_for_alice_is_gated_and_she_cannot_ungate_it(tenant: Tenant) -> None:
     quota = tenant.env.name("q")
-    await tenant.env.create_quota(quota, TOO_SMALL)
+    await tenant.env.add_quota(quota, TOO_SMALL)
     app = spark_app("etl", quota)
     assert tenant.create(app).returncode == 0
     stored = tenant.get(SPARK_APPS, "etl")
@@ -438,7 +428,7 @@ async def test_a_spark_applications_pods_wait_for_admission_then_exactly_the_adm
     annotations) and releases it; the running driver then creates its executors (owned by it),
     one more than admitted (dynamic allocation asking for more): exactly two are released."""
     quota = tenant.env.name("q")
-    await tenant.env.create_quota(quota, TOO_SMALL)
+    await tenant.env.add_quota(quota, TOO_SMALL)
     app = created(tenant.create(spark_app("pi", quota)))
     driver_pod = created(tenant.create(spark_pod("pi", "driver", app["spec"]["driver"], owner=app)))
     assert GATE in gates(driver_pod)

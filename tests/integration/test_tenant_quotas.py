@@ -2,8 +2,8 @@
 
 alice (``kubectl --as=alice``) holds only a namespace user's rights in her namespace
 (``tests/tenancy.py``); the real kube-apiserver runs the webhook, the admission policies of
-``manifests/`` and the reconciler (ARCHITECTURE decision 10: enforced at the door and again by the
-reconciler):
+``manifests/`` and the reconciler (docs/architecture.md#trust-boundaries: enforced at the door and again
+by the reconciler):
 
 * a Job labelled with a quota of another namespace is refused at the door with the quotas she may
   use (either quota label); once an admin lists her namespace on the quota
@@ -74,7 +74,9 @@ def job(
 
 
 def bare_unit(name: str, quota: str, *, cpu: str = "1") -> Obj:
-    """A QueueUnit with no job behind it (ARCHITECTURE decision 8), as an admin may create one."""
+    """A QueueUnit with no job behind it
+    (docs/architecture.md#decision-8-the-queueunit-api-stands-on-its-own), as an admin may create
+    one."""
     pod = {"containers": [{"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}]}
     return {
         "apiVersion": names.API_VERSION,

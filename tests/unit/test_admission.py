@@ -369,6 +369,23 @@ def _drop_gates(node: Any) -> int:
     return removed
 
 
+def test_an_admitted_job_keeps_the_pod_size_it_was_admitted_with() -> None:
+    old = admitted(SAMPLES["tfjob"]())
+    grown = json.loads(json.dumps(old))
+    worker = grown["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    worker["resources"]["requests"]["cpu"] = "64"
+    response = validate(grown, operation="UPDATE", old=old)
+    assert response["status"]["message"].startswith("spec: Forbidden: the job is admitted with pods")
+    assert "worker" in response["status"]["message"]
+    # While it is only queued the unit follows the new size, so the edit is allowed.
+    queued_old = queued(SAMPLES["tfjob"]())
+    queued_new = json.loads(json.dumps(queued_old))
+    queued_new["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"][
+        "requests"
+    ]["cpu"] = "64"
+    assert validate(queued_new, operation="UPDATE", old=queued_old)["allowed"] is True
+
+
 def test_a_legacy_job_without_gates_is_not_blocked_for_missing_them() -> None:
     old = batch_job()
     old["spec"]["suspend"] = True

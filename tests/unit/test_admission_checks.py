@@ -1,4 +1,5 @@
-"""Admission checks (REFERENCE §6.1, S10, S12, S13): selectors, the list written at admission,
+"""Admission checks (docs/compatibility.md#admission-checks; scenarios S10, S12
+and S13 of docs/compatibility.md#scenario-list): selectors, the list written at admission,
 and the state machine from check states to the next phase."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Adoption of a released job whose QueueUnit was deleted (REFERENCE §2.3 step 4): the marker on the
-re-created unit, the status that finishes the adoption, and what the scheduler makes of a marked unit."""
+"""Adoption of a released job whose QueueUnit was deleted
+(docs/compatibility.md#adoption-of-released-jobs): the marker on the re-created unit, the status that
+finishes the adoption, and what the scheduler makes of a marked unit."""
 
 from __future__ import annotations
 

@@ -23,12 +23,12 @@ def job(
     }
 
 
-def test_queued_and_admitted_jobs_as_mallory_sees_them() -> None:
+def test_queued_jobs_as_mallory_sees_them() -> None:
     assert tenant.queued(job(suspend=True))
     assert not tenant.queued(job(suspend=True, label=None))
     assert not tenant.queued(job(suspend=True, done=True))
-    assert tenant.admitted(job(suspend=False, stamp=True))
-    assert not tenant.admitted(job(suspend=False))  # released by someone else: not admitted
+    assert not tenant.queued(job(suspend=False))
+    assert not tenant.queued(job(suspend=True, stamp=True))
     assert tenant.quota_label(job(suspend=True)) == (names.QUOTA_NAME_LABEL_FALLBACK, "chaos-a")
 
 

@@ -1,5 +1,6 @@
-"""Conditions derived from the phase (REFERENCE §6.3), the Evicted helper, and the structured
-requeue backoff (§3.9, S11)."""
+"""Conditions derived from the phase (docs/compatibility.md#conditions), the Evicted helper, and the
+structured requeue backoff (docs/compatibility.md#attempts-and-backoff,
+docs/compatibility.md#s11-structured-backoff)."""
 
 from __future__ import annotations
 

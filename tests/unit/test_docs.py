@@ -10,7 +10,9 @@ Checked without network or cluster:
 3. every command-line flag of ``webhook/main.py`` and ``reconciler/main.py`` is mentioned in
    ``docs/operations.md``;
 4. every field of the component configuration (the dataclasses of ``shared/config.py``, and the
-   keys its file accepts) is mentioned in ``docs/operations.md``.
+   keys its file accepts) is mentioned in ``docs/operations.md``;
+5. no tracked text file refers to a design document outside the repository (the old citation forms
+   listed in ``docs/reference-map.md``) or to an issue number: the repository explains itself.
 
 The helpers are tested first on small inputs, so a failure further down is about the documents.
 """
@@ -21,6 +23,7 @@ import ast
 import dataclasses
 import importlib
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +64,26 @@ LINK = re.compile(r"!?\[([^\]]*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 LINK_DEFINITION = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
 HTML_TAG = re.compile(r"<[^>]+>")
 URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+#: References to documents outside the repository, and issue numbers. Written so that this file
+#: does not match itself (``\s``, ``\.``, ``[S]``).
+OUTSIDE_REFERENCES = (
+    re.compile(r"REFERENCE\s§"),
+    re.compile(r"REFERENCE\sS\d"),
+    re.compile(r"ARCHITECTURE\sdecision"),
+    re.compile(r"KUEUE-LESSON[S]"),
+    re.compile(r"\bseed\s\d{3}", re.IGNORECASE),
+    re.compile(r"\.\./seeds", re.IGNORECASE),
+    re.compile(r"\.\./design", re.IGNORECASE),
+    re.compile(r"\.\./shared", re.IGNORECASE),
+    re.compile(r"TESTING\.md"),
+    re.compile(r"STYLE\.md"),
+    re.compile(r"\bissues?\s#?\d+", re.IGNORECASE),
+)
+#: Files allowed to name the outside documents: the map from the old citation forms to ``docs/``.
+OUTSIDE_REFERENCES_DOCUMENTED = frozenset({"docs/reference-map.md"})
+#: Files still being rewritten to cite ``docs/`` only (none).
+OUTSIDE_REFERENCES_PENDING: tuple[str, ...] = ()
 
 
 # --- Markdown helpers ------------------------------------------------------------------------------
@@ -205,6 +228,47 @@ def broken_links(root: Path, documents: list[Path]) -> list[str]:
     return broken
 
 
+def tracked_files(root: Path) -> list[Path]:
+    """The files git tracks under ``root``, and new ones it does not ignore (about to be added);
+    every scanned file when ``root`` is not a git work tree."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=root,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return list(repository_files(root))
+    return [root / name for name in sorted(listed.decode().split("\0")) if name]
+
+
+def outside_references(root: Path, files: list[Path], allowed: tuple[str, ...] = ()) -> list[str]:
+    """``file:line: text`` of every reference to an outside design document or an issue number.
+
+    Binary files are skipped; a file is allowed when its relative path equals or starts with an
+    entry of ``allowed`` (a directory entry ends with ``/``)."""
+    found = []
+    for path in files:
+        relative = path.relative_to(root).as_posix()
+        if any(
+            relative == entry or (entry.endswith("/") and relative.startswith(entry)) for entry in allowed
+        ):
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue  # deleted in the work tree but still tracked
+        if b"\0" in data:
+            continue
+        text = data.decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), start=1):
+            if any(pattern.search(line) for pattern in OUTSIDE_REFERENCES):
+                found.append(f"{relative}:{number}: {line.strip()}")
+    return found
+
+
 def flags_in_source(tree: ast.Module) -> set[str]:
     """Long options of every ``add_argument("--...")`` call in a module's source."""
     found = set()
@@ -301,6 +365,31 @@ def test_a_broken_relative_link_is_reported(tmp_path: Path) -> None:
     assert "(b.md#nope)" in broken[0] and "(c.md)" in broken[1] and "(#y)" in broken[2]
 
 
+def test_outside_references_and_issue_numbers_are_reported_with_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "map.md").write_text("REFERENCE" + " §2.5 is documented here\n")
+    (tmp_path / "chaos").mkdir()
+    (tmp_path / "chaos" / "run.py").write_text("# see " + "issue" + " 8\n")
+    (tmp_path / "code.py").write_text(
+        "ok = 1  # docs/compatibility.md#job-kinds\n"
+        "# (ARCHITECTURE" + " decision 5)\n"
+        "# REFERENCE" + " S29, KUEUE" + "-LESSONS\n"
+        '"""Seed' + " 000, see ../" + "design/x.md and TESTING" + '.md."""\n'
+        "# fixed in Issue" + " #12; STYLE" + ".md; ../" + "seeds/a; ../" + "shared/b\n"
+        "# issue the certificate 2 times; the seed value is 7\n"
+    )
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\0issue" + b" 3")
+    files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    found = outside_references(tmp_path, files, allowed=("docs/map.md", "chaos/"))
+    assert [entry.split(": ", 1)[0] for entry in found] == [
+        "code.py:2",
+        "code.py:3",
+        "code.py:4",
+        "code.py:5",
+    ]
+    assert outside_references(tmp_path, files, allowed=("docs/map.md",))[0].startswith("chaos/run.py:1: ")
+
+
 def test_flags_are_collected_from_the_source() -> None:
     tree = ast.parse('p.add_argument("--one", "-o")\np.add_argument("-v", "--two")\np.add_argument("pos")\n')
     assert flags_in_source(tree) == {"--one", "--two"}
@@ -326,6 +415,17 @@ def test_every_relative_link_in_the_docs_and_the_readme_resolves() -> None:
     assert len(documents) > 1, "docs/ holds no Markdown documents"
     broken = broken_links(ROOT, documents)
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_no_file_refers_to_an_outside_design_document_or_an_issue_number() -> None:
+    files = tracked_files(ROOT)
+    assert len(files) > 10, "no tracked files found: is the listing broken?"
+    allowed = (*OUTSIDE_REFERENCES_DOCUMENTED, *OUTSIDE_REFERENCES_PENDING)
+    found = outside_references(ROOT, files, allowed)
+    assert not found, (
+        "references to documents outside the repository or to issue numbers (cite docs/<file>.md#<anchor>"
+        " instead; docs/reference-map.md maps the old forms):\n" + "\n".join(found)
+    )
 
 
 @pytest.mark.parametrize("path", PROCESS_MODULES, ids=lambda p: str(p.relative_to(ROOT)))

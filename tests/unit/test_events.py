@@ -1,4 +1,5 @@
-"""The event recorder: references only, folding of repeats, per-object order, bounded queues."""
+"""The event recorder: references only, folding of repeats, per-object order, bounded queues, and
+nothing recorded while the replica does not lead."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 from typing import Any
 
 from reconciler.events import EventRecorder
+from shared import kube
 
 
 class FakeClient:
@@ -84,3 +86,22 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
 
     recorder, client = asyncio.run(go())
     assert recorder.dropped == 6 and len(client.created) == 4
+
+
+def test_a_follower_drops_events_instead_of_replaying_them_when_it_takes_over() -> None:
+    """The leader records what a watch event calls for; a follower seeing the same event must not
+    queue it, or it would be written a second time, stale, on take-over."""
+
+    async def go() -> tuple[EventRecorder, FakeClient]:
+        client = FakeClient()
+        gate = kube.Leadership(leading=False)
+        recorder = EventRecorder(client, leadership=gate)  # type: ignore[arg-type]
+        recorder.record(unit("seen", "uid-1"), type_="Normal", reason="Reclaimed", message="m")
+        gate.acquire()
+        recorder.record(unit("now", "uid-2"), type_="Normal", reason="Scheduled", message="m")
+        await run_until_drained(recorder)
+        return recorder, client
+
+    recorder, client = asyncio.run(go())
+    assert [e["involvedObject"]["name"] for e in client.created] == ["now"]
+    assert recorder.not_leading == 1 and recorder.dropped == 0

@@ -1,5 +1,5 @@
 """Fuzzing every parser of user-supplied fields: random and perturbed input never escapes the
-parser's documented error type (issue 8, "hostile and broken input").
+parser's documented error type: hostile or broken input is reported, never crashes the caller.
 
 What may come out, per parser:
 

@@ -1,9 +1,10 @@
 """Job adapters: one contract test over every registered adapter, then per-kind tables.
 
-The contract (ARCHITECTURE decision 7): a minimal managed job of each kind is suspended and gated by
-its ``suspend_patch`` (applied with the strict RFC 6902 applier below, which fails on a missing
-parent exactly as the apiserver does), re-mutating it yields a valid patch, its pod sets are
-non-empty, ``resume_patch`` releases it and ``pod_set_of`` maps a pod built from every template.
+The contract (docs/architecture.md#decision-7-one-adapter-per-job-kind): a minimal managed job of each
+kind is suspended and gated by its ``suspend_patch`` (applied with the strict RFC 6902 applier below,
+which fails on a missing parent exactly as the apiserver does), re-mutating it yields a valid patch, its
+pod sets are non-empty, ``resume_patch`` releases it and ``pod_set_of`` maps a pod built from every
+template.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The job extensions' I/O edge with a fake client: adoption's two writes and their convergence after
 a restart, the RayCluster watch waking the RayJob, and the scheduler loop leaving a unit that awaits
-its adoption status alone (REFERENCE §2.3 step 4, §2.5 / S27)."""
+its adoption status alone (docs/compatibility.md#adoption-of-released-jobs,
+docs/compatibility.md#s27-rayjob-follows-its-live-raycluster)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ class FakeClient:
     def __init__(self) -> None:
         self.creates: list[kube.Obj] = []
         self.patches: list[tuple[str, Any, str]] = []
+        self.deletes: list[tuple[str, str | None, str | None]] = []
+
+    async def delete(self, res: kube.Resource, name: str, **kwargs: Any) -> kube.Obj:
+        self.deletes.append((name, kwargs.get("precondition_uid"), kwargs.get("precondition_rv")))
+        return {}
 
     async def create(self, res: kube.Resource, obj: kube.Obj, *, namespace: str | None = None) -> kube.Obj:
         self.creates.append(obj)
@@ -186,3 +192,191 @@ async def test_the_scheduler_neither_admits_nor_parks_a_unit_awaiting_its_adopti
     loop.on_unit(unit, adopted)
     held = loop.cache.units["ns/first"]
     assert held.phase == "Dequeued" and sum(a.replicas for a in held.admissions) == 2
+
+
+async def test_an_exhausted_budget_deactivates_the_unit_before_writing_its_status() -> None:
+    """The spec first: if the status write then fails, the inactive unit is still parked; in the
+    other order a failed second write left the job running with its budget clock stopped."""
+    job = released_job()
+    job["metadata"]["annotations"][names.MAX_EXEC_TIME_ANNOTATION] = "1"
+    unit = jobext.build_queue_unit(job, registry.by_extension("job"), {})
+    unit["metadata"].update(resourceVersion="5", creationTimestamp=NOW)
+    assert unit["spec"]["maximumExecutionTimeSeconds"] == 1
+    unit["status"] = {
+        "phase": "Running",
+        "admissions": [{"name": "first", "replicas": 2, "running": 2}],
+        "conditions": [
+            {"type": "PodsReady", "status": "True", "reason": "PodsRunning", "lastTransitionTime": NOW}
+        ],
+    }
+    jobs, client = extensions({"ns/first": unit})
+    jobs.job_informers[("batch/v1", "Job")].objects["ns/first"] = job
+    await jobs.reconcile(JobKey("batch/v1", "Job", "ns", "first"))
+    assert [(sub, sorted(p)) for _, p, sub in client.patches[:2]] == [
+        ("", ["spec"]),
+        ("status", ["metadata", "status"]),
+    ]
+    assert client.patches[0][1] == {"spec": {"active": False}}
+
+
+# --- orphaned units and the pod index -------------------------------------------------------------
+
+FIRST = JobKey("batch/v1", "Job", "ns", "first")
+
+
+def orphaned_unit(*, owner_uid: str | None = None, phase: str = "Running") -> kube.Obj:
+    """The unit of ``released_job`` as the garbage collector leaves it after ``--cascade=orphan``
+    (no owner reference), or still owned by the job with ``owner_uid``; admitted, holding 2 CPU."""
+    job = released_job()
+    if owner_uid is not None:
+        job["metadata"]["uid"] = owner_uid
+    unit = jobext.build_queue_unit(job, registry.by_extension("job"), {})
+    unit["metadata"].update(resourceVersion="7", creationTimestamp=NOW, uid="qu-old")
+    if owner_uid is None:
+        del unit["metadata"]["ownerReferences"]
+    unit["status"] = {"phase": phase, "admissions": [{"name": "first", "replicas": 2, "running": 2}]}
+    return unit
+
+
+def pod(name: str, unit: str = "ns/first", *, bound: bool = True, gated: bool = False) -> kube.Obj:
+    obj: kube.Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"pod-{name}",
+            "creationTimestamp": NOW,
+            "annotations": {names.RELATED_QUEUEUNIT_ANNOTATION: unit},
+        },
+        "spec": {"nodeName": "node-1" if bound else None},
+        "status": {"phase": "Running" if bound else "Pending"},
+    }
+    if gated:
+        obj["spec"]["schedulingGates"] = [{"name": names.ADMISSION_GATE}]
+    return obj
+
+
+def add_pod(jobs: JobExtensions, obj: kube.Obj) -> None:
+    key = f"ns/{obj['metadata']['name']}"
+    old = jobs.pods.objects.get(key)
+    jobs.pods.objects[key] = obj
+    jobs.pods.handler(old, obj)
+
+
+def remove_pod(jobs: JobExtensions, name: str) -> None:
+    old = jobs.pods.objects.pop(f"ns/{name}")
+    jobs.pods.handler(old, None)
+
+
+async def test_a_unit_whose_job_was_orphan_deleted_is_released_once_its_pods_are_gone() -> None:
+    units = {"ns/first": orphaned_unit()}
+    jobs, client = extensions(units)
+    add_pod(jobs, pod("first-a"))  # orphaned with its job: it keeps running on its node
+    add_pod(jobs, pod("first-b", gated=True, bound=False))  # never released: it does not hold anything
+    await jobs.reconcile(FIRST)
+    assert client.deletes == []  # still charged: a pod of it still runs
+
+    remove_pod(jobs, "first-a")
+    await jobs.reconcile(FIRST)
+    assert client.deletes == [("first", "qu-old", "7")]  # conditional on the unit seen
+    assert client.creates == [] and client.patches == []
+
+
+async def test_a_unit_created_directly_without_a_job_is_left_alone() -> None:
+    """Decision 8: a unit with no owner and no enqueue stamp copied from a job stands on its own."""
+    unit = orphaned_unit()
+    del unit["metadata"]["annotations"][names.JOB_HAS_ENQUEUED_ANNOTATION]
+    jobs, client = extensions({"ns/first": unit})
+    await jobs.reconcile(FIRST)
+    assert client.deletes == []
+
+
+async def test_a_unit_still_owned_by_its_deleted_job_is_left_to_the_garbage_collector() -> None:
+    """An ordinary deletion: the owner reference stays and the garbage collector deletes the unit
+    (the reconciler deletes only what nothing else ever will). So a job store lagging behind the
+    unit store can never make the reconciler delete a live job's unit either."""
+    jobs, client = extensions({"ns/first": orphaned_unit(owner_uid="u-1")})
+    await jobs.reconcile(FIRST)
+    assert client.deletes == [] and client.patches == [] and client.creates == []
+
+
+def new_first_job() -> kube.Obj:
+    """A job re-created under the name ``first`` an hour after its predecessor's unit was made."""
+    job = released_job()
+    job["metadata"]["annotations"].pop(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
+    job["metadata"]["creationTimestamp"] = "2024-05-01T11:00:00Z"
+    job["spec"]["suspend"] = True
+    return job
+
+
+async def test_a_new_job_of_the_same_name_never_inherits_an_orphaned_predecessors_unit() -> None:
+    units = {"ns/first": orphaned_unit()}  # admitted, ownerless, made before the new job
+    jobs, client = extensions(units)
+    jobs.job_informers[("batch/v1", "Job")].objects["ns/first"] = new_first_job()
+    add_pod(jobs, pod("new-gated", gated=True, bound=False))  # the new job's pod: held, not counted
+    await jobs.reconcile(FIRST)
+    assert client.deletes == [("first", "qu-old", "7")]
+    assert client.patches == []  # not resumed on the old admission
+
+    del units["ns/first"]  # the deletion's watch event
+    await jobs.reconcile(FIRST)
+    [created] = client.creates
+    assert [r["uid"] for r in created["metadata"]["ownerReferences"]] == ["u-1"]
+
+
+async def test_a_new_job_of_the_same_name_waits_for_the_garbage_collector_to_delete_the_old_unit() -> None:
+    units = {"ns/first": orphaned_unit(owner_uid="u-0")}  # still owned by the deleted predecessor
+    jobs, client = extensions(units)
+    jobs.job_informers[("batch/v1", "Job")].objects["ns/first"] = new_first_job()
+    await jobs.reconcile(FIRST)
+    assert client.deletes == [] and client.patches == [] and client.creates == []
+
+    del units["ns/first"]
+    await jobs.reconcile(FIRST)
+    [created] = client.creates
+    assert [r["uid"] for r in created["metadata"]["ownerReferences"]] == ["u-1"]
+
+
+async def test_the_unit_of_a_job_being_orphan_deleted_is_released_only_once_the_job_is_gone() -> None:
+    """While the deletion runs, the job is still there and its unit already lost the owner
+    reference: the unit is younger than the job, so it is still the job's."""
+    unit = orphaned_unit()
+    unit["metadata"]["creationTimestamp"] = "2024-05-01T10:00:01Z"
+    job = released_job()
+    job["metadata"].update(creationTimestamp=NOW, deletionTimestamp="2024-05-01T12:00:00Z")
+    jobs, client = extensions({"ns/first": unit})
+    jobs.job_informers[("batch/v1", "Job")].objects["ns/first"] = job
+    await jobs.reconcile(FIRST)
+    assert client.deletes == []
+
+    del jobs.job_informers[("batch/v1", "Job")].objects["ns/first"]
+    await jobs.reconcile(FIRST)
+    assert client.deletes == [("first", "qu-old", "7")]
+
+
+def test_the_pod_index_forgets_pods_and_units_that_are_gone() -> None:
+    units: dict[str, kube.Obj] = {}
+    jobs, _ = extensions(units)
+    add_pod(jobs, pod("a"))
+    add_pod(jobs, pod("b"))
+    add_pod(jobs, pod("c", unit="ns/other"))
+    assert jobs._pods_by_unit == {"ns/first": {"ns/a", "ns/b"}, "ns/other": {"ns/c"}}
+
+    add_pod(jobs, pod("b", unit="ns/other"))  # its annotation now names another unit
+    assert jobs._pods_by_unit == {"ns/first": {"ns/a"}, "ns/other": {"ns/b", "ns/c"}}
+    remove_pod(jobs, "a")
+    assert jobs._pods_by_unit == {"ns/other": {"ns/b", "ns/c"}}  # no empty set left behind
+
+    # A unit that goes away keeps only the pods that still exist (a unit re-created under the same
+    # key, for adoption, must find them); pods missed by the informer are dropped.
+    jobs._pods_by_unit["ns/other"].add("ns/ghost")
+    other = {"metadata": {"name": "other", "namespace": "ns"}, "spec": {}}
+    jobs.on_unit(other, None)
+    assert jobs._pods_by_unit == {"ns/other": {"ns/b", "ns/c"}}
+    remove_pod(jobs, "b")
+    remove_pod(jobs, "c")
+    assert jobs._pods_by_unit == {}
+    jobs._pods_by_unit["ns/gone"] = {"ns/ghost"}
+    jobs.on_unit({"metadata": {"name": "gone", "namespace": "ns"}, "spec": {}}, None)
+    assert jobs._pods_by_unit == {}

@@ -105,14 +105,34 @@ def pod(
     )
 
 
-def unit_with(replicas: int, *, running: int = 0, reclaim: int | None = None) -> dict[str, Any]:
+def unit_with(
+    replicas: int, *, running: int = 0, reclaim: int | None = None, phase: str = "Dequeued", count: int = 9
+) -> dict[str, Any]:
     admission: dict[str, Any] = {"name": "main", "replicas": replicas, "running": running}
+    status: dict[str, Any] = {"phase": phase, "admissions": [admission]}
     if reclaim is not None:
         admission["reclaimState"] = {"replicas": reclaim}
+        # As the scheduler leaves a marked victim (conditions.evicted).
+        status["conditions"] = [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": ""},
+            {"type": "Admitted", "status": "False", "reason": "Preempted", "message": ""},
+            {"type": "Evicted", "status": "True", "reason": "Preempted", "message": ""},
+        ]
     return {
         "metadata": {"name": "u", "resourceVersion": "7"},
-        "status": {"phase": "Dequeued", "admissions": [admission]},
+        "spec": {"podSet": [{"name": "main", "count": count, "template": {}}]},
+        "status": status,
     }
+
+
+def without_conditions(patch: dict[str, Any] | None) -> dict[str, Any]:
+    assert patch is not None
+    return {"status": {k: v for k, v in patch["status"].items() if k != "conditions"}}
+
+
+def condition_states(patch: dict[str, Any] | None) -> dict[str, str]:
+    assert patch is not None
+    return {c["type"]: c["status"] for c in patch["status"].get("conditions", [])}
 
 
 @pytest.mark.parametrize(("replicas", "released"), [(2, 2), (5, 5), (0, 0)])
@@ -133,20 +153,31 @@ def test_reclaim_deletes_only_unbound_pods_and_shrinks_replicas() -> None:
     pods = [pod("bound", bound=True, gated=False), pod("pending-1", gated=False), pod("pending-2")]
     plan = jobext.plan_pods(unit_with(3, running=1, reclaim=2), pods)
     assert sorted(p.name for p in plan.delete) == ["pending-1", "pending-2"]
-    assert plan.status == {"status": {"admissions": [{"name": "main", "replicas": 1, "running": 1}]}}
+    assert without_conditions(plan.status) == {
+        "status": {"admissions": [{"name": "main", "replicas": 1, "running": 1}]}
+    }
+    # Still holding a replica: the conditions say admitted again (the marking said Admitted=False).
+    assert condition_states(plan.status) == {"QuotaReserved": "True", "Admitted": "True", "Evicted": "False"}
 
 
 def test_reclaim_never_takes_back_bound_replicas() -> None:
     pods = [pod("a", bound=True, gated=False), pod("b", bound=True, gated=False)]
     plan = jobext.plan_pods(unit_with(2, running=2, reclaim=2), pods)
     assert plan.delete == []
-    assert plan.status == {"status": {"admissions": [{"name": "main", "replicas": 2, "running": 2}]}}
+    assert without_conditions(plan.status) == {
+        "status": {"admissions": [{"name": "main", "replicas": 2, "running": 2}]}
+    }
 
 
 def test_reclaim_of_replicas_whose_pods_do_not_exist_needs_no_delete_and_requeues_the_unit() -> None:
     plan = jobext.plan_pods(unit_with(2, reclaim=2), [])
     assert plan.delete == []
-    assert plan.status == {
+    assert condition_states(plan.status) == {
+        "QuotaReserved": "False",
+        "Admitted": "False",
+        "Evicted": "False",
+    }
+    assert without_conditions(plan.status) == {
         "status": {
             "admissions": [{"name": "main", "replicas": 0, "running": 0}],
             "phase": "Enqueued",
@@ -187,6 +218,37 @@ def test_every_released_unbound_pod_of_a_unit_without_admission_is_deleted() -> 
     plan = jobext.plan_pods(waiting, views)
     assert [p.name for p in plan.unadmitted] == ["a"]
     assert plan.ungate == [] and plan.delete == []
+
+
+@pytest.mark.parametrize("phase", ["Reserved", "TimeoutBackoff", "Enqueued", ""])
+def test_pods_are_released_only_in_an_admitted_phase(phase: str) -> None:
+    views = [pod("a", created="2026-01-01T00:00:01Z"), pod("b", gated=False, created="2026-01-01T00:00:02Z")]
+    plan = jobext.plan_pods(unit_with(2, phase=phase), views)
+    assert plan.ungate == []
+    assert [p.name for p in plan.unadmitted] == ["b"]  # back behind the gate: deleted, replaced gated
+
+
+def test_an_admission_larger_than_its_pod_set_shrinks_to_what_is_still_needed() -> None:
+    # A Job of 4 whose 3 pods completed: its pod set counts 1; the admission gives back 3 replicas.
+    unit = unit_with(4, running=0, count=1)
+    patch = jobext.report(unit, [pod("a", bound=True, gated=False)], JobStatus.RUNNING, now_text="T")
+    assert patch is not None
+    assert patch["status"]["admissions"] == [{"name": "main", "replicas": 1, "running": 1}]
+    # Never below what runs.
+    unit = unit_with(4, running=0, count=1)
+    two = [pod("a", bound=True, gated=False), pod("b", bound=True, gated=False)]
+    patch = jobext.report(unit, two, JobStatus.RUNNING, now_text="T")
+    assert patch is not None and patch["status"]["admissions"][0]["replicas"] == 2
+
+
+def test_spec_drift_follows_a_grown_template_of_a_queued_job() -> None:
+    unit = jobext.build_queue_unit(job(cpu="1"), JOB, {})
+    patch = jobext.spec_drift(unit, jobext.desired_spec(job(cpu="4"), JOB, {}))
+    assert patch is not None
+    assert patch["spec"]["resource"] == {"cpu": "8"}
+    assert patch["spec"]["podSet"][0]["template"]["spec"]["containers"][0]["resources"]["requests"] == {
+        "cpu": "4"
+    }
 
 
 def test_report_counts_bound_pods_and_moves_a_running_job_to_running() -> None:

@@ -115,6 +115,45 @@ def test_intelligent_orders_non_preemptible_before_preemptible() -> None:
     assert admits(w.cycle()) == ["keep", "pre"]
 
 
+def _low_units_too_big(w: World, count: int) -> None:
+    for i in range(count):
+        w.add(unit(f"big-{i}").quota("q").priority(i % 4).created(i).cpu("4"))
+
+
+def test_intelligent_low_units_that_do_not_fit_do_not_hold_back_a_later_low_unit() -> None:
+    # Upstream polls the low sub-queue round-robin: a low unit that cannot fit does not stop the
+    # low units behind it. One scan walks past all of them.
+    w = _intelligent()
+    _low_units_too_big(w, 30)
+    w.add(unit("small").quota("q").priority(0).created(100).cpu("1"))
+    plan = w.cycle()
+    assert admits(plan) == ["small"]
+    for i in range(30):
+        park = parked(plan, f"big-{i}")
+        assert park is not None and park.message.startswith(Message.limited("q", "cpu")), i
+    assert not w.cache.state.queues["q"].blocked
+    assert w.cycle().decisions == ()  # the big ones wait for a release, not re-examined each cycle
+
+
+def test_intelligent_a_small_low_unit_arriving_behind_parked_ones_is_admitted_at_once() -> None:
+    w = _intelligent()
+    _low_units_too_big(w, 30)
+    assert admits(w.cycle()) == []
+    w.add(unit("small").quota("q").priority(0).created(100).cpu("1"))
+    plan = w.cycle()
+    assert admits(plan) == ["small"]
+    assert plan.examined == 1  # the parked ones are skipped: nothing was released
+
+
+def test_intelligent_a_high_unit_that_does_not_fit_still_blocks_the_queue() -> None:
+    w = _intelligent()
+    w.add(unit("high").quota("q").priority(5).cpu("4"), unit("high-small").quota("q").priority(4).cpu("1"))
+    w.add(unit("low").quota("q").priority(1).cpu("1"))
+    plan = w.cycle()
+    assert admits(plan) == []
+    assert w.cache.state.queues["q"].blocked
+
+
 def test_intelligent_rejects_preemption() -> None:
     w = World(quota("q", cpu="1"), queues=(queue("q").policy("Intelligent").preemption(),))
     w.add(unit("low").quota("q").priority(1).cpu("1"))

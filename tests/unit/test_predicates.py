@@ -1,4 +1,4 @@
-"""The phase predicates of REFERENCE §1.2, one table per predicate."""
+"""The phase predicates (docs/compatibility.md#phase-predicates), one table per predicate."""
 
 from __future__ import annotations
 

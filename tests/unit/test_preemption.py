@@ -1,17 +1,22 @@
-"""Queue-level preemption: seed 000's example and troubleshooting table, REFERENCE §8 S3-S5, the
-victim rules, one round per queue, capacity on the way (seed 002), and property tests."""
+"""Queue-level preemption: the preemption example (docs/compatibility.md#preemption-example), the
+troubleshooting table (docs/operations.md#preemption-not-happening), scenarios S3-S5
+(docs/compatibility.md#s3-filter-path-preemption), the victim rules, one round per queue, capacity on
+the way (docs/architecture.md#decision-4-asynchronous-preemption), and property tests."""
 
 from __future__ import annotations
 
 import copy
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shared import quantities
+from shared.model import Unit
 from shared.names import Message
 from shared.ordering import priority_key
+from shared.policies import is_waiting
+from shared.predicates import expected_pod_sets
 from shared.preemption import (
     NO_VICTIMS,
     PREEMPTION_DISABLED,
@@ -20,7 +25,7 @@ from shared.preemption import (
     Reclaimable,
     reclaimable,
 )
-from shared.scheduling import Plan
+from shared.scheduling import Admit, Park, Plan
 from tests.unit.test_model import BASE_TIME, QueueBuilder, queue, quota, unit
 from tests.unit.test_scheduling import World, admits, parked
 
@@ -29,18 +34,18 @@ def _marked(plan: Plan) -> dict[str, dict[str, int]]:
     return {v.key.split("/", 1)[1]: dict(v.reclaim) for m in plan.marks for v in m.victims}
 
 
-def _seed_world(q: QueueBuilder, *, cpu: str = "2", protect: float = 0.0) -> World:
+def _example_world(q: QueueBuilder, *, cpu: str = "2", protect: float = 0.0) -> World:
     w = World(quota("team-a", cpu=cpu, memory="8Gi"), queues=(q,), protect=protect)
     w.add(unit("low-priority-job").quota("team-a").priority(10).cpu("2"))
     assert admits(w.cycle()) == ["low-priority-job"]
     return w
 
 
-# --- seed 000 and S3: the preempt path ------------------------------------------------------------
+# --- the preemption example and S3: the preempt path ---------------------------------------------
 
 
-def test_seed_example_and_s3_filter_path_preemption() -> None:
-    w = _seed_world(queue("team-a").preemption())
+def test_the_preemption_example_and_s3_filter_path_preemption() -> None:
+    w = _example_world(queue("team-a").preemption())
     w.add(unit("high-priority-job").quota("team-a").priority(100).cpu("2"))
     # Step 2: the quota is exhausted, the low unit is marked, the preemptor waits.
     plan = w.cycle()
@@ -69,7 +74,7 @@ def test_seed_example_and_s3_filter_path_preemption() -> None:
 
 
 def test_the_preemptor_stays_enqueued_until_the_freed_quota_is_reported() -> None:
-    w = _seed_world(queue("team-a").preemption())
+    w = _example_world(queue("team-a").preemption())
     w.add(unit("high-priority-job").quota("team-a").priority(100).cpu("2"))
     w.cycle()
     for _ in range(3):
@@ -81,7 +86,7 @@ def test_the_preemptor_stays_enqueued_until_the_freed_quota_is_reported() -> Non
 
 @pytest.mark.parametrize("policy", ["Priority", "Block"])
 def test_s4_reserve_path_marks_then_admits_without_waiting_for_reclaim(policy: str) -> None:
-    w = _seed_world(queue("team-a").policy(policy).preemption(), cpu="4")
+    w = _example_world(queue("team-a").policy(policy).preemption(), cpu="4")
     w.add(unit("high").quota("team-a").priority(100).cpu("1"))
     plan = w.cycle()
     assert _marked(plan) == {"low-priority-job": {"low-priority-job": 1}}
@@ -93,7 +98,7 @@ def test_s4_reserve_path_marks_then_admits_without_waiting_for_reclaim(policy: s
 
 
 def test_s5_the_victim_is_readmitted_after_its_reclaim() -> None:
-    w = _seed_world(queue("team-a").preemption(), cpu="4")
+    w = _example_world(queue("team-a").preemption(), cpu="4")
     w.add(unit("high").quota("team-a").priority(100).cpu("1"))
     w.cycle()
     assert admits(w.cycle()) == ["high"]
@@ -105,16 +110,16 @@ def test_s5_the_victim_is_readmitted_after_its_reclaim() -> None:
 
 
 def test_reserve_path_works_with_wait_for_pods_running_alone() -> None:
-    w = _seed_world(queue("team-a").wait_for_pods_running(), cpu="4")
+    w = _example_world(queue("team-a").wait_for_pods_running(), cpu="4")
     w.add(unit("high").quota("team-a").priority(100).cpu("1"))
     assert _marked(w.cycle()) == {"low-priority-job": {"low-priority-job": 1}}
 
 
-# --- seed 000 troubleshooting table ---------------------------------------------------------------
+# --- the troubleshooting table (docs/operations.md#preemption-not-happening) -------------------------
 
 
 def test_no_wait_for_pods_running_means_no_victim() -> None:
-    w = _seed_world(queue("team-a").annotate("koord-queue/enable-queueunit-preemption", "true"))
+    w = _example_world(queue("team-a").annotate("koord-queue/enable-queueunit-preemption", "true"))
     w.add(unit("high").quota("team-a").priority(100).cpu("2"))
     plan = w.cycle()
     assert plan.marks == []
@@ -122,7 +127,7 @@ def test_no_wait_for_pods_running_means_no_victim() -> None:
 
 
 def test_no_enable_preemption_means_no_preempt_path() -> None:
-    w = _seed_world(queue("team-a").wait_for_pods_running())
+    w = _example_world(queue("team-a").wait_for_pods_running())
     w.add(unit("high").quota("team-a").priority(100).cpu("2"))
     plan = w.cycle()
     assert plan.marks == []
@@ -132,7 +137,7 @@ def test_no_enable_preemption_means_no_preempt_path() -> None:
 
 
 def test_a_job_whose_pods_all_run_is_never_a_victim() -> None:
-    w = _seed_world(queue("team-a").preemption())
+    w = _example_world(queue("team-a").preemption())
     w.run("low-priority-job")
     w.add(unit("high").quota("team-a").priority(100).cpu("2"))
     plan = w.cycle()
@@ -141,7 +146,7 @@ def test_a_job_whose_pods_all_run_is_never_a_victim() -> None:
 
 
 def test_a_fresh_admission_is_protected_then_becomes_a_victim() -> None:
-    w = _seed_world(queue("team-a").preemption(), protect=300)
+    w = _example_world(queue("team-a").preemption(), protect=300)
     w.add(unit("high").quota("team-a").priority(100).cpu("2"))
     plan = w.cycle(dt=10)
     assert plan.marks == []
@@ -167,7 +172,7 @@ def test_reclaimable_honours_the_rules() -> None:
 
 
 def test_equal_priority_older_units_are_not_victims_of_newer_ones() -> None:
-    w = _seed_world(queue("team-a").preemption())
+    w = _example_world(queue("team-a").preemption())
     w.add(unit("same").quota("team-a").priority(10).cpu("2"))
     plan = w.cycle()
     assert plan.marks == []
@@ -221,8 +226,52 @@ def test_marked_victims_count_as_capacity_on_the_way_until_they_are_not_enough()
     assert _marked(plan) == {"a": {"a": 1}}
 
 
+def _victim_left_on_the_way(how: str) -> tuple[World, str]:
+    """A victim still being reclaimed whose preemptor no longer waits for it (``how``: the
+    preemptor was deleted, or admitted when other quota was released meanwhile); returns the world
+    and the unit left holding the queue (assumed, not running)."""
+    w = World(quota("q", cpu="4"), queues=(queue("q").preemption(),))
+    w.add(
+        unit("victim").quota("q").priority(1).cpu("2").admitted(1),
+        unit("other").quota("q").priority(50).cpu("2").admitted(1),
+        unit("first").quota("q").priority(60).cpu("2"),
+    )
+    assert _marked(w.cycle()) == {"victim": {"victim": 1}}
+    if how == "deleted":
+        w.delete("first")
+        left = "other"
+    else:
+        w.finish("other")
+        assert admits(w.cycle()) == ["first"]
+        left = "first"
+    assert w.u("victim").admissions[0].reclaim_replicas == 1
+    return w, left
+
+
+@pytest.mark.parametrize("how", ["deleted", "admitted"])
+def test_two_waiting_preemptors_never_count_the_same_victim(how: str) -> None:
+    # The victim frees 2 CPU, enough for one of the two: only one may wait for it.
+    w, left = _victim_left_on_the_way(how)
+    w.add(
+        unit("p-high").quota("q").priority(90).cpu("2"),
+        unit("p-low").quota("q").priority(80).cpu("2"),
+    )
+    plan = w.cycle()
+    assert plan.marks == [] and admits(plan) == []
+    high, low = parked(plan, "p-high"), parked(plan, "p-low")
+    assert high is not None and high.message.endswith(Message.PREEMPT_SUCCEED_SUFFIX), high.message
+    assert high.promised == ("default/victim",)
+    assert low is not None and low.message.endswith(Message.PREEMPT_FAILED_SUFFIX), low.message
+    assert low.promised == ()
+    # Later cycles do not promise the victim to the other one either.
+    assert all(not p.promised for p in w.cycle(dt=30).parks if p.key == "default/p-low")
+    w.run(left)
+    w.reclaim("victim")
+    assert admits(w.cycle()) == ["p-high"]
+
+
 def test_a_failed_marking_write_can_be_forgotten() -> None:
-    w = _seed_world(queue("team-a").preemption())
+    w = _example_world(queue("team-a").preemption())
     w.add(unit("high").quota("team-a").priority(100).cpu("2"))
     plan = w.cycle(apply=False)
     assert _marked(plan) == {"low-priority-job": {"low-priority-job": 1}}
@@ -232,7 +281,7 @@ def test_a_failed_marking_write_can_be_forgotten() -> None:
 
 
 def test_an_unobserved_mark_expires() -> None:
-    w = _seed_world(queue("team-a").preemption())
+    w = _example_world(queue("team-a").preemption())
     w.add(unit("high").quota("team-a").priority(100).cpu("2"))
     w.cycle(apply=False)
     assert _marked(w.cycle(dt=61, apply=False)) == {"low-priority-job": {"low-priority-job": 1}}
@@ -354,6 +403,121 @@ def test_no_unit_is_ever_marked_twice_and_usage_never_exceeds_max(
                     w.run(key.split("/", 1)[1])
                     break
         assert w.cache.ledger.used("q").get("cpu", 0) <= limit
+
+
+def _freed(u: Unit) -> int:
+    """The milli-CPU a marked unit's reclaim will free."""
+    per_pod = {ps.name: ps.per_pod.get("cpu", 0) for ps in expected_pod_sets(u)}
+    return sum(per_pod.get(a.name, 0) * (a.reclaim_replicas or 0) for a in u.admissions)
+
+
+def _is_marked(u: Unit) -> bool:
+    return any(a.reclaim_replicas is not None for a in u.admissions)
+
+
+def _check_promises(w: World, promises: dict[str, set[str]]) -> None:
+    """Each marked victim's freed quota is promised to at most one waiting preemptor, so what the
+    waiting preemptors are promised never exceeds what the marked victims will free."""
+    on_the_way = {k: _freed(u) for k, u in w.cache.units.items() if _is_marked(u)}
+    owner: dict[str, str] = {}
+    promised = 0
+    for preemptor, victims in sorted(promises.items()):
+        u = w.cache.units.get(preemptor)
+        if u is None or not is_waiting(u):
+            continue
+        for victim in sorted(victims & on_the_way.keys()):
+            assert victim not in owner, f"{victim} promised to {owner[victim]} and {preemptor}"
+            owner[victim] = preemptor
+            promised += on_the_way[victim]
+    assert promised <= sum(on_the_way.values())
+
+
+_QUEUES = ("a", "b")
+_IN_QUEUE = st.sampled_from(("a", "a", "b"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    # Arrivals mostly sort before the assumed units, so they preempt and several may wait at once.
+    assumed=st.lists(
+        st.tuples(_IN_QUEUE, st.integers(0, 4), st.integers(1, 2), st.integers(1, 2)), min_size=2, max_size=6
+    ),
+    arrivals=st.lists(st.tuples(_IN_QUEUE, st.integers(3, 9), st.integers(1, 2)), min_size=2, max_size=5),
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["wait", "arrive", "arrive", "reclaim", "run", "finish", "delete"]),
+            st.integers(0, 5),
+        ),
+        max_size=12,
+    ),
+)
+# The preemptor of a round goes away while its victim is reclaimed; two others then both counted
+# on that victim.
+@example(
+    assumed=[("a", 0, 1, 1), ("a", 0, 1, 1)],
+    arrivals=[("a", 4, 1), ("a", 5, 1), ("a", 4, 1)],
+    steps=[("arrive", 0), ("delete", 0)],
+)
+def test_waiting_preemptors_are_never_promised_more_than_the_marked_victims_free(
+    assumed: list[tuple[str, int, int, int]],
+    arrivals: list[tuple[str, int, int]],
+    steps: list[tuple[str, int]],
+) -> None:
+    # Two queues under one parent quota that is full: every arrival must preempt in its queue.
+    total = str(sum(cpu * replicas for _, _, cpu, replicas in assumed))
+    w = World(
+        quota("p", cpu=total),
+        *(quota(q, parent="p", cpu=total) for q in _QUEUES),
+        queues=tuple(queue(q).preemption() for q in _QUEUES),
+    )
+    for i, (q, prio, cpu, replicas) in enumerate(assumed):
+        w.add(unit(f"a{i}").quota(q).priority(prio).created(i).cpu(str(cpu), replicas).admitted(replicas))
+    pending = list(enumerate(arrivals))
+    promises: dict[str, set[str]] = {}
+
+    def arrive() -> None:
+        i, (q, prio, cpu) = pending.pop(0)
+        w.add(unit(f"p{i}").quota(q).priority(prio).created(100 + i).cpu(str(cpu)))
+
+    def pick(names: list[str], index: int) -> str | None:
+        return sorted(names)[index % len(names)] if names else None
+
+    def cycle(dt: float) -> None:
+        twin = copy.deepcopy(w)
+        plan = w.cycle(dt)
+        assert plan == twin.cycle(dt)  # pure and deterministic
+        for d in plan.decisions:
+            if isinstance(d, Admit):
+                promises.pop(d.key, None)
+            elif isinstance(d, Park):
+                promises[d.key] = set(d.promised)
+        _check_promises(w, promises)
+
+    arrive()
+    arrive()
+    cycle(1)
+    # Every event is followed by a cycle, as in the reconciler; "wait" lets time pass.
+    for step, index in [*steps, ("wait", 0)]:
+        units = w.cache.units
+        if step == "arrive" and pending:
+            arrive()
+        elif step == "reclaim":
+            key = pick([k for k, u in units.items() if _is_marked(u)], index)
+            if key is not None:
+                w.reclaim(key.split("/", 1)[1])
+                for victims in promises.values():
+                    victims.discard(key)  # that reclaim is done: what it freed was handed out
+        elif step in ("run", "finish"):
+            key = pick([k for k, u in units.items() if u.admissions and not _is_marked(u)], index)
+            if key is not None:
+                (w.run if step == "run" else w.finish)(key.split("/", 1)[1])
+        elif step == "delete":  # a preemptor goes away, preferably one that waits for victims
+            waiting = [k for k, victims in promises.items() if victims and k in units]
+            key = pick(waiting or [k for k in units if k.startswith("default/p")], index)
+            if key is not None:
+                w.delete(key.split("/", 1)[1])
+                promises.pop(key, None)
+        cycle(30 if step == "wait" else 1)
 
 
 def test_s21_block_with_wait_for_pods_running_and_a_late_high_priority_job() -> None:

@@ -1,4 +1,5 @@
-"""ElasticQuota → Queue (REFERENCE §4.3, scenario S31) as pure decisions."""
+"""ElasticQuota → Queue (docs/compatibility.md#queues-from-elasticquotas,
+docs/compatibility.md#s31-queue-from-an-elasticquota) as pure decisions."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""A RayJob's pod sets follow its live RayCluster (REFERENCE §2.5, S27): which cluster is the job's,
-which RayJob a cluster belongs to, and how its replicas raise the unit's pod set counts."""
+"""A RayJob's pod sets follow its live RayCluster
+(docs/compatibility.md#s27-rayjob-follows-its-live-raycluster): which cluster is the job's, which RayJob
+a cluster belongs to, and how its replicas raise the unit's pod set counts."""
 
 from __future__ import annotations
 
@@ -167,3 +168,20 @@ def test_following_a_cluster_is_max_of_spec_and_live(
     for before, after in zip(pod_sets, followed, strict=True):
         assert after.count == max(before.count, read.get(before.name, 0))
         assert after.per_pod == before.per_pod
+
+
+@pytest.mark.parametrize(
+    ("status", "cluster_alive", "seen"),
+    [
+        (ray.JobStatus.SUCCEEDED, True, ray.JobStatus.RUNNING),
+        (ray.JobStatus.FAILED, True, ray.JobStatus.RUNNING),
+        (ray.JobStatus.SUCCEEDED, False, ray.JobStatus.SUCCEEDED),
+        (ray.JobStatus.RUNNING, True, ray.JobStatus.RUNNING),
+        (ray.JobStatus.QUEUING, False, ray.JobStatus.QUEUING),
+    ],
+)
+def test_a_finished_rayjob_holds_its_quota_while_its_cluster_lives(
+    status: ray.JobStatus, cluster_alive: bool, seen: ray.JobStatus
+) -> None:
+    cluster = {"metadata": {"name": "rc"}} if cluster_alive else None
+    assert ray.hold_while_cluster_lives(status, cluster) is seen

@@ -1,5 +1,6 @@
-"""The scheduling cycle at the decision level: REFERENCE §8 scenarios S1, S2, S7, S8, S9, S13, S29,
-S30, batch admission, strict queue order, parent quotas, and determinism.
+"""The scheduling cycle at the decision level: the scenarios S1, S2, S7, S8, S9, S13, S29, S30 of
+docs/compatibility.md#scenario-list, batch admission, strict queue order, parent quotas, and
+determinism.
 
 ``World`` is the harness the policy and preemption tests share: it feeds a :class:`Cache`, runs
 cycles, and applies each plan the way the reconciler will (assume admissions, write marks), with
@@ -11,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -279,6 +281,18 @@ def test_s30_unknown_quota_label_parks_once_then_admits_when_the_queue_appears()
     assert admits(w.cycle()) == ["a"]
 
 
+def test_a_failed_queue_not_found_message_is_decided_again() -> None:
+    """The write of the one-off message failed (a connection reset): the unit must not wait in
+    silence for as long as its queue is missing."""
+    w = World()
+    w.add(unit("a").quota("later").cpu("1"))
+    [park] = w.cycle().decisions
+    assert isinstance(park, Park) and park.queue_not_found
+    w.cache.forget_park("default/a")
+    assert w.cycle().decisions == (park,)
+    assert w.cycle().decisions == ()
+
+
 def test_a_queue_without_its_quota_reports_the_missing_quota() -> None:
     w = World(queues=(queue("q"),))
     w.add(unit("a").quota("q").cpu("1"))
@@ -345,6 +359,60 @@ def test_the_same_snapshot_and_state_give_the_same_plan() -> None:
         )
     twin = copy.deepcopy(w.cache)
     assert w.cache.schedule(w.now) == twin.schedule(w.now)
+
+
+# --- the Reclaimed event ---------------------------------------------------------------------------
+
+
+def _two_sets() -> UnitBuilder:
+    """Pod sets ``a`` (2 pods) and ``b`` (1 pod, not admitted yet) of 1 CPU each."""
+    return unit("v").quota("q").podset("a", 2, cpu="1").podset("b", 1, cpu="1")
+
+
+RECLAIM_EVENTS = {
+    # name: (the unit as marked, the unit as seen next: admissions (name, replicas, running), phase)
+    "unbound pods deleted": (_two_sets().admitted(2, podset="a", reclaim=2), ((("a", 0, 0),), None), True),
+    "one of two taken back": (
+        _two_sets().admitted(2, 1, podset="a", reclaim=1),
+        ((("a", 1, 1),), None),
+        True,
+    ),
+    "replicas without pods released": (
+        unit("v").quota("q").cpu("1").admitted(1, reclaim=1),
+        ((("v", 0, 0),), None),
+        True,
+    ),
+    "pods bound meanwhile: nothing taken back": (
+        _two_sets().admitted(2, podset="a", reclaim=2),
+        ((("a", 2, 2),), None),
+        False,
+    ),
+    "job finished while marked": (_two_sets().admitted(2, podset="a", reclaim=2), ((), "Succeed"), False),
+    "backed off while marked": (
+        _two_sets().admitted(2, podset="a", reclaim=2),
+        ((), "TimeoutBackoff"),
+        False,
+    ),
+    "still being reclaimed": (_two_sets().admitted(2, podset="a", reclaim=2), (None, None), False),
+    "shrunk without a mark": (_two_sets().admitted(2, podset="a"), ((("a", 1, 0),), None), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECLAIM_EVENTS))
+def test_reclaimed_is_noted_only_when_a_reclaim_took_back_a_replica(case: str) -> None:
+    marked, (admissions, phase), expected = RECLAIM_EVENTS[case]
+    cache = Cache()
+    cache.put_quota(quota("q", cpu="8"))
+    cache.put_queue(queue("q").build())
+    before = marked.build()
+    assert cache.put_unit(before).reclaimed is False
+    after = dataclasses.replace(before, message="")
+    if admissions is not None:
+        after = dataclasses.replace(after, admissions=tuple(Admission(n, r, run) for n, r, run in admissions))
+    if phase is not None:
+        after = dataclasses.replace(after, phase=phase)
+    assert cache.put_unit(after).reclaimed is expected
+    assert cache.put_unit(after).reclaimed is False  # seen once: noted once
 
 
 # --- properties -----------------------------------------------------------------------------------

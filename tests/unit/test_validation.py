@@ -1,8 +1,9 @@
-"""Validation of annotations, Queue, QueueUnit and ElasticQuota, and the Go scalar parsers it uses.
+"""Validation of annotations, Queue, QueueUnit and ElasticQuota (the Go scalar parsers it uses are
+tested in ``test_goparse.py``).
 
 Every rule is a named table row; messages are checked in full where users read them (the policy
-list, ``min <= max``), by path elsewhere. Property tests pin the Go parsers against their grammar and
-check that validators are total on arbitrary JSON.
+list, ``min <= max``), by path elsewhere. Property tests check that validators are total on arbitrary
+JSON.
 """
 
 from __future__ import annotations
@@ -21,28 +22,6 @@ ANN = "metadata.annotations"
 
 def paths(errors: list[FieldError]) -> list[str]:
     return [e.path for e in errors]
-
-
-# --- Go scalars -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("true", True), ("True", True), ("TRUE", True), ("t", True), ("1", True), ("false", False), ("F", False),
-     ("0", False), ("yes", None), ("tRUE", None), (" true", None), ("", None)],
-)  # fmt: skip
-def test_parse_go_bool(text: str, expected: bool | None) -> None:
-    assert validation.parse_go_bool(text) is expected
-
-
-@pytest.mark.parametrize(
-    ("text", "bits", "expected"),
-    [("42", 32, 42), ("-7", 32, -7), ("+7", 32, 7), ("2147483647", 32, 2**31 - 1), ("2147483648", 32, None),
-     ("-2147483648", 32, -(2**31)), ("1_000", 64, None), (" 1", 64, None), ("1.0", 64, None), ("", 64, None),
-     ("9223372036854775807", 64, 2**63 - 1), ("9" * 500, 64, None)],
-)  # fmt: skip
-def test_parse_go_int(text: str, bits: int, expected: int | None) -> None:
-    assert validation.parse_go_int(text, bits=bits) == expected
 
 
 # --- messages -------------------------------------------------------------------------------------

@@ -1,0 +1,471 @@
+"""The commands of ``kubectl koord-queue``: each reads through :class:`~koordqueue_cli.client.Reader`,
+decides with the core (``shared.explain`` replays the scheduler's own code), and prints."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any, TextIO
+
+import yaml
+
+from koordqueue_cli import render
+from koordqueue_cli.client import CliError, Gathered, Reader, find_unit
+from shared import explain, goparse, names
+from shared.explain import Explanation, Reason
+from shared.jobs import registry
+from shared.model import Unit, parse_quota, parse_unit
+from shared.names import Phase
+from shared.policies import is_waiting
+from shared.predicates import TERMINAL_PHASES, all_running, has_reclaim
+from shared.quota import priority_cap, remaining_request, reserved_resources
+from shared.running_timeout import RunningTimeout
+
+Obj = dict[str, Any]
+
+
+def _job(unit: Unit, raw: Obj) -> str:
+    ref = (raw.get("spec") or {}).get("consumerRef") or {}
+    kind, name = str(ref.get("kind") or ""), str(ref.get("name") or "")
+    return f"{kind.lower()}/{name}" if kind and name else "-"
+
+
+def short_reason(unit: Unit) -> str:
+    """One line, plain words: where the unit stands (the scheduler's recorded reason, mapped)."""
+    if unit.phase in TERMINAL_PHASES:
+        return "finished"
+    if not unit.quota:
+        return "no quota label: belongs to no queue"
+    if has_reclaim(unit):
+        return "being preempted: pods being reclaimed"
+    if unit.phase == Phase.RESERVED:
+        pending = [c.name for c in unit.admission_checks if c.state != names.AdmissionCheckState.READY]
+        return f"waiting for admission check(s): {', '.join(pending) or '-'}"
+    if unit.phase == Phase.TIMEOUT_BACKOFF:
+        return f"backing off: {unit.message or 'requeued later'}"
+    if not is_waiting(unit):
+        return "running" if all_running(unit) else "admitted: pods not all running yet"
+    if not unit.active:
+        return "inactive: held (scheduling.x-k8s.io/active=false)"
+    found = explain.classify(unit.message, unit.quota)
+    if found is None:
+        return unit.message or "waiting: not examined yet"
+    q = found.quota or unit.quota
+    words = {
+        Reason.QUOTA: f"no room in quota {q} for {found.resource}",
+        Reason.PARENT_QUOTA: f"no room in parent quota {q} for {found.resource}",
+        Reason.QUOTA_STRUCTURE: f"quota tree broken at {q}",
+        Reason.BLOCKED: "blocked by a unit ahead (Block policy)",
+        Reason.HELD: "queue held: admitted pods not running yet",
+        Reason.PREEMPTING: "queue is preempting for another unit",
+        Reason.PREEMPTOR: "preempting: waiting for victims to give back quota",
+        Reason.INACTIVE: "inactive: held",
+        Reason.QUEUE_NOT_FOUND: f"queue {q} does not exist",
+        Reason.NOT_BOUND: f"quota {unit.quota} is not bound to this namespace",
+        Reason.BEYOND_DEPTH: "beyond the queue's max-depth",
+        Reason.INVALID: "spec cannot be read",
+        Reason.NO_QUOTA_LABEL: "no quota label",
+    }
+    return words.get(found.reason, unit.message)
+
+
+def _dump(data: Any, output: str, out: TextIO) -> None:
+    if output == "json":
+        out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    else:
+        out.write(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+
+
+# --- list ------------------------------------------------------------------------------------------
+
+
+async def cmd_list(reader: Reader, args: Any, out: TextIO, style: render.Style) -> int:
+    namespace = None if args.all_namespaces else args.namespace
+    got = Gathered()
+    await reader.units(namespace, got, want_all=False)
+    parsed = got.parsed_units()
+    queues = {u.quota for u in parsed.values() if u.quota}
+    await reader.positions(namespace, sorted(q for q in queues if q), got)
+    now = time.time()
+    rows: list[dict[str, Any]] = []
+    for key in sorted(parsed, key=lambda k: (parsed[k].namespace, parsed[k].quota or "", k)):
+        unit, raw = parsed[key], got.units[key]
+        if args.queue and unit.quota != args.queue:
+            continue
+        phase = unit.phase or "Pending"
+        if args.phase and phase.lower() != args.phase.lower():
+            continue
+        waiting = is_waiting(unit) and unit.phase not in TERMINAL_PHASES
+        if waiting:
+            waited = now - unit.created if unit.created else None
+        elif unit.last_allocate_time and unit.created:
+            waited = unit.last_allocate_time - unit.created
+        else:
+            waited = None
+        rows.append(
+            {
+                "namespace": unit.namespace,
+                "name": unit.name,
+                "job": _job(unit, raw),
+                "queue": unit.quota or "",
+                "phase": phase,
+                "priority": unit.priority,
+                "position": got.positions.get(key),
+                "waitSeconds": None if waited is None else round(waited, 1),
+                "waiting": waiting,
+                "reason": short_reason(unit),
+                "message": unit.message,
+                "request": render.resources(remaining_request(unit)),
+                "holds": render.resources(reserved_resources(unit)),
+            }
+        )
+    if args.output in ("json", "yaml"):
+        _dump({"items": rows, "positionsKnown": got.visibility_ok}, args.output, out)
+        return 0
+    if not rows:
+        where = "any namespace" if namespace is None else f"namespace {namespace}"
+        out.write(f"No QueueUnits found in {where}.\n")
+        return 0
+    wide = args.output == "wide"
+    headers = ["NAMESPACE"] if namespace is None else []
+    headers += ["NAME", "QUEUE", "PHASE", "PRIORITY", "POSITION", "WAITED", "REASON"]
+    if wide:
+        headers += ["JOB", "REQUEST", "HOLDS", "MESSAGE"]
+    table_rows = []
+    for r in rows:
+        colour = ("yellow",) if r["waiting"] else ("green",) if r["phase"] in ("Running", "Dequeued") else ()
+        cells = [r["namespace"]] if namespace is None else []
+        cells += [
+            r["name"],
+            r["queue"] or "-",
+            style(r["phase"], *colour),
+            str(r["priority"]),
+            "-" if r["position"] is None else str(r["position"]),
+            render.age(r["waitSeconds"]),
+            r["reason"] if wide else render.truncate(r["reason"], 60),
+        ]
+        if wide:
+            cells += [r["job"], r["request"], r["holds"], r["message"] or "-"]
+        table_rows.append(cells)
+    out.write(render.table(headers, table_rows) + "\n")
+    return 0
+
+
+# --- explain ---------------------------------------------------------------------------------------
+
+
+def _timeout_for(raw: Obj, got: Gathered) -> RunningTimeout | None:
+    if got.settings is None:
+        return None
+    ref = (raw.get("spec") or {}).get("consumerRef") or {}
+    adapter = registry.by_kind(str(ref.get("apiVersion") or ""), str(ref.get("kind") or ""))
+    timeouts = got.settings.running_timeouts
+    return timeouts.for_extension(adapter.extension) if adapter is not None else timeouts.default
+
+
+async def gather_for_unit(reader: Reader, namespace: str, wanted: str) -> tuple[Gathered, Obj]:
+    got = Gathered()
+    await reader.units(namespace, got, want_all=True)
+    raw = find_unit(got.units, namespace, wanted)
+    await reader.quotas(namespace, got)
+    await reader.queues(got)
+    await reader.settings(got)
+    await reader.positions(namespace, [], got)
+    unit = parse_unit(raw)
+    readable = {str((q.get("metadata") or {}).get("name", "")) for q in got.quotas}
+    if unit.quota and unit.quota not in readable:
+        exists = await reader.queue_exists(namespace, unit.quota, got) if not got.complete else False
+        if exists is None:
+            got.unreadable_quotas.add(unit.quota)
+            got.unknowns.append(
+                f"whether queue {unit.quota} exists cannot be told (visibility API unavailable)"
+            )
+        elif exists:
+            got.unreadable_quotas.add(unit.quota)
+            got.unknowns.append(f"ElasticQuota {unit.quota} exists but cannot be read (another namespace)")
+    return got, raw
+
+
+def build_view(got: Gathered, raw: Obj) -> explain.View:
+    settings = got.settings
+    return explain.View(
+        units=got.parsed_units(),
+        quotas=got.parsed_quotas(),
+        queues=got.queue_configs(),
+        reclaim_protect_seconds=settings.reclaim_protect_seconds if settings else 0.0,
+        namespace_binding=settings.quota_namespace_binding if settings else True,
+        complete=got.complete,
+        unreadable_quotas=frozenset(got.unreadable_quotas),
+        queues_known=got.queues is not None,
+        positions=dict(got.positions),
+        queue_missing=frozenset(got.queue_missing),
+        running_timeout=_timeout_for(raw, got),
+        unknowns=tuple(got.unknowns),
+    )
+
+
+async def cmd_explain(reader: Reader, args: Any, out: TextIO, style: render.Style) -> int:
+    got, raw = await gather_for_unit(reader, args.namespace, args.job)
+    unit = parse_unit(raw)
+    now = time.time()
+    result = explain.explain(build_view(got, raw), unit.key, now)
+    if args.output in ("json", "yaml"):
+        data = dataclasses.asdict(result)
+        data["reason"] = result.reason.value
+        data["job"] = _job(unit, raw)
+        data["waiting"] = result.waiting_now
+        _dump(data, args.output, out)
+        return 0
+    out.write(render_explanation(result, unit, raw, style, now) + "\n")
+    return 0
+
+
+def _refusal_mark(level: explain.Level, style: render.Style) -> str:
+    if level.refuses is None:
+        return style("unknown", "dim")
+    return style("no: refuses", "red", "bold") if level.refuses else style("yes", "green")
+
+
+def render_explanation(e: Explanation, unit: Unit, raw: Obj, style: render.Style, now: float) -> str:
+    lines: list[str] = []
+    ref = (raw.get("spec") or {}).get("consumerRef") or {}
+    job = f"{ref.get('kind')} {ref.get('name')}" if ref.get("kind") and ref.get("name") else ""
+    head = f"QueueUnit {unit.namespace}/{unit.name}" + (f" ({job})" if job else "")
+    lines.append(style(head, "bold"))
+    facts = [f"phase {e.phase}", f"priority {unit.priority}", f"queue {e.quota or '-'}"]
+    if e.position is not None:
+        total = f" of {e.waiting}" if e.waiting is not None and e.unseen_ahead == 0 else ""
+        facts.append(f"position {e.position}{total}")
+    if e.waiting_now and e.waited_since:
+        facts.append(f"waiting {render.age(now - e.waited_since)}")
+    lines.append("  " + ", ".join(facts))
+    lines.append("")
+    colour = ("yellow", "bold") if e.waiting_now else ("green", "bold")
+    lines.append(f"{style('Why:', *colour)} {e.summary}")
+    if e.message:
+        lines.append(f"  the scheduler's words: {e.message!r}")
+    if e.recorded and e.recorded != e.message:
+        lines.append(f"  last recorded on the unit: {e.recorded!r}")
+    if e.replay_agrees is False:
+        lines.append(
+            "  (replaying the scheduler on what you can read gives a different answer than it last "
+            "recorded: something changed since, or holders you cannot see make the difference)"
+        )
+    if e.levels:
+        lines.append("")
+        lines.append(style(f"Quota chain (request {render.resources(e.request)}):", "bold"))
+        rows = []
+        for lv in e.levels:
+            bound = "" if lv.used_complete else "≥"
+            rows.append(
+                [
+                    lv.name + ("" if lv.readable else " (not readable)"),
+                    lv.namespace or "-",
+                    render.resources(lv.min) if lv.readable else "?",
+                    render.resources(lv.max, empty="unlimited") if lv.readable else "?",
+                    bound + render.resources(lv.used, empty="0"),
+                    render.resources(lv.free) if lv.readable else "?",
+                    render.resources(lv.over_min, empty="0"),
+                    _refusal_mark(lv, style),
+                ]
+            )
+        headers = ["QUOTA", "NAMESPACE", "MIN", "MAX", "USED", "FREE", "BORROWED", "FITS"]
+        lines.extend("  " + line for line in render.table(headers, rows).splitlines())
+        lines.append(
+            "  BORROWED is usage above min; min is not enforced yet (docs/architecture.md, decision 11), "
+            "so nothing is lent or reclaimed on its account."
+        )
+    if e.ahead or e.unseen_ahead:
+        lines.append("")
+        count = len(e.ahead) + e.unseen_ahead
+        lines.append(style(f"Ahead of it in queue {e.quota} ({count}):", "bold"))
+        for a in e.ahead[:10]:
+            lines.append(
+                f"  {a.position}. {a.key}  priority {a.priority}  asks {render.resources(a.request)}"
+            )
+        if len(e.ahead) > 10:
+            lines.append(f"  ... and {len(e.ahead) - 10} more")
+        if e.unseen_ahead:
+            lines.append(f"  {e.unseen_ahead} more in namespaces you cannot read")
+    if e.holders:
+        lines.append("")
+        lines.append(style(f"Holding quota {e.refusing_quota or e.quota}:", "bold"))
+        for h in e.holders[:10]:
+            extra = ", being reclaimed" if h.reclaiming else ""
+            lines.append(
+                f"  {h.key}  holds {render.resources(h.holds)}  ({h.running}/{h.admitted} pods running, "
+                f"{h.phase or 'Pending'}{extra})"
+            )
+        if len(e.holders) > 10:
+            lines.append(f"  ... and {len(e.holders) - 10} more")
+    lines.append("")
+    lines.append(style("Queue:", "bold"))
+    if e.policy:
+        lines.append(
+            f"  policy {e.policy}{', blocked' if e.blocked else ''}; wait-for-pods-running "
+            f"{'on' if e.wait_for_pods_running else 'off'}; preemption: {e.preemption}"
+        )
+    if e.round is not None:
+        victims = (
+            ", ".join(f"{v} ({n} replica(s) being reclaimed)" for v, n in e.round.victims) or "none left"
+        )
+        lines.append(f"  preemption round in progress for {e.round.preemptor}: waiting for {victims}")
+    else:
+        lines.append("  no preemption round in progress")
+    if e.preempt_error and e.preempt_error != e.preemption:
+        lines.append(f"  preemption for this unit: {e.preempt_error}")
+    if e.checks:
+        lines.append(
+            "  admission checks: "
+            + "; ".join(f"{n} {s or 'Pending'}{' (' + m + ')' if m else ''}" for n, s, m in e.checks)
+        )
+    if e.requeue_at is not None:
+        lines.append(f"  requeued in {render.age(e.requeue_at - now)}")
+    if e.running_timeout:
+        when = f": due in {render.age(e.timeout_at - now)}" if e.timeout_at is not None else ""
+        lines.append(
+            f"  running timeout {render.age(e.running_timeout)} after admission (pods not all running by "
+            f"then: suspended and requeued){when}"
+        )
+    elif not any("running timeout" in u for u in e.unknowns):
+        lines.append("  running timeout off")
+    if e.next_steps:
+        lines.append("")
+        lines.append(style("What would let it run:" if e.waiting_now else "Next:", "bold"))
+        lines.extend(f"  - {step}" for step in e.next_steps)
+    if e.unknowns:
+        lines.append("")
+        lines.append(style("Not known, or assumed:", "bold"))
+        lines.extend(f"  - {u}" for u in e.unknowns)
+    return "\n".join(lines)
+
+
+# --- quotas ----------------------------------------------------------------------------------------
+
+
+async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style) -> int:
+    namespace = None if args.all_namespaces else args.namespace
+    got = Gathered()
+    if namespace is None:
+        await reader.units(None, got, want_all=False)
+    else:
+        await reader.units(namespace, got, want_all=True)
+    await reader.quotas(namespace, got)
+    view = explain.View(
+        units=got.parsed_units(),
+        quotas=got.parsed_quotas(),
+        queues=(),
+        complete=got.complete,
+        unreadable_quotas=frozenset(got.unreadable_quotas),
+    )
+    rows = explain.quota_rows(view)
+    if namespace is not None and not args.tree:
+        rows = [r for r in rows if r.namespace in (namespace, "")]
+    if args.output in ("json", "yaml"):
+        items = []
+        for r in rows:
+            item = dataclasses.asdict(r)
+            for key in ("min", "max", "used", "over_min", "waiting_request"):
+                item[key] = render.resources(item[key], empty="")
+            item["readable"] = r.name not in got.unreadable_quotas
+            items.append(item)
+        _dump({"items": items, "usageComplete": got.complete}, args.output, out)
+        return 0
+    if not rows:
+        out.write("No ElasticQuotas found.\n")
+        return 0
+    table_rows = []
+    for r in rows:
+        readable = r.name not in got.unreadable_quotas
+        name = ("  " * r.depth + ("└─ " if r.depth else "") + r.name) if args.tree else r.name
+        note = (
+            " (ignored: same name as an older quota)" if r.ignored else "" if readable else " (not readable)"
+        )
+        used = ("" if r.used_complete else "≥") + render.resources(r.used, empty="0")
+        waiting = f"{r.waiting} ({render.resources(r.waiting_request)})" if r.waiting else "0"
+        table_rows.append(
+            [
+                name + note,
+                r.namespace or "-",
+                *([] if args.tree else [r.parent or "-"]),
+                render.resources(r.min) if readable else "?",
+                render.resources(r.max, empty="unlimited") if readable else "?",
+                used,
+                render.resources(r.over_min, empty="0"),
+                str(r.admitted),
+                style(waiting, "yellow") if r.waiting else waiting,
+            ]
+        )
+    headers = ["QUOTA", "NAMESPACE", *([] if args.tree else ["PARENT"]), "MIN", "MAX", "USED", "BORROWED"]
+    headers += ["ADMITTED", "WAITING"]
+    out.write(render.table(headers, table_rows) + "\n")
+    notes = [
+        "BORROWED = usage above min; min is not enforced yet, so nothing is lent or reclaimed on its account."
+    ]
+    if not got.complete:
+        notes.append("≥: only the QueueUnits you can read are counted.")
+    out.write("\n".join(notes) + "\n")
+    return 0
+
+
+# --- hold, release, priority ----------------------------------------------------------------------
+
+
+async def cmd_active(reader: Reader, args: Any, out: TextIO, style: render.Style, *, active: bool) -> int:
+    got = Gathered()
+    await reader.units(args.namespace, got, want_all=False)
+    raw = find_unit(got.units, args.namespace, args.job)
+    unit = parse_unit(raw)
+    job, _ = await reader.patch_job_annotation(raw, names.ACTIVE_ANNOTATION, "true" if active else "false")
+    if active:
+        out.write(f"{job} released: it competes for admission again in queue {unit.quota or '-'}\n")
+    elif is_waiting(unit):
+        out.write(
+            f"{job} held: it keeps its place in queue {unit.quota or '-'} and is not admitted until "
+            "released\n"
+        )
+    else:
+        out.write(
+            f"{job} held: it was admitted, so koord-queue suspends it and gives its quota back; it waits "
+            "in its queue until released\n"
+        )
+    return 0
+
+
+async def cmd_priority(reader: Reader, args: Any, out: TextIO, style: render.Style) -> int:
+    value = goparse.parse_go_int(args.priority, bits=32)
+    if value is None:
+        raise CliError(f'priority must be a 32-bit integer, got "{args.priority}"')
+    got = Gathered()
+    await reader.units(args.namespace, got, want_all=False)
+    raw = find_unit(got.units, args.namespace, args.job)
+    unit = parse_unit(raw)
+    await reader.settings(got)
+    quota_obj = None
+    if unit.quota:
+        await reader.quotas(args.namespace, got)
+        quota_obj = next(
+            (parse_quota(q) for q in got.quotas if (q.get("metadata") or {}).get("name") == unit.quota), None
+        )
+    cluster_cap = got.settings.max_user_priority if got.settings is not None else None
+    cap = priority_cap(cluster_cap, quota_obj)
+    if cap is not None and value > cap:
+        sources = []
+        if cluster_cap is not None:
+            sources.append(f"maxUserPriority {cluster_cap} (cluster)")
+        if quota_obj is not None and quota_obj.max_user_priority is not None:
+            sources.append(
+                f"{names.MAX_USER_PRIORITY_ANNOTATION} {quota_obj.max_user_priority} (quota {unit.quota})"
+            )
+        raise CliError(
+            f"priority {value} is above the cap {cap} ({', '.join(sources)}): the job would be clamped to "
+            f"{cap}; ask for at most {cap}, or ask a cluster admin for a PriorityClass"
+        )
+    job, _ = await reader.patch_job_annotation(raw, names.PRIORITY_ANNOTATION, str(value))
+    out.write(f"{job} priority set to {value} ({names.PRIORITY_ANNOTATION}); its QueueUnit follows\n")
+    if got.settings is None:
+        out.write(
+            "note: the cluster-wide priority cap cannot be read; the reconciler clamps to it if lower\n"
+        )
+    return 0

@@ -1,0 +1,343 @@
+"""The scan of one scheduling cycle: each due queue walked from its head, unit by unit.
+
+:func:`shared.scheduling.schedule` drives a :class:`Cycle` over the queues that need a scan; how
+a scan decides (filter, preemption, policies, cost control) is described there.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+
+from shared.admission_checks import matched_checks
+from shared.names import Message, Phase, QueuePolicy
+from shared.plan import Admit, Decision, Park, Snapshot
+from shared.policies import (
+    Entry,
+    Item,
+    ParkRecord,
+    QueueState,
+    SchedulerState,
+    beyond_depth_message,
+    inactive_message,
+    invalid_message,
+)
+from shared.preemption import (
+    PreemptOutcome,
+    disabled_reason,
+    first_holder,
+    may_preempt,
+    plan_preempt,
+    plan_reserve,
+    record_outcome,
+    skip_reason,
+)
+from shared.quota import UsageView, remaining_grants
+
+__all__ = ["BLOCK_STALE_SECONDS", "Cycle"]
+
+#: Block/Intelligent: blocked quotas are cleared after this long without any attempt (upstream).
+BLOCK_STALE_SECONDS = 180.0
+
+
+class _Stop(enum.Enum):
+    BLOCKED = "blocked"  # Block/Intelligent quota blocked, or Block holding after a preemption
+    EXHAUSTED = "exhausted"  # no pending request fits the headroom any more
+    HELD = "held"  # wait-for-pods-running: a unit sorting earlier holds the queue
+    PREEMPTING = "preempting"  # behind a preemptor whose round is in progress
+    HIGH_WAITING = "high-waiting"  # Intelligent: high units still wait
+
+
+class Cycle:
+    """One cycle's decisions, queue by queue (:func:`shared.scheduling.schedule` drives it)."""
+
+    def __init__(self, snapshot: Snapshot, state: SchedulerState, now: float) -> None:
+        self.units = snapshot.units
+        self.ledger = snapshot.ledger
+        self.protect = snapshot.reclaim_protect_seconds
+        self.state = state
+        self.now = now
+        self.view: UsageView = snapshot.ledger.view()
+        self.decisions: list[Decision] = []
+        self.examined = 0
+        self.admitted: dict[str, list[Item]] = {}
+        self.epochs: dict[str, int] = {}
+        self.levels: set[str | None] = set()
+
+    # --- helpers ------------------------------------------------------------------------------------
+
+    def epoch(self, qs: QueueState) -> int:
+        value = self.epochs.get(qs.name)
+        if value is None:
+            value = self.epochs[qs.name] = self.ledger.epoch(qs.name)
+        return value
+
+    def park(
+        self,
+        qs: QueueState,
+        key: str,
+        message: str,
+        *,
+        quota_failure: bool,
+        preempt_error: str | None = None,
+        protected: tuple[str, ...] = (),
+        promised: tuple[str, ...] = (),
+    ) -> None:
+        previous = qs.parked.get(key)
+        repeated = message in (self.units[key].message, previous.message if previous else None)
+        level = self.view.level if quota_failure else None
+        if quota_failure:
+            self.levels.add(level)
+        qs.parked[key] = ParkRecord(message, self.epoch(qs), quota_failure, level)
+        qs.unparked.discard(key)
+        self.decisions.append(
+            Park(
+                key=key,
+                queue=qs.name,
+                message=message,
+                repeated=repeated,
+                preempt_error=preempt_error,
+                protected=protected,
+                promised=promised,
+            )
+        )
+
+    def stop_reason(self, qs: QueueState, key: str, item: Item) -> _Stop | None:
+        if qs.config.wait_for_pods_running:
+            holder = first_holder(qs, self.admitted.get(qs.name, []), key)
+            if holder is not None and holder < item:
+                return _Stop.HELD
+        minimums = qs.demand.minimums()
+        if self.view.exhausted(qs.name, minimums, any_empty=qs.demand.empty > 0) and not may_preempt(
+            qs, key, item
+        ):
+            self.levels.add(self.view.level)
+            return _Stop.EXHAUSTED
+        return None
+
+    # --- one queue ----------------------------------------------------------------------------------
+
+    def scan(self, qs: QueueState) -> None:
+        qs.expire(self.now)
+        qs.dirty = False
+        qs.wake_at = None
+        self.levels = set()
+        if qs.config.policy is QueuePolicy.INTELLIGENT:
+            stop = self.scan_lane(qs, 0)
+            high_left = qs.active_in_lane[0] - sum(
+                1 for k in qs.updating if k in qs.entries and qs.entries[k].lane == 0
+            )
+            if stop is None and high_left > 0:
+                stop = _Stop.HIGH_WAITING
+            if stop is None:
+                self.scan_lane(qs, 1)
+            else:
+                low = stop if stop in (_Stop.BLOCKED, _Stop.HELD) else _Stop.HIGH_WAITING
+                self.park_unparked(qs, 1, 0, low)
+        else:
+            self.scan_lane(qs, 0)
+        qs.limiting = None if None in self.levels else frozenset(str(n) for n in self.levels)
+        self.set_timer(qs)
+
+    def scan_lane(self, qs: QueueState, lane_no: int) -> _Stop | None:
+        lane = qs.lanes[lane_no]
+        depth = qs.config.max_depth
+        limit = len(lane) if depth <= 0 else min(len(lane), depth)
+        policy = qs.config.policy
+        # Priority lets later units bypass one that fails; so does Intelligent's low sub-queue,
+        # which upstream polls round-robin (only a high unit's failure blocks the quota).
+        bypass = policy is QueuePolicy.PRIORITY or (policy is QueuePolicy.INTELLIGENT and lane_no == 1)
+        check_stop = True
+        pos = 0
+        while pos < limit:
+            item = lane[pos]
+            pos += 1
+            key = str(item[-1])
+            entry = qs.entries[key]
+            if key in qs.updating:
+                continue
+            if not entry.active:
+                if key in qs.unparked:
+                    self.park(qs, key, self.idle_reason(qs, entry), quota_failure=False)
+                continue
+            stop: _Stop | None = None
+            round_ = qs.round
+            if qs.blocked:
+                stop = _Stop.BLOCKED
+            elif (
+                round_ is not None
+                and round_.preemptor != key
+                and round_.preemptor in qs.entries
+                and qs.entries[round_.preemptor].item < item
+            ):
+                stop = _Stop.PREEMPTING
+            elif check_stop:
+                stop = self.stop_reason(qs, key, item)
+                check_stop = False
+            if stop is not None:
+                self.park_unparked(qs, lane_no, pos - 1, stop)
+                return stop
+            record = qs.parked.get(key)
+            if (
+                record is not None
+                and record.quota_failure
+                and record.epoch == self.epoch(qs)
+                and not may_preempt(qs, key, item)
+            ):
+                self.levels.add(record.level)
+                if bypass:
+                    continue
+                qs.last_attempt_at = self.now
+                qs.blocked = True  # still failing: Block/Intelligent stop here as upstream would
+                self.park_unparked(qs, lane_no, pos, _Stop.BLOCKED)
+                return _Stop.BLOCKED
+            qs.last_attempt_at = self.now
+            preempted = self.attempt(qs, key, item)
+            if preempted is None:
+                continue  # admitted
+            check_stop = True
+            if bypass:
+                continue
+            if not preempted:
+                qs.blocked = True
+            self.park_unparked(qs, lane_no, pos, _Stop.BLOCKED)
+            return _Stop.BLOCKED
+        self.park_unparked(qs, lane_no, limit, None)
+        return None
+
+    def attempt(self, qs: QueueState, key: str, item: Item) -> bool | None:
+        """Try one unit. ``None``: admitted; otherwise whether a preemption is under way for it."""
+        self.examined += 1
+        cfg = qs.config
+        entry = qs.entries[key]
+        admitted = self.admitted.setdefault(qs.name, [])
+        failure = self.view.check(entry.request, qs.name, item=key)
+        if failure is not None:
+            why = disabled_reason(cfg)
+            outcome = (
+                PreemptOutcome(error=why)
+                if why is not None
+                else plan_preempt(
+                    item,
+                    entry.request,
+                    state=qs,
+                    units=self.units,
+                    view=self.view,
+                    now=self.now,
+                    protect=self.protect,
+                    admitted=admitted,
+                )
+            )
+            self.apply_outcome(qs, key, outcome, path="preempt")
+            suffix = Message.PREEMPT_SUCCEED_SUFFIX if outcome.succeeded else Message.PREEMPT_FAILED_SUFFIX
+            self.park(
+                qs,
+                key,
+                failure + suffix,
+                quota_failure=True,
+                preempt_error=outcome.error,
+                protected=outcome.protected,
+                promised=outcome.promised,
+            )
+            return outcome.succeeded
+        if cfg.wait_for_pods_running and first_holder(qs, admitted, key) is not None:
+            outcome = plan_reserve(
+                item, state=qs, units=self.units, now=self.now, protect=self.protect, admitted=admitted
+            )
+            self.apply_outcome(qs, key, outcome, path="reserve")
+            names = [v.name for v in outcome.victims] or [self.units[k].name for k in outcome.waiting_for]
+            message = outcome.error or Message.waiting_for_victims(names)
+            self.park(
+                qs,
+                key,
+                message,
+                quota_failure=False,
+                preempt_error=outcome.error,
+                protected=outcome.protected,
+                promised=outcome.promised,
+            )
+            return outcome.succeeded
+        unit = self.units[key]
+        checks = matched_checks(cfg.admission_checks, unit.labels)
+        self.view.reserve(qs.name, entry.request)
+        admitted.append(item)
+        qs.updating.add(key)
+        qs.parked.pop(key, None)
+        qs.unparked.discard(key)
+        self.decisions.append(
+            Admit(
+                key=key,
+                queue=qs.name,
+                grants=remaining_grants(unit),
+                phase=Phase.RESERVED if checks else Phase.DEQUEUED,
+                message=Message.RESERVED if checks else Message.DEQUEUED,
+                admission_checks=checks,
+                request=entry.request,
+            )
+        )
+        return None
+
+    def apply_outcome(self, qs: QueueState, key: str, outcome: PreemptOutcome, *, path: str) -> None:
+        mark = record_outcome(qs, key, outcome, now=self.now, path=path)
+        if mark is not None:
+            self.decisions.append(mark)
+
+    def idle_reason(self, qs: QueueState, entry: Entry) -> str:
+        """Why a unit that does not compete waits: its namespace may not use the quota, its spec
+        is invalid, or it is inactive."""
+        text = self.ledger.binding_problem(qs.name, entry.namespace)
+        if text is not None:
+            return text
+        return invalid_message(entry.invalid) if entry.invalid is not None else inactive_message(qs.name)
+
+    def park_unparked(self, qs: QueueState, lane_no: int, start: int, stop: _Stop | None) -> None:
+        """Give every unit not examined since it (re)entered the queue its own reason, once.
+
+        Units that do not compete get theirs wherever they stand (the scan may never reach them)."""
+        if not qs.unparked:
+            return
+        idle = sorted(
+            k
+            for k in qs.unparked
+            if qs.entries[k].lane == lane_no and k not in qs.updating and not qs.entries[k].active
+        )
+        for key in idle:
+            self.park(qs, key, self.idle_reason(qs, qs.entries[key]), quota_failure=False)
+        lane = qs.lanes[lane_no]
+        depth = qs.config.max_depth
+        waits = {_Stop.HELD: Message.NO_MORE_IN_QUEUE, _Stop.PREEMPTING: Message.queue_preempting(qs.name)}
+        pending = sorted(
+            (qs.entries[k].item, k)
+            for k in qs.unparked
+            if qs.entries[k].lane == lane_no and k not in qs.updating and qs.entries[k].active
+        )
+        for item, key in pending:
+            pos = bisect.bisect_left(lane, item)
+            if pos < start:
+                continue
+            if depth > 0 and pos >= depth:
+                self.park(qs, key, beyond_depth_message(qs.name, depth), quota_failure=False)
+                continue
+            if stop is None:
+                continue
+            failure = self.view.check(qs.entries[key].request, qs.name, item=key)
+            if failure is not None:
+                text, why = failure + Message.PREEMPT_FAILED_SUFFIX, skip_reason(qs, key)
+                self.park(qs, key, text, quota_failure=True, preempt_error=why)
+            elif stop is not _Stop.EXHAUSTED:  # it fits but was not tried: say what it waits for
+                self.park(qs, key, waits.get(stop, Message.BLOCKED_BY_HIGHER), quota_failure=False)
+
+    def set_timer(self, qs: QueueState) -> None:
+        times = [t for t in (qs.wake_at,) if t is not None]
+        if qs.blocked and qs.last_attempt_at is not None:
+            times.append(qs.last_attempt_at + BLOCK_STALE_SECONDS)
+        if qs.marks:
+            times.append(min(m.marked_at for m in qs.marks.values()) + 60.0)
+        if times:
+            self.state.timers[qs.name] = max(min(times), self.now)
+        else:
+            self.state.timers.pop(qs.name, None)
+        if qs.dirty:
+            self.state.dirty.add(qs.name)

@@ -1,0 +1,91 @@
+"""The decisions of a scheduling cycle and what it reads: :class:`Plan`, :class:`Snapshot`.
+
+``shared.scheduling.schedule`` turns a :class:`Snapshot` and the scheduler's state into a
+:class:`Plan`; the reconciler applies its decisions in order
+(docs/architecture.md#decision-3-decide-on-a-snapshot-then-act).
+
+Pure: standard library and sibling modules only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from shared.model import Unit
+from shared.names import EventReason, Phase
+from shared.preemption import MarkVictims
+from shared.quantities import Resources
+from shared.quota import QuotaLedger
+
+__all__ = ["Admit", "Decision", "Park", "Plan", "Snapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Admit ``key``: add ``grants`` (pod set -> replicas) to ``status.admissions``."""
+
+    key: str
+    queue: str
+    grants: Mapping[str, int]
+    phase: Phase
+    message: str
+    admission_checks: tuple[str, ...]
+    request: Resources
+    reason: EventReason = EventReason.SCHEDULED
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """Leave ``key`` waiting with ``message`` (Warning ``FailedScheduling``).
+
+    ``repeated`` says the message equals the last one given (in memory or in ``status.message``):
+    the reconciler may skip the write and the event. ``preempt_error`` (why the preemption attempt
+    marked nothing), ``protected`` (candidate victims skipped because of the reclaim protect
+    time) and ``promised`` (the victims whose freed quota the unit now waits for, newly marked or
+    already on the way; each is promised to one waiting unit at a time) are for the decision log
+    and the metrics only.
+    """
+
+    key: str
+    queue: str
+    message: str
+    reason: EventReason = EventReason.FAILED_SCHEDULING
+    queue_not_found: bool = False
+    repeated: bool = False
+    preempt_error: str | None = None
+    protected: tuple[str, ...] = ()
+    promised: tuple[str, ...] = ()
+
+
+Decision = Admit | Park | MarkVictims
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The decisions of one cycle, in order, and when to run again if nothing else happens."""
+
+    decisions: tuple[Decision, ...] = ()
+    wake_at: float | None = None
+    examined: int = 0
+
+    @property
+    def admits(self) -> list[Admit]:
+        return [d for d in self.decisions if isinstance(d, Admit)]
+
+    @property
+    def parks(self) -> list[Park]:
+        return [d for d in self.decisions if isinstance(d, Park)]
+
+    @property
+    def marks(self) -> list[MarkVictims]:
+        return [d for d in self.decisions if isinstance(d, MarkVictims)]
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What a cycle reads: every known unit by key and the quota ledger built from them."""
+
+    units: dict[str, Unit] = field(default_factory=dict)
+    ledger: QuotaLedger = field(default_factory=QuotaLedger)
+    reclaim_protect_seconds: float = 0.0

@@ -1,0 +1,139 @@
+"""A Job deleted with ``kubectl delete --cascade=orphan`` gives its quota back.
+
+Orphan deletion makes the garbage collector remove the Job's owner reference from its dependents
+instead of deleting them: the QueueUnit stays (admitted, holding quota) and so do the pods, which
+keep running on their nodes. The job extension notices a unit whose job is gone and releases it by
+deleting it once none of its pods runs any more: while an orphaned pod still runs it uses the
+quota, so the unit keeps it charged. A new Job of the same name gets a unit of its own, owned by
+it, instead of inheriting the admission of its predecessor.
+
+Real controller-manager (garbage collector, Job controller), scheduler and kwok (pods that no Job
+owns run until deleted), with the webhook and the reconciler running (``system_e2e``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from shared import names
+from shared.names import Message
+from testenv import system
+from testenv.cluster import LocalCluster
+from tests import kube
+from tests.e2e.test_job_pods import job, room
+from tests.scenario import Scenario, phase, status
+
+pytestmark = pytest.mark.e2e
+
+#: A pod set as small as the QueueUnit schema allows.
+POD_SET = [
+    {"name": "main", "count": 1, "template": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}}
+]
+
+ADMITTED = ("Dequeued", "Running", "Succeed")
+
+
+@pytest.fixture
+async def env(
+    e2e_cluster: LocalCluster, system_e2e: system.Processes, namespace_in: str
+) -> AsyncIterator[Scenario]:
+    async with kube.client(e2e_cluster) as api:
+        yield Scenario(api, e2e_cluster, namespace_in, explain_with_pods=True)
+
+
+async def garbage_collector_follows_queueunits(env: Scenario) -> None:
+    """Wait until the garbage collector watches QueueUnits: it discovers a new CRD on its next
+    resync (up to 30 s), and until then it cannot orphan a unit (the owner reference would stay,
+    and the unit be deleted later as a dependent of a missing owner). The probe is a unit whose
+    owner does not exist; the collector deletes it once it watches the resource."""
+    probe = {
+        "apiVersion": names.API_VERSION,
+        "kind": "QueueUnit",
+        "metadata": {
+            "name": "gc-probe",
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "gc-probe", "uid": str(uuid.uuid4())}
+            ],
+        },
+        "spec": {
+            "consumerRef": {"apiVersion": "example.com/v1", "kind": "BareJob", "name": "gc-probe"},
+            "resource": {"cpu": "1"},
+            "podSet": POD_SET,
+        },
+    }
+    await env.objects.create_namespaced_custom_object(
+        names.GROUP, names.VERSION, env.ns, names.QUEUEUNIT_PLURAL, probe
+    )
+
+    async def collected() -> bool:
+        return await env.find_unit("gc-probe") is None
+
+    await kube.eventually(
+        collected, timeout=90, interval=0.5, what="the garbage collector watching QueueUnits"
+    )
+
+
+async def orphan(env: Scenario, name: str) -> str:
+    """Delete the Job ``name`` with ``--cascade=orphan``; the name of its (still running) pod."""
+    [pod] = await env.live_pods(name)
+    env.kubectl("delete", "-n", env.ns, "job", name, "--cascade=orphan")
+
+    async def owner_gone() -> bool:
+        unit = await env.find_unit(name)
+        return unit is not None and not unit["metadata"].get("ownerReferences")
+
+    await kube.eventually(owner_gone, what=f"the garbage collector orphaning {name}'s unit")
+    return str(pod.metadata.name)
+
+
+async def test_an_orphaned_unit_releases_its_quota_once_its_pods_are_gone(env: Scenario) -> None:
+    await garbage_collector_follows_queueunits(env)
+    q = env.name("orphan")
+    await env.add_quota(q, room("1"))
+    env.apply(job("orphaned", q, parallelism=1, run_for="600s"))
+    await env.wait_unit("orphaned", lambda u: phase(u) == "Running", what="Running", timeout=60)
+    pod = await orphan(env, "orphaned")
+
+    env.apply(job("next", q, parallelism=1))
+    # The orphaned pod still runs on its node: its unit keeps the quota charged meanwhile.
+    await env.wait_unit(
+        "next", lambda u: Message.limited(q, "cpu") in str(status(u).get("message")), what="next parked"
+    )
+    held = await env.find_unit("orphaned")
+    assert held is not None and phase(held) == "Running", held
+
+    env.kubectl("delete", "-n", env.ns, "pod", pod, "--wait=false")
+
+    async def released() -> bool:
+        return await env.find_unit("orphaned") is None
+
+    await kube.eventually(released, timeout=30, what="the orphaned unit released (deleted)")
+    await env.wait_unit("next", lambda u: phase(u) in ADMITTED, what="next admitted", timeout=30)
+    await env.wait_job("next", lambda j: j["spec"]["suspend"] is False, what="next resumed")
+
+
+async def test_a_new_job_of_the_same_name_gets_its_own_unit(env: Scenario) -> None:
+    await garbage_collector_follows_queueunits(env)
+    q = env.name("again")
+    await env.add_quota(q, room("1"))
+    env.apply(job("again", q, parallelism=1, run_for="600s"))
+    await env.wait_unit("again", lambda u: phase(u) == "Running", what="Running", timeout=60)
+    pod = await orphan(env, "again")
+    env.kubectl("delete", "-n", env.ns, "pod", pod, "--wait=false")
+
+    env.apply(job("again", q, parallelism=1))
+    uid = (await env.get_job("again"))["metadata"]["uid"]
+    await env.wait_unit(
+        "again",
+        lambda u: [r.get("uid") for r in u["metadata"].get("ownerReferences") or []] == [uid],
+        what="a unit owned by the new job",
+        timeout=30,
+    )
+
+    async def succeeded() -> bool:
+        return ((await env.get_job("again")).get("status") or {}).get("succeeded") == 1
+
+    await kube.eventually(succeeded, timeout=60, what="the new job admitted and run to the end")

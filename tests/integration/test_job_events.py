@@ -1,0 +1,160 @@
+"""Events where users look: ``kubectl describe job`` shows, on the Job itself, that it is queued (its
+quota and its position when it first had to wait), when it is admitted after waiting, and when it is
+preempted (reconciler/job_events.py), and what that costs in event writes per job.
+
+The cost is counted from the API (every Event the reconciler wrote about the job or its unit):
+a job admitted at once costs exactly what it did before, the unit's ``Scheduled`` event and nothing
+on the job, so the admission path stays at 4 writes (BENCHMARKS.md); a job that waits gets exactly
+two events on the job (``Queued``, ``Admitted``) besides its unit's ``FailedScheduling`` and
+``Scheduled``.
+
+The integration profile has no Job controller: a resumed Job gets no pods, so an admitted Job's unit
+keeps holding its quota with nothing running, which is what the preemption case needs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from shared import names
+from testenv import system
+from testenv.cluster import LocalCluster
+from tests import kube
+from tests import scenario as s
+from tests.scenario import Scenario
+
+pytestmark = pytest.mark.integration
+
+COMPONENT = names.CONTROLLER_AGENT
+
+
+@pytest.fixture
+async def sc(
+    integration_cluster: LocalCluster, system_integration: system.Processes, namespace_in: str
+) -> AsyncIterator[Scenario]:
+    async with s.scenario(integration_cluster, namespace_in) as it:
+        yield it
+
+
+def job(name: str, quota: str, *, cpu: str = "1", priority: int | None = None) -> dict[str, Any]:
+    annotations = {} if priority is None else {names.PRIORITY_ANNOTATION: str(priority)}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": {names.QUOTA_NAME_LABEL: quota}, "annotations": annotations},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}
+                    ],
+                }
+            }
+        },
+    }
+
+
+def create(sc: Scenario, body: dict[str, Any]) -> None:
+    kube.kubectl(sc.cluster, "create", "-n", sc.ns, "-f", "-", input_text=json.dumps(body))
+
+
+def ours(sc: Scenario) -> list[dict[str, Any]]:
+    """Every Event the reconciler wrote in the namespace, oldest first."""
+    out = kube.kubectl(sc.cluster, "get", "events", "-n", sc.ns, "-o", "json")
+    items = [
+        e for e in json.loads(out.stdout)["items"] if (e.get("source") or {}).get("component") == COMPONENT
+    ]
+    return sorted(items, key=lambda e: e.get("eventTime") or e.get("firstTimestamp") or "")
+
+
+def about(events: list[dict[str, Any]], kind: str, name: str) -> list[tuple[str, str, str]]:
+    return [
+        (e["type"], e["reason"], e["message"])
+        for e in events
+        if e["involvedObject"]["kind"] == kind and e["involvedObject"]["name"] == name
+    ]
+
+
+async def until(sc: Scenario, check: Any, what: str) -> list[dict[str, Any]]:
+    async def probe() -> list[dict[str, Any]] | None:
+        events = ours(sc)
+        return events if check(events) else None
+
+    found: list[dict[str, Any]] = await kube.eventually(probe, timeout=30, what=what)
+    return found
+
+
+async def test_a_job_that_waits_is_told_queued_then_admitted_and_one_admitted_at_once_costs_no_job_event(
+    sc: Scenario,
+) -> None:
+    q = sc.name("events")
+    await sc.create_quota(s.quota(q, cpu="1"))
+    create(sc, job("first", q))
+    await sc.wait_phase("first", "Dequeued")
+    create(sc, job("second", q))
+    waited = await until(
+        sc, lambda ev: any(r == "Queued" for _, r, _ in about(ev, "Job", "second")), "Queued on job second"
+    )
+    ((kind, reason, message),) = about(waited, "Job", "second")
+    assert (kind, reason) == ("Normal", "Queued")
+    reason = f"limited quotaName:{q}, limited resKey:cpu,; preempt failed"
+    assert message == f"queued in quota {q} at position 1 of 1: {reason}"
+    described = kube.kubectl(sc.cluster, "describe", "job", "second", "-n", sc.ns).stdout
+    assert "Queued" in described and f"queued in quota {q} at position 1 of 1" in described
+
+    await sc.patch_quota(q, {"spec": {"max": {"cpu": "2"}, "min": {"cpu": "2"}}})
+    await sc.wait_phase("second", "Dequeued")
+    done = await until(
+        sc,
+        lambda ev: any(r == "Admitted" for _, r, _ in about(ev, "Job", "second")),
+        "Admitted on job second",
+    )
+    on_job = about(done, "Job", "second")
+    assert [r for _, r, _ in on_job] == ["Queued", "Admitted"]
+    assert on_job[1][2].startswith(f"admitted in quota {q} after waiting ") and on_job[1][2].endswith(
+        "s; the job is released"
+    )
+    # The cost: a job admitted at once writes only its unit's Scheduled event (the admission path
+    # keeps its 4 writes); a job that waited writes two events on the job besides its unit's.
+    assert about(done, "Job", "first") == []
+    assert [r for _, r, _ in about(done, "QueueUnit", "first")] == ["Scheduled"]
+    assert [r for _, r, _ in about(done, "QueueUnit", "second")] == ["FailedScheduling", "Scheduled"]
+
+
+async def test_a_preempted_job_is_told_so(sc: Scenario) -> None:
+    q = sc.name("preempted")
+    annotations = {names.WAIT_FOR_PODS_RUNNING_ANNOTATION: "true", names.ENABLE_PREEMPTION_ANNOTATION: "true"}
+    await sc.create_quota(s.quota(q, cpu="1", annotations=annotations))
+    create(sc, job("low", q, priority=1))
+    await sc.wait_phase("low", "Dequeued")
+    create(sc, job("high", q, priority=10))
+    events = await until(
+        sc, lambda ev: any(r == "Preempted" for _, r, _ in about(ev, "Job", "low")), "Preempted on job low"
+    )
+    ((kind, _, message),) = [e for e in about(events, "Job", "low") if e[1] == "Preempted"]
+    assert kind == "Normal"
+    assert message == (
+        f"preempted in quota {q}: 1 replica(s) are reclaimed (unbound pods only) so that "
+        "higher-priority high can be admitted; the job waits for its next admission"
+    )
+    assert [r for _, r, _ in about(events, "QueueUnit", "low")].count("Preempted") == 1
+
+
+async def test_a_unit_without_a_job_gets_no_job_event(sc: Scenario) -> None:
+    q = sc.name("bare")
+    await sc.create_quota(s.quota(q, cpu="1"))
+    await sc.create_unit(s.unit("holder", quota=q))
+    await sc.wait_phase("holder", "Dequeued")
+    await sc.create_unit(s.unit("bare", quota=q))
+    await sc.wait_message("bare", f"limited quotaName:{q}")
+    events = await until(
+        sc,
+        lambda ev: any(r == "FailedScheduling" for _, r, _ in about(ev, "QueueUnit", "bare")),
+        "bare parked",
+    )
+    assert [e for e in events if e["involvedObject"]["kind"] != "QueueUnit"] == []

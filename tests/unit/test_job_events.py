@@ -1,0 +1,49 @@
+"""Events on the job (reconciler/job_events.py): whose job a unit is, the texts, and that they yield
+to the unit's own events when the recorder's writers are behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reconciler import job_events
+from reconciler.events import EventRecorder
+from shared.names import EventReason
+
+
+def unit(owners: list[dict[str, Any]], kind: str | None = "Job") -> dict[str, Any]:
+    spec = {"consumerRef": {"apiVersion": "batch/v1", "kind": kind, "name": "train"}} if kind else {}
+    return {"metadata": {"name": "train", "namespace": "team", "ownerReferences": owners}, "spec": spec}
+
+
+JOB_OWNER = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u-1"}
+
+
+def test_job_ref_is_the_owner_matching_the_consumer() -> None:
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u-2"}
+    assert job_events.job_ref(unit([other, JOB_OWNER])) == {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train", "namespace": "team", "uid": "u-1"},
+    }
+    assert job_events.job_ref(unit([])) is None
+    assert job_events.job_ref(unit([{**JOB_OWNER, "uid": ""}])) is None
+
+
+def test_messages() -> None:
+    assert job_events.queued_message("q", (2, 5), "why") == "queued in quota q at position 2 of 5: why"
+    assert job_events.queued_message("q", None, "why") == "queued in quota q: why"
+    admitted = job_events.admitted_message("q", 12.4)
+    assert admitted == "admitted in quota q after waiting 12s; the job is released"
+    assert "2 replica(s) are reclaimed" in job_events.preempted_message("q", 2, "hi")
+
+
+def test_optional_events_yield_when_the_writers_are_behind() -> None:
+    recorder = EventRecorder(client=None, max_queue=4, writers=1)  # type: ignore[arg-type]
+    job = unit([JOB_OWNER])
+    assert job_events.record(recorder, job, EventReason.QUEUED, "a")  # queue 0 of 4
+    assert job_events.record(recorder, job, EventReason.ADMITTED, "b")  # 1 of 4
+    assert not job_events.record(recorder, job, EventReason.ADMITTED, "c")  # half full: skipped
+    assert recorder.skipped_optional == 1
+    recorder.record(job, type_="Normal", reason="Scheduled", message="d")  # a unit's event still goes
+    assert recorder.dropped == 0
+    assert not job_events.record(recorder, unit([]), EventReason.QUEUED, "no job")
