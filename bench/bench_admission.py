@@ -514,7 +514,7 @@ async def realistic_unit(admin: kube.Kube) -> kube.Obj:
     """A QueueUnit shaped like the benchmark's: the Job mutated by our webhook (a dry-run create),
     turned into a unit by the reconciler's own ``jobext.build_queue_unit``; no owner (nothing to
     garbage-collect it), in the ceiling namespace."""
-    from shared import jobext
+    from shared.jobs import jobext
     from shared.jobs.batch_job import BatchJobAdapter
 
     probe = job_body("job-ceiling", quota_name(0), 10)

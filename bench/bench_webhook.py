@@ -72,7 +72,8 @@ import orjson
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 from certs import pki
-from shared import admission, names
+from shared.admission import decisions as admission
+from shared.api import names
 from webhook import server
 
 ROOT: Final = pathlib.Path(__file__).resolve().parents[1]

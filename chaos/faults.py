@@ -39,7 +39,8 @@ from pathlib import Path
 
 from chaos.etcd import Etcd
 from chaos.observer import Observer, UnitView
-from shared import kube, names
+from shared import kube
+from shared.api import names
 from testenv import system
 from testenv.cluster import Component, LocalCluster
 

@@ -30,7 +30,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import kube, names
+from shared import kube
+from shared.api import names
 
 NAMESPACE = "chaos"
 BULK_NAMESPACE = "chaos-bulk"

@@ -74,7 +74,7 @@ import aiohttp
 
 from chaos import k8sproto
 from chaos.etcd import Compacted, Etcd, KeyValue, prefix_end
-from shared import names
+from shared.api import names
 
 #: After a quota's max is lowered, admissions decided on the older snapshot may still land.
 SHRINK_GRACE_S = 2.0
@@ -100,7 +100,7 @@ TERMINAL = frozenset({"Succeed", "Failed"})
 V1_DEQUEUED = frozenset({"Dequeued", "Reserved", "Running", "SchedReady", "SchedSucceed"})
 DEFAULT_POD_SET = names.DEFAULT_REQUIREMENT_PODSET
 
-# --- quantities (our own parser, deliberately not shared.quantities) ------------------------------
+# --- quantities (our own parser, deliberately not shared.api.quantities) ------------------------------
 
 _QUANTITY = re.compile(
     r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"

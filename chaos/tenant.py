@@ -50,7 +50,8 @@ from typing import Any, Final
 
 from chaos import load
 from chaos.observer import Observer
-from shared import kube, names
+from shared import kube
+from shared.api import names
 from testenv.cluster import LocalCluster
 from tests import tenancy
 
@@ -101,7 +102,7 @@ ATTACKS: Final[dict[str, str]] = {
     "ungate-pod-of-queued-job": "ValidatingAdmissionPolicy koord-queue-admission-gate; reconciler "
     "deletes a released unbound pod beyond the admission (UnadmittedPodDeleted)",
     "bound-pod-in-own-namespace-claiming-job": "reconciler counts a pod only in the unit's namespace "
-    "and owned by its job's UID (shared/podlinks.py)",
+    "and owned by its job's UID (shared/jobs/podlinks.py)",
     "bare-bound-pod-naming-unit": "reconciler counts a pod only if owned by the unit's job "
     "(owner UID), never by the related-queueunit annotation alone",
     "label-running-job-into-quota": "validating webhook: a job joining a queue must arrive held; "

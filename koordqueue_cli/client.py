@@ -19,10 +19,12 @@ from urllib.parse import quote
 
 import yaml
 
-from shared import config as component_config
-from shared import kube, names, quotaqueues, visibility
+from shared import kube
+from shared.api import names
+from shared.api.model import QueueConfig, Quota, Unit, parse_queue, parse_quota, parse_unit
+from shared.core import config as component_config
+from shared.core import quotaqueues, visibility
 from shared.jobs import registry
-from shared.model import QueueConfig, Quota, Unit, parse_queue, parse_quota, parse_unit
 
 Obj = dict[str, Any]
 

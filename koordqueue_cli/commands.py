@@ -1,5 +1,5 @@
 """The commands of ``kubectl koord-queue``: each reads through :class:`~koordqueue_cli.client.Reader`,
-decides with the core (``shared.explain`` replays the scheduler's own code), and prints."""
+decides with the core (``shared.core.explain`` replays the scheduler's own code), and prints."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ import yaml
 
 from koordqueue_cli import render
 from koordqueue_cli.client import CliError, Gathered, Reader, find_unit
-from shared import explain, goparse, names
-from shared.explain import Explanation, Reason
+from shared.api import goparse, names
+from shared.api.model import Unit, parse_quota, parse_unit
+from shared.api.names import Phase
+from shared.api.predicates import TERMINAL_PHASES, all_running, has_reclaim
+from shared.core import explain
+from shared.core.explain import Explanation, Reason
+from shared.core.policies import is_waiting
+from shared.core.quota import priority_cap, remaining_request, reserved_resources
 from shared.jobs import registry
-from shared.model import Unit, parse_quota, parse_unit
-from shared.names import Phase
-from shared.policies import is_waiting
-from shared.predicates import TERMINAL_PHASES, all_running, has_reclaim
-from shared.quota import priority_cap, remaining_request, reserved_resources
-from shared.running_timeout import RunningTimeout
+from shared.jobs.running_timeout import RunningTimeout
 
 Obj = dict[str, Any]
 

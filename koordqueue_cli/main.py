@@ -3,7 +3,7 @@
 Installed with the package as ``kubectl-koord_queue`` (kubectl finds it on PATH as the plugin
 ``koord-queue``) and ``kubectl_complete-koord_queue`` (kubectl's completion hook for plugins).
 Everything it reads goes through ``shared.kube`` with your own credentials, so it shows exactly what
-RBAC lets you see; ``explain`` replays the scheduler's own code (``shared.explain``).
+RBAC lets you see; ``explain`` replays the scheduler's own code (``shared.core.explain``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconciler.events import EventRecorder
-from shared.names import EventReason
+from shared.api.names import EventReason
 
 Obj = dict[str, Any]
 

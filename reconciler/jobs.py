@@ -4,7 +4,7 @@
 For every managed job of an enabled kind this controller keeps a QueueUnit (created owned by the
 job, spec kept in step), resumes the job once its unit is admitted, releases (ungates) at most the
 admitted number of pods per pod set, carries out reclaims (deleting unbound pods only), and reports
-bound pods and the job's end back into the unit's status. Decisions come from ``shared.jobext``;
+bound pods and the job's end back into the unit's status. Decisions come from ``shared.jobs.jobext``;
 this module only reads the informers' stores and writes.
 
 Work is keyed by job: events on the job, its unit or its pods mark the job dirty; a small pool of
@@ -18,7 +18,7 @@ Two refinements of "a job and its unit":
   (optionally: the CRD may be absent) and a cluster's events mark its RayJob;
 * a released job whose unit was deleted gets it back admitted
   (docs/compatibility.md#adoption-of-released-jobs): the unit is created marked for adoption and its
-  status written right after (``shared.adoption``); a marked unit without a status is finished whenever
+  status written right after (``shared.jobs.adoption``); a marked unit without a status is finished whenever
   it is met, so a restart in between converges.
 """
 
@@ -37,8 +37,9 @@ from typing import Any
 from reconciler import metrics
 from reconciler.events import EventRecorder
 from reconciler.informer import Informer, key_of, slim
-from shared import adoption, jobext, kube, names, podlinks, running_timeout
-from shared.jobs import ray, registry
+from shared import kube
+from shared.api import names
+from shared.jobs import adoption, jobext, podlinks, ray, registry, running_timeout
 from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, is_enqueued
 
 log = logging.getLogger(__name__)
@@ -419,7 +420,7 @@ class JobExtensions:
                 QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
             )
             # No event here: the scheduler records Reclaimed when it sees the reclaim done and
-            # replicas taken back (shared.scheduling.reclaim_took_back), for bare units too.
+            # replicas taken back (shared.core.scheduling.reclaim_took_back), for bare units too.
             return  # the unit's update brings us back
         await asyncio.gather(*(self._ungate(p) for p in plan.ungate))
         if adapter.kind == "Job" and status == JobStatus.RUNNING and not any(p.bound for p in pods):
@@ -501,7 +502,7 @@ class JobExtensions:
         unit_key: str,
     ) -> bool:
         """Running timeout, backoff and partial running timeout (docs/compatibility.md#running-timeout),
-        decided by ``shared.running_timeout``; True when something was written.
+        decided by ``shared.jobs.running_timeout``; True when something was written.
 
         Order of the two writes of a backoff: the job is suspended first, the unit's status
         (TimeoutBackoff, admissions cleared) second. The status write is what frees the quota, so
@@ -615,7 +616,7 @@ class JobExtensions:
 
     def _pods_of(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[jobext.PodView]:
         """The unit's pods: those naming it that live in its namespace and belong to its job
-        (``shared.podlinks``); a pod elsewhere naming the unit is ignored."""
+        (``shared.jobs.podlinks``); a pod elsewhere naming the unit is ignored."""
         namespace = unit_key.partition("/")[0]
         job_uid = str((job.get("metadata") or {}).get("uid") or "")
         views = []
@@ -711,7 +712,7 @@ class JobExtensions:
     async def _finish_adoption(
         self, unit: kube.Obj, status: JobStatus, *, suspended: bool, stamped: bool
     ) -> bool:
-        """Write the status of a unit created for adoption (``shared.adoption``); True if written.
+        """Write the status of a unit created for adoption (``shared.jobs.adoption``); True if written.
 
         Conditional on the unit's resourceVersion: a conflict means someone else wrote first, and
         the worker looks again with fresh objects.

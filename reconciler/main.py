@@ -35,11 +35,12 @@ from reconciler.informer import Handler, Informer
 from reconciler.jobs import QUEUE_UNITS, JobExtensions
 from reconciler.quotas import QUEUES, QUOTAS, QuotaBindingSync, QuotaQueueSync
 from reconciler.scheduler import SchedulerLoop
-from shared import config as component_config
-from shared import kube, names
-from shared import quota as quota_rules
+from shared import kube
+from shared.api import names
+from shared.core import config as component_config
+from shared.core import quota as quota_rules
+from shared.core.scheduling import Cache
 from shared.jobs import base, registry
-from shared.scheduling import Cache
 
 log = logging.getLogger("reconciler")
 

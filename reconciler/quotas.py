@@ -1,5 +1,5 @@
 """Keep one Queue per ElasticQuota (docs/compatibility.md#queues-from-elasticquotas) and the
-quota-binding ConfigMap; decisions in ``shared.quotaqueues``.
+quota-binding ConfigMap; decisions in ``shared.core.quotaqueues``.
 
 Every quota event marks the quota's name dirty; a single worker creates, patches or deletes the
 Queue in namespace ``koord-queue``. The Queue store (from the scheduler's Queue informer) is read to
@@ -11,7 +11,7 @@ stores every :data:`RESYNC_SECONDS` and re-creates the Queue of every quota that
 per quota, no API call unless one is missing).
 
 Same-named quotas in several namespaces: the Queue follows the one that counts
-(``shared.quota.winner``: the oldest); every other one gets a Warning ``DuplicateQuotaName`` event
+(``shared.core.quota.winner``: the oldest); every other one gets a Warning ``DuplicateQuotaName`` event
 and the annotation ``koord-queue/ignored-reason`` saying why (removed once it counts again). A quota
 whose namespaces or priority-cap annotation cannot be read gets a Warning ``InvalidQuotaAnnotation``.
 
@@ -28,9 +28,11 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 
 from reconciler.events import EventRecorder
-from shared import kube, names, quotaqueues
-from shared.model import Quota, parse_quota
-from shared.quota import winner_key
+from shared import kube
+from shared.api import names
+from shared.api.model import Quota, parse_quota
+from shared.core import quotaqueues
+from shared.core.quota import winner_key
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ class QuotaQueueSync:
             self._wake.set()
 
     def _named(self, name: str) -> list[tuple[Quota, kube.Obj]]:
-        """Every quota called ``name``, the one that counts first (``shared.quota.winner_key``)."""
+        """Every quota called ``name``, the one that counts first (``shared.core.quota.winner_key``)."""
         found = [
             (parse_quota(q), q)
             for q in self.quotas().values()
@@ -203,7 +205,7 @@ class QuotaQueueSync:
 class QuotaBindingSync:
     """Keep the ConfigMap the quota-binding admission policy reads in step with the quotas.
 
-    The data comes from ``shared.quotaqueues.binding_data`` over the quotas that count. It is
+    The data comes from ``shared.core.quotaqueues.binding_data`` over the quotas that count. It is
     written after quota events (a burst coalesced into one write) and compared with the cluster
     every ``resync_seconds``, so a ConfigMap deleted or edited by hand is put back. Until it exists
     the policy lets jobs in (``parameterNotFoundAction: Allow``): the scheduler holds them anyway.

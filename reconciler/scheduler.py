@@ -1,8 +1,8 @@
-"""The scheduling loop: feed watch events into ``shared.scheduling.Cache``, run cycles, write plans.
+"""The scheduling loop: feed watch events into ``shared.core.scheduling.Cache``, run cycles, write plans.
 
 Decisions 2-4 of docs/architecture.md#decisions in practice:
 
-* every QueueUnit, Queue and ElasticQuota event is parsed once (``shared.model``) and folded into
+* every QueueUnit, Queue and ElasticQuota event is parsed once (``shared.api.model``) and folded into
   the cache incrementally; a relist simply feeds everything again;
 * a cycle is ``cache.schedule(now)`` — pure; this module only applies the plan;
 * an admission is *assumed* into the cache before its write and *forgotten* if the write fails;
@@ -32,13 +32,16 @@ from reconciler import job_events, metrics
 from reconciler.events import EventRecorder
 from reconciler.jobs import QUEUE_UNITS
 from reconciler.quotas import QUEUES
-from shared import admission_checks, adoption, conditions, explain, kube, names, quantities
-from shared.config import Settings
-from shared.model import Unit, format_time, parse_queue, parse_quota, parse_unit
-from shared.names import EventReason, Message, Phase
-from shared.policies import unlabelled_message
-from shared.preemption import MarkVictims
-from shared.scheduling import Admit, Cache, Park
+from shared import kube
+from shared.api import admission_checks, conditions, names, quantities
+from shared.api.model import Unit, format_time, parse_queue, parse_quota, parse_unit
+from shared.api.names import EventReason, Message, Phase
+from shared.core import explain
+from shared.core.config import Settings
+from shared.core.policies import unlabelled_message
+from shared.core.preemption import MarkVictims
+from shared.core.scheduling import Admit, Cache, Park
+from shared.jobs import adoption
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +214,7 @@ class SchedulerLoop:
         meta = obj.get("metadata") or {}
         name = str(meta.get("name", ""))
         if new is None:
-            # Same-named quotas elsewhere stay: the next oldest takes over (shared.quota).
+            # Same-named quotas elsewhere stay: the next oldest takes over (shared.core.quota).
             self.cache.delete_quota(name, str(meta.get("namespace", "")))
         else:
             self.cache.put_quota(parse_quota(new))

@@ -2,7 +2,7 @@
 
 Every replica serves it from its own scheduler cache (followers keep theirs warm from the same
 watches, including each unit's ``status.message`` written by the leader), so the APIService's
-Service may select all replicas. Answers come from ``shared.visibility``.
+Service may select all replicas. Answers come from ``shared.core.visibility``.
 
 In a cluster the kube-apiserver's aggregator proxies ``kubectl get --raw /apis/visibility...`` to
 the Service ``koord-queue-visibility-server`` over TLS, dialling it as
@@ -49,8 +49,9 @@ from aiohttp import web
 
 from certs import pki
 from certs.manager import read_serving_pair
-from shared import kube, visibility
-from shared.scheduling import Cache
+from shared import kube
+from shared.core import visibility
+from shared.core.scheduling import Cache
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +347,7 @@ def make_app(
     app.router.add_get(f"{_PREFIX}/queues/{{name}}/queueunits", queue)
     app.router.add_get(f"{_PREFIX}/elasticquotas/{{name}}/queueunits", quota)
     # The apiserver authorized these for the namespace in the path (RBAC in that namespace), so the
-    # answers never reach past it: see shared/visibility.py.
+    # answers never reach past it: see shared/core/visibility.py.
     app.router.add_get(f"{_PREFIX}/namespaces/{{namespace}}/queueunits", namespace)
     app.router.add_get(f"{_PREFIX}/namespaces/{{namespace}}/queues/{{name}}/queueunits", namespace_queue)
     if background is not None:

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from certs import pki
-from shared import names
+from shared.api import names
 from testenv import binaries
 from testenv.cluster import ClusterError, Component, LocalCluster, free_port, http_ok, wait_until
 

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from shared import admission
-from shared.goparse import INT32_MAX, INT32_MIN
+from shared.admission import decisions as admission
+from shared.api.goparse import INT32_MAX, INT32_MIN
 from shared.jobs import registry
 from webhook import server
 

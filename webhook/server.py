@@ -1,13 +1,13 @@
-"""The admission webhook's HTTP(S) server: a thin async shell around ``shared.admission``.
+"""The admission webhook's HTTP(S) server: a thin async shell around ``shared.admission.decisions``.
 
 Routes: ``/mutate`` and ``/validate`` (optionally ``/<route>/<kind>``) decide job kinds and our own
-objects with ``shared.admission``; ``/mutate-pod`` gates pods labelled ``koord-queue/gated-pod``
-with ``shared.podgate`` (the pods of kinds without a pod template, such as SparkApplication). All
+objects with ``shared.admission.decisions``; ``/mutate-pod`` gates pods labelled ``koord-queue/gated-pod``
+with ``shared.admission.podgate`` (the pods of kinds without a pod template, such as SparkApplication). All
 share the flow, limits, error handling and metrics below.
 
 Flow of one request: refuse a ``Content-Encoding`` (400), read the body (at most
 ``max_body_bytes``, else 413), decode it with orjson (else 400), check the AdmissionReview envelope
-(else 400 with the reason), decide (pure, in ``shared.admission``), encode the answer with orjson,
+(else 400 with the reason), decide (pure, in ``shared.admission.decisions``), encode the answer with orjson,
 let the event loop turn once (so reviews that arrived together are decided together, then written
 together) and answer. The decision code is total by design and fuzzed; should it still raise, the
 review is answered ``allowed: false`` with a generic message (never a 5xx and never a traceback to
@@ -43,8 +43,9 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from shared import admission, podgate
-from shared.admission import AdmissionConfig, AdmissionRequest, Operation
+from shared.admission import decisions as admission
+from shared.admission import podgate
+from shared.admission.decisions import AdmissionConfig, AdmissionRequest, Operation
 from webhook.metrics import CONTENT_TYPE, Result, WebhookMetrics
 
 log = logging.getLogger("webhook")
@@ -163,14 +164,14 @@ def _result_of(response: dict[str, Any]) -> Result:
 
 
 def _decide_job(app: web.Application, parsed: AdmissionRequest, operation: Operation) -> dict[str, Any]:
-    """Jobs and our own objects (``shared.admission``)."""
+    """Jobs and our own objects (``shared.admission.decisions``)."""
     # Only a mutation stamps the time (the enqueue timestamp); validation never reads it.
     stamp = now_text() if operation is Operation.MUTATE else ""
     return admission.decide(parsed, operation=operation, config=app[CONFIG_KEY].admission, now_text=stamp)
 
 
 def _decide_pod(app: web.Application, parsed: AdmissionRequest, operation: Operation) -> dict[str, Any]:
-    """Pods labelled for the admission gate (``shared.podgate``)."""
+    """Pods labelled for the admission gate (``shared.admission.podgate``)."""
     return podgate.decide(parsed)
 
 

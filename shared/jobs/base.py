@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NotRequired, Protocol, TypedDict
 
-from shared import names, quantities
+from shared.api import names, quantities
 
 Job = Mapping[str, Any]
 """A job (or pod) as raw Kubernetes JSON."""
@@ -111,7 +111,7 @@ class JobAdapter(Protocol):
         """Kind-specific rules for a namespace user's write of a managed, unfinished job.
 
         ``old`` is None on CREATE. The rules every kind shares (the hold, the system annotations,
-        the gate, the quota label) live in ``shared.admission``; this hook adds what only one kind
+        the gate, the quota label) live in ``shared.admission.decisions``; this hook adds what only one kind
         needs (a Workflow must declare ``koord-queue/min-resources`` and may not change it while
         queued). Each error names its field path.
         """

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from shared import names
+from shared.api import names
 from shared.jobs import base
 from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp
 from shared.jobs.common import AdapterBase, template_pod_set

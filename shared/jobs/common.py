@@ -12,7 +12,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared import names
+from shared.api import names
 from shared.jobs import base
 from shared.jobs.base import Job, JobPodSet, Segment
 from shared.jobs.patches import PatchBuilder

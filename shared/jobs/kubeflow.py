@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shared import names
+from shared.api import names
 from shared.jobs import base
 from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp
 from shared.jobs.common import AdapterBase, template_pod_set

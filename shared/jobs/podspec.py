@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from shared import podspec as shared_podspec
-from shared import quantities
+from shared.api import podtemplates as shared_podspec
+from shared.api import quantities
 from shared.jobs.base import JobSpecError, optional_mapping, require_mapping
 
 # libyaml when available: the pure-Python loader is ~10x slower on large annotations.
@@ -54,7 +54,7 @@ def parse_resources(raw: object, path: str) -> dict[str, int]:
 
 
 def pod_requests(spec: object, path: str) -> dict[str, int]:
-    """Requests of one pod built from the pod spec ``spec``: ``shared.podspec`` decides (one rule for
+    """Requests of one pod built from the pod spec ``spec``: ``shared.api.podtemplates`` decides (one rule for
     the webhook, the job extensions and the scheduler); its errors become :class:`JobSpecError`."""
     pod = require_mapping(spec, path)
     try:

@@ -11,7 +11,7 @@ What holds a SparkApplication, and its pods, until its QueueUnit is admitted:
   pod from ``spec.driver`` and the driver builds the executors from ``spec.executor``. So the
   webhook puts the label ``koord-queue/gated-pod: "true"`` into ``spec.driver.labels`` and
   ``spec.executor.labels`` (the operator turns them into ``spark.kubernetes.{driver,executor}.label.*``
-  and Spark copies them onto every pod it creates), and the pod webhook (``shared.podgate``,
+  and Spark copies them onto every pod it creates), and the pod webhook (``shared.admission.podgate``,
   ``failurePolicy: Fail`` for pods carrying that label) adds the scheduling gate
   ``koord-queue/admission`` to each such pod when it is created, whatever the label's value. A gated
   pod stays Pending and is never scheduled. The reconciler removes the gate from at most the
@@ -40,7 +40,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from shared import names, quantities
+from shared.api import names, quantities
 from shared.jobs import base
 from shared.jobs.base import Job, JobPodSet, JobSpecError, JobStatus, JsonPatchOp
 from shared.jobs.common import AdapterBase, synthetic_template

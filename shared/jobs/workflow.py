@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from shared import names, quantities
+from shared.api import names, quantities
 from shared.jobs import base
 from shared.jobs.base import Job, JobPodSet, JobSpecError, JobStatus, JsonPatchOp
 from shared.jobs.common import AdapterBase, synthetic_template

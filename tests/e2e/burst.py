@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import names
+from shared.api import names
 from testenv.cluster import LocalCluster
 from tests import kube
 

@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from shared import kube as kq
-from shared import names
-from shared.names import Message
+from shared.api import names
+from shared.api.names import Message
 from testenv import system
 from testenv.cluster import LocalCluster
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared import kube as kq
-from shared import names
+from shared.api import names
 from testenv import system
 from testenv.cluster import Component, LocalCluster
 from tests import kube

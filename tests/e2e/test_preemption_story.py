@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from shared import kube as kq
-from shared import names
+from shared.api import names
 from testenv import story, system
 from testenv.cluster import LocalCluster
 from tests import kube

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from shared import kube as kq
-from shared import names
+from shared.api import names
 from testenv import system
 from testenv.cluster import Component, LocalCluster
 from tests import kube

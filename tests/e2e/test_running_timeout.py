@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from shared import kube as kq
-from shared import names
-from shared.durations import parse_time
+from shared.api import names
+from shared.api.durations import parse_time
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube

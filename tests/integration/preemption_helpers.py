@@ -22,8 +22,8 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from shared import kube as kq
-from shared import names
-from shared.durations import parse_time
+from shared.api import names
+from shared.api.durations import parse_time
 from testenv.cluster import LocalCluster
 from tests import kube
 from tests.scenario import Scenario, admissions, condition, message, phase, status

@@ -8,7 +8,7 @@ the control plane):
 * ``helm template`` with the default values renders exactly kustomize's objects, object by object
   (normalised only where the chart renders a value: the configuration file is compared parsed);
 * each value changes what it should and nothing else, and the configuration it renders is one the
-  reconciler accepts (``shared.config.parse``);
+  reconciler accepts (``shared.core.config.parse``);
 * the chart installs with ``helm install --dry-run=server`` against the real kube-apiserver, and
   every object it renders, with the values changed too, is accepted by a server-side dry-run apply.
 """
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared import config as component_config
+from shared.core import config as component_config
 from testenv import binaries, chart, system
 from testenv.cluster import LocalCluster
 from tests import kube

@@ -29,8 +29,10 @@ import yaml
 
 from reconciler import main as reconciler_main
 from reconciler import visibility as reconciler_visibility
-from shared import admission, names, visibility
-from shared import config as component_config
+from shared.admission import decisions as admission
+from shared.api import names
+from shared.core import config as component_config
+from shared.core import visibility
 from testenv import binaries, system
 from testenv.cluster import LocalCluster, wait_until
 from tests import kube

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from shared import names
-from shared.model import parse_time
-from shared.names import ConditionType, Message
+from shared.api import names
+from shared.api.model import parse_time
+from shared.api.names import ConditionType, Message
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import scenario as s

@@ -34,7 +34,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import client as k8s
 
-from shared import names
+from shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube, tenancy

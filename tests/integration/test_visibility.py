@@ -34,7 +34,7 @@ import pytest
 
 from certs import bundle
 from shared import kube as kq
-from shared import names
+from shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube

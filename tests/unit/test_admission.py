@@ -1,4 +1,4 @@
-"""Admission decisions (``shared.admission``): envelope checks, mutation, validation rules.
+"""Admission decisions (``shared.admission.decisions``): envelope checks, mutation, validation rules.
 
 Grouped by topic: malformed reviews, what is mutated and what passes untouched, the queue's hold on
 a job (unsuspend, dequeue stamp, quota label), our own objects, and a property test that decisions
@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import admission, names
-from shared.admission import AdmissionConfig, MalformedReview, Operation
+from shared.admission import decisions as admission
+from shared.admission.decisions import AdmissionConfig, MalformedReview, Operation
+from shared.api import names
 from shared.jobs import registry
 from tests.unit.test_job_adapters import SAMPLES, apply_patch, batch_job
 

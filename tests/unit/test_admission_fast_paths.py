@@ -22,7 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import admission, names
+from shared.admission import decisions as admission
+from shared.api import names
 from shared.jobs import base
 from shared.jobs.base import JobSpecError, JsonPatchOp, Segment, dig, field_path
 from shared.jobs.patches import PatchBuilder, pointer

@@ -15,7 +15,7 @@ import pytest
 
 from reconciler import scheduler
 from shared import kube
-from shared.model import parse_unit
+from shared.api.model import parse_unit
 
 UNIT: dict[str, Any] = {
     "apiVersion": "scheduling.x-k8s.io/v1alpha1",

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import adoption, jobext, names
-from shared.jobs import registry
+from shared.api import names
+from shared.api.model import parse_unit
+from shared.api.predicates import satisfied
+from shared.core.policies import is_waiting
+from shared.jobs import adoption, jobext, registry
 from shared.jobs.base import JobStatus
-from shared.model import parse_unit
-from shared.policies import is_waiting
-from shared.predicates import satisfied
 
 JOB = registry.by_extension("job")
 NOW = "2024-05-01T10:00:00Z"

@@ -9,7 +9,7 @@ import pytest
 
 from chaos import observer as obs
 from chaos.observer import Observer
-from shared import names
+from shared.api import names
 
 NS = "chaos"
 SCHEDULABLE = "unadmitted-pod-schedulable"

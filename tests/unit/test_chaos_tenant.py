@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from chaos import tenant
-from shared import names
+from shared.api import names
 
 
 def job(

@@ -9,7 +9,7 @@ Checked without network or cluster:
    its ``#anchor``, if any, an existing heading;
 3. every command-line flag of ``webhook/main.py`` and ``reconciler/main.py`` is mentioned in
    ``docs/operations.md``;
-4. every field of the component configuration (the dataclasses of ``shared/config.py``, and the
+4. every field of the component configuration (the dataclasses of ``shared/core/config.py``, and the
    keys its file accepts) is mentioned in ``docs/operations.md``;
 5. no tracked text file refers to a design document outside the repository (the old citation forms
    listed in ``docs/reference-map.md``) or to an issue number: the repository explains itself.
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 OPERATIONS = DOCS / "operations.md"
 PROCESS_MODULES = (ROOT / "webhook" / "main.py", ROOT / "reconciler" / "main.py")
-CONFIG_MODULE = "shared.config"
+CONFIG_MODULE = "shared.core.config"
 #: Names of a module-level function returning the process's ``argparse.ArgumentParser``.
 PARSER_BUILDERS = ("build_parser", "make_parser", "create_parser")
 

@@ -1,4 +1,4 @@
-"""``shared.explain``: why a unit waits, read from the scheduler's own cycle over what a reader sees.
+"""``shared.core.explain``: why a unit waits, read from the scheduler's own cycle over what a reader sees.
 
 Each waiting reason the scheduler produces is set up as a table of units, quotas and Queues, and the
 explanation must name it with the scheduler's own text and the structured facts behind it; a
@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from koordqueue_cli import client, commands, completion, render
-from shared import explain, model, names
-from shared.explain import Reason
-from shared.names import Message
-from shared.running_timeout import RunningTimeout
+from shared.api import model, names
+from shared.api.names import Message
+from shared.core import explain
+from shared.core.explain import Reason
+from shared.jobs.running_timeout import RunningTimeout
 
 NOW = 1_800_000_000.0
 T0 = "2027-01-01T00:00:00Z"

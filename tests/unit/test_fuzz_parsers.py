@@ -3,15 +3,15 @@ parser's documented error type: hostile or broken input is reported, never crash
 
 What may come out, per parser:
 
-* ``shared.quantities.parse_milli`` / ``parse_resource_list``: a value or ``QuantityError``;
-* ``shared.model.parse_unit`` / ``parse_queue`` / ``parse_quota``: always a value (bad fields become
+* ``shared.api.quantities.parse_milli`` / ``parse_resource_list``: a value or ``QuantityError``;
+* ``shared.api.model.parse_unit`` / ``parse_queue`` / ``parse_quota``: always a value (bad fields become
   ``problems``; one bad object must never stop the reconcile loop);
-* ``shared.validation``: always a list of field errors, never an exception;
+* ``shared.admission.validation``: always a list of field errors, never an exception;
 * every job adapter's ``pod_sets`` / ``priority`` / ``job_status`` (and the suspend patch the
   webhook builds): a value or ``JobSpecError``; the lenient predicates never raise;
 * ``shared.jobs.podspec.parse_min_resources``: a value or ``JobSpecError``;
-* ``shared.durations.parse_duration``: a value or ``DurationError``;
-* ``shared.config.parse``: ``Settings`` or ``ConfigError``.
+* ``shared.api.durations.parse_duration``: a value or ``DurationError``;
+* ``shared.core.config.parse``: ``Settings`` or ``ConfigError``.
 
 Inputs are random JSON values, random text (quantity-, duration- and YAML-shaped as well as
 arbitrary unicode), and *perturbed valid objects*: a realistic QueueUnit, Queue, ElasticQuota or job
@@ -32,7 +32,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared import config, durations, model, names, quantities, validation
+from shared.admission import validation
+from shared.api import durations, model, names, quantities
+from shared.core import config
 from shared.jobs import podspec, registry
 from shared.jobs.base import JobSpecError
 from tests.unit.test_job_adapters import SAMPLES

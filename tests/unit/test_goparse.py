@@ -1,4 +1,4 @@
-"""Go's scalar parsers (``shared.goparse``): the webhook's strict grammar and the reconciler's lenient
+"""Go's scalar parsers (``shared.api.goparse``): the webhook's strict grammar and the reconciler's lenient
 reading of the same annotations."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import goparse
+from shared.api import goparse
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import names
+from shared.api import names
 from shared.jobs import base, registry
 from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
 from shared.jobs.patches import escape, pointer

@@ -7,7 +7,7 @@ from typing import Any
 
 from reconciler import job_events
 from reconciler.events import EventRecorder
-from shared.names import EventReason
+from shared.api.names import EventReason
 
 
 def unit(owners: list[dict[str, Any]], kind: str | None = "Job") -> dict[str, Any]:

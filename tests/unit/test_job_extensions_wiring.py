@@ -9,9 +9,10 @@ from typing import Any
 
 from reconciler.jobs import JobExtensions, JobKey
 from reconciler.scheduler import SchedulerLoop
-from shared import adoption, jobext, kube, names
-from shared.config import Settings
-from shared.jobs import registry
+from shared import kube
+from shared.api import names
+from shared.core.config import Settings
+from shared.jobs import adoption, jobext, registry
 from shared.jobs.base import JobStatus
 
 NOW = "2024-05-01T10:00:00Z"

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from shared import jobext, names
-from shared.jobs import registry
+from shared.api import names
+from shared.jobs import jobext, registry
 from shared.jobs.base import JobStatus
 
 JOB = registry.by_extension("job")

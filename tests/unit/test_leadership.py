@@ -18,9 +18,10 @@ from kubernetes_asyncio import client as k8s_client
 from reconciler.events import EventRecorder
 from reconciler.jobs import JobExtensions, JobKey
 from reconciler.scheduler import SchedulerLoop
-from shared import jobext, kube, names
-from shared.config import Settings
-from shared.jobs import registry
+from shared import kube
+from shared.api import names
+from shared.core.config import Settings
+from shared.jobs import jobext, registry
 
 NOW = "2024-05-01T10:00:00Z"
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from shared import durations, model, names, podspec, quantities
-from shared.admission_checks import LabelSelector, Requirement
-from shared.model import QueueConfig, Quota, Unit
-from shared.quantities import QuantityError
+from shared.api import durations, model, names, quantities
+from shared.api import podtemplates as podspec
+from shared.api.admission_checks import LabelSelector, Requirement
+from shared.api.model import QueueConfig, Quota, Unit
+from shared.api.quantities import QuantityError
 
 BASE_TIME = 1_700_000_000.0
 _SEQ = itertools.count()

@@ -1,4 +1,4 @@
-"""The pod gate (``shared.podgate``): labelled pods are created behind the admission gate.
+"""The pod gate (``shared.admission.podgate``): labelled pods are created behind the admission gate.
 
 A table of requests (what is gated, what is left alone, what is refused), the patch applied the way
 the apiserver applies it (strict RFC 6902, from ``test_job_adapters``), and a property: whatever
@@ -16,7 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import admission, names, podgate
+from shared.admission import decisions as admission
+from shared.admission import podgate
+from shared.api import names
 from tests.unit.test_admission import review_body
 from tests.unit.test_job_adapters import apply_patch
 

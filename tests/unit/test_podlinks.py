@@ -1,4 +1,4 @@
-"""Which pods count for a unit (``shared.podlinks``): same namespace, owned by the unit's job."""
+"""Which pods count for a unit (``shared.jobs.podlinks``): same namespace, owned by the unit's job."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shared import podlinks
+from shared.jobs import podlinks
 
 JOB_UID = "job-uid"
 

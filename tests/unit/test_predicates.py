@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared import names, predicates
-from shared.model import Unit, parse_unit
+from shared.api import names, predicates
+from shared.api.model import Unit, parse_unit
 from tests.unit.test_model import unit
 
 

@@ -1,4 +1,4 @@
-"""Unit tests for shared.quantities: parsing, rounding, formatting and resource-list arithmetic.
+"""Unit tests for shared.api.quantities: parsing, rounding, formatting and resource-list arithmetic.
 
 Tables pin the Kubernetes-documented examples and every suffix; hypothesis properties pin the
 round trip (format then parse), sign symmetry, and the add/subtract/fits/covers laws the
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import quantities
-from shared.quantities import QuantityError
+from shared.api import quantities
+from shared.api.quantities import QuantityError
 
 KI = 1024
 MILLI_PER_UNIT = 1000

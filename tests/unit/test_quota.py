@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import names
-from shared.model import Admission, Unit
-from shared.names import Message
-from shared.quota import QuotaLedger, remaining_grants, remaining_request, reserved_resources
+from shared.api import names
+from shared.api.model import Admission, Unit
+from shared.api.names import Message
+from shared.core.quota import QuotaLedger, remaining_grants, remaining_request, reserved_resources
 from tests.unit.test_model import quota, unit
 
 

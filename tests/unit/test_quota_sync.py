@@ -13,7 +13,8 @@ from typing import Any
 
 from reconciler.jobs import JobExtensions, JobKey
 from reconciler.quotas import QuotaBindingSync, QuotaQueueSync
-from shared import kube, model, names
+from shared import kube
+from shared.api import model, names
 from shared.jobs import registry
 
 NOW = "2026-01-01T00:00:00Z"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared import names, quotaqueues
+from shared.api import names
+from shared.core import quotaqueues
 
 
 def quota(

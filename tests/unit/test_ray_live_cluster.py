@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import jobext, names
-from shared.jobs import ray, registry
+from shared.api import names
+from shared.jobs import jobext, ray, registry
 
 RAYJOB = registry.by_extension("rayjob")
 

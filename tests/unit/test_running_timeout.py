@@ -1,6 +1,6 @@
 """Running timeout, backoff timeout and partial running timeout (docs/compatibility.md#running-timeout).
 
-The decision (``shared.running_timeout.decide``) is a table over a unit, its pods, the timeouts and
+The decision (``shared.jobs.running_timeout.decide``) is a table over a unit, its pods, the timeouts and
 the time; the job extension's step around it (``reconciler.jobs.JobExtensions._running_timeout``)
 is checked with a fake client for the order of its writes: the job is held before its unit gives
 the quota back, and a failed second write is decided again instead of resuming the job.
@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from reconciler.jobs import JobExtensions, JobKey
-from shared import jobext, kube, names
-from shared.durations import format_time, parse_time
-from shared.jobs import registry
-from shared.running_timeout import Decision, RunningTimeout, RunningTimeouts, decide
+from shared import kube
+from shared.api import names
+from shared.api.durations import format_time, parse_time
+from shared.jobs import jobext, registry
+from shared.jobs.running_timeout import Decision, RunningTimeout, RunningTimeouts, decide
 
 T0 = "2024-05-01T10:00:00Z"
 START = parse_time(T0) or 0.0

@@ -19,12 +19,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import admission, config, jobext, model, names, quotaqueues, validation
+from shared.admission import decisions as admission
+from shared.admission import validation
+from shared.api import model, names
+from shared.api.model import Quota
+from shared.api.names import Message
+from shared.core import config, quotaqueues
+from shared.core.quota import QuotaLedger, priority_cap, winner, winner_key
+from shared.core.scheduling import Cache, Park, Plan
+from shared.jobs import jobext
 from shared.jobs.batch_job import BatchJobAdapter
-from shared.model import Quota
-from shared.names import Message
-from shared.quota import QuotaLedger, priority_cap, winner, winner_key
-from shared.scheduling import Cache, Park, Plan
 from tests.unit.test_model import BASE_TIME, QueueBuilder, UnitBuilder, queue, unit
 
 

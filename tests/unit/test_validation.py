@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import names, validation
-from shared.validation import FieldError
+from shared.admission import validation
+from shared.admission.validation import FieldError
+from shared.api import names
 
 ANN = "metadata.annotations"
 

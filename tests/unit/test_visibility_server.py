@@ -27,8 +27,8 @@ from certs import bundle, pki
 from reconciler import main, visibility
 from reconciler.visibility import RequestHeader, ServingTLS, Unauthorized
 from shared import kube
-from shared import visibility as answers
-from shared.scheduling import Cache
+from shared.core import visibility as answers
+from shared.core.scheduling import Cache
 from tests.unit.test_model import queue, quota, unit
 
 NOW = datetime.now(UTC)

@@ -24,8 +24,8 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared import names
-from shared.admission import AdmissionConfig
+from shared.admission.decisions import AdmissionConfig
+from shared.api import names
 from shared.jobs import registry
 from tests.unit.test_admission import review_body
 from tests.unit.test_job_adapters import SAMPLES

@@ -28,7 +28,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from shared import admission, names, podgate
+from shared.admission import decisions as admission
+from shared.admission import podgate
+from shared.api import names
 from tests.unit import test_podgate as pod_gate
 from tests.unit.test_admission import review_body
 from tests.unit.test_job_adapters import batch_job

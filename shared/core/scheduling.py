@@ -38,13 +38,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from shared.cycle import BLOCK_STALE_SECONDS, Cycle
-from shared.model import QueueConfig, Quota, Unit, evolve, with_grants
-from shared.names import Message
-from shared.ordering import queue_key
-from shared.plan import Admit, Decision, Park, Plan, Snapshot
-from shared.policies import SchedulerState, queue_item_details
-from shared.quota import QuotaLedger
+from shared.api.model import QueueConfig, Quota, Unit, evolve, with_grants
+from shared.api.names import Message
+from shared.core.cycle import BLOCK_STALE_SECONDS, Cycle
+from shared.core.ordering import queue_key
+from shared.core.plan import Admit, Decision, Park, Plan, Snapshot
+from shared.core.policies import SchedulerState, queue_item_details
+from shared.core.quota import QuotaLedger
 
 __all__ = [
     "BLOCK_STALE_SECONDS",
@@ -134,7 +134,7 @@ class Cache:
     (O(log n) per unit event, O(depth) for usage); a relist feeds everything again, same state.
 
     ``quota_namespace_binding`` (the ``quotaNamespaceBinding`` switch) keeps units of namespaces a
-    quota is not bound to from ever being admitted under it (``shared.quota``)."""
+    quota is not bound to from ever being admitted under it (``shared.core.quota``)."""
 
     def __init__(self, *, reclaim_protect_seconds: float = 0.0, quota_namespace_binding: bool = True) -> None:
         self.snapshot = Snapshot(

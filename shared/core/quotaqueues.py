@@ -13,7 +13,7 @@ leave a Queue that can never schedule; the Queue uses Priority and the reconcile
 with a Warning ``AddQueueFail`` event on the Queue. And the reconciler marks the Queues it creates,
 so deleting a quota never deletes a Queue an admin made by hand.
 
-Same-named ElasticQuotas in several namespaces: only the one that counts (``shared.quota.winner``)
+Same-named ElasticQuotas in several namespaces: only the one that counts (``shared.core.quota.winner``)
 configures the Queue; each ignored one gets :func:`ignored_patch`'s annotation saying why (the
 ElasticQuota has no status field for a message: Koordinator's CRD has no status subresource and
 its status holds only ``used``). :func:`binding_data` is what the quota-binding admission policy
@@ -26,9 +26,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shared import names
-from shared.model import Quota
-from shared.quota import winner
+from shared.api import names
+from shared.api.model import Quota
+from shared.core.quota import winner
 
 Obj = dict[str, Any]
 

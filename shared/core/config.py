@@ -15,7 +15,7 @@ behaviour:
 * ``jobRunningTimeout`` (default: all off): per job extension, ``runningTimeout``,
   ``backoffTimeout`` and ``partialRunningTimeout`` (upstream's per-extension argument names), with
   a ``default`` entry whose fields an extension's entry overrides one by one
-  (docs/compatibility.md#running-timeout, ``shared.running_timeout``).
+  (docs/compatibility.md#running-timeout, ``shared.jobs.running_timeout``).
 
 ``plugins`` and ``pluginConfigs`` are accepted for compatibility with upstream files and otherwise
 ignored. Unknown keys are reported, not ignored silently, so a typo does not turn protection off
@@ -32,10 +32,10 @@ from typing import Any, Final
 
 import yaml
 
-from shared.durations import DurationError, parse_duration
-from shared.goparse import INT32_MAX, INT32_MIN
+from shared.api.durations import DurationError, parse_duration
+from shared.api.goparse import INT32_MAX, INT32_MIN
 from shared.jobs import registry
-from shared.running_timeout import RunningTimeout, RunningTimeouts
+from shared.jobs.running_timeout import RunningTimeout, RunningTimeouts
 
 API_VERSION: Final = "scheduling.k8s.io/v1"
 KINDS: Final = ("KoordQueueConfiguration", "KubeQueueConfiguration")

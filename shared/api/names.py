@@ -58,7 +58,7 @@ RELATED_PODSET_ANNOTATION: Final = "koord-queue/related-podset-name"
 #: (docs/architecture.md#decision-5-gate-pods-reclaim-only-unbound-ones).
 ADMISSION_GATE: Final = "koord-queue/admission"
 #: Pod label marking pods that must be created behind :data:`ADMISSION_GATE` by the pod webhook
-#: (``shared.podgate``). For kinds without a pod template the webhook could gate (SparkApplication:
+#: (``shared.admission.podgate``). For kinds without a pod template the webhook could gate (SparkApplication:
 #: the operator builds the pods from ``spec.driver``/``spec.executor``), the job's webhook puts this
 #: label where the operator copies labels from, so the pods are held whatever the operator does.
 GATED_POD_LABEL: Final = "koord-queue/gated-pod"

@@ -22,7 +22,7 @@ and report ``podState`` with its fields the right way round (upstream swaps them
 its 1-based position while it waits, its priority, what it still asks for, what it holds, and
 ``status.message`` — the reason it waits.
 
-Pure: built from the scheduler's cache (``shared.scheduling.Cache``) by the reconciler's server.
+Pure: built from the scheduler's cache (``shared.core.scheduling.Cache``) by the reconciler's server.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from shared import quantities
-from shared.model import Unit
-from shared.policies import SchedulerState, queue_item_details
-from shared.quota import remaining_request, reserved_resources
+from shared.api import quantities
+from shared.api.model import Unit
+from shared.core.policies import SchedulerState, queue_item_details
+from shared.core.quota import remaining_request, reserved_resources
 
 GROUP: Final = "visibility.koord-queue.x-k8s.io"
 VERSION: Final = "v1alpha1"

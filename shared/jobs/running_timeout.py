@@ -5,14 +5,14 @@ An admitted unit whose pods cannot all be placed (no node fits, a missing image 
 stops pod creation, a node selector nobody satisfies) would hold its quota, and under
 ``koord-queue/wait-for-pods-running`` its whole queue, forever. Per job extension the component
 configuration sets three timeouts (:class:`RunningTimeout`, ``jobRunningTimeout`` in
-``shared.config``), each off at 0:
+``shared.core.config``), each off at 0:
 
 * ``runningTimeout``: a unit still ``Dequeued`` (admitted, the job released, nothing running yet)
   whose pods do not all run this long after its admission goes to ``TimeoutBackoff`` with
   "Backoff due to running timeout": the job is held again and the unit's admissions are cleared,
   which frees its quota. ``status.requeueState`` says when the scheduler queues it again;
 * ``backoffTimeout``: that requeue delay; unset (0), the doubling requeue backoff of
-  ``shared.conditions`` applies, as after a failed admission check;
+  ``shared.api.conditions`` applies, as after a failed admission check;
 * ``partialRunningTimeout``: when some but not all pods run, each pod set short of its admitted
   replicas for this long gives the rest back: ``reclaimState.replicas = replicas - running``, which
   the job extension carries out like a preemption's reclaim (unbound pods deleted, ``replicas``
@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shared import conditions, jobext, names
-from shared.durations import format_duration, parse_time
-from shared.jobs import registry
+from shared.api import conditions, names
+from shared.api.durations import format_duration, parse_time
+from shared.jobs import jobext, registry
 
 __all__ = ["Decision", "RunningTimeout", "RunningTimeouts", "admitted_at", "decide"]
 

@@ -1,9 +1,9 @@
 """Go's scalar parsers, for the annotation values upstream reads with ``strconv``.
 
 Upstream Koord-Queue reads its boolean and integer annotations with Go's ``strconv.ParseBool`` and
-``strconv.ParseInt``; the webhook refuses exactly what Go would refuse (``shared.validation``), and
-the reconciler reads the same spellings (``shared.model``, ``shared.jobext``). Go durations are in
-``shared.durations``.
+``strconv.ParseInt``; the webhook refuses exactly what Go would refuse (``shared.admission.validation``), and
+the reconciler reads the same spellings (``shared.api.model``, ``shared.jobs.jobext``). Go durations are in
+``shared.api.durations``.
 
 Two readings of an integer:
 

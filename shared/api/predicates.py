@@ -8,14 +8,14 @@ that answers any of them differently drifts from upstream in ways that only show
 these functions are deliberately literal, including their quirks (``dequeued`` is true for a unit
 with no pod sets once "satisfied"; ``reserved_any_resource`` counts ``admissions[i].resources``).
 
-Pure: reads only the parsed :class:`shared.model.Unit`.
+Pure: reads only the parsed :class:`shared.api.model.Unit`.
 """
 
 from __future__ import annotations
 
-from shared import names
-from shared.model import PodSet, Unit
-from shared.names import Phase
+from shared.api import names
+from shared.api.model import PodSet, Unit
+from shared.api.names import Phase
 
 __all__ = [
     "TERMINAL_PHASES",

@@ -36,10 +36,11 @@ from typing import Any, Final, NamedTuple, TypeGuard
 
 import orjson
 
-from shared import names, validation
+from shared.admission import validation
+from shared.admission.validation import FieldError
+from shared.api import names
 from shared.jobs import base, registry
 from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
-from shared.validation import FieldError
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
 DEFAULT_RECONCILER_USERNAME: Final = "system:serviceaccount:koord-queue:koord-queue-reconciler"

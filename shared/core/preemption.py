@@ -42,13 +42,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shared import quantities
-from shared.model import QueueConfig, Unit
-from shared.names import EventReason, Message, QueuePolicy
-from shared.policies import Item, Mark, PreemptRound, QueueState
-from shared.predicates import expected_pod_sets
-from shared.quantities import Resources
-from shared.quota import UsageView
+from shared.api import quantities
+from shared.api.model import QueueConfig, Unit
+from shared.api.names import EventReason, Message, QueuePolicy
+from shared.api.predicates import expected_pod_sets
+from shared.api.quantities import Resources
+from shared.core.policies import Item, Mark, PreemptRound, QueueState
+from shared.core.quota import UsageView
 
 __all__ = [
     "INTELLIGENT_UNSUPPORTED",

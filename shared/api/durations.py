@@ -114,7 +114,7 @@ def parse_duration(text: str) -> float:
 
 
 def parse_go_duration(text: str) -> float:
-    """Alias of :func:`parse_duration` (seconds), the name ``shared.validation`` uses."""
+    """Alias of :func:`parse_duration` (seconds), the name ``shared.admission.validation`` uses."""
     return parse_duration(text)
 
 

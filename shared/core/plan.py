@@ -1,6 +1,6 @@
 """The decisions of a scheduling cycle and what it reads: :class:`Plan`, :class:`Snapshot`.
 
-``shared.scheduling.schedule`` turns a :class:`Snapshot` and the scheduler's state into a
+``shared.core.scheduling.schedule`` turns a :class:`Snapshot` and the scheduler's state into a
 :class:`Plan`; the reconciler applies its decisions in order
 (docs/architecture.md#decision-3-decide-on-a-snapshot-then-act).
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shared.model import Unit
-from shared.names import EventReason, Phase
-from shared.preemption import MarkVictims
-from shared.quantities import Resources
-from shared.quota import QuotaLedger
+from shared.api.model import Unit
+from shared.api.names import EventReason, Phase
+from shared.api.quantities import Resources
+from shared.core.preemption import MarkVictims
+from shared.core.quota import QuotaLedger
 
 __all__ = ["Admit", "Decision", "Park", "Plan", "Snapshot"]
 

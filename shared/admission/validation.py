@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shared import durations, names, quantities
-from shared.goparse import INT32_MAX, INT32_MIN, parse_go_bool, parse_go_int
+from shared.api import durations, names, quantities
+from shared.api.goparse import INT32_MAX, INT32_MIN, parse_go_bool, parse_go_int
 from shared.jobs import base, podspec
 from shared.jobs.base import JobSpecError
 

@@ -18,7 +18,7 @@ already bound to a node (``spec.nodeName``) would bypass the scheduler and so th
 refused with a message saying why.
 
 :func:`review` takes the AdmissionReview body (the envelope is checked by
-``shared.admission.parse_review``, so a malformed body raises ``MalformedReview`` exactly as for
+``shared.admission.decisions.parse_review``, so a malformed body raises ``MalformedReview`` exactly as for
 the job webhooks) and returns the full answer; :func:`decide` answers an already parsed request.
 """
 
@@ -26,8 +26,16 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from shared import names, validation
-from shared.admission import REVIEW_API_VERSION, AdmissionRequest, allow, deny, parse_review, patched
+from shared.admission import validation
+from shared.admission.decisions import (
+    REVIEW_API_VERSION,
+    AdmissionRequest,
+    allow,
+    deny,
+    parse_review,
+    patched,
+)
+from shared.api import names
 from shared.jobs import base
 from shared.jobs.base import JobSpecError
 from shared.jobs.patches import PatchBuilder

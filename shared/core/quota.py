@@ -47,11 +47,11 @@ import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from shared import names, quantities
-from shared.model import Quota, Unit
-from shared.names import Message
-from shared.predicates import TERMINAL_PHASES, expected_pod_sets, v1_dequeued
-from shared.quantities import Resources
+from shared.api import names, quantities
+from shared.api.model import Quota, Unit
+from shared.api.names import Message
+from shared.api.predicates import TERMINAL_PHASES, expected_pod_sets, v1_dequeued
+from shared.api.quantities import Resources
 
 __all__ = [
     "Chain",

@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from shared import conditions
+from shared.api import conditions
+from shared.api.model import parse_unit
+from shared.api.names import Message, Phase
+from shared.api.predicates import expected_pod_sets
 from shared.jobs.base import JobStatus, annotations_of, dig
-from shared.model import parse_unit
-from shared.names import Message, Phase
-from shared.predicates import expected_pod_sets
 
 Obj = dict[str, Any]
 

@@ -28,10 +28,9 @@ import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shared.model import QueueConfig, Unit
-from shared.names import Message, Phase, QueuePolicy
-from shared.ordering import SortKey, lane_of, unit_key
-from shared.predicates import (
+from shared.api.model import QueueConfig, Unit
+from shared.api.names import Message, Phase, QueuePolicy
+from shared.api.predicates import (
     TERMINAL_PHASES,
     has_reclaim,
     reserved_any_resource,
@@ -39,8 +38,9 @@ from shared.predicates import (
     satisfied,
     v1_dequeued,
 )
-from shared.quantities import Resources
-from shared.quota import Demand, QuotaLedger, remaining_request
+from shared.api.quantities import Resources
+from shared.core.ordering import SortKey, lane_of, unit_key
+from shared.core.quota import Demand, QuotaLedger, remaining_request
 
 __all__ = [
     "MARK_OBSERVE_TIMEOUT",

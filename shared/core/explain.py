@@ -2,13 +2,13 @@
 
 ``kubectl koord-queue explain`` must say what the scheduler decides, not what a second copy of its
 rules would guess. So nothing here decides anything itself: :func:`replay` feeds the objects a
-reader can see into the scheduler's own cache (``shared.scheduling.Cache``) and runs one cycle of
-``shared.scheduling.schedule``, and :func:`explain` reads the outcome from what the scheduler left
-behind: the :class:`~shared.plan.Park` or :class:`~shared.plan.Admit` decision for the unit, the
-queue's :class:`~shared.policies.ParkRecord` (``level``: the quota that refused it), its preemption
+reader can see into the scheduler's own cache (``shared.core.scheduling.Cache``) and runs one cycle of
+``shared.core.scheduling.schedule``, and :func:`explain` reads the outcome from what the scheduler left
+behind: the :class:`~shared.core.plan.Park` or :class:`~shared.core.plan.Admit` decision for the unit, the
+queue's :class:`~shared.core.policies.ParkRecord` (``level``: the quota that refused it), its preemption
 round, its blocked flag and its lanes. The per-level quota figures come from
-``shared.quota.UsageView.check`` asked about each level of the chain, the same call the filter
-makes. The scheduler's texts (``shared.names.Message``) are mapped to a :class:`Reason` by
+``shared.core.quota.UsageView.check`` asked about each level of the chain, the same call the filter
+makes. The scheduler's texts (``shared.api.names.Message``) are mapped to a :class:`Reason` by
 :func:`classify`, which also reads the ``status.message`` the real scheduler last wrote.
 
 A reader may not see everything: a namespace user reads the QueueUnits and ElasticQuotas of their
@@ -31,17 +31,17 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shared import names, quantities
-from shared.model import QueueConfig, Quota, Unit
-from shared.names import Message, Phase
-from shared.plan import Admit, Park
-from shared.policies import QueueState, inactive_message, is_waiting
-from shared.predicates import TERMINAL_PHASES, all_running, has_reclaim
-from shared.preemption import disabled_reason, plan_preempt
-from shared.quantities import Resources
-from shared.quota import remaining_request, reserved_resources
-from shared.running_timeout import RunningTimeout
-from shared.scheduling import Cache
+from shared.api import names, quantities
+from shared.api.model import QueueConfig, Quota, Unit
+from shared.api.names import Message, Phase
+from shared.api.predicates import TERMINAL_PHASES, all_running, has_reclaim
+from shared.api.quantities import Resources
+from shared.core.plan import Admit, Park
+from shared.core.policies import QueueState, inactive_message, is_waiting
+from shared.core.preemption import disabled_reason, plan_preempt
+from shared.core.quota import remaining_request, reserved_resources
+from shared.core.scheduling import Cache
+from shared.jobs.running_timeout import RunningTimeout
 
 __all__ = [
     "UNKNOWN_RESOURCE",
@@ -139,7 +139,7 @@ class Classified:
 
 
 def classify(message: str, unit_quota: str | None) -> Classified | None:
-    """Map one of the scheduler's waiting texts (``shared.names.Message``, the policies' texts) to
+    """Map one of the scheduler's waiting texts (``shared.api.names.Message``, the policies' texts) to
     a :class:`Reason`; None for a text that is not a waiting reason (or is empty)."""
     text = message.strip()
     if not text:

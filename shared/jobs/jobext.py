@@ -7,7 +7,7 @@ here from plain values so they can be table-tested:
 * :func:`build_queue_unit` / :func:`spec_drift`: what QueueUnit a job should have
   (docs/compatibility.md#queueunit-construction), including a RayJob's pod sets raised to its live
   RayCluster (docs/compatibility.md#rayjob) and the unit re-created for a released job
-  (docs/compatibility.md#adoption-of-released-jobs, see ``shared.adoption``);
+  (docs/compatibility.md#adoption-of-released-jobs, see ``shared.jobs.adoption``);
 * :func:`plan_pods`: which gated pods to release and which unbound pods to delete for a reclaim
   (docs/architecture.md#decision-5-gate-pods-reclaim-only-unbound-ones: at most
   ``admissions[i].replicas`` pods per pod set are ungated; reclaim deletes only pods that are neither
@@ -24,10 +24,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import adoption, conditions, names, podspec, quantities
-from shared.durations import parse_time
-from shared.goparse import parse_go_bool, parse_lenient_int
-from shared.jobs import ray, registry
+from shared.api import conditions, names, quantities
+from shared.api import podtemplates as podspec
+from shared.api.durations import parse_time
+from shared.api.goparse import parse_go_bool, parse_lenient_int
+from shared.jobs import adoption, ray, registry
 from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, annotations_of, dig, labels_of, text
 from shared.jobs.podspec import template_requests
 
@@ -133,7 +134,7 @@ def build_queue_unit(
 ) -> Obj:
     """The QueueUnit to create for a job: owned by it (garbage-collected with it), labels and
     annotations copied, spec from :func:`desired_spec`. The status is written by the scheduler,
-    or, for a unit ``adopted`` by a released job, by the job extension (``shared.adoption``)."""
+    or, for a unit ``adopted`` by a released job, by the job extension (``shared.jobs.adoption``)."""
     meta = job.get("metadata") or {}
     annotations = {k: v for k, v in annotations_of(job).items() if k not in _SKIPPED_ANNOTATIONS}
     if adopted:
@@ -605,7 +606,7 @@ def slim_pod(pod: Obj) -> Obj:
 
 def slim_batch_job(job: Obj) -> Obj:
     """A ``batch/v1`` Job whose pod template keeps only its scheduling view
-    (:func:`shared.podspec.scheduling_template`, the same the QueueUnit gets): the only template
+    (:func:`shared.api.podtemplates.scheduling_template`, the same the QueueUnit gets): the only template
     fields the Job adapter reads are requests and priority. Template annotations stay (the
     webhook's pod-set annotation is read back from them)."""
     spec = job.get("spec")

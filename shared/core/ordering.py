@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.model import QueueConfig, Unit
-from shared.names import QueuePolicy
+from shared.api.model import QueueConfig, Unit
+from shared.api.names import QueuePolicy
 
 __all__ = [
     "SortKey",

@@ -1,6 +1,6 @@
 """The scan of one scheduling cycle: each due queue walked from its head, unit by unit.
 
-:func:`shared.scheduling.schedule` drives a :class:`Cycle` over the queues that need a scan; how
+:func:`shared.core.scheduling.schedule` drives a :class:`Cycle` over the queues that need a scan; how
 a scan decides (filter, preemption, policies, cost control) is described there.
 
 Pure: no I/O, no clock.
@@ -11,10 +11,10 @@ from __future__ import annotations
 import bisect
 import enum
 
-from shared.admission_checks import matched_checks
-from shared.names import Message, Phase, QueuePolicy
-from shared.plan import Admit, Decision, Park, Snapshot
-from shared.policies import (
+from shared.api.admission_checks import matched_checks
+from shared.api.names import Message, Phase, QueuePolicy
+from shared.core.plan import Admit, Decision, Park, Snapshot
+from shared.core.policies import (
     Entry,
     Item,
     ParkRecord,
@@ -24,7 +24,7 @@ from shared.policies import (
     inactive_message,
     invalid_message,
 )
-from shared.preemption import (
+from shared.core.preemption import (
     PreemptOutcome,
     disabled_reason,
     first_holder,
@@ -34,7 +34,7 @@ from shared.preemption import (
     record_outcome,
     skip_reason,
 )
-from shared.quota import UsageView, remaining_grants
+from shared.core.quota import UsageView, remaining_grants
 
 __all__ = ["BLOCK_STALE_SECONDS", "Cycle"]
 
@@ -51,7 +51,7 @@ class _Stop(enum.Enum):
 
 
 class Cycle:
-    """One cycle's decisions, queue by queue (:func:`shared.scheduling.schedule` drives it)."""
+    """One cycle's decisions, queue by queue (:func:`shared.core.scheduling.schedule` drives it)."""
 
     def __init__(self, snapshot: Snapshot, state: SchedulerState, now: float) -> None:
         self.units = snapshot.units

@@ -1,7 +1,7 @@
 """Per-pod resource requests of a pod spec, the unit every quota decision is made of.
 
 A QueueUnit pod set says "``count`` pods like this template"; quota is charged per pod, so the
-template must be reduced to one resource list once, when the unit is parsed (``shared.model``). The
+template must be reduced to one resource list once, when the unit is parsed (``shared.api.model``). The
 rules follow Kubernetes' ``resourcehelper.PodRequests`` so that what we reserve is what the
 kube-scheduler will later account for the same pods:
 
@@ -14,8 +14,8 @@ kube-scheduler will later account for the same pods:
   so they are added to the sum and to every later init container;
 * ``overhead`` (RuntimeClass) is added last.
 
-Pure: standard library and ``shared.quantities`` only. Bad quantities raise
-:class:`~shared.quantities.QuantityError` naming the field path; ``shared.model`` turns that into a
+Pure: standard library and ``shared.api.quantities`` only. Bad quantities raise
+:class:`~shared.api.quantities.QuantityError` naming the field path; ``shared.api.model`` turns that into a
 recorded problem instead of letting one bad object stop the reconcile loop.
 """
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shared import quantities
-from shared.quantities import QuantityError, Resources
+from shared.api import quantities
+from shared.api.quantities import QuantityError, Resources
 
 __all__ = ["container_requests", "pod_requests", "scheduling_template"]
 

@@ -8,7 +8,7 @@ which the reconciler turns into a status message and an event. One bad object mu
 reconcile loop. When a bad field makes a unit's demand unknowable (an unparsable quantity) the unit also
 gets ``invalid``: the scheduler parks it with that text instead of guessing and over-admitting.
 
-Quantities are exact milli-units (``shared.quantities``); times are float epoch seconds parsed from
+Quantities are exact milli-units (``shared.api.quantities``); times are float epoch seconds parsed from
 RFC 3339 text. Pure: standard library and sibling ``shared`` modules only, no clock.
 """
 
@@ -20,11 +20,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shared import names, podspec, quantities
-from shared.admission_checks import CheckState, QueueAdmissionCheck, parse_selector
-from shared.durations import DurationError, format_time, parse_duration, parse_time
-from shared.goparse import parse_go_bool, parse_go_int, parse_lenient_int
-from shared.quantities import QuantityError, Resources
+from shared.api import names, quantities
+from shared.api import podtemplates as podspec
+from shared.api.admission_checks import CheckState, QueueAdmissionCheck, parse_selector
+from shared.api.durations import DurationError, format_time, parse_duration, parse_time
+from shared.api.goparse import parse_go_bool, parse_go_int, parse_lenient_int
+from shared.api.quantities import QuantityError, Resources
 
 __all__ = [
     "Admission",
@@ -141,7 +142,7 @@ class Quota:
 
     ``extra_namespaces`` are the namespaces its ``quota.scheduling.koordinator.sh/namespaces``
     annotation binds besides its own; ``created`` and ``uid`` decide which of several same-named
-    quotas counts (``shared.quota.winner_key``); ``max_user_priority`` is the admin's cap on the
+    quotas counts (``shared.core.quota.winner_key``); ``max_user_priority`` is the admin's cap on the
     priority its jobs may ask for by annotation.
     """
 
