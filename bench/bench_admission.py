@@ -117,7 +117,7 @@ CPU_PER_JOB_MILLI: Final = 100
 PRIORITIES: Final = ((10, 60), (50, 30), (100, 10))
 ADMITTED_PHASES: Final = frozenset({"Dequeued", "Running", "SchedSucceed", "Succeed"})
 WRITE_VERBS: Final = frozenset({"POST", "PATCH", "PUT", "DELETE"})
-CEILING_CONCURRENCY: Final = 64  # reconciler.scheduler.WRITE_CONCURRENCY
+CEILING_CONCURRENCY: Final = 64  # reconciler.scheduler_writes.WRITE_CONCURRENCY
 TICKS: Final = os.sysconf("SC_CLK_TCK")
 #: The default matrix of ``make bench``: (mode, jobs, quotas, load deadline in s; 0 = derived).
 #: 15,000 jobs get ten minutes, the budget set for this 2-core machine.

@@ -52,6 +52,24 @@ Invariants checked continuously (each check evaluation is counted in :attr:`Obse
     Nothing is admitted whose quota chain is broken (a missing quota) or whose demand cannot be
     read (an unparsable quantity).
 
+Checked at quiescent points only (after each fault's recovery probe and at the end of the run, by
+:mod:`chaos.run` through :meth:`Observer.accounting_mismatches` and :func:`settle`; the product
+converges asynchronously, so a mismatch is a violation only if it persists for a whole convergence
+window):
+
+``usage-mismatch``
+    What each unfinished unit of a managed batch Job is charged (admitted replicas x the per-pod
+    request of its pod set template) matches what is really held: the live bound pods the job owns
+    (owner UID, same namespace) and the pods the job still needs (``min(parallelism, completions -
+    succeeded)``, 0 once finished), read from the Job and Pods themselves. Rules (see
+    :func:`unit_accounting`): ``charged-below-running`` (replicas >= bound pods),
+    ``charged-for-unneeded`` (replicas <= max(needed, bound pods): no over-admission after pods
+    completed or parallelism was lowered), ``charged-below-pod-size`` (the template's per-pod
+    request >= each bound pod's request: a template that grew while queued is charged its new size).
+    Per quota (``quota-usage-drift``, :func:`quota_accounting`): the usage the observer accumulated
+    admission by admission (what ``quota-overrun`` judges) equals the sum over the quota's
+    unfinished units of replicas x per-pod request, recomputed from scratch.
+
 End-state checks (every submitted job ends admitted or waiting with a message that says why; no
 job is lost) are evaluated by :mod:`chaos.run` from the observer's final state.
 """
@@ -64,7 +82,7 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import ROUND_UP, Context, Decimal, InvalidOperation, localcontext
 from pathlib import Path
@@ -320,6 +338,8 @@ class PodView:
     #: UIDs of the pod's owner references (assigned by the apiserver to the owner, so a pod that
     #: names a job's UID in its own namespace is that job's pod; a copied UID elsewhere matches nothing)
     owner_uids: tuple[str, ...] = ()
+    #: what the pod asks the scheduler for (our own arithmetic over its containers)
+    request: dict[str, int] = field(default_factory=dict)
 
     @property
     def live(self) -> bool:
@@ -348,6 +368,7 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
         deleting=bool(meta.get("deletionTimestamp")),
         namespace=namespace,
         owner_uids=tuple(str(o["uid"]) for o in owners if o.get("uid")),
+        request=pod_request(spec)[0],
     )
 
 
@@ -361,10 +382,23 @@ class JobView:
     succeeded: int = 0
     reason: str = ""
     uid: str = ""
+    parallelism: int | None = None
+    completions: int | None = None
 
     @property
     def namespace(self) -> str:
         return self.key.partition("/")[0]
+
+    @property
+    def needed(self) -> int:
+        """Pods the Job still wants at once: ``min(parallelism, completions - succeeded)``
+        (parallelism defaults to 1); none once it has finished."""
+        if self.finished:
+            return 0
+        wanted = 1 if self.parallelism is None else max(0, self.parallelism)
+        if self.completions is not None:
+            wanted = min(wanted, max(0, self.completions - self.succeeded))
+        return wanted
 
 
 def parse_job(raw: Mapping[str, Any]) -> JobView:
@@ -386,7 +420,183 @@ def parse_job(raw: Mapping[str, Any]) -> JobView:
         succeeded=_int(status.get("succeeded")),
         reason=reason,
         uid=str(meta.get("uid") or ""),
+        parallelism=_int(spec["parallelism"]) if isinstance(spec.get("parallelism"), int) else None,
+        completions=_int(spec["completions"]) if isinstance(spec.get("completions"), int) else None,
     )
+
+
+# --- the extra fields usage-mismatch reads from the protobuf-stored kinds ------------------------
+
+
+def _quantities(data: bytes) -> tuple[str, str]:
+    """A ``map<string, Quantity>`` entry: the name (1) and the quantity's string (2 -> 1)."""
+    name = text = ""
+    for number, item in k8sproto.fields(data):
+        if number == 1:
+            name = k8sproto._text(item)
+        elif number == 2:
+            text = next((k8sproto._text(v) for n, v in k8sproto.fields(k8sproto._bytes(item)) if n == 1), "")
+    return name, text
+
+
+def _container(data: bytes) -> dict[str, Any]:
+    """``Container``: resources (8: limits 1, requests 2) and restartPolicy (24)."""
+    out: dict[str, Any] = {"resources": {"limits": {}, "requests": {}}}
+    for number, item in k8sproto.fields(data):
+        if number == 8:
+            for n, v in k8sproto.fields(k8sproto._bytes(item)):
+                if n in (1, 2):
+                    name, text = _quantities(k8sproto._bytes(v))
+                    out["resources"]["limits" if n == 1 else "requests"][name] = text
+        elif number == 24:
+            out["restartPolicy"] = k8sproto._text(item)
+    return out
+
+
+def pod_spec_resources(value: bytes) -> dict[str, Any]:
+    """The request-bearing fields of a stored Pod's spec: containers (2), initContainers (20) and
+    overhead (32), in the shape :func:`pod_request` reads."""
+    out: dict[str, Any] = {"containers": [], "initContainers": [], "overhead": {}}
+    for number, item in k8sproto.fields(k8sproto._unwrap(value)):
+        if number != 2:
+            continue
+        for n, v in k8sproto.fields(k8sproto._bytes(item)):
+            if n == 2:
+                out["containers"].append(_container(k8sproto._bytes(v)))
+            elif n == 20:
+                out["initContainers"].append(_container(k8sproto._bytes(v)))
+            elif n == 32:
+                name, text = _quantities(k8sproto._bytes(v))
+                out["overhead"][name] = text
+    return out
+
+
+def job_spec_counts(value: bytes) -> dict[str, int]:
+    """A stored Job's ``spec.parallelism`` (1) and ``spec.completions`` (2), when set."""
+    out: dict[str, int] = {}
+    for number, item in k8sproto.fields(k8sproto._unwrap(value)):
+        if number != 2:
+            continue
+        for n, v in k8sproto.fields(k8sproto._bytes(item)):
+            if n in (1, 2) and isinstance(v, int):
+                out["parallelism" if n == 1 else "completions"] = v
+    return out
+
+
+def decode_pod(value: bytes) -> dict[str, Any]:
+    raw = k8sproto.pod(value)
+    raw["spec"].update(pod_spec_resources(value))
+    return raw
+
+
+def decode_job(value: bytes) -> dict[str, Any]:
+    raw = k8sproto.job(value)
+    raw["spec"].update(job_spec_counts(value))
+    return raw
+
+
+# --- usage-mismatch: pure rules ------------------------------------------------------------------
+
+USAGE_MISMATCH = "usage-mismatch"
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """One way what is charged differs from what is held; ``subject`` is a unit key or a quota."""
+
+    rule: str
+    subject: str
+    detail: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.rule, self.subject
+
+
+def _fmt(resources: Mapping[str, int]) -> str:
+    return ",".join(f"{r}={v}m" for r, v in sorted(resources.items())) or "nothing"
+
+
+def unit_accounting(unit: UnitView, job: JobView | None, bound: Iterable[PodView]) -> list[Mismatch]:
+    """The unit rules of ``usage-mismatch`` for one unfinished unit of a batch Job (one pod set):
+    ``bound`` are the live pods bound to a node that the job owns. The pod set's count is what the
+    Job still needs (from the Job itself), or the unit's count when the Job is unknown."""
+    bound = [p for p in bound if p.live and p.bound]
+    if unit.phase in TERMINAL:
+        return []
+    out: list[Mismatch] = []
+    pod_sets = sorted(unit.counts.keys() | unit.replicas.keys())
+    if not pod_sets:
+        return out
+    # A batch Job has one pod set: its pods all belong to it.
+    main = pod_sets[0]
+    for pod_set in pod_sets:
+        replicas = max(0, unit.replicas.get(pod_set, 0))
+        pods = bound if pod_set == main else []
+        count = job.needed if job is not None else unit.counts.get(pod_set, 0)
+        where = f"{unit.key} pod set {pod_set!r}"
+        if replicas < len(pods):
+            out.append(
+                Mismatch(
+                    "charged-below-running",
+                    unit.key,
+                    f"{where}: {replicas} admitted replicas but {len(pods)} bound pods "
+                    f"({', '.join(p.key for p in pods[:4])})",
+                )
+            )
+        if replicas > max(count, len(pods)):
+            out.append(
+                Mismatch(
+                    "charged-for-unneeded",
+                    unit.key,
+                    f"{where}: {replicas} admitted replicas but the job needs {count} "
+                    f"and {len(pods)} are bound (over-admission)",
+                )
+            )
+        template = unit.per_pod.get(pod_set, {})
+        for pod in pods:
+            short = {r: v for r, v in pod.request.items() if v > template.get(r, 0)}
+            if short:
+                out.append(
+                    Mismatch(
+                        "charged-below-pod-size",
+                        unit.key,
+                        f"{where}: charged {_fmt(template)} per pod but bound pod {pod.key} "
+                        f"requests {_fmt(pod.request)}",
+                    )
+                )
+                break
+    return out
+
+
+def charged(unit: UnitView) -> dict[str, int]:
+    """What an unfinished unit's admissions charge: replicas x per-pod request, per pod set."""
+    if unit.phase in TERMINAL:
+        return {}
+    total: dict[str, int] = {}
+    for pod_set, n in unit.replicas.items():
+        total = _add(total, {r: v * max(0, n) for r, v in unit.per_pod.get(pod_set, {}).items()})
+    return {r: v for r, v in total.items() if v}
+
+
+def quota_accounting(quota: str, accumulated: Mapping[str, int], units: Iterable[UnitView]) -> list[Mismatch]:
+    """The quota rule of ``usage-mismatch``: the usage accumulated admission by admission equals
+    the sum over the quota's unfinished units of what their admissions charge."""
+    expected: dict[str, int] = {}
+    for unit in units:
+        if unit.quota == quota:
+            expected = _add(expected, charged(unit))
+    expected = {r: v for r, v in expected.items() if v}
+    actual = {r: v for r, v in accumulated.items() if v}
+    if expected == actual:
+        return []
+    return [
+        Mismatch(
+            "quota-usage-drift",
+            quota,
+            f"quota {quota}: usage from admissions {_fmt(actual)} but its units charge {_fmt(expected)}",
+        )
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,9 +704,9 @@ class Observer:
             elif key.startswith(QUOTAS):
                 self._quota_event(key[len(QUOTAS) :].decode(), json.loads(value) if value else None)
             elif key.startswith(PODS):
-                self._pod_event(key[len(PODS) :].decode(), k8sproto.pod(value) if value else None, revision)
+                self._pod_event(key[len(PODS) :].decode(), decode_pod(value) if value else None, revision)
             elif key.startswith(JOBS):
-                self._job_event(key[len(JOBS) :].decode(), k8sproto.job(value) if value else None, revision)
+                self._job_event(key[len(JOBS) :].decode(), decode_job(value) if value else None, revision)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             self.stats["undecodable etcd values"] += 1
             self.violate("observer-decode", revision, f"{key.decode(errors='replace')}: {err!r}")
@@ -885,6 +1095,28 @@ class Observer:
         for job_key in list(self._suspects):
             self._check_schedulable(job_key, self.revision, final=True)
 
+    # --- usage-mismatch (judged at quiescent points by :func:`settle`) ----------------------------
+
+    def accounting_mismatches(self) -> list[Mismatch]:
+        """Every current ``usage-mismatch`` (unit and quota rules), counting the evaluations."""
+        out: list[Mismatch] = []
+        for _, unit in sorted(self.units.items()):
+            if unit.phase in TERMINAL or unit.consumer is None or unit.consumer[0] != "Job":
+                continue
+            job = self.jobs.get(f"{unit.consumer[1]}/{unit.consumer[2]}")
+            if job is None or not job.managed or not job.uid or job.deleting or job.suspended:
+                continue  # unknown, or its pods are on their way out
+            bound = [p for p in self.owned_pods(job) if p.live and p.bound]
+            if any(not p.request for p in bound):
+                self.stats["usage-mismatch: bound pods with no readable request"] += 1
+            self.checks["usage charged = held: units judged"] += 1
+            out += unit_accounting(unit, job, bound)
+        for quota in sorted(self._self_used.keys() | {u.quota for u in self.units.values() if u.quota}):
+            self.checks["usage charged = held: quota sums judged"] += 1
+            units = (u for u in self.units.values() if u.quota == quota)
+            out += quota_accounting(quota, self._self_used.get(quota, {}), units)
+        return out
+
     def dump(self, path: Path) -> None:
         """Write :attr:`history` as JSON lines (post-mortem of a violation)."""
         with path.open("w") as out:
@@ -945,3 +1177,38 @@ class Observer:
             async with asyncio.timeout(timeout), self._progress:
                 await self._progress.wait_for(lambda: self.revision >= target)
         return self.revision >= target
+
+
+# --- convergence ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Settled:
+    """The outcome of one :func:`settle`: what persisted for the whole window, what went away."""
+
+    persisted: list[Mismatch]
+    transient: int
+    seconds: float
+
+
+async def settle(
+    current: Callable[[], Awaitable[list[Mismatch]]],
+    *,
+    window: float,
+    interval: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Settled:
+    """Poll ``current`` until no mismatch has been present at every poll since the first, or
+    ``window`` seconds have passed: a mismatch is reported only if it persisted throughout (by its
+    rule and subject), those that went away are counted as transient."""
+    begun = clock()
+    first = await current()
+    persisting = {m.key: m for m in first}
+    seen = set(persisting)
+    while persisting and clock() - begun < window:
+        await sleep(interval)
+        now = {m.key: m for m in await current()}
+        seen |= now.keys()
+        persisting = {k: now[k] for k in persisting if k in now}
+    return Settled(list(persisting.values()), len(seen - persisting.keys()), round(clock() - begun, 1))

@@ -41,13 +41,16 @@ import aiohttp
 from certs import pki
 from chaos import load, security, tenant
 from chaos.etcd import Etcd
-from chaos.faults import Faults
-from chaos.observer import SCHEDULABLE_GRACE_S, TERMINAL, Observer
+from chaos.faults import FaultRecord, Faults
+from chaos.observer import SCHEDULABLE_GRACE_S, TERMINAL, USAGE_MISMATCH, Mismatch, Observer, settle
 from shared import kube
 from testenv import system
 from testenv.cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parent.parent
+#: How long a usage mismatch may last at a quiescent point before it is a violation: the job
+#: extension writes its usage reports asynchronously (pod events, then a status patch).
+ACCOUNTING_WINDOW_S = 12.0
 RESULTS = Path(__file__).with_name("results.json")
 #: The hypothesis fuzz modules run as part of the report (they are also part of ``make unit``).
 FUZZ_MODULES = ("tests/unit/test_fuzz_parsers.py", "tests/unit/test_webhook_fuzz.py")
@@ -89,6 +92,19 @@ maxUserPriority: {tenant.CLUSTER_PRIORITY_CAP}
 # --- the run ----------------------------------------------------------------------------------------
 
 
+@dataclass
+class CheckedFaults(Faults):
+    """The fault injectors, with the ``usage-mismatch`` checkpoint after every recovery probe."""
+
+    checkpoint: Any = None
+
+    async def _recovered(self, fault: str, begun: float, ok: bool, detail: str = "") -> FaultRecord:
+        record = await super()._recovered(fault, begun, ok, detail)
+        if self.checkpoint is not None:
+            await self.checkpoint(f"after {fault}")
+        return record
+
+
 class Run:
     def __init__(self, profile: Profile, workdir: Path) -> None:
         self.profile = profile
@@ -103,6 +119,8 @@ class Run:
         self.notes: list[str] = []
         self._explained_keys: set[str] = set()
         self.started = time.monotonic()
+        self._accounting = asyncio.Lock()
+        self.accounting_log: list[dict[str, Any]] = []
 
     def violate(self, invariant: str, detail: str) -> None:
         self.extra_violations[invariant] += 1
@@ -172,7 +190,7 @@ class Run:
         )
         config = self.logdir / "koord-queue-config.yaml"
         config.write_text(RECONCILER_CONFIG)
-        faults = Faults(
+        faults = CheckedFaults(
             cluster=cluster,
             logdir=self.logdir,
             etcd=etcd,
@@ -183,6 +201,8 @@ class Run:
         )
         faults.started = self.started
         self.faults, self.observer, self.observing = faults, observer, observing
+        self.etcd = etcd
+        faults.checkpoint = self.check_accounting
         mallory: tenant.Tenant | None = None
         try:
             await faults.start_webhook()
@@ -232,6 +252,7 @@ class Run:
             if not synced:
                 self.violate("observer-sync", "the observer could not catch up with etcd at the end")
             observer.finish()
+            await self.check_accounting("end of run")
             await self._end_state(workload, client)
             await mallory.final_checks(self.end_checks)
             observer.dump(self.workdir / "observer-history.jsonl")
@@ -246,6 +267,39 @@ class Run:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await observing
             await client.close()
+
+    async def check_accounting(self, label: str) -> None:
+        """``usage-mismatch`` at a quiescent point: what persists for :data:`ACCOUNTING_WINDOW_S`
+        (re-read from etcd at every poll) is a violation, what goes away is counted as tolerated."""
+        observer = self.observer
+
+        async def current() -> list[Mismatch]:
+            await observer.sync(self.etcd, timeout=10)
+            return observer.accounting_mismatches()
+
+        async with self._accounting:
+            observer.checks["usage charged = held: checkpoints"] += 1
+            settled = await settle(current, window=ACCOUNTING_WINDOW_S)
+            if settled.transient:
+                observer.stats["usage mismatches gone within the window (tolerated)"] += settled.transient
+            for mismatch in settled.persisted:
+                observer.violate(
+                    USAGE_MISMATCH, observer.revision, f"{label}: [{mismatch.rule}] {mismatch.detail}"
+                )
+                print(f"  VIOLATION {USAGE_MISMATCH} {label}: {mismatch.detail}", flush=True)
+            self.accounting_log.append(
+                {
+                    "at": round(time.monotonic() - self.started, 1),
+                    "checkpoint": label,
+                    "seconds": settled.seconds,
+                    "transient": settled.transient,
+                    "persisted": [f"[{m.rule}] {m.detail}" for m in settled.persisted],
+                }
+            )
+            self.log(
+                f"usage-mismatch checkpoint {label}: {len(settled.persisted)} persisted, "
+                f"{settled.transient} transient ({settled.seconds}s)"
+            )
 
     def _visibility_tls_args(self, cluster: LocalCluster) -> list[str]:
         serving = pki.issue_serving(
@@ -512,6 +566,7 @@ class Run:
                 k: {"injected": v, "recovered": fault_recovered[k]} for k, v in sorted(fault_counts.items())
             },
             "fault_log": [asdict(r) for r in faults.records],
+            "usage_checkpoints": self.accounting_log,
             "inputs_fuzzed": dict(sorted(inputs.items())),
             "webhook_body_outcomes": getattr(self, "webhook_outcomes", {}),
             "hostile_objects": [asdict(h) for h in getattr(self, "hostile", [])],

@@ -21,7 +21,8 @@ import yaml
 
 from shared import kube
 from shared.api import names
-from shared.api.model import QueueConfig, Quota, Unit, parse_queue, parse_quota, parse_unit
+from shared.api.model import QueueConfig, Quota, Unit
+from shared.api.parsing import parse_queue, parse_quota, parse_unit
 from shared.core import config as component_config
 from shared.core import quotaqueues, visibility
 from shared.jobs import registry

@@ -13,13 +13,15 @@ import yaml
 from koordqueue_cli import render
 from koordqueue_cli.client import CliError, Gathered, Reader, find_unit
 from shared.api import goparse, names
-from shared.api.model import Unit, parse_quota, parse_unit
+from shared.api.model import Unit
 from shared.api.names import Phase
+from shared.api.parsing import parse_quota, parse_unit
 from shared.api.predicates import TERMINAL_PHASES, all_running, has_reclaim
-from shared.core import explain
-from shared.core.explain import Explanation, Reason
+from shared.core import explain, reasons, replay
+from shared.core.explanation import Explanation, Level
 from shared.core.policies import is_waiting
 from shared.core.quota import priority_cap, remaining_request, reserved_resources
+from shared.core.reasons import Reason
 from shared.jobs import registry
 from shared.jobs.running_timeout import RunningTimeout
 
@@ -49,7 +51,7 @@ def short_reason(unit: Unit) -> str:
         return "running" if all_running(unit) else "admitted: pods not all running yet"
     if not unit.active:
         return "inactive: held (scheduling.x-k8s.io/active=false)"
-    found = explain.classify(unit.message, unit.quota)
+    found = reasons.classify(unit.message, unit.quota)
     if found is None:
         return unit.message or "waiting: not examined yet"
     q = found.quota or unit.quota
@@ -188,9 +190,9 @@ async def gather_for_unit(reader: Reader, namespace: str, wanted: str) -> tuple[
     return got, raw
 
 
-def build_view(got: Gathered, raw: Obj) -> explain.View:
+def build_view(got: Gathered, raw: Obj) -> replay.View:
     settings = got.settings
-    return explain.View(
+    return replay.View(
         units=got.parsed_units(),
         quotas=got.parsed_quotas(),
         queues=got.queue_configs(),
@@ -222,7 +224,7 @@ async def cmd_explain(reader: Reader, args: Any, out: TextIO, style: render.Styl
     return 0
 
 
-def _refusal_mark(level: explain.Level, style: render.Style) -> str:
+def _refusal_mark(level: Level, style: render.Style) -> str:
     if level.refuses is None:
         return style("unknown", "dim")
     return style("no: refuses", "red", "bold") if level.refuses else style("yes", "green")
@@ -353,14 +355,14 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
     else:
         await reader.units(namespace, got, want_all=True)
     await reader.quotas(namespace, got)
-    view = explain.View(
+    view = replay.View(
         units=got.parsed_units(),
         quotas=got.parsed_quotas(),
         queues=(),
         complete=got.complete,
         unreadable_quotas=frozenset(got.unreadable_quotas),
     )
-    rows = explain.quota_rows(view)
+    rows = replay.quota_rows(view)
     if namespace is not None and not args.tree:
         rows = [r for r in rows if r.namespace in (namespace, "")]
     if args.output in ("json", "yaml"):

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from shared.api import quantities
-from shared.core.explain import UNKNOWN_RESOURCE
+from shared.core.replay import UNKNOWN_RESOURCE
 
 _CODES = {"bold": "1", "red": "31", "green": "32", "yellow": "33", "blue": "34", "dim": "2"}
 

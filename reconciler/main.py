@@ -32,7 +32,8 @@ from certs.manager import VisibilityCertManager, WebhookCertManager
 from reconciler import metrics, visibility
 from reconciler.events import EventRecorder
 from reconciler.informer import Handler, Informer
-from reconciler.jobs import QUEUE_UNITS, JobExtensions
+from reconciler.job_units import QUEUE_UNITS
+from reconciler.jobs import JobExtensions
 from reconciler.quotas import QUEUES, QUOTAS, QuotaBindingSync, QuotaQueueSync
 from reconciler.scheduler import SchedulerLoop
 from shared import kube

@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterable, Mapping
 from reconciler.events import EventRecorder
 from shared import kube
 from shared.api import names
-from shared.api.model import Quota, parse_quota
+from shared.api.model import Quota
+from shared.api.parsing import parse_quota
 from shared.core import quotaqueues
 from shared.core.quota import winner_key
 

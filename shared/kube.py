@@ -3,7 +3,7 @@
 kubernetes-asyncio loads the configuration (kubeconfig or in-cluster service account, with token
 refresh) and owns the HTTPS session; this module sends raw JSON through that session instead of the
 generated model classes. Why: the reconciler handles every object as plain JSON parsed once at the
-edge (``shared.api.model``), orjson is several times faster than building model objects, and one uniform
+edge (``shared.api.parsing``), orjson is several times faster than building model objects, and one uniform
 path serves built-in kinds, our CRDs and foreign CRDs alike.
 
 It adds what a controller needs on top: a client-side rate limit (QPS and burst, like client-go),

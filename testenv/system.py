@@ -378,9 +378,8 @@ def unregister_visibility(cluster: LocalCluster) -> None:
             cluster.request("DELETE", path)
 
 
-def install_rbac(cluster: LocalCluster) -> None:
-    """Apply the ServiceAccounts and RBAC of ``manifests/`` exactly as a cluster install does."""
-    kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+def _apply_kinds(cluster: LocalCluster, kinds: set[str]) -> None:
+    """``kubectl apply --server-side`` the objects of these kinds from the rendered manifests."""
     docs = [d for d in rendered_manifests() if d.get("kind") in kinds]
     subprocess.run(
         [
@@ -397,28 +396,17 @@ def install_rbac(cluster: LocalCluster) -> None:
         capture_output=True,
         text=True,
     )
+
+
+def install_rbac(cluster: LocalCluster) -> None:
+    """Apply the ServiceAccounts and RBAC of ``manifests/`` exactly as a cluster install does."""
+    _apply_kinds(cluster, {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"})
 
 
 def install_policies(cluster: LocalCluster) -> None:
     """Apply the ValidatingAdmissionPolicies of ``manifests/`` and their bindings, as an install does
     (they run inside the apiserver; each takes effect a moment after it is applied)."""
-    kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-    docs = [d for d in rendered_manifests() if d.get("kind") in kinds]
-    subprocess.run(
-        [
-            str(binaries.kubectl()),
-            f"--kubeconfig={cluster.kubeconfig}",
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            "-",
-        ],
-        input=yaml.safe_dump_all(docs),
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    _apply_kinds(cluster, {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
 
 
 def start_reconciler(

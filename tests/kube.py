@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
+from shared import kube as kq
+from shared.api import names
 from testenv import binaries
 from testenv.cluster import LocalCluster
 
@@ -134,3 +136,31 @@ class Recorder:
 
     def versions(self, name: str) -> list[dict[str, Any]]:
         return [obj for _, obj in self.seen if obj["metadata"]["name"] == name]
+
+
+@contextlib.asynccontextmanager
+async def unit_versions(cluster: LocalCluster, namespace: str) -> AsyncIterator[list[dict[str, Any]]]:
+    """Every version of every QueueUnit in ``namespace``, in order, transient states included.
+
+    The resourceVersion is taken before the caller creates anything, so the watch replays every
+    change from then on, however late its request reaches the apiserver (a poll could miss a
+    reclaimState or a TimeoutBackoff that lasts a moment).
+    """
+    units = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
+    seen: list[dict[str, Any]] = []
+    api = await kq.Kube.connect(kubeconfig=str(cluster.kubeconfig))
+    _, rv = await api.list(units, namespace=namespace)
+
+    async def follow() -> None:
+        async for kind, obj in api.watch(units, namespace=namespace, resource_version=rv):
+            if kind in ("ADDED", "MODIFIED"):
+                seen.append(obj)
+
+    task = asyncio.create_task(follow())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await api.close()

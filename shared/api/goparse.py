@@ -2,7 +2,7 @@
 
 Upstream Koord-Queue reads its boolean and integer annotations with Go's ``strconv.ParseBool`` and
 ``strconv.ParseInt``; the webhook refuses exactly what Go would refuse (``shared.admission.validation``), and
-the reconciler reads the same spellings (``shared.api.model``, ``shared.jobs.jobext``). Go durations are in
+the reconciler reads the same spellings (``shared.api.parsing``, ``shared.jobs.jobext``). Go durations are in
 ``shared.api.durations``.
 
 Two readings of an integer:

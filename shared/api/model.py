@@ -1,31 +1,25 @@
 """Parsed, immutable views of QueueUnits, Queues and ElasticQuotas: the only input of the core.
 
-Raw Kubernetes objects (plain dicts from the API) are parsed here exactly once, at the edge; every
-decision module past this point reads typed, frozen values and never digs in raw dicts
-(docs/development.md#code-style). Parsing never raises on user data: a malformed field is replaced by
-its documented default and a human-readable entry is appended to ``problems`` (with the field path),
-which the reconciler turns into a status message and an event. One bad object must never stop the
-reconcile loop. When a bad field makes a unit's demand unknowable (an unparsable quantity) the unit also
-gets ``invalid``: the scheduler parks it with that text instead of guessing and over-admitting.
+Every decision module reads these typed, frozen values and never digs in raw dicts
+(docs/development.md#code-style); ``shared.api.parsing`` builds them from the API's raw objects exactly
+once, at the edge, and records what was malformed in ``problems`` (and, when a unit's demand cannot be
+known, in ``invalid``) instead of raising. :func:`evolve`, :func:`with_grants` and :func:`with_reclaim`
+derive the unit an API write will produce, so the reconciler can assume it into its cache before the
+write lands.
 
-Quantities are exact milli-units (``shared.api.quantities``); times are float epoch seconds parsed from
-RFC 3339 text. Pure: standard library and sibling ``shared`` modules only, no clock.
+Quantities are exact milli-units (``shared.api.quantities``); times are float epoch seconds. Pure:
+standard library and sibling ``shared`` modules only, no clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shared.api import names, quantities
-from shared.api import podtemplates as podspec
-from shared.api.admission_checks import CheckState, QueueAdmissionCheck, parse_selector
-from shared.api.durations import DurationError, format_time, parse_duration, parse_time
-from shared.api.goparse import parse_go_bool, parse_go_int, parse_lenient_int
-from shared.api.quantities import QuantityError, Resources
+from shared.api import names
+from shared.api.admission_checks import CheckState, QueueAdmissionCheck
+from shared.api.quantities import Resources
 
 __all__ = [
     "Admission",
@@ -35,21 +29,12 @@ __all__ = [
     "Quota",
     "Unit",
     "evolve",
-    "format_time",
-    "parse_namespaces_annotation",
-    "parse_queue",
-    "parse_quota",
-    "parse_time",
-    "parse_unit",
-    "parse_user_priority_cap",
     "quota_name_of",
     "with_grants",
     "with_reclaim",
 ]
 
 DEFAULT_ITEMS_REFRESH_SECONDS = 15.0
-_NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_INT32 = re.compile(r"[+-]?[0-9]{1,11}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,219 +150,9 @@ class Quota:
         return self.extra_namespaces | {self.namespace}
 
 
-# --- small tolerant readers -----------------------------------------------------------------------
-
-
-class _Reader:
-    """Collects problems while reading one object; every getter returns a safe default."""
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-
-    def obj(self, raw: object, path: str) -> Mapping[str, object]:
-        if raw is None:
-            return {}
-        if isinstance(raw, Mapping):
-            return raw
-        self.problems.append(f"{path}: expected an object, got {type(raw).__name__}")
-        return {}
-
-    def str_map(self, raw: object, path: str) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for key, value in self.obj(raw, path).items():
-            if isinstance(key, str) and isinstance(value, str):
-                out[key] = value
-            else:
-                self.problems.append(f"{path}.{key}: expected a string value")
-        return out
-
-    def text(self, raw: object, path: str, default: str = "") -> str:
-        if raw is None:
-            return default
-        if isinstance(raw, str):
-            return raw
-        self.problems.append(f"{path}: expected a string, got {type(raw).__name__}")
-        return default
-
-    def integer(self, raw: object, path: str, default: int) -> int:
-        if raw is None:
-            return default
-        if isinstance(raw, bool) or not isinstance(raw, int | float) or int(raw) != raw:
-            self.problems.append(f"{path}: expected an integer, got {raw!r}")
-            return default
-        return int(raw)
-
-    def boolean(self, raw: object, path: str, default: bool) -> bool:
-        if raw is None:
-            return default
-        if isinstance(raw, bool):
-            return raw
-        self.problems.append(f"{path}: expected a boolean, got {raw!r}")
-        return default
-
-    def go_bool(self, annotations: Mapping[str, str], key: str, default: bool) -> bool:
-        value = annotations.get(key)
-        if value is None:
-            return default
-        parsed = parse_go_bool(value)
-        if parsed is not None:
-            return parsed
-        self.problems.append(f'metadata.annotations[{key}]: {value!r} is not a boolean, using "{default}"')
-        return default
-
-    def go_int(self, annotations: Mapping[str, str], key: str, default: int) -> int:
-        value = annotations.get(key)
-        if value is None:
-            return default
-        parsed = parse_lenient_int(value)
-        if parsed is None:
-            self.problems.append(f"metadata.annotations[{key}]: {value!r} is not an integer, using {default}")
-            return default
-        return parsed
-
-    def resources(self, raw: object, path: str) -> tuple[Resources, bool]:
-        """Parse a resource list; a bad entry is recorded and makes the second value False."""
-        mapping = self.obj(raw, path)
-        try:
-            return quantities.parse_resource_list(mapping, path=path), True
-        except QuantityError as err:
-            self.problems.append(str(err))
-        # Keep the good entries so that logs and visibility still show something useful.
-        out: Resources = {}
-        for key, value in mapping.items():
-            try:
-                out[str(key)] = quantities.parse_milli(value)  # type: ignore[arg-type]
-            except QuantityError:
-                continue
-        return dict(sorted(out.items())), False
-
-    def items(self, raw: object, path: str) -> list[Mapping[str, object]]:
-        if raw is None:
-            return []
-        if not isinstance(raw, list):
-            self.problems.append(f"{path}: expected a list, got {type(raw).__name__}")
-            return []
-        return [self.obj(item, f"{path}[{i}]") for i, item in enumerate(raw)]
-
-
-def _metadata(r: _Reader, raw: Mapping[str, object]) -> tuple[str, str, Mapping[str, object]]:
-    meta = r.obj(raw.get("metadata"), "metadata")
-    name = r.text(meta.get("name"), "metadata.name")
-    if not name:
-        r.problems.append("metadata.name: missing")
-    namespace = r.text(meta.get("namespace"), "metadata.namespace")
-    return name, namespace, meta
-
-
 def quota_name_of(labels: Mapping[str, str]) -> str | None:
     """The quota (and so queue) a unit maps to: the koordinator label, else the fallback label."""
     return labels.get(names.QUOTA_NAME_LABEL) or labels.get(names.QUOTA_NAME_LABEL_FALLBACK) or None
-
-
-# --- QueueUnit -------------------------------------------------------------------------------------
-
-
-def parse_unit(raw: Mapping[str, object]) -> Unit:
-    """Parse a QueueUnit object. Never raises on malformed content (see the module docstring)."""
-    r = _Reader()
-    raw = r.obj(raw, "")
-    name, namespace, meta = _metadata(r, raw)
-    spec = r.obj(raw.get("spec"), "spec")
-    status = r.obj(raw.get("status"), "status")
-    labels = r.str_map(meta.get("labels"), "metadata.labels")
-    created = parse_time(meta.get("creationTimestamp"))
-    if created is None:
-        r.problems.append(f"metadata.creationTimestamp: {meta.get('creationTimestamp')!r} is not RFC 3339")
-    invalid: list[str] = []
-    pod_sets: list[PodSet] = []
-    for i, item in enumerate(r.items(spec.get("podSet"), "spec.podSet")):
-        path = f"spec.podSet[{i}]"
-        ps_name = r.text(item.get("name"), f"{path}.name", "main") or "main"
-        count = max(0, r.integer(item.get("count"), f"{path}.count", 1))
-        min_count = item.get("minCount")
-        template = r.obj(item.get("template"), f"{path}.template")
-        try:
-            per_pod = podspec.pod_requests(r.obj(template.get("spec"), f"{path}.template.spec"), path=path)
-        except QuantityError as err:
-            r.problems.append(str(err))
-            invalid.append(str(err))
-            per_pod = {}
-        pod_sets.append(
-            PodSet(
-                name=ps_name,
-                count=count,
-                min_count=None if min_count is None else r.integer(min_count, f"{path}.minCount", 1),
-                per_pod=per_pod,
-            )
-        )
-    request, ok = r.resources(spec.get("request"), "spec.request")
-    if not ok and not pod_sets:
-        invalid.append("spec.request has an invalid quantity")
-    resource, _ = r.resources(spec.get("resource"), "spec.resource")
-    admissions: list[Admission] = []
-    for i, item in enumerate(r.items(status.get("admissions"), "status.admissions")):
-        path = f"status.admissions[{i}]"
-        reclaim = r.obj(item.get("reclaimState"), f"{path}.reclaimState") if "reclaimState" in item else None
-        res, _ = r.resources(item.get("resources"), f"{path}.resources")
-        admissions.append(
-            Admission(
-                name=r.text(item.get("name"), f"{path}.name"),
-                replicas=r.integer(item.get("replicas"), f"{path}.replicas", 0),
-                running=r.integer(item.get("running"), f"{path}.running", 0),
-                resources=res,
-                reclaim_replicas=(
-                    None
-                    if reclaim is None or item.get("reclaimState") is None
-                    else r.integer(reclaim.get("replicas"), f"{path}.reclaimState.replicas", 0)
-                ),
-            )
-        )
-    checks = tuple(
-        CheckState(
-            name=r.text(item.get("name"), f"status.admissionChecks[{i}].name"),
-            state=r.text(item.get("state"), f"status.admissionChecks[{i}].state"),
-            message=r.text(item.get("message"), f"status.admissionChecks[{i}].message"),
-            last_transition_time=r.text(
-                item.get("lastTransitionTime"), f"status.admissionChecks[{i}].lastTransitionTime"
-            ),
-        )
-        for i, item in enumerate(r.items(status.get("admissionChecks"), "status.admissionChecks"))
-    )
-    requeue = r.obj(status.get("requeueState"), "status.requeueState")
-    consumer = r.obj(spec.get("consumerRef"), "spec.consumerRef")
-    priority = r.integer(spec.get("priority"), "spec.priority", 0)
-    return Unit(
-        key=f"{namespace}/{name}",
-        namespace=namespace,
-        name=name,
-        uid=r.text(meta.get("uid"), "metadata.uid"),
-        created=created or 0.0,
-        priority=priority,
-        quota=quota_name_of(labels),
-        labels=labels,
-        annotations=r.str_map(meta.get("annotations"), "metadata.annotations"),
-        active=r.boolean(spec.get("active"), "spec.active", True),
-        pod_sets=tuple(pod_sets),
-        admissions=tuple(admissions),
-        phase=r.text(status.get("phase"), "status.phase"),
-        message=r.text(status.get("message"), "status.message"),
-        request=request,
-        resource=resource,
-        last_allocate_time=parse_time(status.get("lastAllocateTime")),
-        last_update_time=parse_time(status.get("lastUpdateTime")),
-        admission_checks=checks,
-        consumer_kind=r.text(consumer.get("kind"), "spec.consumerRef.kind") or None,
-        attempts=r.integer(status.get("attempts"), "status.attempts", 0),
-        conditions=tuple(r.items(status.get("conditions"), "status.conditions")),
-        requeue_count=(
-            r.integer(requeue.get("count"), "status.requeueState.count", 0) if "count" in requeue else None
-        ),
-        requeue_at=parse_time(requeue.get("requeueAt")),
-        queue=r.text(spec.get("queue"), "spec.queue"),
-        resource_version=r.text(meta.get("resourceVersion"), "metadata.resourceVersion"),
-        problems=tuple(r.problems),
-        invalid="; ".join(invalid) or None,
-    )
 
 
 _UNIT_FIELDS = tuple(f.name for f in dataclasses.fields(Unit))
@@ -428,155 +203,3 @@ def with_reclaim(unit: Unit, reclaim: Mapping[str, int], *, message: str, now: f
         for adm in unit.admissions
     )
     return evolve(unit, admissions=admissions, message=message, last_update_time=now)
-
-
-# --- Queue and ElasticQuota ----------------------------------------------------------------------
-
-
-def parse_queue(raw: Mapping[str, object]) -> QueueConfig:
-    """Parse a Queue object; unsupported policies and bad annotations become ``problems``."""
-    r = _Reader()
-    raw = r.obj(raw, "")
-    name, _, meta = _metadata(r, raw)
-    spec = r.obj(raw.get("spec"), "spec")
-    annotations = r.str_map(meta.get("annotations"), "metadata.annotations")
-    labels = r.str_map(meta.get("labels"), "metadata.labels")
-    policy_text = r.text(spec.get("queuePolicy"), "spec.queuePolicy")
-    policy: names.QueuePolicy | None
-    policy_error: str | None = None
-    if not policy_text:
-        policy = names.QueuePolicy.PRIORITY  # an unset policy defaults to Priority
-    elif policy_text in names.QueuePolicy.__members__.values():
-        policy = names.QueuePolicy(policy_text)
-    else:
-        policy = None
-        policy_error = "unsupported strategy"
-        r.problems.append(f"spec.queuePolicy: unsupported strategy {policy_text!r}")
-    checks: list[QueueAdmissionCheck] = []
-    for i, item in enumerate(r.items(spec.get("admissionChecks"), "spec.admissionChecks")):
-        path = f"spec.admissionChecks[{i}]"
-        selector = None
-        if item.get("labelSelector") is not None:
-            selector, errors = parse_selector(item.get("labelSelector"), path=f"{path}.labelSelector")
-            r.problems.extend(errors)
-        checks.append(QueueAdmissionCheck(name=r.text(item.get("name"), f"{path}.name"), selector=selector))
-    refresh = DEFAULT_ITEMS_REFRESH_SECONDS
-    refresh_text = annotations.get(names.QUEUE_ITEMS_REFRESH_ANNOTATION)
-    if refresh_text is not None:
-        try:
-            refresh = parse_duration(refresh_text)
-        except DurationError as err:
-            r.problems.append(f"metadata.annotations[{names.QUEUE_ITEMS_REFRESH_ANNOTATION}]: {err}")
-        if refresh <= 0:
-            refresh = DEFAULT_ITEMS_REFRESH_SECONDS
-    return QueueConfig(
-        name=name,
-        policy=policy,
-        policy_error=policy_error,
-        priority=r.integer(spec.get("priority"), "spec.priority", 0),
-        wait_for_pods_running=r.go_bool(annotations, names.WAIT_FOR_PODS_RUNNING_ANNOTATION, False),
-        enable_preemption=r.go_bool(annotations, names.ENABLE_PREEMPTION_ANNOTATION, False),
-        max_depth=r.go_int(annotations, names.MAX_DEPTH_ANNOTATION, -1),
-        priority_threshold=r.go_int(
-            annotations, names.PRIORITY_THRESHOLD_ANNOTATION, names.DEFAULT_PRIORITY_THRESHOLD
-        ),
-        admission_checks=tuple(checks),
-        items_refresh_seconds=refresh,
-        disable_show_items=names.DISABLE_SHOW_QUEUE_ITEMS_ANNOTATION in annotations,
-        parent=labels.get(names.QUOTA_PARENT_LABEL, ""),
-        problems=tuple(r.problems),
-    )
-
-
-def parse_namespaces_annotation(text: str) -> tuple[frozenset[str], tuple[str, ...]]:
-    """The namespaces listed by ``quota.scheduling.koordinator.sh/namespaces`` and the problems.
-
-    Lenient, as koord-scheduler is: the value is a JSON array of namespace names; anything else
-    binds no extra namespace, and an entry that is not a namespace name is skipped. Each problem
-    says what was ignored (the reconciler shows it in a Warning event, the webhook denies it).
-    An empty value lists nothing and is no problem.
-    """
-    key = f"metadata.annotations[{names.QUOTA_NAMESPACES_ANNOTATION}]"
-    if not text.strip():
-        return frozenset(), ()
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return frozenset(), (
-            f"{key}: not valid JSON; expected an array of namespace names such as "
-            '["team-a","team-b"], so the quota is bound to its own namespace only',
-        )
-    if value is None:
-        return frozenset(), ()
-    if not isinstance(value, list):
-        return frozenset(), (
-            f"{key}: expected a JSON array of namespace names, got a {type(value).__name__}; "
-            "the quota is bound to its own namespace only",
-        )
-    found: set[str] = set()
-    problems: list[str] = []
-    for i, item in enumerate(value):
-        if isinstance(item, str) and _NAMESPACE_NAME.fullmatch(item):
-            found.add(item)
-        else:
-            shown = (
-                json.dumps(item)[:80]
-                if isinstance(item, str | int | float | bool | None)
-                else type(item).__name__
-            )
-            problems.append(f"{key}[{i}]: {shown} is not a namespace name; it is ignored")
-    return frozenset(found), tuple(problems)
-
-
-def parse_user_priority_cap(text: str | None) -> tuple[int | None, str | None]:
-    """The ``koord-queue/max-user-priority`` annotation: a 32-bit integer, else no cap + a problem."""
-    if text is None:
-        return None, None
-    value = text.strip()
-    number = parse_go_int(value, bits=32) if _INT32.fullmatch(value) else None
-    if number is None:
-        return None, (
-            f"metadata.annotations[{names.MAX_USER_PRIORITY_ANNOTATION}]: {text[:80]!r} is not a 32-bit "
-            "integer; no per-quota priority cap applies until it is fixed"
-        )
-    return number, None
-
-
-def parse_quota(raw: Mapping[str, object]) -> Quota:
-    """Parse an ElasticQuota.
-
-    A malformed ``max`` entry fails *closed*: that resource gets a max of 0 (nothing requesting it
-    is admitted) rather than silently becoming unlimited by being dropped. A malformed namespaces
-    annotation fails closed too: the quota is bound to its own namespace only.
-    """
-    r = _Reader()
-    raw = r.obj(raw, "")
-    name, namespace, meta = _metadata(r, raw)
-    spec = r.obj(raw.get("spec"), "spec")
-    labels = r.str_map(meta.get("labels"), "metadata.labels")
-    annotations = r.str_map(meta.get("annotations"), "metadata.annotations")
-    extra, problems = parse_namespaces_annotation(annotations.get(names.QUOTA_NAMESPACES_ANNOTATION, ""))
-    r.problems.extend(problems)
-    cap, problem = parse_user_priority_cap(annotations.get(names.MAX_USER_PRIORITY_ANNOTATION))
-    if problem is not None:
-        r.problems.append(problem)
-    minimum, _ = r.resources(spec.get("min"), "spec.min")
-    maximum, ok = r.resources(spec.get("max"), "spec.max")
-    if not ok:
-        for key in r.obj(spec.get("max"), "spec.max"):
-            maximum.setdefault(str(key), 0)
-        maximum = dict(sorted(maximum.items()))
-    return Quota(
-        name=name,
-        namespace=namespace,
-        parent=labels.get(names.QUOTA_PARENT_LABEL, "") or "",
-        min=minimum,
-        max=maximum,
-        labels=labels,
-        annotations=annotations,
-        problems=tuple(r.problems),
-        uid=r.text(meta.get("uid"), "metadata.uid"),
-        created=parse_time(meta.get("creationTimestamp")) or 0.0,
-        extra_namespaces=extra,
-        max_user_priority=cap,
-    )

@@ -64,7 +64,7 @@ ADMISSION_GATE: Final = "koord-queue/admission"
 GATED_POD_LABEL: Final = "koord-queue/gated-pod"
 #: The Job controller's finalizer on each pod it tracks. A tracked pod deleted by anyone but the Job
 #: controller counts as a failure against ``backoffLimit``; reclaim removes it first (see
-#: ``reconciler.jobs``), the way the Job controller does for pods it deletes itself.
+#: ``reconciler.job_pods``), the way the Job controller does for pods it deletes itself.
 JOB_TRACKING_FINALIZER: Final = "batch.kubernetes.io/job-tracking"
 #: Name of the suspend template Argo Workflows get (docs/compatibility.md#argo-workflow).
 WORKFLOW_SUSPEND_TEMPLATE: Final = "koord-queue-suspend"

@@ -1,7 +1,7 @@
 """Per-pod resource requests of a pod spec, the unit every quota decision is made of.
 
 A QueueUnit pod set says "``count`` pods like this template"; quota is charged per pod, so the
-template must be reduced to one resource list once, when the unit is parsed (``shared.api.model``). The
+template must be reduced to one resource list once, when the unit is parsed (``shared.api.parsing``). The
 rules follow Kubernetes' ``resourcehelper.PodRequests`` so that what we reserve is what the
 kube-scheduler will later account for the same pods:
 
@@ -15,7 +15,7 @@ kube-scheduler will later account for the same pods:
 * ``overhead`` (RuntimeClass) is added last.
 
 Pure: standard library and ``shared.api.quantities`` only. Bad quantities raise
-:class:`~shared.api.quantities.QuantityError` naming the field path; ``shared.api.model`` turns that into a
+:class:`~shared.api.quantities.QuantityError` naming the field path; ``shared.api.parsing`` turns that into a
 recorded problem instead of letting one bad object stop the reconcile loop.
 """
 

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from shared.api import conditions
-from shared.api.model import parse_unit
 from shared.api.names import Message, Phase
+from shared.api.parsing import parse_unit
 from shared.api.predicates import expected_pod_sets
 from shared.jobs.base import JobStatus, annotations_of, dig
 

@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from shared.api import conditions, names
 from shared.api.durations import format_duration, parse_time
-from shared.jobs import jobext, registry
+from shared.jobs import podplan, registry
 
 __all__ = ["Decision", "RunningTimeout", "RunningTimeouts", "admitted_at", "decide"]
 
@@ -125,7 +125,7 @@ def _synthetic_pods(unit: Mapping[str, Any]) -> bool:
 
 
 def _running(
-    unit: Mapping[str, Any], admissions: Sequence[jobext.AdmissionView], pods: Sequence[jobext.PodView]
+    unit: Mapping[str, Any], admissions: Sequence[podplan.AdmissionView], pods: Sequence[podplan.PodView]
 ) -> dict[str, int]:
     """Running pods per admitted pod set: bound live pods, or the reported count for kinds whose pods
     are not linked to the unit."""
@@ -140,7 +140,7 @@ def _running(
 
 def decide(
     unit: Obj,
-    pods: Sequence[jobext.PodView],
+    pods: Sequence[podplan.PodView],
     timeouts: RunningTimeout,
     *,
     now: float,
@@ -150,7 +150,7 @@ def decide(
 ) -> Decision:
     """The running-timeout decision for one unit (see the module docstring).
 
-    ``pods`` are the unit's pods (``jobext.pod_view``), ``jitter`` a value in [0, 1) for the doubling
+    ``pods`` are the unit's pods (``podplan.pod_view``), ``jitter`` a value in [0, 1) for the doubling
     backoff, ``short_since`` what the previous call returned for this unit.
     """
     previous = short_since or {}
@@ -161,7 +161,7 @@ def decide(
     phase = status.get("phase") or ""
     if phase not in TIMED_PHASES or spec.get("active") is False:
         return Decision()  # not released, or deactivation parks it: nothing is late
-    admissions = jobext.admissions_of(unit)
+    admissions = podplan.admissions_of(unit)
     if any(a.reclaim is not None for a in admissions):
         return Decision(short_since=previous)  # a reclaim is under way: look again once it is done
     since = admitted_at(unit)

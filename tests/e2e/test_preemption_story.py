@@ -15,7 +15,6 @@ terms), so no other test's nodes or quota names interfere.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -59,28 +58,9 @@ def running_system(bare_cluster: LocalCluster, tmp_path_factory: pytest.TempPath
 
 @pytest.fixture
 async def watched(bare_cluster: LocalCluster) -> AsyncIterator[list[dict[str, Any]]]:
-    """Every version of every QueueUnit in the test's namespace, in order.
-
-    The resourceVersion is taken before the test creates anything, so the watch replays every
-    change from then on, however late its request reaches the apiserver.
-    """
-    seen: list[dict[str, Any]] = []
-    client = await kq.Kube.connect(kubeconfig=str(bare_cluster.kubeconfig))
-    _, rv = await client.list(UNITS, namespace=NAMESPACE)
-
-    async def follow() -> None:
-        async for kind, obj in client.watch(UNITS, namespace=NAMESPACE, resource_version=rv):
-            if kind in ("ADDED", "MODIFIED"):
-                seen.append(obj)
-
-    task = asyncio.create_task(follow())
-    try:
+    """Every version of every QueueUnit in the test's namespace, in order."""
+    async with kube.unit_versions(bare_cluster, NAMESPACE) as seen:
         yield seen
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await client.close()
 
 
 NAMESPACE = "preemption-story"

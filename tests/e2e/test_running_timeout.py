@@ -13,7 +13,6 @@ so no other test's quotas, nodes or timeouts interfere.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -130,24 +129,9 @@ def running_system(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture
 async def watched(cluster: LocalCluster) -> AsyncIterator[list[dict[str, Any]]]:
-    """Every version of every QueueUnit in the namespace, in order (transient states included)."""
-    seen: list[dict[str, Any]] = []
-    client = await kq.Kube.connect(kubeconfig=str(cluster.kubeconfig))
-    _, rv = await client.list(UNITS, namespace=NAMESPACE)
-
-    async def follow() -> None:
-        async for kind, obj in client.watch(UNITS, namespace=NAMESPACE, resource_version=rv):
-            if kind in ("ADDED", "MODIFIED"):
-                seen.append(obj)
-
-    task = asyncio.create_task(follow())
-    try:
+    """Every version of every QueueUnit in the test's namespace, in order."""
+    async with kube.unit_versions(cluster, NAMESPACE) as seen:
         yield seen
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await client.close()
 
 
 def kubectl_json(cluster: LocalCluster, *args: str) -> dict[str, Any]:

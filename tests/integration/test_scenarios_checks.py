@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from shared.api import names
-from shared.api.model import parse_time
+from shared.api.durations import parse_time
 from shared.api.names import ConditionType, Message
 from testenv import system
 from testenv.cluster import LocalCluster

@@ -7,15 +7,14 @@ number of failed reads would forget an admission that happened and let the quota
 
 from __future__ import annotations
 
-import functools
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from reconciler import scheduler
+from reconciler import scheduler_writes
 from shared import kube
-from shared.api.model import parse_unit
+from shared.api.parsing import parse_unit
 
 UNIT: dict[str, Any] = {
     "apiVersion": "scheduling.x-k8s.io/v1alpha1",
@@ -41,10 +40,9 @@ class FlakyClient:
         return self.answer
 
 
-def loop_with(client: FlakyClient, store: dict[str, Any]) -> Any:
-    fake = SimpleNamespace(client=client, unit_store=store)
-    fake._newer_in_store = functools.partial(scheduler.SchedulerLoop._newer_in_store, fake)  # type: ignore[arg-type]
-    return fake
+def writer_with(client: FlakyClient, store: dict[str, Any]) -> scheduler_writes.Writer:
+    loop = SimpleNamespace(client=client, unit_store=store)
+    return scheduler_writes.Writer(loop)  # type: ignore[arg-type]
 
 
 @pytest.fixture(autouse=True)
@@ -52,16 +50,16 @@ def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     async def instant(_: float) -> None:
         return None
 
-    monkeypatch.setattr("reconciler.scheduler.asyncio.sleep", instant)
+    monkeypatch.setattr("reconciler.scheduler_writes.asyncio.sleep", instant)
 
 
 async def test_a_write_that_landed_is_kept_however_long_the_cluster_takes_to_answer() -> None:
     admitted = {**UNIT, "metadata": {**UNIT["metadata"], "resourceVersion": "6"}}
     admitted["status"] = {"phase": "Dequeued", "admissions": [{"name": "main", "replicas": 1}]}
     client = FlakyClient(failures=20, answer=admitted)
-    fake = loop_with(client, {})
+    writer = writer_with(client, {})
     err = kube.KubeError(503, "ServiceUnavailable", "etcd leader changed")
-    written = await scheduler.SchedulerLoop._outcome_of(fake, "ns/u", parse_unit(UNIT), err)
+    written = await writer._outcome_of("ns/u", parse_unit(UNIT), err)
     assert written is admitted  # 20 failed reads (the old code gave up after 8) and still known
     assert client.gets == 21
 
@@ -70,18 +68,18 @@ async def test_the_watch_can_answer_before_a_read_succeeds() -> None:
     admitted = {**UNIT, "metadata": {**UNIT["metadata"], "resourceVersion": "7"}}
     admitted["status"] = {"phase": "Dequeued", "admissions": [{"name": "main", "replicas": 1}]}
     client = FlakyClient(failures=1000, answer=UNIT)
-    fake = loop_with(client, {"ns/u": admitted})
+    writer = writer_with(client, {"ns/u": admitted})
     err = kube.KubeError(0, "Transport", "reset")
-    assert await scheduler.SchedulerLoop._outcome_of(fake, "ns/u", parse_unit(UNIT), err) is admitted
+    assert await writer._outcome_of("ns/u", parse_unit(UNIT), err) is admitted
     assert client.gets == 0
 
 
 async def test_a_write_that_did_not_land_is_forgotten_once_known() -> None:
     client = FlakyClient(failures=3, answer=UNIT)
-    fake = loop_with(client, {"ns/u": UNIT})  # the store holds the same version: no news there
+    writer = writer_with(client, {"ns/u": UNIT})  # the store holds the same version: no news there
     err = kube.KubeError(500, "InternalError", "")
-    assert await scheduler.SchedulerLoop._outcome_of(fake, "ns/u", parse_unit(UNIT), err) is None
+    assert await writer._outcome_of("ns/u", parse_unit(UNIT), err) is None
     # A definite refusal needs no read at all.
     refused = kube.KubeError(409, "Conflict", "")
-    assert await scheduler.SchedulerLoop._outcome_of(fake, "ns/u", parse_unit(UNIT), refused) is None
+    assert await writer._outcome_of("ns/u", parse_unit(UNIT), refused) is None
     assert client.gets == 4

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.api import names
-from shared.api.model import parse_unit
+from shared.api.parsing import parse_unit
 from shared.api.predicates import satisfied
 from shared.core.policies import is_waiting
-from shared.jobs import adoption, jobext, registry
+from shared.jobs import adoption, jobext, podplan, registry
 from shared.jobs.base import JobStatus
 
 JOB = registry.by_extension("job")
@@ -136,7 +136,7 @@ def test_a_job_suspended_again_before_the_status_write_is_queued_instead(
 def test_a_finished_job_leaves_the_marked_unit_to_the_report(job_status: JobStatus) -> None:
     unit = created(jobext.build_queue_unit(released_job(), JOB, {}, adopted=True))
     assert adoption.completion_status(unit, job_status, suspended=False, stamped=True, now_text=NOW) is None
-    report = jobext.report(unit, [], job_status, now_text=NOW)
+    report = podplan.report(unit, [], job_status, now_text=NOW)
     assert report is not None and report["status"]["admissions"] == []
 
 

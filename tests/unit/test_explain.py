@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from koordqueue_cli import client, commands, completion, render
-from shared.api import model, names
+from shared.api import durations, model, names, parsing
 from shared.api.names import Message
-from shared.core import explain
-from shared.core.explain import Reason
+from shared.core import explain, reasons, replay
+from shared.core.reasons import Reason
 from shared.jobs.running_timeout import RunningTimeout
 
 NOW = 1_800_000_000.0
@@ -70,7 +70,7 @@ def unit(
             adm["reclaimState"] = {"replicas": reclaim}
         raw["status"]["admissions"] = [adm]
         raw["status"]["lastAllocateTime"] = created
-    return model.parse_unit(raw)
+    return parsing.parse_unit(raw)
 
 
 def quota(
@@ -85,7 +85,7 @@ def quota(
     labels = {names.QUOTA_PARENT_LABEL: parent} if parent else {}
     if policy:
         labels[names.QUEUE_POLICY_LABEL] = policy
-    return model.parse_quota(
+    return parsing.parse_quota(
         {
             "metadata": {
                 "name": name,
@@ -105,15 +105,15 @@ def queue(
     spec: dict[str, Any] = {"queuePolicy": policy}
     if checks:
         spec["admissionChecks"] = [{"name": c} for c in checks]
-    return model.parse_queue({"metadata": {"name": name, "annotations": ann or {}}, "spec": spec})
+    return parsing.parse_queue({"metadata": {"name": name, "annotations": ann or {}}, "spec": spec})
 
 
 def view(
     units: list[model.Unit], quotas: list[model.Quota], queues: list[model.QueueConfig], **kw: Any
-) -> explain.View:
+) -> replay.View:
     kw.setdefault("complete", True)
     kw.setdefault("running_timeout", RunningTimeout())
-    return explain.View(units={u.key: u for u in units}, quotas=quotas, queues=queues, **kw)
+    return replay.View(units={u.key: u for u in units}, quotas=quotas, queues=queues, **kw)
 
 
 PREEMPT = {names.WAIT_FOR_PODS_RUNNING_ANNOTATION: "true", names.ENABLE_PREEMPTION_ANNOTATION: "true"}
@@ -246,7 +246,7 @@ def test_beyond_max_depth_fits_next_cycle_and_not_waiting_states() -> None:
     timeout = RunningTimeout(running_timeout=600.0)
     admitted = [unit("r", "q", phase="Dequeued", admitted=1, running=0)]
     e = explain.explain(view(admitted, [quota("q", "4")], [queue("q")], running_timeout=timeout), "ns/r", NOW)
-    assert e.reason is Reason.ADMITTED and e.timeout_at == model.parse_time(T0) + 600.0  # type: ignore[operator]
+    assert e.reason is Reason.ADMITTED and e.timeout_at == durations.parse_time(T0) + 600.0  # type: ignore[operator]
     done = [unit("d", "q", phase="Succeed")]
     assert explain.explain(view(done, [quota("q", "4")], [queue("q")]), "ns/d", NOW).reason is Reason.FINISHED
     bare = [unit("n", None)]
@@ -272,15 +272,15 @@ def test_beyond_max_depth_fits_next_cycle_and_not_waiting_states() -> None:
     ],
 )
 def test_classify_maps_every_scheduler_text(text: str, reason: Reason) -> None:
-    found = explain.classify(text, "q")
+    found = reasons.classify(text, "q")
     assert found is not None and found.reason is reason
-    assert explain.classify("", "q") is None and explain.classify("Enqueued", "q") is None
+    assert reasons.classify("", "q") is None and reasons.classify("Enqueued", "q") is None
 
 
 def test_position_numbers_the_high_sub_queue_first() -> None:
     intelligent = queue("q", "Intelligent")
     units = [unit("lo", "q", priority=1), unit("hi", "q", priority=9), unit("hold", "q", priority=9, cpu="8")]
-    cache, _ = explain.replay(view(units, [quota("q", "4")], [intelligent]), NOW)
+    cache, _ = replay.replay(view(units, [quota("q", "4")], [intelligent]), NOW)
     state = cache.state.queues["q"]
     assert explain.position(state, "ns/hi") == (1, 3)
     assert explain.position(state, "ns/hold") == (2, 3)
@@ -295,12 +295,12 @@ def test_quota_rows_give_the_tree_with_usage_borrowing_and_waiting_work() -> Non
         unit("c", "leaf", cpu="2"),
     ]
     quotas = [quota("root", "4"), quota("leaf", "2", parent="root")]
-    rows = explain.quota_rows(view(units, quotas, []))
+    rows = replay.quota_rows(view(units, quotas, []))
     assert [(r.name, r.depth, r.used, r.waiting, r.waiting_request, r.admitted) for r in rows] == [
         ("root", 0, {"cpu": 2000}, 0, {}, 0),
         ("leaf", 1, {"cpu": 2000}, 2, {"cpu": 3000}, 1),
     ]
-    over = explain.quota_rows(
+    over = replay.quota_rows(
         view([unit("x", "small", phase="Dequeued", admitted=1, cpu="3")], [quota("small", "4")], [])
     )
     assert over[0].over_min == {}

@@ -4,7 +4,7 @@ parser's documented error type: hostile or broken input is reported, never crash
 What may come out, per parser:
 
 * ``shared.api.quantities.parse_milli`` / ``parse_resource_list``: a value or ``QuantityError``;
-* ``shared.api.model.parse_unit`` / ``parse_queue`` / ``parse_quota``: always a value (bad fields become
+* ``shared.api.parsing.parse_unit`` / ``parse_queue`` / ``parse_quota``: always a value (bad fields become
   ``problems``; one bad object must never stop the reconcile loop);
 * ``shared.admission.validation``: always a list of field errors, never an exception;
 * every job adapter's ``pod_sets`` / ``priority`` / ``job_status`` (and the suspend patch the
@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.admission import validation
-from shared.api import durations, model, names, quantities
+from shared.api import durations, names, parsing, quantities
 from shared.core import config
 from shared.jobs import podspec, registry
 from shared.jobs.base import JobSpecError
@@ -304,13 +304,13 @@ def test_parse_resource_list_raises_only_quantity_error(raw: dict[Any, Any]) -> 
     assert all(isinstance(v, int) for v in parsed.values())
 
 
-# --- model: never raises --------------------------------------------------------------------------
+# --- parsing: never raises ------------------------------------------------------------------------
 
 
 @FUZZ
 @given(raw=objects(_unit))
 def test_parse_unit_never_raises(raw: Any) -> None:
-    unit = model.parse_unit(raw)
+    unit = parsing.parse_unit(raw)
     assert isinstance(unit.problems, tuple)
     assert all(ps.count >= 0 for ps in unit.pod_sets)
 
@@ -322,14 +322,14 @@ def test_parse_queue_never_raises(raw: Any, refresh: str | None) -> None:
         found = raw["metadata"].get("annotations")
         if isinstance(found, dict):
             found[names.QUEUE_ITEMS_REFRESH_ANNOTATION] = refresh
-    queue = model.parse_queue(raw)
+    queue = parsing.parse_queue(raw)
     assert queue.items_refresh_seconds > 0
 
 
 @FUZZ
 @given(raw=objects(_quota))
 def test_parse_quota_never_raises(raw: Any) -> None:
-    quota = model.parse_quota(raw)
+    quota = parsing.parse_quota(raw)
     assert all(isinstance(v, int) for v in quota.max.values())
 
 
@@ -380,7 +380,7 @@ def test_validated_resource_lists_agree_with_the_parser(
     quota = _quota()
     quota["spec"] = {"max": limits, "min": {}}
     errors = validation.validate_elastic_quota(quota)
-    parsed = model.parse_quota(quota)
+    parsed = parsing.parse_quota(quota)
     if not errors:
         assert not parsed.problems, parsed.problems
         assert set(parsed.max) == set(limits)
@@ -492,7 +492,7 @@ def test_a_duration_with_thousands_of_digits_is_a_duration_error() -> None:
 def test_parse_queue_survives_a_refresh_interval_with_thousands_of_digits() -> None:
     queue = _queue()
     queue["metadata"]["annotations"][names.QUEUE_ITEMS_REFRESH_ANNOTATION] = LONG_NUMBER + "s"
-    parsed = model.parse_queue(queue)
+    parsed = parsing.parse_queue(queue)
     assert parsed.problems
 
 
@@ -500,7 +500,7 @@ def test_parse_queue_survives_a_refresh_interval_with_thousands_of_digits() -> N
 def test_parse_queue_survives_an_operator_that_is_a_list(operator: Any) -> None:
     queue = _queue()
     queue["spec"]["admissionChecks"][1]["labelSelector"]["matchExpressions"][0]["operator"] = operator
-    assert model.parse_queue(queue).problems
+    assert parsing.parse_queue(queue).problems
 
 
 @pytest.mark.parametrize(
@@ -524,9 +524,9 @@ def test_config_parse_refuses_a_nan_or_boolean_protect_time(value: Any) -> None:
 
 def test_the_samples_are_valid() -> None:
     """The perturbation starts from objects every parser accepts cleanly."""
-    assert model.parse_unit(_unit()).problems == ()
-    assert model.parse_queue(_queue()).problems == ()
-    assert model.parse_quota(_quota()).problems == ()
+    assert parsing.parse_unit(_unit()).problems == ()
+    assert parsing.parse_queue(_queue()).problems == ()
+    assert parsing.parse_quota(_quota()).problems == ()
     assert validation.validate_queue(_queue()) == []
     assert validation.validate_queue_unit(_unit()) == []
     assert validation.validate_elastic_quota(_quota()) == []

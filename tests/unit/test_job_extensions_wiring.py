@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.jobs import JobExtensions, JobKey
+from reconciler.job_units import JobKey
+from reconciler.jobs import JobExtensions
 from reconciler.scheduler import SchedulerLoop
 from shared import kube
 from shared.api import names

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from shared.api import names
-from shared.jobs import jobext, registry
+from shared.jobs import jobext, podplan, registry
 from shared.jobs.base import JobStatus
 
 JOB = registry.by_extension("job")
@@ -91,8 +91,8 @@ def pod(
     gated: bool = True,
     phase: str = "Pending",
     created: str = "2026-01-01T00:00:00Z",
-) -> jobext.PodView:
-    return jobext.PodView(
+) -> podplan.PodView:
+    return podplan.PodView(
         namespace="ns",
         name=name,
         uid=f"uid-{name}",
@@ -138,20 +138,20 @@ def condition_states(patch: dict[str, Any] | None) -> dict[str, str]:
 @pytest.mark.parametrize(("replicas", "released"), [(2, 2), (5, 5), (0, 0)])
 def test_exactly_the_admitted_number_of_pods_is_released(replicas: int, released: int) -> None:
     pods = [pod(f"p{i}", created=f"2026-01-01T00:00:0{i}Z") for i in range(5)]
-    plan = jobext.plan_pods(unit_with(replicas), pods)
+    plan = podplan.plan_pods(unit_with(replicas), pods)
     assert [p.name for p in plan.ungate] == [f"p{i}" for i in range(released)]
     assert plan.delete == [] and plan.status is None
 
 
 def test_already_released_and_bound_pods_count_toward_the_admitted_number() -> None:
     pods = [pod("a", bound=True, gated=False), pod("b", gated=False), pod("c"), pod("d")]
-    plan = jobext.plan_pods(unit_with(3), pods)
+    plan = podplan.plan_pods(unit_with(3), pods)
     assert [p.name for p in plan.ungate] == ["c"]
 
 
 def test_reclaim_deletes_only_unbound_pods_and_shrinks_replicas() -> None:
     pods = [pod("bound", bound=True, gated=False), pod("pending-1", gated=False), pod("pending-2")]
-    plan = jobext.plan_pods(unit_with(3, running=1, reclaim=2), pods)
+    plan = podplan.plan_pods(unit_with(3, running=1, reclaim=2), pods)
     assert sorted(p.name for p in plan.delete) == ["pending-1", "pending-2"]
     assert without_conditions(plan.status) == {
         "status": {"admissions": [{"name": "main", "replicas": 1, "running": 1}]}
@@ -162,7 +162,7 @@ def test_reclaim_deletes_only_unbound_pods_and_shrinks_replicas() -> None:
 
 def test_reclaim_never_takes_back_bound_replicas() -> None:
     pods = [pod("a", bound=True, gated=False), pod("b", bound=True, gated=False)]
-    plan = jobext.plan_pods(unit_with(2, running=2, reclaim=2), pods)
+    plan = podplan.plan_pods(unit_with(2, running=2, reclaim=2), pods)
     assert plan.delete == []
     assert without_conditions(plan.status) == {
         "status": {"admissions": [{"name": "main", "replicas": 2, "running": 2}]}
@@ -170,7 +170,7 @@ def test_reclaim_never_takes_back_bound_replicas() -> None:
 
 
 def test_reclaim_of_replicas_whose_pods_do_not_exist_needs_no_delete_and_requeues_the_unit() -> None:
-    plan = jobext.plan_pods(unit_with(2, reclaim=2), [])
+    plan = podplan.plan_pods(unit_with(2, reclaim=2), [])
     assert plan.delete == []
     assert condition_states(plan.status) == {
         "QuotaReserved": "False",
@@ -206,7 +206,7 @@ def test_pods_released_beyond_the_admission_are_deleted(
         pod(name, bound=bound, gated=gated, created=f"2026-01-01T00:00:0{i}Z")
         for i, (name, bound, gated) in enumerate(pods)
     ]
-    plan = jobext.plan_pods(unit_with(replicas), views)
+    plan = podplan.plan_pods(unit_with(replicas), views)
     assert [p.name for p in plan.unadmitted] == deleted
     assert [p.name for p in plan.ungate] == ungated
     assert plan.delete == [] and plan.status is None
@@ -215,7 +215,7 @@ def test_pods_released_beyond_the_admission_are_deleted(
 def test_every_released_unbound_pod_of_a_unit_without_admission_is_deleted() -> None:
     waiting = {"metadata": {"name": "u"}, "status": {"phase": "Enqueued"}}
     views = [pod("a", gated=False), pod("b"), pod("c", bound=True, gated=False)]
-    plan = jobext.plan_pods(waiting, views)
+    plan = podplan.plan_pods(waiting, views)
     assert [p.name for p in plan.unadmitted] == ["a"]
     assert plan.ungate == [] and plan.delete == []
 
@@ -223,7 +223,7 @@ def test_every_released_unbound_pod_of_a_unit_without_admission_is_deleted() -> 
 @pytest.mark.parametrize("phase", ["Reserved", "TimeoutBackoff", "Enqueued", ""])
 def test_pods_are_released_only_in_an_admitted_phase(phase: str) -> None:
     views = [pod("a", created="2026-01-01T00:00:01Z"), pod("b", gated=False, created="2026-01-01T00:00:02Z")]
-    plan = jobext.plan_pods(unit_with(2, phase=phase), views)
+    plan = podplan.plan_pods(unit_with(2, phase=phase), views)
     assert plan.ungate == []
     assert [p.name for p in plan.unadmitted] == ["b"]  # back behind the gate: deleted, replaced gated
 
@@ -231,13 +231,13 @@ def test_pods_are_released_only_in_an_admitted_phase(phase: str) -> None:
 def test_an_admission_larger_than_its_pod_set_shrinks_to_what_is_still_needed() -> None:
     # A Job of 4 whose 3 pods completed: its pod set counts 1; the admission gives back 3 replicas.
     unit = unit_with(4, running=0, count=1)
-    patch = jobext.report(unit, [pod("a", bound=True, gated=False)], JobStatus.RUNNING, now_text="T")
+    patch = podplan.report(unit, [pod("a", bound=True, gated=False)], JobStatus.RUNNING, now_text="T")
     assert patch is not None
     assert patch["status"]["admissions"] == [{"name": "main", "replicas": 1, "running": 1}]
     # Never below what runs.
     unit = unit_with(4, running=0, count=1)
     two = [pod("a", bound=True, gated=False), pod("b", bound=True, gated=False)]
-    patch = jobext.report(unit, two, JobStatus.RUNNING, now_text="T")
+    patch = podplan.report(unit, two, JobStatus.RUNNING, now_text="T")
     assert patch is not None and patch["status"]["admissions"][0]["replicas"] == 2
 
 
@@ -253,7 +253,7 @@ def test_spec_drift_follows_a_grown_template_of_a_queued_job() -> None:
 
 def test_report_counts_bound_pods_and_moves_a_running_job_to_running() -> None:
     pods = [pod("a", bound=True, gated=False), pod("b")]
-    patch = jobext.report(unit_with(2), pods, JobStatus.RUNNING, now_text="T")
+    patch = podplan.report(unit_with(2), pods, JobStatus.RUNNING, now_text="T")
     assert patch is not None
     status = patch["status"]
     assert status["admissions"][0]["running"] == 1
@@ -262,7 +262,7 @@ def test_report_counts_bound_pods_and_moves_a_running_job_to_running() -> None:
 
 
 def test_a_finished_job_releases_its_quota() -> None:
-    patch = jobext.report(unit_with(2, running=2), [], JobStatus.SUCCEEDED, now_text="T")
+    patch = podplan.report(unit_with(2, running=2), [], JobStatus.SUCCEEDED, now_text="T")
     assert patch is not None
     assert patch["status"]["phase"] == names.Phase.SUCCEED
     assert patch["status"]["admissions"] == []
@@ -272,7 +272,7 @@ def test_report_is_silent_when_nothing_changed() -> None:
     unit = unit_with(1, running=1)
     unit["status"]["podState"] = {"running": 1, "pending": 0}
     unit["status"]["phase"] = names.Phase.RUNNING
-    assert jobext.report(unit, [pod("a", bound=True, gated=False)], JobStatus.RUNNING, now_text="T") is None
+    assert podplan.report(unit, [pod("a", bound=True, gated=False)], JobStatus.RUNNING, now_text="T") is None
 
 
 # --- what the informers keep ----------------------------------------------------------------------
@@ -311,9 +311,9 @@ def test_a_slim_pod_keeps_what_the_pod_view_reads() -> None:
         },
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
     }
-    slim = jobext.slim_pod(pod)
-    assert jobext.pod_view(slim, "main") == jobext.pod_view(pod, "main")
+    slim = podplan.slim_pod(pod)
+    assert podplan.pod_view(slim, "main") == podplan.pod_view(pod, "main")
     assert slim["metadata"] == pod["metadata"]
     assert slim["spec"] == {"nodeName": "n1", "schedulingGates": [{"name": names.ADMISSION_GATE}]}
     assert slim["status"] == {"phase": "Running"}
-    assert jobext.slim_pod({"metadata": {"name": "bare"}}) == {"metadata": {"name": "bare"}}
+    assert podplan.slim_pod({"metadata": {"name": "bare"}}) == {"metadata": {"name": "bare"}}

@@ -16,7 +16,8 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 
 from reconciler.events import EventRecorder
-from reconciler.jobs import JobExtensions, JobKey
+from reconciler.job_units import JobKey
+from reconciler.jobs import JobExtensions
 from reconciler.scheduler import SchedulerLoop
 from shared import kube
 from shared.api import names

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shared.api import durations, model, names, quantities
+from shared.api import durations, model, names, parsing, quantities
 from shared.api import podtemplates as podspec
 from shared.api.admission_checks import LabelSelector, Requirement
 from shared.api.model import QueueConfig, Quota, Unit
@@ -26,7 +26,7 @@ _SEQ = itertools.count()
 
 class UnitBuilder:
     def __init__(self, name: str, namespace: str = "default") -> None:
-        created = model.format_time(BASE_TIME + next(_SEQ))
+        created = durations.format_time(BASE_TIME + next(_SEQ))
         self._raw: dict[str, Any] = {
             "apiVersion": names.API_VERSION,
             "kind": "QueueUnit",
@@ -63,7 +63,7 @@ class UnitBuilder:
         return self
 
     def created(self, offset: float) -> UnitBuilder:
-        self._raw["metadata"]["creationTimestamp"] = model.format_time(BASE_TIME + offset)
+        self._raw["metadata"]["creationTimestamp"] = durations.format_time(BASE_TIME + offset)
         return self
 
     def active(self, value: bool) -> UnitBuilder:
@@ -101,7 +101,7 @@ class UnitBuilder:
         return self
 
     def allocated_at(self, offset: float) -> UnitBuilder:
-        self.status["lastAllocateTime"] = model.format_time(BASE_TIME + offset)
+        self.status["lastAllocateTime"] = durations.format_time(BASE_TIME + offset)
         return self
 
     def phase(self, value: str) -> UnitBuilder:
@@ -123,7 +123,7 @@ class UnitBuilder:
         return self._raw
 
     def build(self) -> Unit:
-        return model.parse_unit(self._raw)
+        return parsing.parse_unit(self._raw)
 
 
 def unit(name: str, namespace: str = "default") -> UnitBuilder:
@@ -169,7 +169,7 @@ class QueueBuilder:
         return self
 
     def build(self) -> QueueConfig:
-        return model.parse_queue(self._raw)
+        return parsing.parse_queue(self._raw)
 
 
 def queue(name: str) -> QueueBuilder:
@@ -179,7 +179,7 @@ def queue(name: str) -> QueueBuilder:
 def quota(name: str, *, parent: str | None = None, **max_: str) -> Quota:
     """A quota in namespace ``default``, the namespace of ``unit``'s units (bound to them)."""
     labels = {names.QUOTA_PARENT_LABEL: parent} if parent is not None else {}
-    return model.parse_quota(
+    return parsing.parse_quota(
         {
             "metadata": {"name": name, "namespace": "default", "labels": labels},
             "spec": {"min": dict(max_), "max": dict(max_)},
@@ -232,19 +232,19 @@ def test_a_malformed_field_becomes_a_problem_and_never_raises(patch: dict[str, A
     raw = unit("a").quota("q").cpu("1").raw()
     for section, values in patch.items():
         raw[section].update(values)
-    parsed = model.parse_unit(raw)
+    parsed = parsing.parse_unit(raw)
     assert any(problem in text for text in parsed.problems), parsed.problems
 
 
 def test_a_bad_quantity_makes_the_unit_invalid_rather_than_guessing_its_demand() -> None:
     raw = unit("a").quota("q").podset("main", 1, cpu="lots").raw()
-    parsed = model.parse_unit(raw)
+    parsed = parsing.parse_unit(raw)
     assert parsed.invalid is not None and "cpu" in parsed.invalid
     assert parsed.pod_sets[0].per_pod == {}
 
 
 def test_garbage_input_still_parses() -> None:
-    parsed = model.parse_unit({"metadata": 5, "spec": [], "status": "x"})
+    parsed = parsing.parse_unit({"metadata": 5, "spec": [], "status": "x"})
     assert parsed.problems
     assert parsed.key == "/"
 
@@ -299,7 +299,7 @@ def test_quota_parent_and_a_bad_max_entry_fails_closed() -> None:
     q = quota("child", parent="parent", cpu="4", memory="8Gi")
     assert q.parent == "parent"
     assert q.max == {"cpu": 4000, "memory": 8 * 1024**3 * 1000}
-    bad = model.parse_quota({"metadata": {"name": "x"}, "spec": {"max": {"cpu": "??", "memory": "1Gi"}}})
+    bad = parsing.parse_quota({"metadata": {"name": "x"}, "spec": {"max": {"cpu": "??", "memory": "1Gi"}}})
     assert bad.max["cpu"] == 0 and bad.problems
 
 
@@ -388,9 +388,9 @@ def test_bad_go_durations_use_go_wording(text: str, error: str) -> None:
 def test_format_duration_and_rfc3339_round_trip() -> None:
     assert durations.format_duration(90) == "1m30s"
     assert durations.format_duration(0.1) == "100ms"
-    assert model.parse_time(model.format_time(BASE_TIME)) == BASE_TIME
-    assert model.parse_time("2024-01-01T00:00:00.5+01:00") == pytest.approx(1704063600.5)
-    assert model.parse_time("nonsense") is None
+    assert durations.parse_time(durations.format_time(BASE_TIME)) == BASE_TIME
+    assert durations.parse_time("2024-01-01T00:00:00.5+01:00") == pytest.approx(1704063600.5)
+    assert durations.parse_time("nonsense") is None
 
 
 def test_evolve_equals_dataclasses_replace_and_rejects_unknown_fields() -> None:

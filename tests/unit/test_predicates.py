@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from shared.api import names, predicates
-from shared.api.model import Unit, parse_unit
+from shared.api.model import Unit
+from shared.api.parsing import parse_unit
 from tests.unit.test_model import unit
 
 

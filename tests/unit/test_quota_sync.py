@@ -11,10 +11,11 @@ import copy
 import json
 from typing import Any
 
-from reconciler.jobs import JobExtensions, JobKey
+from reconciler.job_units import JobKey
+from reconciler.jobs import JobExtensions
 from reconciler.quotas import QuotaBindingSync, QuotaQueueSync
 from shared import kube
-from shared.api import model, names
+from shared.api import names, parsing
 from shared.jobs import registry
 
 NOW = "2026-01-01T00:00:00Z"
@@ -96,7 +97,7 @@ def quota_obj(
 
 async def test_the_binding_configmap_is_created_then_replaced_only_when_its_data_changes() -> None:
     api = FakeAPI()
-    quotas = [model.parse_quota(quota_obj("team-a", "ns-a"))]
+    quotas = [parsing.parse_quota(quota_obj("team-a", "ns-a"))]
     sync = QuotaBindingSync(api, quotas=lambda: quotas, enforce=True)  # type: ignore[arg-type]
     await sync.sync()
     [(verb, name, body)] = api.writes
@@ -107,7 +108,7 @@ async def test_the_binding_configmap_is_created_then_replaced_only_when_its_data
     assert len(api.writes) == 1  # nothing changed: only read
 
     quotas.append(
-        model.parse_quota(
+        parsing.parse_quota(
             quota_obj("team-b", "ns-b", annotations={names.QUOTA_NAMESPACES_ANNOTATION: '["ns-a"]'})
         )
     )

@@ -1,7 +1,7 @@
 """Running timeout, backoff timeout and partial running timeout (docs/compatibility.md#running-timeout).
 
 The decision (``shared.jobs.running_timeout.decide``) is a table over a unit, its pods, the timeouts and
-the time; the job extension's step around it (``reconciler.jobs.JobExtensions._running_timeout``)
+the time; the job extension's step around it (``reconciler.job_lifecycle.enforce_running_timeout``)
 is checked with a fake client for the order of its writes: the job is held before its unit gives
 the quota back, and a failed second write is decided again instead of resuming the job.
 """
@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from reconciler.jobs import JobExtensions, JobKey
+from reconciler.job_units import JobKey
+from reconciler.jobs import JobExtensions
 from shared import kube
 from shared.api import names
 from shared.api.durations import format_time, parse_time
-from shared.jobs import jobext, registry
+from shared.jobs import jobext, podplan, registry
 from shared.jobs.running_timeout import Decision, RunningTimeout, RunningTimeouts, decide
 
 T0 = "2024-05-01T10:00:00Z"
@@ -53,8 +54,8 @@ def make_unit(
     }
 
 
-def pod(name: str, pod_set: str = "main", *, bound: bool = False, terminal: bool = False) -> jobext.PodView:
-    return jobext.PodView(
+def pod(name: str, pod_set: str = "main", *, bound: bool = False, terminal: bool = False) -> podplan.PodView:
+    return podplan.PodView(
         namespace="ns",
         name=name,
         uid=f"uid-{name}",
@@ -69,7 +70,7 @@ def pod(name: str, pod_set: str = "main", *, bound: bool = False, terminal: bool
 
 def run(
     unit: dict[str, Any],
-    pods: list[jobext.PodView],
+    pods: list[podplan.PodView],
     timeouts: RunningTimeout = TIMEOUTS,
     *,
     after: float,
@@ -115,7 +116,7 @@ def run(
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_nothing_is_written_and_nothing_is_pending(
-    case: str, unit: dict[str, Any], pods: list[jobext.PodView], timeouts: RunningTimeout
+    case: str, unit: dict[str, Any], pods: list[podplan.PodView], timeouts: RunningTimeout
 ) -> None:
     assert run(unit, pods, timeouts, after=3600) == Decision()
 

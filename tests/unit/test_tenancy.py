@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from shared.admission import decisions as admission
 from shared.admission import validation
-from shared.api import model, names
+from shared.api import durations, model, names, parsing
 from shared.api.model import Quota
 from shared.api.names import Message
 from shared.core import config, quotaqueues
@@ -52,13 +52,13 @@ def eq(
     if cap is not None:
         annotations[names.MAX_USER_PRIORITY_ANNOTATION] = cap
     labels = {names.QUOTA_PARENT_LABEL: parent} if parent else {}
-    return model.parse_quota(
+    return parsing.parse_quota(
         {
             "metadata": {
                 "name": name,
                 "namespace": namespace,
                 "uid": uid or f"uid-{namespace}-{name}",
-                "creationTimestamp": model.format_time(BASE_TIME + created),
+                "creationTimestamp": durations.format_time(BASE_TIME + created),
                 "labels": labels,
                 "annotations": annotations,
             },
@@ -124,7 +124,7 @@ def park_of(plan: Plan, key: str) -> Park | None:
     ],
 )
 def test_the_namespaces_annotation_is_read_leniently(text: str, found: set[str], problem: str | None) -> None:
-    namespaces, problems = model.parse_namespaces_annotation(text)
+    namespaces, problems = parsing.parse_namespaces_annotation(text)
     assert namespaces == found
     if problem is None:
         assert problems == ()
@@ -145,7 +145,7 @@ def test_a_quota_is_bound_to_its_own_namespace_and_the_listed_ones() -> None:
 
 @given(st.lists(st.from_regex(r"[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?", fullmatch=True), max_size=6))
 def test_any_list_of_namespace_names_round_trips(listed: list[str]) -> None:
-    assert model.parse_namespaces_annotation(json.dumps(listed)) == (frozenset(listed), ())
+    assert parsing.parse_namespaces_annotation(json.dumps(listed)) == (frozenset(listed), ())
 
 
 @given(
@@ -153,7 +153,7 @@ def test_any_list_of_namespace_names_round_trips(listed: list[str]) -> None:
 )
 def test_the_reader_never_raises_and_agrees_with_the_webhook(text: str) -> None:
     """What the reconciler binds is exactly what the webhook accepts (when it accepts the value)."""
-    namespaces, problems = model.parse_namespaces_annotation(text)
+    namespaces, problems = parsing.parse_namespaces_annotation(text)
     errors = validation.validate_elastic_quota(_quota_obj({names.QUOTA_NAMESPACES_ANNOTATION: text}))
     assert bool(problems) == bool(errors)
     for namespace in namespaces:

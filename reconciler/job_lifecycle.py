@@ -1,0 +1,189 @@
+"""The job extension's steps on an admitted job's life: execution budget and deactivation
+(docs/compatibility.md#activation-and-execution-budget), the running timeout
+(docs/compatibility.md#running-timeout), and holding a job that escaped the queue.
+
+Each step carries out what a pure decision says (``shared.jobs.lifecycle``,
+``shared.jobs.running_timeout``, ``shared.jobs.adoption``) and answers whether it wrote, so the
+controller (``reconciler.jobs``) stops its pass and waits for the update. The order of each step's
+writes is part of its correctness and is explained where it is made. The controller keeps all state
+(the running timeout's first sightings and pending re-checks) and passes it in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from reconciler import job_units
+from reconciler.events import EventRecorder
+from reconciler.job_units import JobKey
+from shared import kube
+from shared.api import names
+from shared.jobs import lifecycle, podplan, running_timeout
+from shared.jobs.base import JobAdapter
+
+log = logging.getLogger(__name__)
+
+
+async def budget_and_activation(
+    client: kube.Kube,
+    events: EventRecorder,
+    key: JobKey,
+    adapter: JobAdapter,
+    job: kube.Obj,
+    unit: kube.Obj,
+    unit_name: str,
+    *,
+    mark: Callable[[JobKey], None],
+) -> bool:
+    """Execution budget and deactivation (docs/compatibility.md#activation-and-execution-budget);
+    True when something was written. ``mark`` looks at the job again when its budget runs out."""
+    now = time.time()
+    stamp = job_units.now_text()
+    rv = (unit.get("metadata") or {}).get("resourceVersion")
+    budget = lifecycle.execution_budget(unit, now=now, now_text=stamp)
+    if budget.spec_patch is not None and budget.status_patch is not None:
+        # The spec first: once ``spec.active`` is false the unit is parked by ``deactivation``
+        # whatever happens next, so a failed second write can never leave the job running
+        # with its budget clock stopped (the other order could). The status write then
+        # follows the version the spec write made.
+        updated = await client.patch(
+            job_units.QUEUE_UNITS, unit_name, budget.spec_patch, namespace=key.namespace
+        )
+        rv = (updated.get("metadata") or {}).get("resourceVersion") or rv
+        await client.patch(
+            job_units.QUEUE_UNITS,
+            unit_name,
+            {**budget.status_patch, "metadata": {"resourceVersion": rv}},
+            namespace=key.namespace,
+            subresource="status",
+        )
+        seconds = (unit.get("spec") or {}).get("maximumExecutionTimeSeconds")
+        events.record(
+            job,
+            type_="Warning",
+            reason=names.EventReason.MAX_EXEC_TIME_EXCEEDED,
+            message=f"The maximum execution time ({seconds}s) was exceeded",
+        )
+        return True
+    if budget.remaining is not None:
+        asyncio.get_running_loop().call_later(budget.remaining + 0.05, mark, key)
+    parked = lifecycle.deactivation(unit, now=now, now_text=stamp)
+    if parked is None:
+        return False
+    if not adapter.is_suspended(job):
+        await client.patch(
+            job_units.resource_of(adapter),
+            key.name,
+            adapter.suspend_merge_patch(job),
+            namespace=key.namespace,
+        )
+    await client.patch(
+        job_units.QUEUE_UNITS,
+        unit_name,
+        {**parked, "metadata": {"resourceVersion": rv}},
+        namespace=key.namespace,
+        subresource="status",
+    )
+    events.record(
+        job,
+        type_="Normal",
+        reason=names.EventReason.DEACTIVATED,
+        message="Job is suspended and its resources are reclaimed because the queue unit is deactivated",
+    )
+    return True
+
+
+async def enforce_running_timeout(
+    client: kube.Kube,
+    events: EventRecorder,
+    key: JobKey,
+    adapter: JobAdapter,
+    job: kube.Obj,
+    unit: kube.Obj,
+    unit_name: str,
+    unit_key: str,
+    *,
+    running_timeouts: running_timeout.RunningTimeouts,
+    pods_of: Callable[[], Sequence[podplan.PodView]],
+    short_since: dict[str, Mapping[str, float]],
+    check_again: Callable[[JobKey, float | None], None],
+) -> bool:
+    """Running timeout, backoff and partial running timeout (docs/compatibility.md#running-timeout),
+    decided by ``shared.jobs.running_timeout``; True when something was written.
+
+    ``pods_of`` reads the unit's pods (only when a timeout is set for the job's kind);
+    ``short_since`` is the controller's memory of shortfalls, updated here; ``check_again``
+    schedules the job's next look at its timeout.
+
+    Order of the two writes of a backoff: the job is suspended first, the unit's status
+    (TimeoutBackoff, admissions cleared) second. The status write is what frees the quota, so
+    the quota is never handed to another job while this one can still start pods. If the second
+    write fails, the unit still holds its quota with its job held; the next pass (this step runs
+    before the resume step) decides the same timeout again and only writes the status. The other
+    order would free the quota of a still-released job whenever the suspension failed, and its
+    pods could then be bound uncharged.
+    """
+    timeouts = running_timeouts.for_extension(adapter.extension)
+    if not timeouts.enabled:
+        return False
+    now = time.time()
+    decision = running_timeout.decide(
+        unit,
+        pods_of(),
+        timeouts,
+        now=now,
+        now_text=job_units.now_text(),
+        jitter=random.random(),
+        short_since=short_since.get(unit_key),
+    )
+    if decision.short_since:
+        short_since[unit_key] = decision.short_since
+    else:
+        short_since.pop(unit_key, None)
+    check_again(key, decision.recheck_in)
+    if decision.status_patch is None:
+        return False
+    if decision.suspend and not adapter.is_suspended(job):
+        await client.patch(
+            job_units.resource_of(adapter),
+            key.name,
+            adapter.suspend_merge_patch(job),
+            namespace=key.namespace,
+        )
+    rv = (unit.get("metadata") or {}).get("resourceVersion")
+    await client.patch(
+        job_units.QUEUE_UNITS,
+        unit_name,
+        {**decision.status_patch, "metadata": {"resourceVersion": rv}},
+        namespace=key.namespace,
+        subresource="status",
+    )
+    log.info("%s %s: %s", decision.event_reason, unit_key, decision.event_message)
+    for obj in (unit, job):
+        events.record(obj, type_="Warning", reason=decision.event_reason, message=decision.event_message)
+    return True
+
+
+async def hold_escaped(
+    client: kube.Kube, events: EventRecorder, key: JobKey, adapter: JobAdapter, job: kube.Obj
+) -> None:
+    """Suspend a managed job that runs without the reconciler's admission (``adoption.escaped_hold``).
+
+    Conditional on the job's resourceVersion, so a release by the reconciler racing with this
+    (impossible today: it stamps in the same write) could never be undone by a stale view.
+    """
+    meta = job.get("metadata") or {}
+    body = {**adapter.suspend_merge_patch(job)}
+    body["metadata"] = {**(body.get("metadata") or {}), "resourceVersion": meta.get("resourceVersion")}
+    await client.patch(job_units.resource_of(adapter), key.name, body, namespace=key.namespace)
+    log.warning("held %s %s/%s: it ran without being admitted", adapter.kind, key.namespace, key.name)
+    events.record(
+        job,
+        type_="Warning",
+        reason=names.EventReason.HELD_UNADMITTED,
+        message=names.Message.HELD_UNADMITTED,
+    )

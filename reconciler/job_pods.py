@@ -1,0 +1,258 @@
+"""A unit's pods as the job extensions see them, and the two writes they make on pods
+(docs/architecture.md#decision-5-gate-pods-reclaim-only-unbound-ones).
+
+Reads: the pod index (unit key → keys of the pods naming it; the controller holds it, these
+functions keep it exact), which of those pods count for a unit (``shared.jobs.podlinks``: in the unit's
+namespace and owned by its job, through a RayCluster or a Spark driver pod), and whether a pod of
+an orphaned unit still runs. Writes: deleting an unbound pod for a reclaim and removing the
+admission gate, both conditional so that a pod bound meanwhile is never touched. Apart from the
+controller (``reconciler.jobs``) because these are the only pod writes, each with its own race to
+close; the controller passes its stores in and keeps all state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping, MutableMapping
+from typing import Any
+
+from reconciler import metrics
+from reconciler.events import EventRecorder
+from reconciler.informer import slim
+from shared import kube
+from shared.api import names
+from shared.jobs import podlinks, podplan
+from shared.jobs.base import JobAdapter
+
+log = logging.getLogger(__name__)
+
+Store = Mapping[str, kube.Obj]
+
+
+# --- the pod index: unit key -> keys of the pods naming it ----------------------------------------
+
+
+def unit_ref_of(pod: kube.Obj) -> str | None:
+    """The unit a pod names (its related-queueunit annotation), the key of the pod index."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    ref = annotations.get(names.RELATED_QUEUEUNIT_ANNOTATION)
+    return ref if isinstance(ref, str) and ref else None
+
+
+def unindex(index: dict[str, set[str]], unit_key: str, pod_key: str) -> None:
+    """The pod no longer names the unit; an emptied set is dropped."""
+    pods = index.get(unit_key)
+    if pods is not None:
+        pods.discard(pod_key)
+        if not pods:
+            del index[unit_key]
+
+
+def prune_index(index: dict[str, set[str]], unit_key: str, pods: Store) -> None:
+    """A unit went away: forget its pods that are gone too. Pods still in the store keep naming
+    it and stay indexed: a unit re-created under the same key (adoption) finds them at once,
+    and they leave with their own deletion events."""
+    found = index.get(unit_key)
+    if found is None:
+        return
+    found.intersection_update([k for k in found if k in pods])
+    if not found:
+        del index[unit_key]
+
+
+# --- reads ----------------------------------------------------------------------------------------
+
+
+def pods_of(
+    pods: Store,
+    pod_keys: Iterable[str],
+    clusters: Store | None,
+    unit_key: str,
+    adapter: JobAdapter,
+    job: kube.Obj,
+) -> list[podplan.PodView]:
+    """The unit's pods: those naming it (``pod_keys``, from the pod index) that live in its
+    namespace and belong to its job (``shared.jobs.podlinks``); a pod elsewhere naming the unit is
+    ignored."""
+    namespace = unit_key.partition("/")[0]
+    job_uid = str((job.get("metadata") or {}).get("uid") or "")
+    views = []
+    for pod_key in sorted(pod_keys):
+        pod = pods.get(pod_key)
+        if pod is None:
+            continue
+        if not podlinks.counts_for(
+            pod, unit_namespace=namespace, job_uid=job_uid, parent=parent_lookup(pods, clusters, namespace)
+        ):
+            continue
+        pod_set = adapter.pod_set_of(pod)
+        if pod_set:
+            views.append(podplan.pod_view(pod, pod_set))
+    return views
+
+
+def parent_lookup(pods: Store, clusters: Store | None, namespace: str) -> podlinks.ParentLookup:
+    """Owners that stand between a job and its pods: a RayJob's RayCluster, a Spark driver pod."""
+
+    def parent(kind: str, name: str) -> Mapping[str, Any] | None:
+        if kind == "Pod":
+            return pods.get(f"{namespace}/{name}")
+        if kind == "RayCluster" and clusters is not None:
+            return clusters.get(f"{namespace}/{name}")
+        return None
+
+    return parent
+
+
+def orphaned_pods_run(
+    pods: Store, pod_keys: Iterable[str], clusters: Store | None, unit_key: str, job_uid: str | None
+) -> bool:
+    """Does a pod of an orphaned unit still run, or is it released to run? Its job is gone, so
+    its pods are the ones naming the unit (``pod_keys``) in the unit's namespace, except pods of the
+    live job of the same name (``job_uid``), if any. A pod still gated never ran and never will."""
+    namespace = unit_key.partition("/")[0]
+    parent = parent_lookup(pods, clusters, namespace)
+    for pod_key in sorted(pod_keys):
+        pod = pods.get(pod_key)
+        if pod is None or (pod.get("metadata") or {}).get("namespace") != namespace:
+            continue
+        if job_uid and podlinks.owned_by(pod, job_uid, parent):
+            continue
+        view = podplan.pod_view(pod, "")
+        if view.live and (view.bound or not view.gated):
+            return True
+    return False
+
+
+# --- writes ---------------------------------------------------------------------------------------
+
+
+async def delete_planned(
+    client: kube.Kube,
+    events: EventRecorder,
+    pods: Store,
+    plan: podplan.PodPlan,
+    job: kube.Obj,
+    unit_key: str,
+) -> bool:
+    """Delete the plan's pods: a reclaim's, then those released beyond the admission (a Warning
+    event on the job for each). True when one could not be deleted but is still in the store: it
+    changed since the plan was made, so the caller plans again before reporting the reclaim."""
+    stale = False
+    for pod in plan.delete:
+        if await reclaim_pod(client, pods, pod):
+            metrics.RECLAIMED_PODS.inc()
+            log.info("reclaim: deleted unbound pod %s/%s of %s", pod.namespace, pod.name, unit_key)
+        elif pod_key_of(pod) in pods:
+            stale = True
+    for pod in plan.unadmitted:
+        if await reclaim_pod(client, pods, pod):
+            log.warning(
+                "deleted pod %s/%s of %s: released without admission", pod.namespace, pod.name, unit_key
+            )
+            events.record(
+                job,
+                type_="Warning",
+                reason=names.EventReason.UNADMITTED_POD_DELETED,
+                message=names.Message.unadmitted_pod_deleted(pod.name),
+            )
+        elif pod_key_of(pod) in pods:
+            stale = True
+    return stale
+
+
+async def reclaim_pod(client: kube.Kube, pods: Store, pod: podplan.PodView) -> bool:
+    """Delete one unbound pod of a reclaim; False when it is gone or changed since we looked.
+
+    Every write is conditional on the resourceVersion we saw unbound, so a pod the scheduler
+    binds meanwhile is never deleted. A Job controller pod first loses its tracking finalizer:
+    otherwise the Job controller counts the deletion as a pod failure, and a preempted Job with
+    ``backoffLimit: 0`` would end Failed instead of waiting for its next admission. Without the
+    finalizer the deletion is uncounted and the Job creates a replacement, gated like the first.
+    """
+    rv = pod.resource_version or None
+    current = pods.get(pod_key_of(pod)) or {}
+    finalizers = (current.get("metadata") or {}).get("finalizers") or []
+    untracked = False
+    if names.JOB_TRACKING_FINALIZER in finalizers and rv is not None:
+        index = finalizers.index(names.JOB_TRACKING_FINALIZER)
+        ops = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {
+                "op": "test",
+                "path": f"/metadata/finalizers/{index}",
+                "value": names.JOB_TRACKING_FINALIZER,
+            },
+            {"op": "remove", "path": f"/metadata/finalizers/{index}"},
+        ]
+        try:
+            updated = await client.patch(
+                kube.PODS, pod.name, ops, namespace=pod.namespace, content_type=kube.JSON_PATCH
+            )
+        except (kube.NotFound, kube.Invalid, kube.Conflict):
+            return False  # a failed test answers 422: the pod changed, plan again
+        rv = str((updated.get("metadata") or {}).get("resourceVersion") or "") or None
+        untracked = True
+    try:
+        await client.delete(
+            kube.PODS, pod.name, namespace=pod.namespace, precondition_uid=pod.uid, precondition_rv=rv
+        )
+    except kube.NotFound:
+        return False
+    except kube.Conflict:
+        if untracked:
+            # Bound between our two writes: it runs, so the Job controller must count it again.
+            with contextlib.suppress(kube.NotFound, kube.Invalid, kube.Conflict):
+                await client.patch(
+                    kube.PODS,
+                    pod.name,
+                    [
+                        {
+                            "op": "add",
+                            "path": "/metadata/finalizers/-",
+                            "value": names.JOB_TRACKING_FINALIZER,
+                        }
+                    ],
+                    namespace=pod.namespace,
+                    content_type=kube.JSON_PATCH,
+                )
+        return False
+    return True
+
+
+async def ungate(client: kube.Kube, pods: MutableMapping[str, kube.Obj], pod: podplan.PodView) -> None:
+    """Remove the admission gate of one pod, if it still has it; conditional on the gate's place."""
+    current = pods.get(f"{pod.namespace}/{pod.name}")
+    gates: list[Any] = ((current or {}).get("spec") or {}).get("schedulingGates") or []
+    index = next((i for i, g in enumerate(gates) if g.get("name") == names.ADMISSION_GATE), None)
+    if index is None:
+        return
+    ops = [
+        {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": names.ADMISSION_GATE},
+        {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+    ]
+    with contextlib.suppress(kube.NotFound, kube.Invalid, kube.Conflict):
+        updated = await client.patch(
+            kube.PODS, pod.name, ops, namespace=pod.namespace, content_type=kube.JSON_PATCH
+        )
+        # Assume the write at once, so a reconcile before the watch catches up does not
+        # pick another pod to release; but never over a newer version the watch delivered
+        # meanwhile (a stale "unbound" copy could make a running pod look reclaimable).
+        pod_key = f"{pod.namespace}/{pod.name}"
+        latest = pods.get(pod_key)
+        if latest is not None and _rv_of(latest) == _rv_of(current):
+            pods[pod_key] = slim_pod(updated)
+
+
+def pod_key_of(pod: podplan.PodView) -> str:
+    return f"{pod.namespace}/{pod.name}"
+
+
+def _rv_of(obj: kube.Obj | None) -> object:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+
+def slim_pod(pod: kube.Obj) -> kube.Obj:
+    """What the pod informer keeps (``shared.jobs.podplan.slim_pod``), and what an ungate assumes."""
+    return podplan.slim_pod(slim(pod))

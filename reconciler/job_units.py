@@ -1,0 +1,206 @@
+"""A job's QueueUnit: the names the job extension's modules share, which unit is whose, creating
+it (adoption included) and releasing a unit whose job was orphaned.
+
+* :class:`JobKey` is the controller's unit of work (``reconciler.jobs``), :data:`QUEUE_UNITS` the
+  resource every writer of units uses (the scheduler too);
+* a released job whose unit was deleted gets it back admitted
+  (docs/compatibility.md#adoption-of-released-jobs): the unit is created marked for adoption and
+  its status written right after (``shared.jobs.adoption``);
+* :func:`orphaned` / :func:`owned_by_another` tell a unit left behind by a deleted job from the
+  job's own, and :func:`release_orphan` deletes the former once none of its pods runs.
+
+Functions take the client and what they read, so the controller keeps all state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from reconciler.events import EventRecorder
+from shared import kube
+from shared.api import names
+from shared.jobs import adoption, jobext, podlinks
+from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, is_enqueued
+
+log = logging.getLogger(__name__)
+
+QUEUE_UNITS = kube.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
+
+
+def now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def resource_of(adapter: JobAdapter) -> kube.Resource:
+    group, _, version = adapter.api_version.rpartition("/")
+    return kube.Resource(group, version, adapter.plural, adapter.kind)
+
+
+@dataclass(frozen=True, slots=True)
+class JobKey:
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+
+async def create_unit(
+    client: kube.Kube,
+    events: EventRecorder,
+    job: kube.Obj,
+    adapter: JobAdapter,
+    *,
+    priority_classes: Mapping[str, int],
+    max_user_priority: int | None,
+    live_cluster: Job | None,
+    adopt: bool,
+) -> None:
+    """Create the job's unit; for a released job (``adopt``) finish its adoption at once."""
+    meta = job.get("metadata") or {}
+    try:
+        unit = jobext.build_queue_unit(
+            job,
+            adapter,
+            priority_classes,
+            live_cluster=live_cluster,
+            adopted=adopt,
+            max_user_priority=max_user_priority,
+        )
+    except JobSpecError as err:
+        events.record(
+            job, type_="Warning", reason="InvalidJob", message=f"cannot queue this {adapter.kind}: {err}"
+        )
+        return
+    try:
+        created = await client.create(QUEUE_UNITS, unit, namespace=str(meta.get("namespace", "")))
+    except kube.Conflict as err:
+        if err.reason != "AlreadyExists":
+            raise
+        return  # our store lagged; the unit's event brings us back
+    except kube.Invalid as err:
+        events.record(
+            job,
+            type_="Warning",
+            reason="InvalidJob",
+            message=f"cannot create the QueueUnit for this {adapter.kind}: {err.message}",
+        )
+        return
+    if adopt:
+        log.info(
+            "adopted %s/%s: its unit was missing while the job runs",
+            meta.get("namespace"),
+            meta.get("name"),
+        )
+        await finish_adoption(
+            client,
+            created,
+            adapter.job_status(job),
+            suspended=adapter.is_suspended(job),
+            stamped=is_dequeued(job),
+        )
+
+
+async def finish_adoption(
+    client: kube.Kube, unit: kube.Obj, status: JobStatus, *, suspended: bool, stamped: bool
+) -> bool:
+    """Write the status of a unit created for adoption (``shared.jobs.adoption``); True if written.
+
+    Conditional on the unit's resourceVersion: a conflict means someone else wrote first, and
+    the worker looks again with fresh objects.
+    """
+    patch = adoption.completion_status(
+        unit, status, suspended=suspended, stamped=stamped, now_text=now_text()
+    )
+    if patch is None:
+        return False
+    meta = unit.get("metadata") or {}
+    body = {**patch, "metadata": {"resourceVersion": meta.get("resourceVersion")}}
+    await client.patch(
+        QUEUE_UNITS,
+        str(meta.get("name", "")),
+        body,
+        namespace=str(meta.get("namespace", "")),
+        subresource="status",
+    )
+    return True
+
+
+async def release_orphan(client: kube.Kube, unit: kube.Obj, unit_key: str, *, pods_run: bool) -> None:
+    """Release an orphaned unit (:func:`orphaned`) by deleting it, once none of its pods runs
+    (``pods_run``: ``reconciler.job_pods.orphaned_pods_run``).
+
+    A job deleted with ``kubectl delete --cascade=orphan`` leaves its unit behind without an
+    owner: the garbage collector never deletes it, and an admitted one would hold its quota for
+    good. Deleting it gives the quota back as a finished job's ``admissions: []`` does (the
+    scheduler stops charging a unit that is gone, exactly as one that holds nothing), frees the
+    name for a new job of the same name (the usual reason for orphaning: re-create a job with
+    a changed spec), and leaves no ownerless unit in ``kubectl get qu``; a terminal phase would
+    keep that ghost forever and block the name. The orphaned pods keep running on their
+    nodes, though, so the unit stays (still charged) until none of them runs: a tenant cannot
+    run pods outside the quota by orphaning them (docs/architecture.md#trust-boundaries).
+
+    The delete is conditional on the unit's UID and version: a unit re-created or changed
+    meanwhile is looked at again.
+    """
+    if pods_run:
+        return  # the pods' events bring us back
+    meta = unit.get("metadata") or {}
+    namespace, _, name = unit_key.partition("/")
+    try:
+        await client.delete(
+            QUEUE_UNITS,
+            name,
+            namespace=namespace,
+            precondition_uid=str(meta.get("uid") or "") or None,
+            precondition_rv=str(meta.get("resourceVersion") or "") or None,
+        )
+    except kube.NotFound:
+        return
+    ref = (unit.get("spec") or {}).get("consumerRef") or {}
+    log.info("released QueueUnit %s: its %s %s is gone", unit_key, ref.get("kind"), ref.get("name"))
+
+
+def _names_consumer(unit: kube.Obj, key: JobKey) -> bool:
+    ref = (unit.get("spec") or {}).get("consumerRef") or {}
+    namespace = ref.get("namespace") or (unit.get("metadata") or {}).get("namespace")
+    return (ref.get("kind"), ref.get("name"), namespace) == (key.kind, key.name, key.namespace)
+
+
+def _owners(unit: kube.Obj, key: JobKey) -> list[str]:
+    """UIDs of the unit's owner references to a job of ``key``'s kind and name."""
+    return [uid for kind, name, uid in podlinks.owner_uids(unit) if (kind, name) == (key.kind, key.name)]
+
+
+def orphaned(unit: kube.Obj, key: JobKey, job: kube.Obj | None) -> bool:
+    """``unit`` was made for a job called like ``key`` that was deleted with ``--cascade=orphan``.
+
+    The job extension creates every unit owned by its job; the garbage collector removes that
+    owner reference only when the job is deleted with orphan propagation. So a unit naming the job
+    as its consumer, without an owner reference to it, carrying the webhook's enqueue stamp
+    (copied from the job it was made from) is orphaned when no such job exists, or when the job
+    of that name (``job``) is younger than the unit: a unit is never made before its job. A unit
+    without the stamp was created directly and stands on its own
+    (docs/architecture.md#decision-8-the-queueunit-api-stands-on-its-own), never ours to release.
+    """
+    if not _names_consumer(unit, key) or _owners(unit, key) or not is_enqueued(unit):
+        return False
+    if job is None:
+        return True
+    made = str((unit.get("metadata") or {}).get("creationTimestamp") or "")
+    born = str((job.get("metadata") or {}).get("creationTimestamp") or "")
+    return bool(made and born and made < born)  # RFC 3339 in UTC: ordered as text
+
+
+def owned_by_another(unit: kube.Obj, key: JobKey, job: kube.Obj) -> bool:
+    """``unit`` still belongs to an earlier job of ``job``'s name, deleted (only one job has a name
+    at a time): garbage collection deletes it, and ``job`` must neither use its admission nor
+    take it for its own."""
+    owners = _owners(unit, key)
+    return _names_consumer(unit, key) and bool(owners) and uid_of(job) not in owners
+
+
+def uid_of(obj: kube.Obj | None) -> str | None:
+    return str(((obj or {}).get("metadata") or {}).get("uid") or "") or None

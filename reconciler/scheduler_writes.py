@@ -1,0 +1,429 @@
+"""The scheduling loop's writes: a cycle's plan, admission-check outcomes, requeues and reasons, applied
+to the API.
+
+Kept apart from ``reconciler.scheduler`` because writing is its own concern with its own hazards: a
+write races later cycles and the watch, so every write is conditional on the resourceVersion it was
+decided on, an ambiguous failure is resolved before an admission is forgotten, and each write ends
+by handing its result back to the loop (``SchedulerLoop._settle_cache``), which holds the unit's
+watch events back meanwhile. The loop owns all the state; :class:`Writer` only works on it, so there
+is one place that says what the scheduler knows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from reconciler import job_events, metrics
+from reconciler.job_units import QUEUE_UNITS
+from shared import kube
+from shared.api import admission_checks, conditions, quantities
+from shared.api.durations import format_time
+from shared.api.model import Unit
+from shared.api.names import EventReason, Message, Phase
+from shared.api.parsing import parse_unit
+from shared.core import explain
+from shared.core.preemption import MarkVictims
+from shared.core.scheduling import Admit, Park
+
+if TYPE_CHECKING:
+    from reconciler.scheduler import SchedulerLoop
+
+log = logging.getLogger(__name__)
+
+WRITE_CONCURRENCY = 64
+#: A waiting message is retried this often when others touch the unit meanwhile.
+PARK_WRITE_ATTEMPTS = 3
+
+
+def admissions_json(unit: Unit) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for a in unit.admissions:
+        entry: dict[str, Any] = {"name": a.name, "replicas": a.replicas, "running": a.running}
+        if a.resources:
+            entry["resources"] = quantities.format_resource_list(a.resources)
+        if a.reclaim_replicas is not None:
+            entry["reclaimState"] = {"replicas": a.reclaim_replicas}
+        out.append(entry)
+    return out
+
+
+class Writer:
+    """Turns the loop's decisions into QueueUnit status writes.
+
+    A collaborator, not an owner: what is being written (``_writing``, ``_deferred_parks``,
+    ``_marking``, ``_noting``) stays the loop's state, because its intake reads it to hold watch
+    events back. A unit is marked as being written before its write is spawned, by the loop (checks,
+    requeues) or here (:meth:`admit`, :meth:`park`, :meth:`mark`), and each such write ends in
+    :meth:`_settled`.
+    """
+
+    def __init__(self, loop: SchedulerLoop) -> None:
+        self.loop = loop
+        self._sem = asyncio.Semaphore(WRITE_CONCURRENCY)
+
+    # --- admissions --------------------------------------------------------------------------
+
+    def admit(self, admit: Admit, now: float) -> None:
+        before, after = self.loop.cache.assume(admit, now=now)
+        self.loop._deferred_parks.pop(admit.key, None)  # superseded by this admission
+        self.loop._writing.add(admit.key)
+        metrics.JOB_SCHEDULE_ATTEMPTS.labels(admit.queue, "scheduled").inc()
+        if before.created:
+            metrics.ADMISSION_WAIT.labels(admit.queue).observe(max(0.0, now - before.created))
+        if self.loop.verbosity >= 2:
+            log.info("queue %s: admit %s as %s %s", admit.queue, admit.key, admit.phase, dict(admit.grants))
+        self.loop._spawn(self._write_admit(admit, before, after, now), name=f"admit-{admit.key}")
+
+    async def _write_admit(self, admit: Admit, before: Unit, after: Unit, now: float) -> None:
+        stamp = format_time(now)
+        conds, clear_requeue = conditions.sync_conditions(
+            before.conditions, phase=admit.phase, message=admit.message, now=stamp
+        )
+        status: kube.Obj = {
+            "phase": admit.phase.value,
+            "message": admit.message,
+            "admissions": admissions_json(after),
+            "lastAllocateTime": stamp,
+            "lastUpdateTime": stamp,
+            "conditions": conds,
+        }
+        if clear_requeue:
+            status["requeueState"] = None
+        if admit.phase == Phase.RESERVED:
+            config = self.loop.cache.state.configs.get(admit.queue)
+            status["admissionChecks"] = admission_checks.checks_for_admission(
+                config.admission_checks if config else (), before.labels, before.admission_checks, now=stamp
+            )
+        body = {"metadata": {"resourceVersion": before.resource_version}, "status": status}
+        written: kube.Obj | None = None
+        try:
+            written = await self._write_status(admit.key, body)
+            if before.queue != admit.queue:
+                namespace, name = admit.key.split("/", 1)
+                with contextlib.suppress(kube.KubeError):
+                    written = await self.loop.client.patch(
+                        QUEUE_UNITS, name, {"spec": {"queue": admit.queue}}, namespace=namespace
+                    )
+        except kube.KubeError as err:
+            self.loop._hold(err)
+            written = await self._outcome_of(admit.key, before, err)
+            if written is None:
+                log.info("admission of %s not written (%s); it competes again", admit.key, err)
+                self.loop.cache.forget(before)
+        finally:
+            self._settled(admit.key, written)
+        if written is not None and admit.phase == Phase.DEQUEUED:
+            self.loop.events.record(
+                written, type_="Normal", reason=EventReason.SCHEDULED, message=Message.SCHEDULED_EVENT
+            )
+            if before.phase == Phase.ENQUEUED:  # it waited: tell the job (none on the fast path)
+                waited = now - before.created if before.created else None
+                message = job_events.admitted_message(admit.queue, waited)
+                job_events.record(self.loop.events, written, EventReason.ADMITTED, message)
+
+    # --- parks --------------------------------------------------------------------------------
+
+    def park(self, park: Park) -> None:
+        metrics.JOB_SCHEDULE_ATTEMPTS.labels(park.queue, "unschedulable").inc()
+        protected = park.protected
+        if protected:
+            metrics.PROTECTION_SKIPS.labels(park.queue).inc(len(protected))
+            if self.loop.verbosity >= 2:
+                log.info(
+                    "queue %s: victims %s skipped by the reclaim protect time for %s",
+                    park.queue,
+                    list(protected),
+                    park.key,
+                )
+        if park.preempt_error and self.loop.verbosity >= 2:
+            log.info("queue %s: %s preemption failed: %s", park.queue, park.key, park.preempt_error)
+        if park.repeated:
+            return
+        if park.key in self.loop._writing:
+            # Another write of this unit is on its way (often its previous reason). The pure
+            # state now records this reason as given, so dropping it would leave the unit showing
+            # an outdated one for good: give it once that write has landed.
+            self.loop._deferred_parks[park.key] = park
+            return
+        self._issue_park(park)
+
+    def _issue_park(self, park: Park) -> None:
+        unit = self.loop.cache.units.get(park.key)
+        raw = self.loop.unit_store.get(park.key)
+        if unit is None or raw is None or unit.message == park.message:
+            return
+        if self.loop.verbosity >= 2:
+            log.info("queue %s: %s waits: %s", park.queue, park.key, park.message)
+        self.loop._writing.add(park.key)
+        self.loop._spawn(self._write_park(park, unit, raw), name=f"park-{park.key}")
+
+    @staticmethod
+    def _park_status(park: Park, unit: Unit) -> kube.Obj:
+        stamp = format_time(time.time())
+        status: kube.Obj = {"message": park.message, "lastUpdateTime": stamp, "attempts": unit.attempts + 1}
+        if unit.phase in ("", Phase.ENQUEUED):
+            conds, _ = conditions.sync_conditions(
+                unit.conditions, phase=Phase.ENQUEUED, message=park.message, now=stamp
+            )
+            status["phase"] = Phase.ENQUEUED.value
+            status["conditions"] = conds
+        return status
+
+    @staticmethod
+    def _superseded(decided: Unit, latest: Unit) -> bool:
+        """Has the unit moved on since a park was decided? ``""`` and ``Enqueued`` both wait."""
+        waiting = ("", Phase.ENQUEUED)
+        same_phase = latest.phase == decided.phase or (latest.phase in waiting and decided.phase in waiting)
+        return not same_phase or latest.admissions != decided.admissions
+
+    async def _write_park(self, park: Park, unit: Unit, raw: kube.Obj) -> None:
+        """Write the waiting message, never over a newer decision.
+
+        A later cycle may admit the unit while this message is on its way (the quota was freed
+        meanwhile). The write therefore carries the resourceVersion the park was decided on: an
+        unconditional patch landing after the admission would turn the admitted unit back to
+        ``Enqueued`` while it keeps its admissions, so its job would never be resumed. On a
+        conflict the unit is re-read; if it has moved on (admitted, backed off, finished) the
+        message is stale and dropped, otherwise (someone else touched it) the write is retried on
+        the fresh version.
+        """
+        written: kube.Obj | None = None
+        dropped = False
+        current = unit
+        namespace, name = park.key.split("/", 1)
+        try:
+            for _ in range(PARK_WRITE_ATTEMPTS):
+                body = {
+                    "metadata": {"resourceVersion": current.resource_version},
+                    "status": self._park_status(park, current),
+                }
+                try:
+                    written = await self._write_status(park.key, body)
+                    break
+                except kube.Conflict:
+                    latest = parse_unit(await self.loop.client.get(QUEUE_UNITS, name, namespace=namespace))
+                    if self._superseded(unit, latest):
+                        dropped = True
+                        break
+                    current = latest
+        except kube.NotFound:
+            dropped = True
+        except kube.KubeError as err:
+            log.info("message for %s not written: %s", park.key, err)
+            # Decide it again later: the core would otherwise take the message as given and the
+            # unit would wait in silence (found by the chaos run: an apiserver restart mid-burst).
+            self.loop.cache.forget_park(park.key)
+            self.loop._hold(err)
+        finally:
+            self._settled(park.key, written)
+        if dropped:
+            return
+        target = written or raw
+        self.loop.events.record(
+            target, type_="Warning", reason=EventReason.FAILED_SCHEDULING, message=park.message
+        )
+        if not unit.phase:  # its first wait (phase "" -> Enqueued): once per unit, on the job
+            state = self.loop.cache.state.queues.get(park.queue)
+            place = explain.position(state, park.key) if state is not None else None
+            message = job_events.queued_message(park.queue, place, park.message)
+            job_events.record(self.loop.events, target, EventReason.QUEUED, message)
+        if park.queue_not_found and park.key not in self.loop._queue_not_found:
+            self.loop._queue_not_found.add(park.key)
+            self.loop.events.record(
+                target,
+                type_="Warning",
+                reason=EventReason.QUEUE_NOT_FOUND,
+                message=Message.queue_not_found_event(park.queue, unit.namespace, unit.name),
+            )
+
+    # --- preemption marks --------------------------------------------------------------------
+
+    def mark(self, mark: MarkVictims, now: float) -> None:
+        metrics.PREEMPTION_ROUNDS.labels(mark.queue).inc()
+        metrics.PREEMPTION_VICTIMS.labels(mark.queue).inc(len(mark.victims))
+        if self.loop.verbosity >= 2:
+            log.info(
+                "queue %s: %s preempts %s (%s path)",
+                mark.queue,
+                mark.preemptor,
+                [v.key for v in mark.victims],
+                mark.path,
+            )
+        for victim in mark.victims:
+            unit = self.loop.cache.units.get(victim.key)
+            if unit is None or victim.key in self.loop._writing:
+                self.loop.cache.forget_marks(mark.queue, {victim.key})
+                continue
+            self.loop._writing.add(victim.key)
+            self.loop._marking.append(
+                self.loop._spawn(
+                    self._write_mark(mark, victim.key, dict(victim.reclaim), unit, now),
+                    name=f"mark-{victim.key}",
+                )
+            )
+
+    async def _write_mark(
+        self, mark: MarkVictims, key: str, reclaim: dict[str, int], unit: Unit, now: float
+    ) -> None:
+        stamp = format_time(now)
+        admissions = admissions_json(unit)
+        for entry in admissions:
+            if entry["name"] in reclaim:
+                entry["reclaimState"] = {"replicas": reclaim[entry["name"]]}
+        conds = conditions.evicted(unit.conditions, reason="Preempted", message=mark.message, now=stamp)
+        body = {
+            "metadata": {"resourceVersion": unit.resource_version},
+            "status": {
+                "admissions": admissions,
+                "message": mark.message,
+                "lastUpdateTime": stamp,
+                "conditions": conds,
+            },
+        }
+        written: kube.Obj | None = None
+        try:
+            written = await self._write_status(key, body)
+        except kube.KubeError as err:
+            log.info("reclaim mark on %s not written (%s)", key, err)
+            self.loop.cache.forget_marks(mark.queue, {key})
+        finally:
+            self._settled(key, written)
+        if written is not None:
+            replicas = sum(reclaim.values())
+            preemptor = mark.preemptor.split("/", 1)[-1]
+            self.loop.events.record(
+                written,
+                type_="Warning",
+                reason=EventReason.PREEMPTED,
+                message=f"{replicas} replica(s) marked for reclaim in queue {mark.queue} "
+                f"so that higher-priority QueueUnit {preemptor} can be admitted",
+            )
+            message = job_events.preempted_message(mark.queue, replicas, preemptor)
+            job_events.record(self.loop.events, written, EventReason.PREEMPTED, message)
+
+    # --- admission checks, requeues and reasons ---------------------------------------------
+
+    async def write_check_outcome(self, key: str, unit: Unit, outcome: admission_checks.CheckOutcome) -> None:
+        now = time.time()
+        stamp = format_time(now)
+        status: kube.Obj = {"phase": outcome.phase.value, "message": outcome.message, "lastUpdateTime": stamp}
+        conds, _ = conditions.sync_conditions(
+            unit.conditions, phase=outcome.phase, message=outcome.message, now=stamp
+        )
+        status["conditions"] = conds
+        if outcome.phase == Phase.TIMEOUT_BACKOFF:
+            # Backing off gives the quota back: QuotaReserved=False means nothing is held.
+            status["admissions"] = []
+            requeue = conditions.next_requeue_state(unit.requeue_count, now=now, jitter=random.random())
+            status["requeueState"] = requeue.to_status()
+        body = {"metadata": {"resourceVersion": unit.resource_version}, "status": status}
+        written: kube.Obj | None = None
+        try:
+            written = await self._write_status(key, body)
+        except kube.KubeError as err:
+            log.info("admission-check outcome for %s not written: %s", key, err)
+        finally:
+            self._settled(key, written)
+        if written is not None and outcome.phase == Phase.DEQUEUED:
+            self.loop.events.record(
+                written, type_="Normal", reason=EventReason.SCHEDULED, message=Message.SCHEDULED_EVENT
+            )
+            waited = now - unit.created if unit.created else None
+            message = job_events.admitted_message(unit.quota or "", waited)
+            job_events.record(self.loop.events, written, EventReason.ADMITTED, message)
+
+    async def write_requeue(self, key: str, unit: Unit) -> None:
+        stamp = format_time(time.time())
+        conds, _ = conditions.sync_conditions(
+            unit.conditions, phase=Phase.ENQUEUED, message=Message.ENQUEUED_AFTER_BACKOFF, now=stamp
+        )
+        body = {
+            "metadata": {"resourceVersion": unit.resource_version},
+            "status": {
+                "phase": Phase.ENQUEUED.value,
+                "message": Message.ENQUEUED_AFTER_BACKOFF,
+                "lastUpdateTime": stamp,
+                "conditions": conds,
+                "admissions": [],
+            },
+        }
+        written: kube.Obj | None = None
+        try:
+            written = await self._write_status(key, body)
+        except kube.KubeError as err:
+            log.info("requeue of %s not written: %s", key, err)
+        finally:
+            self._settled(key, written)
+
+    async def write_note(self, key: str, unit: Unit, message: str) -> None:
+        """Give a unit no cycle looks at its reason, without a phase
+        (docs/compatibility.md#s29-unit-without-a-quota-label).
+
+        Conditional on the version seen, so it never lands over a label added meanwhile; on any
+        failure the next event of the unit tries again.
+        """
+        body = {"metadata": {"resourceVersion": unit.resource_version}, "status": {"message": message}}
+        try:
+            await self._write_status(key, body)
+        except kube.KubeError as err:
+            log.debug("reason for unlabelled %s not written: %s", key, err)
+        finally:
+            self.loop._noting.discard(key)
+
+    # --- every write -----------------------------------------------------------------------
+
+    async def _write_status(self, key: str, body: kube.Obj) -> kube.Obj:
+        namespace, name = key.split("/", 1)
+        async with self._sem:
+            return await self.loop.client.patch(
+                QUEUE_UNITS, name, body, namespace=namespace, subresource="status"
+            )
+
+    async def _outcome_of(self, key: str, before: Unit, err: kube.KubeError) -> kube.Obj | None:
+        """Did a failed admission write land anyway? A dropped connection or a 5xx may come after
+        etcd committed it; forgetting it then would free the quota twice (an overrun) until the
+        watch caught up. So the unit stays assumed until the cluster answers: the unit as written
+        if it holds more than before, None if the write certainly did not happen. There is no
+        retry limit (a limit would turn "unknown" into "not written"); the backoff is capped, the
+        watch may answer first (a newer version in the store), and losing leadership or stopping
+        cancels the wait."""
+        if err.status not in (0, 500, 502, 503, 504):
+            return None  # a definite refusal (409, 422, ...): nothing was written
+        namespace, name = key.split("/", 1)
+        admitted_before = sum(a.replicas for a in before.admissions)
+        attempt = 0
+        while True:
+            current = self._newer_in_store(key, before)
+            if current is None:
+                try:
+                    current = await self.loop.client.get(QUEUE_UNITS, name, namespace=namespace)
+                except kube.NotFound:
+                    return None
+                except kube.KubeError:
+                    if attempt == 8:
+                        log.warning("admission of %s: outcome still unknown; it stays assumed", key)
+                    attempt += 1
+                    await asyncio.sleep(min(0.25 * 2 ** min(attempt, 5), 4.0))
+                    continue
+            now_admitted = sum(a.replicas for a in parse_unit(current).admissions)
+            return current if now_admitted > admitted_before else None
+
+    def _newer_in_store(self, key: str, before: Unit) -> kube.Obj | None:
+        """The watched version of ``key`` if the watch has delivered one newer than ``before``."""
+        latest = self.loop.unit_store.get(key)
+        if latest is None:
+            return None
+        version = (latest.get("metadata") or {}).get("resourceVersion")
+        return latest if version and version != before.resource_version else None
+
+    def _settled(self, key: str, written: kube.Obj | None) -> None:
+        """Our write for ``key`` finished: update the cache, then give a deferred reason."""
+        self.loop._settle_cache(key, written)
+        deferred = self.loop._deferred_parks.pop(key, None)
+        if deferred is not None and key not in self.loop._writing:
+            self._issue_park(deferred)

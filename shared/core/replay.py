@@ -1,0 +1,195 @@
+"""What a reader could see, fed through the scheduler's own cycle.
+
+``kubectl koord-queue`` must show what the scheduler decides, not what a second copy of its rules
+would guess. So :func:`replay` fills the scheduler's own cache (``shared.core.scheduling.Cache``) with
+the objects a reader could read and runs one cycle of ``shared.core.scheduling.schedule``; writing
+nothing, it returns the cache and the plan for ``shared.core.explain`` to read. :func:`quota_rows`
+reads the same replayed ledger for ``kubectl koord-queue quotas``.
+
+A reader may not see everything: a namespace user reads the QueueUnits and ElasticQuotas of their
+namespace only, not the other namespaces' units that share the quota, nor (usually) the Queues in
+``koord-queue``. :class:`View` says what was seen (``complete``: every unit of the cluster) and what
+could not be read, so that callers show usage as a lower bound instead of guessing; quotas that could
+not be read enter the replay as placeholders that refuse nothing.
+
+Pure: standard library and sibling modules only; the clock is a parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from shared.api import quantities
+from shared.api.model import QueueConfig, Quota, Unit
+from shared.api.names import Phase
+from shared.api.quantities import Resources
+from shared.core.plan import Admit, Park
+from shared.core.policies import is_waiting
+from shared.core.quota import remaining_request
+from shared.core.scheduling import Cache
+from shared.jobs.running_timeout import RunningTimeout
+
+__all__ = [
+    "UNKNOWN_RESOURCE",
+    "QuotaRow",
+    "View",
+    "quota_rows",
+    "replay",
+]
+
+#: The only resource a placeholder quota (one the reader cannot read) limits: resources absent from
+#: ``max`` are unlimited, so the placeholder refuses nothing and the walk up the tree goes on.
+UNKNOWN_RESOURCE = "koord-queue.x-k8s.io/unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The objects a reader could see, parsed, and what could not be read.
+
+    ``complete``: the units are every unit of the cluster (an admin's view); otherwise usage and
+    the units ahead are lower bounds. ``unreadable_quotas`` are quota names referenced (a unit's
+    label, a parent label) that could not be read: they enter the replay as placeholders that refuse
+    nothing. ``queues_known``: the Queues themselves were read (else they were derived from the
+    quotas, as the reconciler derives them). ``positions`` are the 1-based places the visibility API
+    gave (unit key -> position); ``queue_missing`` the queues it answered 404 for.
+    """
+
+    units: Mapping[str, Unit]
+    quotas: Sequence[Quota] = ()
+    queues: Sequence[QueueConfig] = ()
+    reclaim_protect_seconds: float = 0.0
+    namespace_binding: bool = True
+    complete: bool = False
+    unreadable_quotas: frozenset[str] = frozenset()
+    queues_known: bool = True
+    positions: Mapping[str, int] = field(default_factory=dict)
+    queue_missing: frozenset[str] = frozenset()
+    running_timeout: RunningTimeout | None = None
+    unknowns: tuple[str, ...] = ()
+
+
+def replay(view: View, now: float) -> tuple[Cache, list[Admit | Park]]:
+    """The scheduler's cache filled with ``view`` and one cycle run over it (nothing is written
+    anywhere: the plan is returned). Placeholders stand in for the unreadable quotas."""
+    cache = Cache(
+        reclaim_protect_seconds=view.reclaim_protect_seconds,
+        quota_namespace_binding=view.namespace_binding,
+    )
+    known = {q.name for q in view.quotas}
+    for quota in view.quotas:
+        cache.put_quota(quota)
+    for name in sorted(view.unreadable_quotas - known):
+        cache.put_quota(Quota(name=name, max={UNKNOWN_RESOURCE: 0}))
+    configs = {c.name: c for c in view.queues}
+    if not view.queues_known:
+        # Queues not read: each quota has one (the reconciler makes it); settings unknown.
+        names_seen = view.unreadable_quotas | {q.name for q in view.quotas}
+        for name in sorted(names_seen - configs.keys() - view.queue_missing):
+            configs[name] = QueueConfig(name=name)
+    for name in sorted(configs):
+        cache.put_queue(configs[name])
+    for key in sorted(view.units):
+        cache.put_unit(view.units[key])
+    plan = cache.schedule(now)
+    return cache, [d for d in plan.decisions if isinstance(d, Admit | Park)]
+
+
+# --- quotas -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRow:
+    """One quota for ``kubectl koord-queue quotas``: limits, usage and the work waiting in it."""
+
+    name: str
+    namespace: str
+    parent: str
+    depth: int
+    min: Resources
+    max: Resources
+    used: Resources
+    over_min: Resources
+    waiting: int
+    waiting_request: Resources
+    admitted: int
+    used_complete: bool
+    ignored: bool = False
+
+
+def quota_rows(view: View) -> list[QuotaRow]:
+    """Every readable quota in tree order (parents before children, then by name), with the usage
+    the scheduler's ledger computes from the units seen and the demand of the units waiting."""
+    cache, _ = replay(view, 0.0)
+    ledger = cache.ledger
+    waiting: dict[str, tuple[int, Resources]] = {}
+    admitted: dict[str, int] = {}
+    for unit in cache.units.values():
+        if not unit.quota:
+            continue
+        if is_waiting(unit) and unit.phase not in (Phase.RESERVED,):
+            count, total = waiting.get(unit.quota, (0, {}))
+            waiting[unit.quota] = (count + 1, quantities.add(total, remaining_request(unit)))
+        elif ledger.contribution(unit.key) is not None:
+            admitted[unit.quota] = admitted.get(unit.quota, 0) + 1
+    quotas = ledger.quotas
+    children: dict[str, list[str]] = {}
+    roots: list[str] = []
+    for name in sorted(quotas):
+        parent = quotas[name].parent
+        if parent and parent in quotas and parent != name:
+            children.setdefault(parent, []).append(name)
+        else:
+            roots.append(name)
+    rows: list[QuotaRow] = []
+    seen: set[str] = set()
+
+    def walk(name: str, depth: int) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        quota = quotas[name]
+        used = ledger.used(name)
+        count, total = waiting.get(name, (0, {}))
+        rows.append(
+            QuotaRow(
+                name=name,
+                namespace=quota.namespace,
+                parent=quota.parent,
+                depth=depth,
+                min=dict(quota.min),
+                max=dict(quota.max),
+                used=used,
+                over_min={r: used.get(r, 0) - m for r, m in sorted(quota.min.items()) if used.get(r, 0) > m},
+                waiting=count,
+                waiting_request=total,
+                admitted=admitted.get(name, 0),
+                used_complete=view.complete,
+            )
+        )
+        for child in children.get(name, []):
+            walk(child, depth + 1)
+
+    for root in roots:
+        walk(root, 0)
+    for name in sorted(quotas):  # cycles: whatever the walk did not reach
+        walk(name, 0)
+    for quota in ledger.ignored():
+        rows.append(
+            QuotaRow(
+                name=quota.name,
+                namespace=quota.namespace,
+                parent=quota.parent,
+                depth=0,
+                min=dict(quota.min),
+                max=dict(quota.max),
+                used={},
+                over_min={},
+                waiting=0,
+                waiting_request={},
+                admitted=0,
+                used_complete=view.complete,
+                ignored=True,
+            )
+        )
+    return rows
