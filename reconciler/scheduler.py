@@ -177,6 +177,15 @@ class SchedulerLoop:
         """
         self._writing.discard(key)
         latest = self.unit_store.get(key)
+        if written is None and latest is not None:
+            known, latest_rv = self._written_rv.get(key), _rv(latest)
+            if known is not None and latest_rv is not None and latest_rv < known:
+                # This write failed (or was dropped), but an earlier one of ours landed and the
+                # watch has not delivered it yet: the store is older than the cache, which holds
+                # what we wrote. Applying the store would erase, say, an admission that is in etcd
+                # (the chaos-c overrun: a park dropped on 409 after the same unit's admission).
+                self.wake()
+                return
         if written is None or latest is None:
             self._apply_unit(key, latest)
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -164,3 +165,14 @@ async def unit_versions(cluster: LocalCluster, namespace: str) -> AsyncIterator[
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await api.close()
+
+
+def apply_quota(cluster: LocalCluster, name: str, namespace: str, *, cpu: str) -> None:
+    """``kubectl apply`` an ElasticQuota with ``min == max == cpu`` (the shape most tests want)."""
+    quota = {
+        "apiVersion": names.QUOTA_API_VERSION,
+        "kind": "ElasticQuota",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"max": {"cpu": cpu}, "min": {"cpu": cpu}},
+    }
+    kubectl(cluster, "apply", "-f", "-", input_text=json.dumps(quota))

@@ -8,7 +8,6 @@ every unit: at each step the usage of every quota (admitted replicas x 1 CPU) mu
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,20 +46,7 @@ def job(i: int) -> dict[str, Any]:
 def create_quotas(cluster: LocalCluster) -> None:
     kube.kubectl(cluster, "create", "namespace", NAMESPACE)
     for quota in QUOTAS:
-        kube.kubectl(
-            cluster,
-            "apply",
-            "-f",
-            "-",
-            input_text=json.dumps(
-                {
-                    "apiVersion": names.QUOTA_API_VERSION,
-                    "kind": "ElasticQuota",
-                    "metadata": {"name": quota, "namespace": NAMESPACE},
-                    "spec": {"max": {"cpu": str(QUOTA_CPU)}, "min": {"cpu": str(QUOTA_CPU)}},
-                }
-            ),
-        )
+        kube.apply_quota(cluster, quota, NAMESPACE, cpu=str(QUOTA_CPU))
 
 
 def admitted(obj: dict[str, Any]) -> int:

@@ -189,20 +189,7 @@ async def test_the_follower_writes_nothing_and_replays_no_event_on_takeover(
     quota, broken = "ha-quiet", "ha-quiet-broken"
     problems: list[str] = []
     kube.kubectl(cluster, "create", "namespace", QUIET_NS)
-    kube.kubectl(
-        cluster,
-        "apply",
-        "-f",
-        "-",
-        input_text=json.dumps(
-            {
-                "apiVersion": names.QUOTA_API_VERSION,
-                "kind": "ElasticQuota",
-                "metadata": {"name": quota, "namespace": QUIET_NS},
-                "spec": {"max": {"cpu": "1"}, "min": {"cpu": "1"}},
-            }
-        ),
-    )
+    kube.apply_quota(cluster, quota, QUIET_NS, cpu="1")
     try:
         await kube.eventually(
             lambda: _async(holder(cluster) in replicas), timeout=3 * LEASE_S, what="a leader"

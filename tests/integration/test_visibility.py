@@ -153,20 +153,7 @@ async def visibility(integration_cluster: LocalCluster, system_integration: syst
 
 async def make_waiting_units(cluster: LocalCluster, ns: str, quota: str, waiting: dict[str, int]) -> None:
     """A quota of one cpu, a ``holder`` admitted into it, then ``waiting`` units (name → priority)."""
-    kube.kubectl(
-        cluster,
-        "apply",
-        "-f",
-        "-",
-        input_text=json.dumps(
-            {
-                "apiVersion": names.QUOTA_API_VERSION,
-                "kind": "ElasticQuota",
-                "metadata": {"name": quota, "namespace": ns},
-                "spec": {"max": {"cpu": "1"}, "min": {"cpu": "1"}},
-            }
-        ),
-    )
+    kube.apply_quota(cluster, quota, ns, cpu="1")
     async with kube.client(cluster) as api:
         objects = kube.custom(api)
         await objects.create_namespaced_custom_object(
