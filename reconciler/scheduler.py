@@ -89,7 +89,7 @@ class SchedulerLoop:
         self.unit_store: Mapping[str, kube.Obj] = {}
         self._queue_raw: dict[str, kube.Obj] = {}
         self._wake = asyncio.Event()
-        self._writing: set[str] = set()
+        self._writing = InFlight()
         #: parks decided while another write of the same unit was on its way (the newest only)
         self._deferred_parks: dict[str, Park] = {}
         self._written_rv: dict[str, int] = {}
@@ -176,6 +176,14 @@ class SchedulerLoop:
         unit is gone. Applying ``written`` over a deletion would leave a ghost holding quota.
         """
         self._writing.discard(key)
+        if key in self._writing:
+            # Another write of this unit is still on its way (an admission decided while its
+            # previous reason was being written): what the cache holds is decided when the last
+            # one settles, with all results known. Deciding now from a failed or dropped write
+            # could erase an admission that lands a moment later.
+            if written is not None and (written_rv := _rv(written)) is not None:
+                self._written_rv[key] = max(written_rv, self._written_rv.get(key, 0))
+            return
         latest = self.unit_store.get(key)
         if written is None and latest is not None:
             known, latest_rv = self._written_rv.get(key), _rv(latest)
@@ -377,3 +385,28 @@ class SchedulerLoop:
         for quota in self.cache.ledger.quotas:
             for resource, value in self.cache.ledger.used(quota).items():
                 metrics.DEQUEUED_QUOTA_USAGE.labels(quota, resource).set(value / 1000)
+
+
+class InFlight:
+    """The units with writes of ours on their way, counted: an admission may be decided while the
+    same unit's previous reason is still being written, and the unit stays "being written" (its
+    watch events held back, its cache entry settled) until the last of them has answered."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+
+    def add(self, key: str) -> None:
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    def discard(self, key: str) -> None:
+        count = self._counts.get(key, 0) - 1
+        if count > 0:
+            self._counts[key] = count
+        else:
+            self._counts.pop(key, None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._counts
+
+    def __len__(self) -> int:
+        return len(self._counts)

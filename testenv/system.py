@@ -173,7 +173,11 @@ def webhook_configurations(*, url: str, ca_pem: bytes) -> list[dict[str, Any]]:
     }
     job_rules = [
         {"apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"]},
-        {"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "resources": ["tfjobs", "pytorchjobs"]},
+        {
+            "apiGroups": ["kubeflow.org"],
+            "apiVersions": ["v1"],
+            "resources": ["tfjobs", "pytorchjobs", "paddlejobs", "xgboostjobs", "jaxjobs"],
+        },
         {"apiGroups": ["ray.io"], "apiVersions": ["v1", "v1alpha1"], "resources": ["rayjobs", "rayclusters"]},
         {"apiGroups": ["argoproj.io"], "apiVersions": ["v1alpha1"], "resources": ["workflows"]},
         {

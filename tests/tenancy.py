@@ -22,7 +22,11 @@ WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
 RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods", "configmaps", "services"], "verbs": WRITE},
     {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": WRITE},
-    {"apiGroups": ["kubeflow.org"], "resources": ["tfjobs", "pytorchjobs"], "verbs": WRITE},
+    {
+        "apiGroups": ["kubeflow.org"],
+        "resources": ["tfjobs", "pytorchjobs", "paddlejobs", "xgboostjobs", "jaxjobs"],
+        "verbs": WRITE,
+    },
     {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayclusters"], "verbs": WRITE},
     {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": WRITE},
     {"apiGroups": ["sparkoperator.k8s.io"], "resources": ["sparkapplications"], "verbs": WRITE},

@@ -1,12 +1,12 @@
 """The job adapter protocol: how the queue sees one kind of job
 (docs/architecture.md#decision-7-one-adapter-per-job-kind).
 
-Every supported job kind (batch Job, Kubeflow TFJob/PyTorchJob, RayJob/RayCluster, Argo Workflow,
-SparkApplication) is reduced to the same few answers: is it ours (``is_managed``), how is it held
-and released (``suspend_patch``/``resume_patch``), what does it ask for (``pod_sets``: pod sets x
-per-pod requests x counts), how important is it (``priority``), which pod set does a pod belong to
-(``pod_set_of``) and where is it in its life (``job_status``). The webhook uses the first two on the
-admission path; the reconciler's job extensions use all of them.
+Every supported job kind (batch Job, the Kubeflow kinds such as TFJob and PyTorchJob,
+RayJob/RayCluster, Argo Workflow, SparkApplication) is reduced to the same few answers: is it ours
+(``is_managed``), how is it held and released (``suspend_patch``/``resume_patch``), what does it ask
+for (``pod_sets``: pod sets x per-pod requests x counts), how important is it (``priority``), which
+pod set does a pod belong to (``pod_set_of``) and where is it in its life (``job_status``). The
+webhook uses the first two on the admission path; the reconciler's job extensions use all of them.
 
 Everything here is pure: functions over the raw job JSON (``Mapping[str, Any]``) returning plain
 values, no I/O, no clock (a timestamp is always a parameter). Two kinds of readers exist on purpose:

@@ -1,5 +1,6 @@
-"""Adapters for Kubeflow ``kubeflow.org/v1`` TFJob and PyTorchJob
-(docs/compatibility.md#tfjob-and-pytorchjob, upstream ``tfjob.go``).
+"""Adapters for the Kubeflow ``kubeflow.org/v1`` kinds TFJob, PyTorchJob, PaddleJob, XGBoostJob and
+JAXJob (docs/compatibility.md#kubeflow-jobs, upstream ``tfjob.go``). The kinds differ only in the
+rows of :data:`KINDS`; one adapter class serves them all.
 
 A Kubeflow job is held two ways at once: the training operator honours ``spec.runPolicy.suspend``,
 and upstream Koord-Queue reads the annotation ``scheduling.x-k8s.io/suspend``. We write both, so
@@ -14,7 +15,8 @@ Replica types are visited in sorted order so pod sets and priorities are determi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from shared.api import names
 from shared.jobs import base
@@ -26,12 +28,31 @@ _SUSPEND_PATH = f"metadata.annotations[{names.SUSPEND_ANNOTATION}]"
 _OPERATOR_ROLE_LABEL = "training.kubeflow.org/replica-type"
 
 
+@dataclass(frozen=True)
+class KubeflowKind:
+    """What differs between the Kubeflow kinds: identity, unit-name suffix, replica-spec field and the
+    legacy pod labels that name a replica type (tried after ``training.kubeflow.org/replica-type``)."""
+
+    extension: str
+    kind: str
+    plural: str
+    queue_unit_suffix: str
+    replica_field: str
+    role_labels: tuple[str, ...] = ()
+
+
 class KubeflowAdapter(AdapterBase):
-    """Shared behaviour; subclasses name the replica-spec field and the pod role labels."""
+    """One Kubeflow kind, described by a :class:`KubeflowKind` row of :data:`KINDS`."""
 
     api_version = "kubeflow.org/v1"
-    replica_field: str
-    role_labels: tuple[str, ...]
+
+    def __init__(self, row: KubeflowKind) -> None:
+        self.extension = row.extension
+        self.kind = row.kind
+        self.plural = row.plural
+        self.queue_unit_suffix = row.queue_unit_suffix
+        self.replica_field = row.replica_field
+        self.role_labels = row.role_labels
 
     def _replicas(self, job: Job) -> list[tuple[str, Mapping[str, Any]]]:
         """Replica specs in sorted order, skipping malformed entries (lenient)."""
@@ -115,19 +136,27 @@ class KubeflowAdapter(AdapterBase):
         return JobStatus.CREATED
 
 
-class TFJobAdapter(KubeflowAdapter):
-    extension = "tfjob"
-    kind = "TFJob"
-    plural = "tfjobs"
-    queue_unit_suffix = "tf-qu"
-    replica_field = "tfReplicaSpecs"
-    role_labels = ("job-role",)
+#: Every Kubeflow ``kubeflow.org/v1`` kind that shares TFJob's run policy, one row per kind; a new kind
+#: is a row here plus its line in ``shared/jobs/registry.py``. Replica-spec fields are the training
+#: operator's (v1.9.0 CRDs). Unit names follow upstream's ``<name>-<short framework>-qu`` rule
+#: (``tf-qu``, ``py-qu``); the newer kinds, which upstream has no extension for, use the framework
+#: name (``paddle``, ``jax``) or the CRD's own abbreviation (``xgb``, as in ``xgbReplicaSpecs``).
+KINDS: Final[tuple[KubeflowKind, ...]] = (
+    KubeflowKind("tfjob", "TFJob", "tfjobs", "tf-qu", "tfReplicaSpecs", ("job-role",)),
+    KubeflowKind(
+        "pytorchjob",
+        "PyTorchJob",
+        "pytorchjobs",
+        "py-qu",
+        "pytorchReplicaSpecs",
+        ("pytorch-replica-type", "job-role"),
+    ),
+    KubeflowKind("paddlejob", "PaddleJob", "paddlejobs", "paddle-qu", "paddleReplicaSpecs", ()),
+    KubeflowKind("xgboostjob", "XGBoostJob", "xgboostjobs", "xgb-qu", "xgbReplicaSpecs", ()),
+    KubeflowKind("jaxjob", "JAXJob", "jaxjobs", "jax-qu", "jaxReplicaSpecs", ()),
+)
 
 
-class PyTorchJobAdapter(KubeflowAdapter):
-    extension = "pytorchjob"
-    kind = "PyTorchJob"
-    plural = "pytorchjobs"
-    queue_unit_suffix = "py-qu"
-    replica_field = "pytorchReplicaSpecs"
-    role_labels = ("pytorch-replica-type", "job-role")
+def adapters() -> tuple[KubeflowAdapter, ...]:
+    """One adapter per row of :data:`KINDS`, in table order."""
+    return tuple(KubeflowAdapter(row) for row in KINDS)

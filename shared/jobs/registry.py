@@ -16,8 +16,7 @@ from shared.jobs.base import JobAdapter
 
 ADAPTERS: Final[tuple[JobAdapter, ...]] = (
     batch_job.BatchJobAdapter(),
-    kubeflow.TFJobAdapter(),
-    kubeflow.PyTorchJobAdapter(),
+    *kubeflow.adapters(),
     ray.RayJobAdapter(api_version="ray.io/v1", extension="rayjob"),
     ray.RayJobAdapter(api_version="ray.io/v1alpha1", extension="rayjobv1alpha1"),
     ray.RayClusterAdapter(),

@@ -115,6 +115,21 @@ def pytorch_job(name: str, quota: str) -> Obj:
     }
 
 
+def kubeflow_job(kind: str, field: str, replicas: Mapping[str, int]) -> Callable[[str, str], Obj]:
+    """A builder for the other Kubeflow kinds, which share TFJob's run policy."""
+
+    def build(name: str, quota: str) -> Obj:
+        specs = {role: {"replicas": count, "template": template()} for role, count in replicas.items()}
+        return {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": kind,
+            "metadata": metadata(name, quota),
+            "spec": {field: specs},
+        }
+
+    return build
+
+
 def ray_job(version: str) -> Callable[[str, str], Obj]:
     def build(name: str, quota: str) -> Obj:
         return {
@@ -221,6 +236,33 @@ KINDS = [
         "-py-qu",
         [("master", 1), ("worker", 3)],
         {"cpu": "4", "memory": "4Gi"},
+        held=lambda j: _kubeflow_suspend(j) == (True, "true"),
+        released=lambda j: _kubeflow_suspend(j)[0] is False and _kubeflow_suspend(j)[1] != "true",
+    ),
+    Kind(
+        "PaddleJob",
+        kubeflow_job("PaddleJob", "paddleReplicaSpecs", {"Master": 1, "Worker": 2}),
+        "-paddle-qu",
+        [("master", 1), ("worker", 2)],
+        {"cpu": "3", "memory": "3Gi"},
+        held=lambda j: _kubeflow_suspend(j) == (True, "true"),
+        released=lambda j: _kubeflow_suspend(j)[0] is False and _kubeflow_suspend(j)[1] != "true",
+    ),
+    Kind(
+        "XGBoostJob",
+        kubeflow_job("XGBoostJob", "xgbReplicaSpecs", {"Master": 1, "Worker": 1}),
+        "-xgb-qu",
+        [("master", 1), ("worker", 1)],
+        {"cpu": "2", "memory": "2Gi"},
+        held=lambda j: _kubeflow_suspend(j) == (True, "true"),
+        released=lambda j: _kubeflow_suspend(j)[0] is False and _kubeflow_suspend(j)[1] != "true",
+    ),
+    Kind(
+        "JAXJob",
+        kubeflow_job("JAXJob", "jaxReplicaSpecs", {"Worker": 2}),
+        "-jax-qu",
+        [("worker", 2)],
+        {"cpu": "2", "memory": "2Gi"},
         held=lambda j: _kubeflow_suspend(j) == (True, "true"),
         released=lambda j: _kubeflow_suspend(j)[0] is False and _kubeflow_suspend(j)[1] != "true",
     ),

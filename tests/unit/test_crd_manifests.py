@@ -1,10 +1,11 @@
 """Static checks of the CustomResourceDefinitions we ship and the test-only CRDs of foreign job kinds.
 
 Covers manifests/crds (Queue, QueueUnit, ElasticQuota and their kustomization) and tests/crds (TFJob,
-PyTorchJob, RayJob, RayCluster, Workflow, SparkApplication). No cluster is needed: the files are
-parsed with PyYAML and checked against the apiextensions.k8s.io/v1 rules that a kube-apiserver would
-enforce on creation (structural schema, list-map keys, protected groups, CEL placement) and against
-the Koord-Queue API contract (names, short names, printer columns, field names and validation).
+PyTorchJob, PaddleJob, XGBoostJob, JAXJob, RayJob, RayCluster, Workflow, SparkApplication). No cluster
+is needed: the files are parsed with PyYAML and checked against the apiextensions.k8s.io/v1 rules that
+a kube-apiserver would enforce on creation (structural schema, list-map keys, protected groups, CEL
+placement) and against the Koord-Queue API contract (names, short names, printer columns, field names
+and validation).
 """
 
 from __future__ import annotations
@@ -121,6 +122,9 @@ def test_the_expected_crd_files_exist() -> None:
     assert names == {
         "tfjobs.kubeflow.org",
         "pytorchjobs.kubeflow.org",
+        "paddlejobs.kubeflow.org",
+        "xgboostjobs.kubeflow.org",
+        "jaxjobs.kubeflow.org",
         "rayjobs.ray.io",
         "rayclusters.ray.io",
         "workflows.argoproj.io",

@@ -24,7 +24,17 @@ from shared.jobs.podspec import parse_min_resources, pod_requests
 
 NOW = "2025-01-02T03:04:05Z"
 QUOTA = {names.QUOTA_NAME_LABEL: "team-a"}
-GATED = {"job", "tfjob", "pytorchjob", "rayjob", "rayjobv1alpha1", "raycluster"}
+GATED = {
+    "job",
+    "tfjob",
+    "pytorchjob",
+    "paddlejob",
+    "xgboostjob",
+    "jaxjob",
+    "rayjob",
+    "rayjobv1alpha1",
+    "raycluster",
+}
 GATE = {"name": names.ADMISSION_GATE}
 WF_PATH = f"metadata.annotations[{names.MIN_RESOURCES_ANNOTATION}]"
 
@@ -155,6 +165,9 @@ SAMPLES = {
     "job": batch_job,
     "tfjob": lambda: kubeflow_job("TFJob", "tfReplicaSpecs", {"PS": 1, "Worker": 2}),
     "pytorchjob": lambda: kubeflow_job("PyTorchJob", "pytorchReplicaSpecs", {"Master": 1, "Worker": 3}),
+    "paddlejob": lambda: kubeflow_job("PaddleJob", "paddleReplicaSpecs", {"Master": 1, "Worker": 2}),
+    "xgboostjob": lambda: kubeflow_job("XGBoostJob", "xgbReplicaSpecs", {"Master": 1, "Worker": 2}),
+    "jaxjob": lambda: kubeflow_job("JAXJob", "jaxReplicaSpecs", {"Worker": 2}),
     "rayjob": ray_job,
     "rayjobv1alpha1": lambda: ray_job("ray.io/v1alpha1"),
     "raycluster": ray_cluster,
@@ -447,6 +460,31 @@ def test_kubeflow_pod_sets_are_lowercased_replica_types() -> None:
     job = kubeflow_job("PyTorchJob", "pytorchReplicaSpecs", {"Worker": None, "Master": 1})
     pod_sets = ADAPTERS["pytorchjob"].pod_sets(job)
     assert [(p.name, p.count) for p in pod_sets] == [("master", 1), ("worker", 1)]
+
+
+@pytest.mark.parametrize(
+    ("extension", "kind", "field", "roles"),
+    [
+        ("tfjob", "TFJob", "tfReplicaSpecs", {"Chief": 1, "PS": 2, "Worker": 3}),
+        ("pytorchjob", "PyTorchJob", "pytorchReplicaSpecs", {"Master": 1, "Worker": 3}),
+        ("paddlejob", "PaddleJob", "paddleReplicaSpecs", {"Master": 1, "Worker": 3}),
+        ("xgboostjob", "XGBoostJob", "xgbReplicaSpecs", {"Master": 1, "Worker": 3}),
+        ("jaxjob", "JAXJob", "jaxReplicaSpecs", {"Worker": 3}),
+    ],
+)
+def test_each_kubeflow_kind_reads_only_its_own_replica_specs(
+    extension: str, kind: str, field: str, roles: dict[str, int]
+) -> None:
+    adapter = ADAPTERS[extension]
+    job = kubeflow_job(kind, field, roles)
+    assert [(p.name, p.count) for p in adapter.pod_sets(job)] == [
+        (r.lower(), n) for r, n in sorted(roles.items())
+    ]
+    paths = {op["path"] for op in adapter.suspend_patch(job, now_text=NOW)}
+    assert {f"/spec/{field}/{role}/template/spec/schedulingGates" for role in roles} <= paths
+    other = "tfReplicaSpecs" if field != "tfReplicaSpecs" else "pytorchReplicaSpecs"
+    with pytest.raises(JobSpecError, match=f"spec.{field}"):
+        adapter.pod_sets(kubeflow_job(kind, other, roles))
 
 
 def test_ray_pod_sets_are_head_and_worker_groups() -> None:
@@ -813,6 +851,9 @@ def test_children_of_managed_kinds_are_not_managed() -> None:
         ("job", {}, {}, JobStatus.CREATED),
         ("tfjob", {"conditions": [{"type": "Succeeded", "status": "True"}]}, {}, JobStatus.SUCCEEDED),
         ("tfjob", {"conditions": [{"type": "Running", "status": "True"}]}, {}, JobStatus.RUNNING),
+        ("paddlejob", {"conditions": [{"type": "Failed", "status": "True"}]}, {}, JobStatus.FAILED),
+        ("xgboostjob", {"conditions": [{"type": "Succeeded", "status": "True"}]}, {}, JobStatus.SUCCEEDED),
+        ("jaxjob", {"conditions": [{"type": "Running", "status": "True"}]}, {}, JobStatus.RUNNING),
         ("rayjob", {"jobDeploymentStatus": "Complete"}, {}, JobStatus.SUCCEEDED),
         ("rayjob", {"jobDeploymentStatus": "Running"}, {}, JobStatus.RUNNING),
         ("rayjob", {}, {names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION: "t"}, JobStatus.QUEUING),
@@ -842,6 +883,10 @@ def test_job_status(
         ("tfjob", {"labels": {"job-role": "Worker"}}, "worker"),
         ("tfjob", {"labels": {"training.kubeflow.org/replica-type": "ps"}}, "ps"),
         ("pytorchjob", {"labels": {"pytorch-replica-type": "Master", "job-role": "x"}}, "master"),
+        ("paddlejob", {"labels": {"training.kubeflow.org/replica-type": "master"}}, "master"),
+        ("xgboostjob", {"labels": {"training.kubeflow.org/replica-type": "worker"}}, "worker"),
+        ("jaxjob", {"labels": {"training.kubeflow.org/replica-type": "worker"}}, "worker"),
+        ("jaxjob", {"labels": {"job-role": "worker"}}, None),
         ("rayjob", {"labels": {"ray.io/group": "headgroup"}}, "head"),
         ("rayjob", {"labels": {"ray.io/group": "GPU"}}, "gpu"),
         ("raycluster", {"labels": {"ray.io/group": ""}}, "worker"),
@@ -865,6 +910,13 @@ def test_priority_per_kind() -> None:
     tf["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["priorityClassName"] = "w"
     tf["spec"]["tfReplicaSpecs"]["Master"]["template"]["spec"]["priorityClassName"] = "m"
     assert ADAPTERS["tfjob"].priority(tf) == ("w", None)
+    xgb = kubeflow_job("XGBoostJob", "xgbReplicaSpecs", {"Master": 1, "Worker": 1})
+    xgb["spec"]["xgbReplicaSpecs"]["Master"]["template"]["spec"]["priorityClassName"] = "m"
+    xgb["spec"]["xgbReplicaSpecs"]["Worker"]["template"]["spec"]["priorityClassName"] = "w"
+    assert ADAPTERS["xgboostjob"].priority(xgb) == ("w", None)
+    jax = kubeflow_job("JAXJob", "jaxReplicaSpecs", {"Worker": 4})
+    jax["spec"]["jaxReplicaSpecs"]["Worker"]["template"]["spec"]["priorityClassName"] = "j"
+    assert ADAPTERS["jaxjob"].priority(jax) == ("j", None)
     spark = spark_app(batchSchedulerOptions={"priorityClassName": "batch"})
     assert ADAPTERS["sparkapp"].priority(spark) == ("batch", None)
     wf = workflow()
@@ -878,9 +930,12 @@ def test_priority_per_kind() -> None:
 
 def test_registry_lookups() -> None:
     assert registry.EXTENSIONS == (
-        "job", "tfjob", "pytorchjob", "rayjob", "rayjobv1alpha1", "raycluster", "workflow", "sparkapp"
+        "job", "tfjob", "pytorchjob", "paddlejob", "xgboostjob", "jaxjob",
+        "rayjob", "rayjobv1alpha1", "raycluster", "workflow", "sparkapp",
     )  # fmt: skip
     assert "raycluster" not in registry.DEFAULT_EXTENSIONS
+    assert {"paddlejob", "xgboostjob", "jaxjob"} <= set(registry.DEFAULT_EXTENSIONS)
+    assert registry.by_kind("kubeflow.org/v1", "XGBoostJob") is registry.by_extension("xgboostjob")
     assert registry.by_kind("ray.io/v1alpha1", "RayJob") is registry.by_extension("rayjobv1alpha1")
     assert registry.by_kind("batch/v1", "CronJob") is None
     assert [a.extension for a in registry.enabled_adapters(["sparkapp", " job", ""])] == ["job", "sparkapp"]

@@ -162,3 +162,62 @@ async def test_a_dropped_park_settling_after_the_admission_does_not_erase_it() -
     await settle(loop)
     dequeued = [k for k, v in client.etcd.items() if (v.get("status") or {}).get("phase") == "Dequeued"]
     assert dequeued == ["x"], f"quota q (max 1 cpu) overrun: {dequeued} admitted"
+
+
+class LateReplyClient(ScriptedClient):
+    """Like ScriptedClient, but a write of a unit with a reply gate is applied at once and only
+    answered when the gate opens (etcd committed it; the response is still on its way)."""
+
+    def __init__(self, units: dict[str, kube.Obj]) -> None:
+        super().__init__(units)
+        self.replies: dict[str, asyncio.Event] = {}
+
+    async def patch(self, res: kube.Resource, name: str, body: Any, **kwargs: Any) -> kube.Obj:
+        reply = self.replies.pop(name, None)
+        written = await super().patch(res, name, body, **kwargs)
+        if reply is not None:
+            await reply.wait()
+        return written
+
+
+async def test_a_dropped_park_settling_before_the_admission_answers_does_not_erase_it() -> None:
+    """The same race with the answers the other way round: the admission is committed but its
+    answer is late, and the park's 409 settles first. Nothing may be decided from the dropped
+    park while the admission is still on its way."""
+    holder = admitted("holder", 10)
+    x = unit("x", 11)
+    client = LateReplyClient({"holder": holder, "x": x})
+    store: dict[str, kube.Obj] = {"ns/holder": holder, "ns/x": x}
+    loop = SchedulerLoop(client, events=FakeEvents(), settings=Settings())  # type: ignore[arg-type]
+    loop.unit_store = store
+    loop.on_quota(None, QUOTA)
+    loop.on_queue(None, QUEUE)
+    loop.on_unit(None, holder)
+    loop.on_unit(None, x)
+
+    park_gate = client.gate("x")
+    loop.cycle()
+    await settle(loop)
+
+    done = unit("holder", 12, {"phase": "Succeed", "message": "Succeeded"})
+    client.etcd["holder"] = done
+    store["ns/holder"] = done
+    loop.on_unit(holder, done)
+    admission_reply = asyncio.Event()
+    client.replies["x"] = admission_reply
+    # The park's gate is first in line for "x": hand the admission a gate of its own, open.
+    client.gates["x"].append(asyncio.Event())
+    client.gates["x"][-1].set()
+    loop.cycle()
+    await settle(loop)
+    assert client.etcd["x"]["status"]["phase"] == "Dequeued"  # committed, not yet answered
+    assert held(loop) == 1000
+
+    park_gate.set()  # the park: 409, dropped, while the admission's answer is still out
+    await settle(loop)
+    assert ("x", "409") in client.patches
+    assert held(loop) == 1000, "a dropped park erased an admission whose answer was on its way"
+
+    admission_reply.set()
+    await settle(loop)
+    assert held(loop) == 1000 and "ns/x" not in loop._writing
