@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from reconciler.events import EventRecorder
 from shared import kube
 from shared.api import names
-from shared.jobs import adoption, jobext, podlinks
+from shared.jobs import adoption, base, jobext
 from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, is_enqueued
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ def _names_consumer(unit: kube.Obj, key: JobKey) -> bool:
 
 def _owners(unit: kube.Obj, key: JobKey) -> list[str]:
     """UIDs of the unit's owner references to a job of ``key``'s kind and name."""
-    return [uid for kind, name, uid in podlinks.owner_uids(unit) if (kind, name) == (key.kind, key.name)]
+    return [uid for kind, name, uid in base.owner_uids(unit) if (kind, name) == (key.kind, key.name)]
 
 
 def orphaned(unit: kube.Obj, key: JobKey, job: kube.Obj | None) -> bool:

@@ -259,6 +259,18 @@ def owner_kinds(obj: Job, *, controller_only: bool = False) -> list[tuple[str, s
     return found
 
 
+def owner_uids(obj: Job) -> list[tuple[str, str, str]]:
+    """``(kind, name, uid)`` of every owner reference that has all three: who owns ``obj``, by the
+    UID the apiserver assigned (a name alone can be claimed by anyone)."""
+    refs = dig(obj, "metadata", "ownerReferences")
+    found: list[tuple[str, str, str]] = []
+    for ref in refs if isinstance(refs, list) else []:
+        kind, name, uid = text(dig(ref, "kind")), text(dig(ref, "name")), text(dig(ref, "uid"))
+        if kind and name and uid:
+            found.append((kind, name, uid))
+    return found
+
+
 def is_enqueued(obj: Job) -> bool:
     """The webhook (or an upstream extension) has put the job in the queue."""
     return enqueued_in(annotations_of(obj))

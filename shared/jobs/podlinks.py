@@ -21,35 +21,25 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shared.jobs import base
 from shared.jobs.base import Job, dig, text
 
 #: ``(kind, name)`` → the object of that kind and name in the pod's namespace, if known.
 ParentLookup = Callable[[str, str], Mapping[str, Any] | None]
 
 
-def owner_uids(obj: Job) -> list[tuple[str, str, str]]:
-    """``(kind, name, uid)`` of each well-formed owner reference of ``obj``."""
-    refs = dig(obj, "metadata", "ownerReferences")
-    found: list[tuple[str, str, str]] = []
-    for ref in refs if isinstance(refs, list) else []:
-        kind, name, uid = text(dig(ref, "kind")), text(dig(ref, "name")), text(dig(ref, "uid"))
-        if kind and name and uid:
-            found.append((kind, name, uid))
-    return found
-
-
 def owned_by(obj: Job, job_uid: str, parent: ParentLookup) -> bool:
     """``obj`` is owned by the job with ``job_uid``, directly or through one owner it owns."""
     if not job_uid:
         return False
-    refs = owner_uids(obj)
+    refs = base.owner_uids(obj)
     if any(uid == job_uid for _, _, uid in refs):
         return True
     for kind, name, uid in refs:
         owner = parent(kind, name)
         if owner is None or text(dig(owner, "metadata", "uid")) != uid:
             continue
-        if any(grand == job_uid for _, _, grand in owner_uids(owner)):
+        if any(grand == job_uid for _, _, grand in base.owner_uids(owner)):
             return True
     return False
 

@@ -11,8 +11,8 @@ Checked without network or cluster:
    ``docs/operations.md``;
 4. every field of the component configuration (the dataclasses of ``shared/core/config.py``, and the
    keys its file accepts) is mentioned in ``docs/operations.md``;
-5. no tracked text file refers to a design document outside the repository (the old citation forms
-   listed in ``docs/reference-map.md``) or to an issue number: the repository explains itself.
+5. no tracked text file refers to a design document outside the repository or to an issue number:
+   the repository explains itself.
 
 The helpers are tested first on small inputs, so a failure further down is about the documents.
 """
@@ -80,10 +80,6 @@ OUTSIDE_REFERENCES = (
     re.compile(r"STYLE\.md"),
     re.compile(r"\bissues?\s#?\d+", re.IGNORECASE),
 )
-#: Files allowed to name the outside documents: the map from the old citation forms to ``docs/``.
-OUTSIDE_REFERENCES_DOCUMENTED = frozenset({"docs/reference-map.md"})
-#: Files still being rewritten to cite ``docs/`` only (none).
-OUTSIDE_REFERENCES_PENDING: tuple[str, ...] = ()
 
 
 # --- Markdown helpers ------------------------------------------------------------------------------
@@ -244,18 +240,13 @@ def tracked_files(root: Path) -> list[Path]:
     return [root / name for name in sorted(listed.decode().split("\0")) if name]
 
 
-def outside_references(root: Path, files: list[Path], allowed: tuple[str, ...] = ()) -> list[str]:
+def outside_references(root: Path, files: list[Path]) -> list[str]:
     """``file:line: text`` of every reference to an outside design document or an issue number.
 
-    Binary files are skipped; a file is allowed when its relative path equals or starts with an
-    entry of ``allowed`` (a directory entry ends with ``/``)."""
+    Binary files are skipped."""
     found = []
     for path in files:
         relative = path.relative_to(root).as_posix()
-        if any(
-            relative == entry or (entry.endswith("/") and relative.startswith(entry)) for entry in allowed
-        ):
-            continue
         try:
             data = path.read_bytes()
         except OSError:
@@ -380,14 +371,15 @@ def test_outside_references_and_issue_numbers_are_reported_with_file_and_line(tm
     )
     (tmp_path / "image.png").write_bytes(b"\x89PNG\0issue" + b" 3")
     files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
-    found = outside_references(tmp_path, files, allowed=("docs/map.md", "chaos/"))
+    found = outside_references(tmp_path, files)
     assert [entry.split(": ", 1)[0] for entry in found] == [
+        "chaos/run.py:1",
         "code.py:2",
         "code.py:3",
         "code.py:4",
         "code.py:5",
+        "docs/map.md:1",
     ]
-    assert outside_references(tmp_path, files, allowed=("docs/map.md",))[0].startswith("chaos/run.py:1: ")
 
 
 def test_flags_are_collected_from_the_source() -> None:
@@ -420,11 +412,10 @@ def test_every_relative_link_in_the_docs_and_the_readme_resolves() -> None:
 def test_no_file_refers_to_an_outside_design_document_or_an_issue_number() -> None:
     files = tracked_files(ROOT)
     assert len(files) > 10, "no tracked files found: is the listing broken?"
-    allowed = (*OUTSIDE_REFERENCES_DOCUMENTED, *OUTSIDE_REFERENCES_PENDING)
-    found = outside_references(ROOT, files, allowed)
+    found = outside_references(ROOT, files)
     assert not found, (
         "references to documents outside the repository or to issue numbers (cite docs/<file>.md#<anchor>"
-        " instead; docs/reference-map.md maps the old forms):\n" + "\n".join(found)
+        " instead):\n" + "\n".join(found)
     )
 
 
