@@ -198,6 +198,7 @@ def build_view(got: Gathered, raw: Obj) -> replay.View:
         queues=got.queue_configs(),
         reclaim_protect_seconds=settings.reclaim_protect_seconds if settings else 0.0,
         namespace_binding=settings.quota_namespace_binding if settings else True,
+        guarantees=settings.quota_guarantees if settings else True,
         complete=got.complete,
         unreadable_quotas=frozenset(got.unreadable_quotas),
         queues_known=got.queues is not None,

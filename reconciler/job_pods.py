@@ -3,9 +3,10 @@
 
 Reads: the pod index (unit key → keys of the pods naming it; the controller holds it, these
 functions keep it exact), which of those pods count for a unit (``shared.jobs.podlinks``: in the unit's
-namespace and owned by its job, through a RayCluster or a Spark driver pod), and whether a pod of
-an orphaned unit still runs. Writes: deleting an unbound pod for a reclaim and removing the
-admission gate, both conditional so that a pod bound meanwhile is never touched. Apart from the
+namespace and owned by its job, through a RayCluster, a Spark driver pod or a child ``batch/v1``
+Job), and whether a pod of an orphaned unit still runs. Writes: deleting an unbound pod for a
+reclaim and removing the admission gate, both conditional so that a pod bound meanwhile is never
+touched. Apart from the
 controller (``reconciler.jobs``) because these are the only pod writes, each with its own race to
 close; the controller passes its stores in and keeps all state.
 """
@@ -28,6 +29,9 @@ from shared.jobs.base import JobAdapter
 log = logging.getLogger(__name__)
 
 Store = Mapping[str, kube.Obj]
+#: Stores of the owners that may stand between a job and its pods, by owner kind (``RayCluster``,
+#: ``Job``); pods themselves (a Spark executor's driver) come from the pod store.
+Parents = Mapping[str, Store]
 
 
 # --- the pod index: unit key -> keys of the pods naming it ----------------------------------------
@@ -67,7 +71,7 @@ def prune_index(index: dict[str, set[str]], unit_key: str, pods: Store) -> None:
 def pods_of(
     pods: Store,
     pod_keys: Iterable[str],
-    clusters: Store | None,
+    parents: Parents,
     unit_key: str,
     adapter: JobAdapter,
     job: kube.Obj,
@@ -83,7 +87,7 @@ def pods_of(
         if pod is None:
             continue
         if not podlinks.counts_for(
-            pod, unit_namespace=namespace, job_uid=job_uid, parent=parent_lookup(pods, clusters, namespace)
+            pod, unit_namespace=namespace, job_uid=job_uid, parent=parent_lookup(pods, parents, namespace)
         ):
             continue
         pod_set = adapter.pod_set_of(pod)
@@ -92,27 +96,25 @@ def pods_of(
     return views
 
 
-def parent_lookup(pods: Store, clusters: Store | None, namespace: str) -> podlinks.ParentLookup:
-    """Owners that stand between a job and its pods: a RayJob's RayCluster, a Spark driver pod."""
+def parent_lookup(pods: Store, parents: Parents, namespace: str) -> podlinks.ParentLookup:
+    """Owners that stand between a job and its pods: a RayJob's RayCluster, a Spark driver pod, the
+    ``batch/v1`` Job an MPIJob's launcher or a JobSet's replicated job runs in."""
 
     def parent(kind: str, name: str) -> Mapping[str, Any] | None:
-        if kind == "Pod":
-            return pods.get(f"{namespace}/{name}")
-        if kind == "RayCluster" and clusters is not None:
-            return clusters.get(f"{namespace}/{name}")
-        return None
+        store = pods if kind == "Pod" else parents.get(kind)
+        return store.get(f"{namespace}/{name}") if store is not None else None
 
     return parent
 
 
 def orphaned_pods_run(
-    pods: Store, pod_keys: Iterable[str], clusters: Store | None, unit_key: str, job_uid: str | None
+    pods: Store, pod_keys: Iterable[str], parents: Parents, unit_key: str, job_uid: str | None
 ) -> bool:
     """Does a pod of an orphaned unit still run, or is it released to run? Its job is gone, so
     its pods are the ones naming the unit (``pod_keys``) in the unit's namespace, except pods of the
     live job of the same name (``job_uid``), if any. A pod still gated never ran and never will."""
     namespace = unit_key.partition("/")[0]
-    parent = parent_lookup(pods, clusters, namespace)
+    parent = parent_lookup(pods, parents, namespace)
     for pod_key in sorted(pod_keys):
         pod = pods.get(pod_key)
         if pod is None or (pod.get("metadata") or {}).get("namespace") != namespace:
@@ -256,3 +258,11 @@ def _rv_of(obj: kube.Obj | None) -> object:
 def slim_pod(pod: kube.Obj) -> kube.Obj:
     """What the pod informer keeps (``shared.jobs.podplan.slim_pod``), and what an ungate assumes."""
     return podplan.slim_pod(slim(pod))
+
+
+def slim_parent(obj: kube.Obj) -> kube.Obj:
+    """What a store of parent objects needs to link a pod (``shared.jobs.podlinks``): the object's
+    identity and its owner references. A Job watched only for that keeps nothing else."""
+    meta = obj.get("metadata") or {}
+    kept = ("name", "namespace", "uid", "resourceVersion", "ownerReferences")
+    return {"metadata": {key: meta[key] for key in kept if key in meta}}

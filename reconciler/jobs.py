@@ -15,11 +15,15 @@ Work is keyed by job: events on the job, its unit or its pods mark the job dirty
 workers drains the dirty set so one job is never handled by two workers at once and a burst of
 events for the same job costs one reconcile.
 
-Two refinements of "a job and its unit":
+Three refinements of "a job and its unit":
 
 * a RayJob's pod sets follow the RayCluster KubeRay created for it
   (docs/compatibility.md#s27-rayjob-follows-its-live-raycluster), so RayClusters are watched too
   (optionally: the CRD may be absent) and a cluster's events mark its RayJob;
+* an MPIJob's launcher and a JobSet's pods are owned by ``batch/v1`` Jobs their controllers create
+  (``pods_through_jobs``), so Jobs are watched too (the ``job`` extension's informer when it is
+  enabled) to link those pods to the unit, and a child Job that appears marks its parent, whose
+  pods may have been seen before it (docs/compatibility.md#pod-gating);
 * a released job whose unit was deleted gets it back admitted
   (docs/compatibility.md#adoption-of-released-jobs): the unit is created marked for adoption and its
   status written right after (``shared.jobs.adoption``); a marked unit without a status is finished whenever
@@ -32,16 +36,24 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
+from typing import Final
 
 from reconciler import job_lifecycle, job_pods, job_units
 from reconciler.events import EventRecorder
 from reconciler.informer import Informer, key_of, slim
 from reconciler.job_units import JobKey
 from shared import kube
-from shared.jobs import adoption, jobext, podplan, ray, registry, running_timeout
-from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued
+from shared.jobs import adoption, batch_job, jobext, jobset, podplan, ray, registry, running_timeout
+from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, owner_kinds
 
 log = logging.getLogger(__name__)
+
+_BATCH_JOB: Final = (batch_job.BatchJobAdapter.api_version, batch_job.BatchJobAdapter.kind)
+#: Kinds whose ``job_status`` is Running as soon as pods are active, gated or unbound ones included
+#: (a Job's ``status.active``, a JobSet's active child Jobs): reported Pending until one is bound.
+_RUNNING_ONCE_BOUND: Final = frozenset(
+    {_BATCH_JOB, (jobset.JobSetAdapter.api_version, jobset.JobSetAdapter.kind)}
+)
 
 
 class JobExtensions:
@@ -89,6 +101,11 @@ class JobExtensions:
             for a in adapters
         }
         self.clusters = self._cluster_informer()
+        #: (API group, kind) → adapter, for the enabled kinds whose pods are owned by child Jobs
+        self._job_parents = {
+            (a.api_version.split("/")[0], a.kind): a for a in adapters if a.pods_through_jobs
+        }
+        self.child_jobs = self._child_job_informer()
         self.pods = Informer(
             client, kube.PODS, handler=self._on_pod, transform=job_pods.slim_pod, packed=True
         )
@@ -104,12 +121,9 @@ class JobExtensions:
     # --- event intake ---------------------------------------------------------------------------
 
     def informers(self) -> list[Informer]:
-        own = (
-            [self.clusters]
-            if self.clusters is not None and self.clusters not in self.job_informers.values()
-            else []
-        )
-        return [*self.job_informers.values(), *own, self.pods]
+        shared = list(self.job_informers.values())
+        own = [i for i in (self.clusters, self.child_jobs) if i is not None and i not in shared]
+        return [*shared, *own, self.pods]
 
     def _ray_job_adapter(self) -> JobAdapter | None:
         """The enabled RayJob adapter (one served version at most, see ``registry``)."""
@@ -135,6 +149,44 @@ class JobExtensions:
 
         shared.handler = both
         return shared
+
+    def _child_job_informer(self) -> Informer | None:
+        """``batch/v1`` Jobs, watched when a managed kind's pods are owned by Jobs its controller
+        creates: such a pod counts for the kind's unit through its Job (``shared.jobs.podlinks``).
+        The informer of the ``job`` extension is shared when that is enabled (it keeps every Job,
+        managed or not); otherwise one of our own keeping only what links a pod."""
+        if not self._job_parents:
+            return None
+        shared = self.job_informers.get(_BATCH_JOB)
+        if shared is None:
+            return Informer(
+                self.client,
+                job_units.resource_of(batch_job.BatchJobAdapter()),
+                handler=self._on_child_job,
+                transform=job_pods.slim_parent,
+                packed=True,
+            )
+        as_job = shared.handler
+
+        def both(old: kube.Obj | None, new: kube.Obj | None) -> None:
+            as_job(old, new)
+            self._on_child_job(old, new)
+
+        shared.handler = both
+        return shared
+
+    def _on_child_job(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
+        """A Job appeared or went: look at its parent if that is a kind whose pods it owns. A pod
+        seen before its Job did not count (its owner was unknown); the parent's next pass counts
+        it. Updates are status churn: a Job's name, UID and owners never change."""
+        if old is not None and new is not None:
+            return
+        obj = new or old or {}
+        namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+        for api_version, kind, name in owner_kinds(obj, controller_only=True):
+            adapter = self._job_parents.get((api_version.split("/")[0], kind))
+            if adapter is not None:
+                self.mark(JobKey(adapter.api_version, adapter.kind, namespace, name))
 
     def _on_cluster(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         """A RayCluster changed (the autoscaler scaled it, it appeared or went): look at its RayJob."""
@@ -388,7 +440,8 @@ class JobExtensions:
             # replicas taken back (shared.core.scheduling.reclaim_took_back), for bare units too.
             return  # the unit's update brings us back
         await asyncio.gather(*(job_pods.ungate(self.client, self.pods.objects, p) for p in plan.ungate))
-        if adapter.kind == "Job" and status == JobStatus.RUNNING and not any(p.bound for p in pods):
+        running_once_bound = (adapter.api_version, adapter.kind) in _RUNNING_ONCE_BOUND
+        if running_once_bound and status == JobStatus.RUNNING and not any(p.bound for p in pods):
             status = JobStatus.PENDING  # active pods that are all gated or unbound are not running
         patch = podplan.report(unit, pods, status, now_text=job_units.now_text())
         if patch is not None:
@@ -418,7 +471,7 @@ class JobExtensions:
         pods_run = job_pods.orphaned_pods_run(
             self.pods.objects,
             self._pods_by_unit.get(unit_key, ()),
-            self._cluster_objects(),
+            self._parents(),
             unit_key,
             job_units.uid_of(job),
         )
@@ -429,14 +482,20 @@ class JobExtensions:
         return job_pods.pods_of(
             self.pods.objects,
             self._pods_by_unit.get(unit_key, ()),
-            self._cluster_objects(),
+            self._parents(),
             unit_key,
             adapter,
             job,
         )
 
-    def _cluster_objects(self) -> Mapping[str, kube.Obj] | None:
-        return self.clusters.objects if self.clusters is not None else None
+    def _parents(self) -> job_pods.Parents:
+        """The stores of the owners that may stand between a job and its pods (``job_pods``)."""
+        found: dict[str, job_pods.Store] = {}
+        if self.clusters is not None:
+            found["RayCluster"] = self.clusters.objects
+        if self.child_jobs is not None:
+            found["Job"] = self.child_jobs.objects
+        return found
 
 
 def _slim_batch_job(job: kube.Obj) -> kube.Obj:

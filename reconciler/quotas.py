@@ -206,7 +206,8 @@ class QuotaQueueSync:
 class QuotaBindingSync:
     """Keep the ConfigMap the quota-binding admission policy reads in step with the quotas.
 
-    The data comes from ``shared.core.quotaqueues.binding_data`` over the quotas that count. It is
+    The data comes from ``shared.core.quotaqueues.binding_data`` and ``tree_data`` (the tree policy
+    reads the same ConfigMap) over the quotas that count. It is
     written after quota events (a burst coalesced into one write) and compared with the cluster
     every ``resync_seconds``, so a ConfigMap deleted or edited by hand is put back. Until it exists
     the policy lets jobs in (``parameterNotFoundAction: Allow``): the scheduler holds them anyway.
@@ -237,7 +238,8 @@ class QuotaBindingSync:
         self._wake.set()
 
     def desired(self) -> dict[str, str]:
-        return quotaqueues.binding_data(self.quotas(), enforce=self.enforce)
+        quotas = list(self.quotas())
+        return quotaqueues.binding_data(quotas, enforce=self.enforce) | quotaqueues.tree_data(quotas)
 
     async def run(self) -> None:
         while True:

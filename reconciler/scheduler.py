@@ -84,6 +84,7 @@ class SchedulerLoop:
         self.cache = Cache(
             reclaim_protect_seconds=settings.reclaim_protect_seconds,
             quota_namespace_binding=settings.quota_namespace_binding,
+            quota_guarantees=settings.quota_guarantees,
         )
         #: raw objects by key, kept by the informers (set by the wiring in main)
         self.unit_store: Mapping[str, kube.Obj] = {}

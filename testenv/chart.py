@@ -12,7 +12,8 @@ What the values reach (everything else is the manifests, verbatim):
 * ``image.repository`` / ``image.tag`` / ``image.pullPolicy``: both Deployments;
 * ``reconciler.replicas`` / ``webhook.replicas``, ``reconciler.resources`` / ``webhook.resources``;
 * ``config.*``: the component configuration (ConfigMap ``koord-queue-config``):
-  ``defaultReclaimProtectTime``, ``quotaNamespaceBinding``, ``maxUserPriority`` (also given to the
+  ``defaultReclaimProtectTime``, ``quotaNamespaceBinding``, ``quotaGuarantees``,
+  ``publishQuotaStatus``, ``maxUserPriority`` (also given to the
   webhook as ``--max-user-priority``, so both refuse and clamp alike), ``jobRunningTimeout``,
   ``plugins``; ``config.enabledExtensions`` (the job kinds, ``--enabled-extensions`` of both
   processes; empty: their default);
@@ -157,6 +158,8 @@ apiVersion: scheduling.k8s.io/v1
 kind: KoordQueueConfiguration
 defaultReclaimProtectTime: {{ .Values.config.defaultReclaimProtectTime | quote }}
 quotaNamespaceBinding: {{ .Values.config.quotaNamespaceBinding }}
+quotaGuarantees: {{ .Values.config.quotaGuarantees }}
+publishQuotaStatus: {{ .Values.config.publishQuotaStatus }}
 {{- if not (kindIs "invalid" .Values.config.maxUserPriority) }}
 maxUserPriority: {{ int64 .Values.config.maxUserPriority }}
 {{- end }}
@@ -266,6 +269,10 @@ config:
   # A quota serves only jobs of its own namespace and of those in its
   # quota.scheduling.koordinator.sh/namespaces annotation; false: any job may name any quota.
   quotaNamespaceBinding: {str(config.get("quotaNamespaceBinding", True)).lower()}
+  # min guaranteed, lending and fair shares below parent quotas; false: max-only admission.
+  quotaGuarantees: {str(config.get("quotaGuarantees", True)).lower()}
+  # Write status.used and the runtime/request/borrowed annotations (false: koord-scheduler does).
+  publishQuotaStatus: {str(config.get("publishQuotaStatus", True)).lower()}
   # The highest priority a job may ask for with scheduling.x-k8s.io/priority (null: no cap).
   # Also given to the webhook as --max-user-priority, so larger values are refused at once.
   maxUserPriority: {"null" if cap is None else cap}

@@ -178,6 +178,8 @@ def webhook_configurations(*, url: str, ca_pem: bytes) -> list[dict[str, Any]]:
             "apiVersions": ["v1"],
             "resources": ["tfjobs", "pytorchjobs", "paddlejobs", "xgboostjobs", "jaxjobs"],
         },
+        {"apiGroups": ["kubeflow.org"], "apiVersions": ["v2beta1"], "resources": ["mpijobs"]},
+        {"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "resources": ["jobsets"]},
         {"apiGroups": ["ray.io"], "apiVersions": ["v1", "v1alpha1"], "resources": ["rayjobs", "rayclusters"]},
         {"apiGroups": ["argoproj.io"], "apiVersions": ["v1alpha1"], "resources": ["workflows"]},
         {

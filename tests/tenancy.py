@@ -24,9 +24,10 @@ RULES: list[dict[str, Any]] = [
     {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": WRITE},
     {
         "apiGroups": ["kubeflow.org"],
-        "resources": ["tfjobs", "pytorchjobs", "paddlejobs", "xgboostjobs", "jaxjobs"],
+        "resources": ["tfjobs", "pytorchjobs", "paddlejobs", "xgboostjobs", "jaxjobs", "mpijobs"],
         "verbs": WRITE,
     },
+    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": WRITE},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayclusters"], "verbs": WRITE},
     {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": WRITE},
     {"apiGroups": ["sparkoperator.k8s.io"], "resources": ["sparkapplications"], "verbs": WRITE},

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shared.api import durations, names, quantities
+from shared.api import durations, names, parsing, quantities
 from shared.api.goparse import INT32_MAX, INT32_MIN, parse_go_bool, parse_go_int
 from shared.jobs import base, podspec
 from shared.jobs.base import JobSpecError
@@ -386,6 +386,14 @@ def validate_elastic_quota(obj: Mapping[str, Any]) -> list[FieldError]:
     errors += _policy(
         found_labels.get(names.QUEUE_POLICY_LABEL), f"metadata.labels[{names.QUEUE_POLICY_LABEL}]"
     )
+    for label in (names.QUOTA_IS_PARENT_LABEL, names.QUOTA_ALLOW_LENT_LABEL):
+        value = found_labels.get(label)
+        if value is not None and value not in ("true", "false"):
+            errors.append(invalid(f"metadata.labels[{label}]", value, 'must be "true" or "false"'))
+    weight = annotations.get(names.QUOTA_SHARED_WEIGHT_ANNOTATION)
+    if weight is not None and isinstance(parsing.parse_shared_weight(weight), str):
+        detail = 'must be a ResourceList as JSON with non-negative quantities, such as {"cpu":"4"}'
+        errors.append(invalid(_annotation(names.QUOTA_SHARED_WEIGHT_ANNOTATION), weight, detail))
     parent = found_labels.get(names.QUOTA_PARENT_LABEL)
     if parent and parent == base.name_of(obj):
         detail = (

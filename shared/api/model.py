@@ -123,12 +123,16 @@ class QueueConfig:
 
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """An ElasticQuota: only ``max`` limits admission; ``parent`` empty means the root.
+    """An ElasticQuota: ``max`` limits admission, ``min`` is guaranteed; ``parent`` empty means the root.
 
     ``extra_namespaces`` are the namespaces its ``quota.scheduling.koordinator.sh/namespaces``
     annotation binds besides its own; ``created`` and ``uid`` decide which of several same-named
     quotas counts (``shared.core.quota.winner_key``); ``max_user_priority`` is the admin's cap on the
     priority its jobs may ask for by annotation.
+
+    ``is_parent``, ``lends`` and ``shared_weight`` are Koordinator's labels and annotation for the
+    guarantee model (docs/compatibility.md#quota-guarantees): a parent takes no jobs, a quota that
+    does not lend keeps its unused ``min`` to itself, and the weight divides spare capacity.
     """
 
     name: str
@@ -143,6 +147,9 @@ class Quota:
     created: float = 0.0
     extra_namespaces: frozenset[str] = frozenset()
     max_user_priority: int | None = None
+    is_parent: bool = False
+    lends: bool = True
+    shared_weight: Resources | None = None
 
     @property
     def bound_namespaces(self) -> frozenset[str]:

@@ -231,6 +231,28 @@ class Message:
         return f"queue {queue} is preempting, not allowed to preempt again"
 
     @staticmethod
+    def share_limited(quota: str, parent: str, resource: str) -> str:
+        return (
+            f"limited quotaName:{quota}, limited resKey:{resource}, the rest of {parent} is held "
+            "for sibling quotas (their min or fair share)"
+        )
+
+    @staticmethod
+    def parent_quota(quota: str) -> str:
+        return (
+            f"quota {quota} is a parent quota ({QUOTA_IS_PARENT_LABEL}=true) and takes no jobs; "
+            "label the job with one of its child quotas"
+        )
+
+    @staticmethod
+    def guarantee_reclaiming(quotas: list[str]) -> str:
+        return f"; reclaiming borrowed quota from {','.join(quotas)} (within min)"
+
+    @staticmethod
+    def guarantee_waiting(quotas: list[str]) -> str:
+        return f"; within min, waiting for {','.join(quotas)} to return borrowed quota (its pods run)"
+
+    @staticmethod
     def reclaimed_event(name: str) -> str:
         return f"resources reclaimed, queueUnit {name} is ready for re-scheduling"
 
@@ -256,6 +278,23 @@ QUOTA_BINDING_ENFORCE_KEY: Final = "enforce"
 
 #: Warning on an ElasticQuota ignored because an older ElasticQuota elsewhere has the same name.
 DUPLICATE_QUOTA_NAME_REASON: Final = "DuplicateQuotaName"
+# --- Quota guarantees: min, borrowing, lending (docs/compatibility.md#quota-guarantees) -------
+
+#: Koordinator's label for a quota that only groups children: it takes no jobs itself.
+QUOTA_IS_PARENT_LABEL: Final = "quota.scheduling.koordinator.sh/is-parent"
+#: Koordinator's label: ``"false"`` keeps the quota's unused ``min`` reserved (not lent to siblings).
+QUOTA_ALLOW_LENT_LABEL: Final = "quota.scheduling.koordinator.sh/allow-lent-resource"
+#: Koordinator's annotation (a ResourceList as JSON): the quota's weight when siblings share spare
+#: capacity of their parent; the default is the quota's ``max``.
+QUOTA_SHARED_WEIGHT_ANNOTATION: Final = "quota.scheduling.koordinator.sh/shared-weight"
+#: Published on each ElasticQuota (ResourceLists as JSON), in the places koord-scheduler uses:
+#: what the quota may use now (its guarantee plus its fair share of spare capacity) and what it asks
+#: for (usage plus waiting demand, capped at ``max``).
+QUOTA_RUNTIME_ANNOTATION: Final = "quota.scheduling.koordinator.sh/runtime"
+QUOTA_REQUEST_ANNOTATION: Final = "quota.scheduling.koordinator.sh/request"
+#: Ours: ``used - min`` where positive (a ResourceList as JSON), for the printer column.
+QUOTA_BORROWED_ANNOTATION: Final = "koord-queue/borrowed"
+
 #: Warning on an ElasticQuota whose koord-queue-relevant annotation cannot be read.
 INVALID_QUOTA_ANNOTATION_REASON: Final = "InvalidQuotaAnnotation"
 

@@ -359,6 +359,29 @@ def parse_user_priority_cap(text: str | None) -> tuple[int | None, str | None]:
     return number, None
 
 
+def parse_shared_weight(text: str | None) -> Resources | str | None:
+    """The ``shared-weight`` annotation: a ResourceList as JSON; None when absent, else the problem
+    text when it cannot be read (the quota then weighs its ``max``, the default)."""
+    if text is None or not text.strip():
+        return None
+    key = f"metadata.annotations[{names.QUOTA_SHARED_WEIGHT_ANNOTATION}]"
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return (
+            f'{key}: not valid JSON; expected a ResourceList such as {{"cpu":"4"}}; the quota weighs its max'
+        )
+    if not isinstance(value, dict):
+        return f"{key}: expected a JSON object (a ResourceList); the quota weighs its max"
+    try:
+        weight = quantities.parse_resource_list(value, path=key)
+    except QuantityError as err:
+        return f"{err}; the quota weighs its max"
+    if any(v < 0 for v in weight.values()):
+        return f"{key}: a weight may not be negative; the quota weighs its max"
+    return weight
+
+
 def parse_quota(raw: Mapping[str, object]) -> Quota:
     """Parse an ElasticQuota.
 
@@ -377,6 +400,10 @@ def parse_quota(raw: Mapping[str, object]) -> Quota:
     cap, problem = parse_user_priority_cap(annotations.get(names.MAX_USER_PRIORITY_ANNOTATION))
     if problem is not None:
         r.problems.append(problem)
+    weight = parse_shared_weight(annotations.get(names.QUOTA_SHARED_WEIGHT_ANNOTATION))
+    if isinstance(weight, str):
+        r.problems.append(weight)
+        weight = None
     minimum, _ = r.resources(spec.get("min"), "spec.min")
     maximum, ok = r.resources(spec.get("max"), "spec.max")
     if not ok:
@@ -396,4 +423,7 @@ def parse_quota(raw: Mapping[str, object]) -> Quota:
         created=parse_time(meta.get("creationTimestamp")) or 0.0,
         extra_namespaces=extra,
         max_user_priority=cap,
+        is_parent=labels.get(names.QUOTA_IS_PARENT_LABEL, "").strip().lower() == "true",
+        lends=labels.get(names.QUOTA_ALLOW_LENT_LABEL, "").strip().lower() != "false",
+        shared_weight=weight,
     )

@@ -9,6 +9,11 @@ behaviour:
 * ``quotaNamespaceBinding`` (default true): a quota serves only jobs of its own namespace and of the
   namespaces its ``quota.scheduling.koordinator.sh/namespaces`` annotation lists; false restores
   upstream's unchecked behaviour (any job may name any quota);
+* ``quotaGuarantees`` (default true): below a parent quota, ``min`` is guaranteed, unused ``min``
+  is lent, spare capacity is shared by weight and a quota within its ``min`` reclaims from borrowing
+  siblings (docs/compatibility.md#quota-guarantees); false restores upstream's max-only admission;
+* ``publishQuotaStatus`` (default true): the reconciler writes ``status.used`` and the runtime,
+  request and borrowed annotations on ElasticQuotas; false where koord-scheduler owns them;
 * ``maxUserPriority`` (default unset: no cap): the largest priority a job may ask for with the
   ``scheduling.x-k8s.io/priority`` annotation; larger values are clamped (PriorityClass values,
   which admins control, are not);
@@ -47,6 +52,8 @@ _KNOWN: Final = frozenset(
         "pluginConfigs",
         "defaultReclaimProtectTime",
         "quotaNamespaceBinding",
+        "quotaGuarantees",
+        "publishQuotaStatus",
         "maxUserPriority",
         "jobRunningTimeout",
     }
@@ -72,10 +79,24 @@ class Settings:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     #: A quota serves only units of the namespaces it is bound to (``quotaNamespaceBinding``).
     quota_namespace_binding: bool = True
+    #: ``min`` guaranteed, lending and fair shares below parent quotas (``quotaGuarantees``).
+    quota_guarantees: bool = True
+    #: Write ``status.used`` and the runtime/request/borrowed annotations (``publishQuotaStatus``).
+    publish_quota_status: bool = True
     #: Cluster-wide cap on the priority a job may ask for by annotation (``maxUserPriority``).
     max_user_priority: int | None = None
     #: Per job extension running, backoff and partial running timeouts (``jobRunningTimeout``).
     running_timeouts: RunningTimeouts = field(default_factory=RunningTimeouts)
+
+
+def _switch(doc: dict[str, Any], key: str, source: str) -> bool:
+    """A boolean field that defaults to true."""
+    value = doc.get(key)
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise ConfigError(f"{source}: {key}: expected true or false, got {value!r}")
+    return value
 
 
 def parse(text: str, *, source: str = "config") -> Settings:
@@ -106,11 +127,9 @@ def parse(text: str, *, source: str = "config") -> Settings:
             raise ConfigError(f"{source}: defaultReclaimProtectTime: {err}") from None
         if not math.isfinite(protect) or protect < 0:
             raise ConfigError(f"{source}: defaultReclaimProtectTime: must be a finite, non-negative duration")
-    binding = doc.get("quotaNamespaceBinding")
-    if binding is None:
-        binding = True
-    if not isinstance(binding, bool):
-        raise ConfigError(f"{source}: quotaNamespaceBinding: expected true or false, got {binding!r}")
+    binding = _switch(doc, "quotaNamespaceBinding", source)
+    guarantees = _switch(doc, "quotaGuarantees", source)
+    publish = _switch(doc, "publishQuotaStatus", source)
     cap = doc.get("maxUserPriority")
     if cap is not None and (
         isinstance(cap, bool) or not isinstance(cap, int) or not INT32_MIN <= cap <= INT32_MAX
@@ -123,6 +142,8 @@ def parse(text: str, *, source: str = "config") -> Settings:
         reclaim_protect_seconds=protect,
         warnings=warnings + timeout_warnings,
         quota_namespace_binding=binding,
+        quota_guarantees=guarantees,
+        publish_quota_status=publish,
         max_user_priority=cap,
         running_timeouts=timeouts,
     )

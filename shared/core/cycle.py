@@ -13,10 +13,12 @@ import enum
 
 from shared.api.admission_checks import matched_checks
 from shared.api.names import Message, Phase, QueuePolicy
+from shared.core.guarantees import Reclaim, may_claim, plan_reclaim
 from shared.core.plan import Admit, Decision, Park, Snapshot
 from shared.core.policies import (
     Entry,
     Item,
+    Mark,
     ParkRecord,
     QueueState,
     SchedulerState,
@@ -25,6 +27,7 @@ from shared.core.policies import (
     invalid_message,
 )
 from shared.core.preemption import (
+    MarkVictims,
     PreemptOutcome,
     disabled_reason,
     first_holder,
@@ -59,19 +62,27 @@ class Cycle:
         self.protect = snapshot.reclaim_protect_seconds
         self.state = state
         self.now = now
-        self.view: UsageView = snapshot.ledger.view()
+        self.guarantees = snapshot.guarantees
+        self.view: UsageView = (
+            snapshot.ledger.view(state.runtime, state.guaranteed)
+            if snapshot.guarantees
+            else snapshot.ledger.view()
+        )
         self.decisions: list[Decision] = []
         self.examined = 0
         self.admitted: dict[str, list[Item]] = {}
         self.epochs: dict[str, int] = {}
         self.levels: set[str | None] = set()
+        #: victims a unit waiting for its guarantee counts on in this cycle (promised once)
+        self.claimed: set[str] = set()
 
     # --- helpers ------------------------------------------------------------------------------------
 
     def epoch(self, qs: QueueState) -> int:
         value = self.epochs.get(qs.name)
         if value is None:
-            value = self.epochs[qs.name] = self.ledger.epoch(qs.name)
+            value = self.ledger.epoch(qs.name) + self.state.share_epochs.get(qs.name, 0)
+            self.epochs[qs.name] = value
         return value
 
     def park(
@@ -110,8 +121,10 @@ class Cycle:
             if holder is not None and holder < item:
                 return _Stop.HELD
         minimums = qs.demand.minimums()
-        if self.view.exhausted(qs.name, minimums, any_empty=qs.demand.empty > 0) and not may_preempt(
-            qs, key, item
+        if (
+            self.view.exhausted(qs.name, minimums, any_empty=qs.demand.empty > 0)
+            and not may_preempt(qs, key, item)
+            and not (self.guarantees and may_claim(self.view, qs.name))
         ):
             self.levels.add(self.view.level)
             return _Stop.EXHAUSTED
@@ -214,6 +227,19 @@ class Cycle:
         entry = qs.entries[key]
         admitted = self.admitted.setdefault(qs.name, [])
         failure = self.view.check(entry.request, qs.name, item=key)
+        if failure is not None and self.guarantees:
+            claim = plan_reclaim(
+                entry.request,
+                qs.name,
+                view=self.view,
+                units=self.units,
+                queues=self.state.queues,
+                now=self.now,
+                protect=self.protect,
+                claimed=self.claimed,
+            )
+            if claim is not None:
+                return self.claim(qs, key, failure, claim)
         if failure is not None:
             why = disabled_reason(cfg)
             outcome = (
@@ -278,6 +304,34 @@ class Cycle:
             )
         )
         return None
+
+    def claim(self, qs: QueueState, key: str, failure: str, claim: Reclaim) -> bool:
+        """A unit within its quota's ``min`` was refused because siblings borrowed: mark their
+        victims in their own queues (so nothing is marked twice) and park the unit saying whom it
+        waits for (docs/compatibility.md#reclaim-across-quotas)."""
+        for queue, victims in claim.victims.items():
+            owner = self.state.queues[queue]
+            for victim in victims:
+                owner.marks[victim.key] = Mark(dict(victim.reclaim), self.now)
+            self.decisions.append(MarkVictims(queue=queue, preemptor=key, victims=victims, path="guarantee"))
+        if claim.wake_at is not None and (qs.wake_at is None or claim.wake_at < qs.wake_at):
+            qs.wake_at = claim.wake_at
+        if claim.victims:
+            qs.dirty = True  # re-check once the marks are written
+        if claim.succeeded:
+            self.claimed.update(v.key for vs in claim.victims.values() for v in vs)
+            self.claimed.update(claim.waiting_for)
+        names = list(claim.borrowers)
+        suffix = Message.guarantee_reclaiming(names) if claim.succeeded else Message.guarantee_waiting(names)
+        self.park(
+            qs,
+            key,
+            failure + suffix,
+            quota_failure=True,
+            protected=claim.protected,
+            promised=(*(v.key for vs in claim.victims.values() for v in vs), *claim.waiting_for),
+        )
+        return claim.succeeded
 
     def apply_outcome(self, qs: QueueState, key: str, outcome: PreemptOutcome, *, path: str) -> None:
         mark = record_outcome(qs, key, outcome, now=self.now, path=path)

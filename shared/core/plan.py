@@ -89,3 +89,6 @@ class Snapshot:
     units: dict[str, Unit] = field(default_factory=dict)
     ledger: QuotaLedger = field(default_factory=QuotaLedger)
     reclaim_protect_seconds: float = 0.0
+    #: the ``quotaGuarantees`` switch: ``min``, lending and fair shares below parent quotas
+    #: (docs/compatibility.md#quota-guarantees); off, admission checks ``max`` only as upstream.
+    guarantees: bool = True

@@ -389,6 +389,14 @@ class SchedulerState:
         self.orphans_parked: set[str] = set()
         self.dirty: set[str] = set()
         self.timers: dict[str, float] = {}
+        #: the last cycle's guarantee figures (``shared.core.guarantees.Shares``), per quota
+        self.runtime: Mapping[str, Resources] = {}
+        self.requests: Mapping[str, Resources] = {}
+        self.guaranteed: Mapping[str, Resources] = {}
+        #: per parent quota, the guaranteed capacity its children claimed and did not use
+        self.gaps: Mapping[str, Resources] = {}
+        #: per queue, bumped when a quota on its chain got a larger runtime (parked units retry)
+        self.share_epochs: dict[str, int] = {}
         self._dependents: dict[str, set[str]] = {}
         self._dependents_epoch: tuple[int, int] | None = None
 
@@ -441,8 +449,6 @@ class SchedulerState:
 
     def on_release(self, quotas: frozenset[str] | set[str], chain_of: QuotaLedger) -> None:
         """Wake the queues whose quota chain contains a quota that released usage or changed."""
-        if not quotas:
-            return
         epoch = (chain_of.tree_epoch, len(self.queues))
         if self._dependents_epoch != epoch:
             self._dependents = {}
@@ -450,6 +456,8 @@ class SchedulerState:
                 for quota in (*chain_of.chain(qname).names, qname):
                     self._dependents.setdefault(quota, set()).add(qname)
             self._dependents_epoch = epoch
+        if not quotas:
+            return
         woken: set[str] = set()
         for quota in quotas:
             woken.update(self._dependents.get(quota, ()))
@@ -458,6 +466,19 @@ class SchedulerState:
             if state.limiting is None or not state.limiting.isdisjoint(quotas):
                 state.release()
                 self.dirty.add(qname)
+
+    def on_share_growth(self, quotas: set[str], chain_of: QuotaLedger) -> None:
+        """The runtime of ``quotas`` grew: every queue below them may fit more now."""
+        if not quotas:
+            return
+        self.on_release(frozenset(), chain_of)  # refresh the dependents map if the tree changed
+        woken: set[str] = set()
+        for quota in quotas:
+            woken.update(self._dependents.get(quota, ()))
+        for qname in sorted(woken):
+            self.share_epochs[qname] = self.share_epochs.get(qname, 0) + 1
+            self.queues[qname].release()
+            self.dirty.add(qname)
 
     def wake_all(self) -> None:
         """The quota tree changed shape: every queue may see different limits."""

@@ -35,8 +35,11 @@ A quota that does not exist binds nothing and refuses nothing here: its units wa
 
 The filter walks from the unit's quota up the parent chain to ``koordinator-root-quota`` (never
 checked itself) and at every level compares the request with ``max - used``: resources absent from
-``max`` are unlimited; an empty ``max`` rejects any non-empty request; ``min`` is ignored (as
-upstream). A cycle or a missing ancestor fails with upstream's texts.
+``max`` are unlimited; an empty ``max`` rejects any non-empty request. A cycle or a missing ancestor
+fails with upstream's texts. Below a parent that is a quota, the view also holds each quota's
+*runtime* (``shared.core.guarantees``: its ``min`` plus its fair share of what siblings leave) as a
+second limit at that level (docs/compatibility.md#quota-guarantees); with guarantees switched off,
+``min`` is ignored as upstream does.
 
 Pure: standard library and sibling modules only.
 """
@@ -144,6 +147,11 @@ def winner(quotas: Iterable[Quota]) -> Quota | None:
     return min(quotas, key=winner_key, default=None)
 
 
+def _limits(quota: Quota) -> tuple[object, ...]:
+    """What of a quota decides admissions (a change wakes the queues that depend on it)."""
+    return (quota.parent, quota.max, quota.min, quota.is_parent, quota.lends, quota.shared_weight)
+
+
 def priority_cap(cluster_cap: int | None, quota: Quota | None) -> int | None:
     """The smallest of the cluster-wide cap and the quota's own cap (None: no cap at all)."""
     caps = [c for c in (cluster_cap, quota.max_user_priority if quota is not None else None) if c is not None]
@@ -175,6 +183,9 @@ class QuotaLedger:
         self._chains: dict[str, Chain] = {}
         self._releases: dict[str, int] = {}
         self._tree_epoch = 0
+        self._children: dict[str, tuple[str, ...]] = {}
+        self._children_epoch = -1
+        self._changed_parent: set[str] = set()
 
     # --- the tree ---------------------------------------------------------------------------------
 
@@ -227,7 +238,7 @@ class QuotaLedger:
         self._note_binding(name, old, new)
         if old is None and new is None:
             return False
-        if old is not None and new is not None and (old.parent, old.max) == (new.parent, new.max):
+        if old is not None and new is not None and _limits(old) == _limits(new):
             return False
         self._tree_epoch += 1
         if old is None or new is None or old.parent != new.parent:
@@ -239,6 +250,9 @@ class QuotaLedger:
     def _note_binding(self, name: str, old: Quota | None, new: Quota | None) -> None:
         before = old.bound_namespaces if old is not None else None
         after = new.bound_namespaces if new is not None else None
+        if (old is not None and old.is_parent) != (new is not None and new.is_parent):
+            self._changed_quotas.add(name)
+            self._changed_parent.add(name)
         if before == after:
             return
         self._changed_quotas.add(name)
@@ -265,9 +279,14 @@ class QuotaLedger:
         return tuple(sorted(self._usable.get(namespace, ())))
 
     def binding_problem(self, quota: str, namespace: str) -> str | None:
-        """Why units of ``namespace`` may not use ``quota``, or None when they may."""
-        found = self._quotas.get(quota) if self.namespace_binding else None
-        if found is None or namespace == found.namespace or namespace in found.extra_namespaces:
+        """Why units of ``namespace`` may not use ``quota``, or None when they may: a parent quota
+        (``is-parent``) takes no jobs at all; otherwise the namespace binding decides."""
+        found = self._quotas.get(quota)
+        if found is not None and found.is_parent:
+            return Message.parent_quota(quota)
+        if not self.namespace_binding or found is None:
+            return None
+        if namespace == found.namespace or namespace in found.extra_namespaces:
             return None  # (on every unit event: no set is built here)
         return names.quota_not_bound_message(quota, namespace, self.usable_in(namespace))
 
@@ -276,11 +295,31 @@ class QuotaLedger:
         call: the units labelled with those quotas, and the refused units of those namespaces,
         need their binding checked again."""
         changed = frozenset(self._changed_quotas), frozenset(self._changed_namespaces)
+        parents = frozenset(self._changed_parent)
         self._changed_quotas.clear()
         self._changed_namespaces.clear()
+        self._changed_parent.clear()
         if not self.namespace_binding:
-            return frozenset(), frozenset()
+            return parents, frozenset()  # the is-parent rule applies without the switch
         return changed
+
+    @property
+    def has_subquotas(self) -> bool:
+        """Some quota has a parent other than the root: only then do guarantees matter."""
+        return bool(self.children())
+
+    def children(self) -> Mapping[str, tuple[str, ...]]:
+        """Parent name -> its child quotas (sorted), for parents that are quotas themselves (the
+        root's children are not listed); cached until the tree changes."""
+        if self._children_epoch != self._tree_epoch:
+            found: dict[str, list[str]] = {}
+            for name in sorted(self._quotas):
+                parent = self._quotas[name].parent
+                if parent and parent != names.ROOT_QUOTA and parent in self._quotas:
+                    found.setdefault(parent, []).append(name)
+            self._children = {p: tuple(c) for p, c in found.items()}
+            self._children_epoch = self._tree_epoch
+        return self._children
 
     def chain(self, name: str) -> Chain:
         """Cycle-safe walk from ``name`` to the root (cached until the tree changes)."""
@@ -377,8 +416,12 @@ class QuotaLedger:
                 used[r] = used.get(r, 0) + sign * v
                 d[r] = d.get(r, 0) + sign * v
 
-    def view(self) -> UsageView:
-        return UsageView(self)
+    def view(
+        self,
+        runtime: Mapping[str, Resources] | None = None,
+        guaranteed: Mapping[str, Resources] | None = None,
+    ) -> UsageView:
+        return UsageView(self, runtime, guaranteed)
 
 
 class UsageView:
@@ -388,12 +431,37 @@ class UsageView:
     and nothing is over-admitted; the reconciler then assumes the admission into the real cache.
     """
 
-    __slots__ = ("_extra", "ledger", "level")
+    __slots__ = ("_extra", "_gaps", "guaranteed", "ledger", "level", "runtime")
 
-    def __init__(self, ledger: QuotaLedger) -> None:
+    def __init__(
+        self,
+        ledger: QuotaLedger,
+        runtime: Mapping[str, Resources] | None = None,
+        guaranteed: Mapping[str, Resources] | None = None,
+    ) -> None:
         self.ledger = ledger
         self._extra: dict[str, dict[str, int]] = {}
         self.level: str | None = None
+        #: Per quota with a parent, what it may use now (``shared.core.guarantees``); a second limit
+        #: beside ``max``, empty when guarantees are off or the tree is flat.
+        self.runtime: Mapping[str, Resources] = runtime or {}
+        #: Per quota with a parent, the part of its ``min`` its own demand claims (held for it).
+        self.guaranteed: Mapping[str, Resources] = guaranteed or {}
+        #: Per parent, the guaranteed capacity its children claim and do not use yet.
+        self._gaps: dict[str, dict[str, int]] = {}
+        for name, claim in self.guaranteed.items():
+            gaps = self._gaps.setdefault(ledger._quotas[name].parent, {})
+            for r, v in claim.items():
+                gap = v - self.used(name, r)
+                if gap > 0:
+                    gaps[r] = gaps.get(r, 0) + gap
+
+    def gap(self, parent: str) -> Resources:
+        """The guaranteed capacity of ``parent`` that its children claim and do not use yet."""
+        return dict(self._gaps.get(parent, {}))
+
+    def _limits(self, name: str) -> tuple[Resources, Resources | None]:
+        return self.ledger._quotas[name].max, self.runtime.get(name)
 
     def used(self, name: str, resource: str) -> int:
         extra = self._extra.get(name)
@@ -402,6 +470,13 @@ class UsageView:
 
     def reserve(self, quota: str, request: Mapping[str, int]) -> None:
         for name in self.ledger.chain(quota).names:
+            claim = self.guaranteed.get(name)
+            if claim:
+                gaps = self._gaps.setdefault(self.ledger._quotas[name].parent, {})
+                for r, v in request.items():
+                    unused = claim.get(r, 0) - self.used(name, r)
+                    if unused > 0:
+                        gaps[r] = gaps.get(r, 0) - min(unused, v)
             extra = self._extra.setdefault(name, {})
             for r, v in request.items():
                 extra[r] = extra.get(r, 0) + v
@@ -413,9 +488,8 @@ class UsageView:
         error), so the scheduler knows which releases can help.
         """
         chain = self.ledger.chain(quota)
-        quotas = self.ledger._quotas
         for name in chain.names:
-            limits = quotas[name].max
+            limits = self.ledger._quotas[name].max
             self.level = name
             if not limits:
                 if request:
@@ -424,8 +498,44 @@ class UsageView:
             for r in sorted(request):
                 if r in limits and limits[r] - self.used(name, r) < request[r]:
                     return Message.limited(name, r)
+        # Capacity first (upstream's texts), then the shares: a share refuses only where room exists.
+        for name in chain.names if self.runtime else ():
+            refused = self._share_refuses(name, request)
+            if refused is not None:
+                return Message.share_limited(name, self.ledger._quotas[name].parent, refused)
         self.level = None
         return chain.message(item)
+
+    def _share_refuses(self, name: str, request: Mapping[str, int]) -> str | None:
+        """The resource on which ``name``'s share refuses ``request``, if any: beyond its runtime,
+        or borrowing (beyond its ``min``) into capacity its siblings' guarantees still claim."""
+        share = self.runtime.get(name)
+        if share is None:
+            return None
+        quotas = self.ledger._quotas
+        self.level = name
+        for r in sorted(request):
+            if r in share and share[r] - self.used(name, r) < request[r]:
+                return r
+        floor = quotas[name].min
+        if all(self.used(name, r) + v <= floor.get(r, 0) for r, v in request.items()):
+            return None  # within its own min: it takes nothing the siblings are guaranteed
+        parent = quotas[name].parent
+        gaps = self._gaps.get(parent)
+        if not gaps:
+            return None
+        limits = quotas[parent].max
+        above = self.runtime.get(parent, {})
+        claim = self.guaranteed.get(name, {})
+        for r in sorted(request):
+            others = gaps.get(r, 0) - max(0, claim.get(r, 0) - self.used(name, r))
+            if others <= 0 or (r not in limits and r not in above):
+                continue
+            limit = min(limits.get(r, above.get(r, 0)), above.get(r, limits.get(r, 0)))
+            if self.used(parent, r) + request[r] + others > limit:
+                self.level = parent
+                return r
+        return None
 
     def headroom(self, quota: str) -> Resources | None:
         """Per resource, the smallest ``max - used`` along the chain (absent = unlimited).
@@ -438,12 +548,13 @@ class UsageView:
             return None
         room: dict[str, int] = {}
         for name in chain.names:
-            limits = self.ledger._quotas[name].max
+            limits, share = self._limits(name)
             if not limits:
                 return None
-            for r, cap in limits.items():
-                free = cap - self.used(name, r)
-                room[r] = min(room.get(r, free), free)
+            for bound in (limits, share or {}):
+                for r, cap in bound.items():
+                    free = cap - self.used(name, r)
+                    room[r] = min(room.get(r, free), free)
         return room
 
     def exhausted(self, quota: str, minimums: Mapping[str, int], *, any_empty: bool) -> bool:
@@ -456,15 +567,16 @@ class UsageView:
         if chain.error is not None:
             return True
         for name in chain.names:
-            limits = self.ledger._quotas[name].max
+            limits, share = self._limits(name)
             self.level = name
             if not limits:
                 if not any_empty:
                     return True
                 continue
-            for r, smallest in minimums.items():
-                if r in limits and limits[r] - self.used(name, r) < smallest:
-                    return True
+            for bound in (limits, share or {}):
+                for r, smallest in minimums.items():
+                    if r in bound and bound[r] - self.used(name, r) < smallest:
+                        return True
         self.level = None
         return False
 
@@ -474,12 +586,14 @@ class Demand:
     resource, kept with ``bisect``): with :meth:`UsageView.exhausted` it lets the scheduler skip a
     whole queue once what is left in its quota is below every pending request."""
 
-    __slots__ = ("_minimums", "count", "empty", "values")
+    __slots__ = ("_minimums", "count", "empty", "total", "values")
 
     def __init__(self) -> None:
         self.count = 0
         self.empty = 0
         self.values: dict[str, list[int]] = {}
+        #: the sum of the requests (the queue's waiting demand, for the guarantee model)
+        self.total: dict[str, int] = {}
         self._minimums: dict[str, int] | None = None
 
     def add(self, request: Resources) -> None:
@@ -489,6 +603,7 @@ class Demand:
             self.empty += 1
         for r, v in request.items():
             bisect.insort(self.values.setdefault(r, []), v)
+            self.total[r] = self.total.get(r, 0) + v
 
     def remove(self, request: Resources) -> None:
         self._minimums = None
@@ -496,6 +611,11 @@ class Demand:
         if not request:
             self.empty -= 1
         for r, v in request.items():
+            left = self.total[r] - v
+            if left:
+                self.total[r] = left
+            else:
+                del self.total[r]
             values = self.values[r]
             del values[bisect.bisect_left(values, v)]
             if not values:

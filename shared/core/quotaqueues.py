@@ -174,3 +174,41 @@ def binding_data(quotas: Iterable[Quota], *, enforce: bool) -> dict[str, str]:
     for namespace in sorted(usable):
         data[names.QUOTA_BINDING_NAMESPACE_PREFIX + namespace] = ", ".join(usable[namespace])
     return data
+
+
+def resource_key(resource: str) -> str:
+    """A resource name as a ConfigMap key part: ``/`` (not allowed in keys) becomes ``..`` (which a
+    resource name never contains), as the tree policy's CEL does with ``replace('/', '..')``."""
+    return resource.replace("/", "..")
+
+
+def tree_data(quotas: Iterable[Quota]) -> dict[str, str]:
+    """The quota-tree facts the tree admission policy reads (docs/compatibility.md#quota-guarantees).
+
+    Per quota that counts: ``up_<q>`` = its parent (when not the root), ``min_<q>_<r>`` = its
+    ``min`` per resource in milli units (``"5000m"``), ``parent_<q>`` = ``"true"`` when labelled
+    ``is-parent``; per parent, ``sum_<p>_<r>`` = its children's ``min`` added up. ``_`` separates
+    the parts because a quota name never contains one. Keys too long for a ConfigMap are left out
+    (the policy then lets the change through)."""
+    by_name: dict[str, list[Quota]] = {}
+    for quota in quotas:
+        by_name.setdefault(quota.name, []).append(quota)
+    data: dict[str, str] = {}
+    sums: dict[str, dict[str, int]] = {}
+    for name in sorted(by_name):
+        chosen = winner(by_name[name])
+        if chosen is None:
+            continue
+        if chosen.is_parent:
+            data[f"parent_{name}"] = "true"
+        if chosen.parent and chosen.parent != names.ROOT_QUOTA:
+            data[f"up_{name}"] = chosen.parent
+            acc = sums.setdefault(chosen.parent, {})
+            for r, v in chosen.min.items():
+                acc[r] = acc.get(r, 0) + v
+        for r, v in sorted(chosen.min.items()):
+            data[f"min_{name}_{resource_key(r)}"] = f"{v}m"
+    for parent in sorted(sums):
+        for r, v in sorted(sums[parent].items()):
+            data[f"sum_{parent}_{resource_key(r)}"] = f"{v}m"
+    return {k: v for k, v in data.items() if len(k) <= MAX_KEY_LENGTH}

@@ -60,6 +60,7 @@ class View:
     queues: Sequence[QueueConfig] = ()
     reclaim_protect_seconds: float = 0.0
     namespace_binding: bool = True
+    guarantees: bool = True
     complete: bool = False
     unreadable_quotas: frozenset[str] = frozenset()
     queues_known: bool = True
@@ -75,6 +76,7 @@ def replay(view: View, now: float) -> tuple[Cache, list[Admit | Park]]:
     cache = Cache(
         reclaim_protect_seconds=view.reclaim_protect_seconds,
         quota_namespace_binding=view.namespace_binding,
+        quota_guarantees=view.guarantees,
     )
     known = {q.name for q in view.quotas}
     for quota in view.quotas:

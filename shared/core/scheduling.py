@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from shared.api.model import QueueConfig, Quota, Unit, evolve, with_grants
 from shared.api.names import Message
+from shared.core import guarantees
 from shared.core.cycle import BLOCK_STALE_SECONDS, Cycle
 from shared.core.ordering import queue_key
 from shared.core.plan import Admit, Decision, Park, Plan, Snapshot
@@ -66,6 +67,7 @@ def schedule(snapshot: Snapshot, state: SchedulerState, now: float) -> Plan:
     Mutates only ``state`` (the scheduler's memory: dirty flags, parked messages, blocked quotas,
     marks and rounds, admissions in flight); never ``snapshot``.
     """
+    refresh_shares(snapshot, state)
     cycle = Cycle(snapshot, state, now)
     for qname, key in state.new_orphans():
         message = Message.queue_not_exist(qname)
@@ -80,6 +82,38 @@ def schedule(snapshot: Snapshot, state: SchedulerState, now: float) -> Plan:
         cycle.scan(qs)
     wake = min(state.timers.values(), default=None)
     return Plan(decisions=tuple(cycle.decisions), wake_at=wake, examined=cycle.examined)
+
+
+def refresh_shares(snapshot: Snapshot, state: SchedulerState) -> None:
+    """Compute this cycle's guarantee figures (``shared.core.guarantees``) and wake the queues
+    below any quota whose runtime grew since the last cycle (their parked units may fit now)."""
+    ledger = snapshot.ledger
+    if not snapshot.guarantees or not ledger.has_subquotas:
+        state.runtime, state.requests, state.guaranteed, state.gaps = {}, {}, {}, {}
+        return
+    busy = [(name, qs.demand) for name, qs in state.queues.items() if qs.demand.count]
+    shares = guarantees.compute(ledger, {n: d.total for n, d in busy}, {n: d.minimums() for n, d in busy})
+    old = state.runtime
+    grown = {
+        name
+        for name, now_rt in shares.runtime.items()
+        if name not in old
+        or any(v > old[name].get(r, v - 1) for r, v in now_rt.items())
+        or any(r not in now_rt for r in old[name])
+    }
+    view = ledger.view(shares.runtime, shares.guaranteed)
+    gaps = {parent: view.gap(parent) for parent in ledger.children()}
+    for parent, before in state.gaps.items():
+        now_gap = gaps.get(parent, {})
+        if any(now_gap.get(r, 0) < v for r, v in before.items()):
+            grown.add(parent)  # siblings' claims were met: borrowers may use what is left
+    state.runtime, state.requests, state.guaranteed, state.gaps = (
+        shares.runtime,
+        shares.request,
+        shares.guaranteed,
+        gaps,
+    )
+    state.on_share_growth(grown, ledger)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,10 +170,17 @@ class Cache:
     ``quota_namespace_binding`` (the ``quotaNamespaceBinding`` switch) keeps units of namespaces a
     quota is not bound to from ever being admitted under it (``shared.core.quota``)."""
 
-    def __init__(self, *, reclaim_protect_seconds: float = 0.0, quota_namespace_binding: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        reclaim_protect_seconds: float = 0.0,
+        quota_namespace_binding: bool = True,
+        quota_guarantees: bool = True,
+    ) -> None:
         self.snapshot = Snapshot(
             ledger=QuotaLedger(namespace_binding=quota_namespace_binding),
             reclaim_protect_seconds=reclaim_protect_seconds,
+            guarantees=quota_guarantees,
         )
         self.state = SchedulerState()
         self.units: Mapping[str, Unit] = self.snapshot.units

@@ -1,8 +1,8 @@
 """The job adapter protocol: how the queue sees one kind of job
 (docs/architecture.md#decision-7-one-adapter-per-job-kind).
 
-Every supported job kind (batch Job, the Kubeflow kinds such as TFJob and PyTorchJob,
-RayJob/RayCluster, Argo Workflow, SparkApplication) is reduced to the same few answers: is it ours
+Every supported job kind (batch Job, the Kubeflow kinds such as TFJob, PyTorchJob and MPIJob,
+JobSet, RayJob/RayCluster, Argo Workflow, SparkApplication) is reduced to the same few answers: is it ours
 (``is_managed``), how is it held and released (``suspend_patch``/``resume_patch``), what does it ask
 for (``pod_sets``: pod sets x per-pod requests x counts), how important is it (``priority``), which
 pod set does a pod belong to (``pod_set_of``) and where is it in its life (``job_status``). The
@@ -100,6 +100,13 @@ class JobAdapter(Protocol):
         """The kind's pods cannot be linked to its unit (Argo Workflow: created step by step from
         many templates, none gated). Its pod sets count as running while the released job runs,
         as upstream's synthetic ``mocked-node`` pod makes them (docs/compatibility.md#argo-workflow)."""
+
+    @property
+    def pods_through_jobs(self) -> bool:
+        """The kind's controller creates ``batch/v1`` Jobs that own some or all of its pods (an
+        MPIJob's launcher, every pod of a JobSet). Such a pod is linked to the unit through its Job
+        (``shared.jobs.podlinks``), so the reconciler watches Jobs for it, and the Job itself is not
+        managed (docs/compatibility.md#pod-gating)."""
 
     @property
     def status_subresource(self) -> bool:

@@ -5,8 +5,9 @@ after the job. Two deliberate differences from upstream:
 
 * a nil ``spec.parallelism`` means 1 (upstream dereferences it and can crash);
 * a Job whose *controller* is another kind we manage (a RayJob's submitter, a Kubeflow or Argo
-  child) is not managed itself: the parent's QueueUnit already accounts for it, and suspending the
-  child would deadlock the parent (Kueue's "ancestor is managed" rule, docs/compatibility.md#batchv1-job).
+  child, an MPIJob's launcher, a JobSet's replicated job) is not managed itself: the parent's
+  QueueUnit already accounts for it, and suspending the child would deadlock the parent (Kueue's
+  "ancestor is managed" rule, docs/compatibility.md#batchv1-job).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from shared.jobs.common import AdapterBase, template_pod_set
 from shared.jobs.patches import deep_merge
 
 #: API groups whose controllers create Jobs on behalf of a job we already queue.
-_MANAGED_PARENT_GROUPS: Final = frozenset({"kubeflow.org", "ray.io", "argoproj.io", "sparkoperator.k8s.io"})
+_MANAGED_PARENT_GROUPS: Final = frozenset(
+    {"kubeflow.org", "jobset.x-k8s.io", "ray.io", "argoproj.io", "sparkoperator.k8s.io"}
+)
 _TEMPLATE_ANNOTATIONS: Final = ("spec", "template", "metadata", "annotations")
 
 

@@ -1,15 +1,21 @@
-"""Adapters for the Kubeflow ``kubeflow.org/v1`` kinds TFJob, PyTorchJob, PaddleJob, XGBoostJob and
-JAXJob (docs/compatibility.md#kubeflow-jobs, upstream ``tfjob.go``). The kinds differ only in the
-rows of :data:`KINDS`; one adapter class serves them all.
+"""Adapters for the Kubeflow kinds TFJob, PyTorchJob, PaddleJob, XGBoostJob and JAXJob
+(``kubeflow.org/v1``, the training operator) and MPIJob (``kubeflow.org/v2beta1``, the MPI operator)
+(docs/compatibility.md#kubeflow-jobs, upstream ``tfjob.go``). The kinds differ only in the rows of
+:data:`KINDS`; one adapter class serves them all.
 
-A Kubeflow job is held two ways at once: the training operator honours ``spec.runPolicy.suspend``,
-and upstream Koord-Queue reads the annotation ``scheduling.x-k8s.io/suspend``. We write both, so
+A Kubeflow job is held two ways at once: the operators honour ``spec.runPolicy.suspend``, and
+upstream Koord-Queue reads the annotation ``scheduling.x-k8s.io/suspend``. We write both, so
 either reader sees the job held, and the validating webhook watches both (``suspend_state``).
 
-Each replica type (``Chief``, ``PS``, ``Worker``, ``Master``, ...) is one pod set named after the
-lowercased type; unlike upstream, which skips ``Master`` when it labels templates, every replica's
-template is gated, because a Master pod that starts early holds resources the queue never granted.
-Replica types are visited in sorted order so pod sets and priorities are deterministic.
+Each replica type (``Chief``, ``PS``, ``Worker``, ``Master``, ``Launcher``, ...) is one pod set named
+after the lowercased type; unlike upstream, which skips ``Master`` when it labels templates, every
+replica's template is gated, because a Master pod that starts early holds resources the queue never
+granted. Replica types are visited in sorted order so pod sets and priorities are deterministic.
+
+The MPI operator runs an MPIJob's launcher as a ``batch/v1`` Job it creates from the ``Launcher``
+template (the workers are pods it creates itself), so the launcher pod is owned by that Job, not by
+the MPIJob: the row says so (``pods_through_jobs``) and the reconciler links such pods through the Job
+(docs/compatibility.md#pod-gating).
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ _OPERATOR_ROLE_LABEL = "training.kubeflow.org/replica-type"
 
 @dataclass(frozen=True)
 class KubeflowKind:
-    """What differs between the Kubeflow kinds: identity, unit-name suffix, replica-spec field and the
-    legacy pod labels that name a replica type (tried after ``training.kubeflow.org/replica-type``)."""
+    """What differs between the Kubeflow kinds: identity, unit-name suffix, replica-spec field, the
+    other pod labels that name a replica type (tried after ``training.kubeflow.org/replica-type``),
+    the served version (the MPI operator's is not the training operator's) and whether the operator
+    creates ``batch/v1`` Jobs that own some of the job's pods."""
 
     extension: str
     kind: str
@@ -39,20 +47,22 @@ class KubeflowKind:
     queue_unit_suffix: str
     replica_field: str
     role_labels: tuple[str, ...] = ()
+    api_version: str = "kubeflow.org/v1"
+    pods_through_jobs: bool = False
 
 
 class KubeflowAdapter(AdapterBase):
     """One Kubeflow kind, described by a :class:`KubeflowKind` row of :data:`KINDS`."""
 
-    api_version = "kubeflow.org/v1"
-
     def __init__(self, row: KubeflowKind) -> None:
         self.extension = row.extension
+        self.api_version = row.api_version
         self.kind = row.kind
         self.plural = row.plural
         self.queue_unit_suffix = row.queue_unit_suffix
         self.replica_field = row.replica_field
         self.role_labels = row.role_labels
+        self.pods_through_jobs = row.pods_through_jobs
 
     def _replicas(self, job: Job) -> list[tuple[str, Mapping[str, Any]]]:
         """Replica specs in sorted order, skipping malformed entries (lenient)."""
@@ -136,11 +146,13 @@ class KubeflowAdapter(AdapterBase):
         return JobStatus.CREATED
 
 
-#: Every Kubeflow ``kubeflow.org/v1`` kind that shares TFJob's run policy, one row per kind; a new kind
-#: is a row here plus its line in ``shared/jobs/registry.py``. Replica-spec fields are the training
-#: operator's (v1.9.0 CRDs). Unit names follow upstream's ``<name>-<short framework>-qu`` rule
-#: (``tf-qu``, ``py-qu``); the newer kinds, which upstream has no extension for, use the framework
-#: name (``paddle``, ``jax``) or the CRD's own abbreviation (``xgb``, as in ``xgbReplicaSpecs``).
+#: Every Kubeflow kind that shares TFJob's run policy, one row per kind; a new kind is a row here (the
+#: registry takes every row). Replica-spec fields are the training operator's (v1.9.0 CRDs) and the
+#: MPI operator's (``v2beta1``). Unit names follow upstream's ``<name>-<short framework>-qu`` rule
+#: (``tf-qu``, ``py-qu``, and ``mpi-qu`` of upstream's MPIJob extension); the kinds upstream has no
+#: extension for use the framework name (``paddle``, ``jax``) or the CRD's own abbreviation (``xgb``,
+#: as in ``xgbReplicaSpecs``). The MPI operator labels its pods ``training.kubeflow.org/job-role``
+#: (``launcher``, ``worker``), not with the replica type.
 KINDS: Final[tuple[KubeflowKind, ...]] = (
     KubeflowKind("tfjob", "TFJob", "tfjobs", "tf-qu", "tfReplicaSpecs", ("job-role",)),
     KubeflowKind(
@@ -154,6 +166,16 @@ KINDS: Final[tuple[KubeflowKind, ...]] = (
     KubeflowKind("paddlejob", "PaddleJob", "paddlejobs", "paddle-qu", "paddleReplicaSpecs", ()),
     KubeflowKind("xgboostjob", "XGBoostJob", "xgboostjobs", "xgb-qu", "xgbReplicaSpecs", ()),
     KubeflowKind("jaxjob", "JAXJob", "jaxjobs", "jax-qu", "jaxReplicaSpecs", ()),
+    KubeflowKind(
+        "mpijob",
+        "MPIJob",
+        "mpijobs",
+        "mpi-qu",
+        "mpiReplicaSpecs",
+        ("training.kubeflow.org/job-role",),
+        api_version="kubeflow.org/v2beta1",
+        pods_through_jobs=True,
+    ),
 )
 
 

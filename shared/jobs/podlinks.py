@@ -10,8 +10,9 @@ could stand in for a job's pod. So a pod counts for a unit only when both hold
 * it lives in the unit's namespace; and
 * it is owned by the unit's job: an owner reference carries the job's UID, directly (Job,
   a Kubeflow job, RayCluster, a Spark driver) or through one owner that the job itself owns
-  (a RayJob's RayCluster, a Spark executor's driver pod). UIDs are assigned by the apiserver and
-  checked against the parent object as it is stored, so a made-up reference matches nothing.
+  (a RayJob's RayCluster, a Spark executor's driver pod, the ``batch/v1`` Job an MPIJob runs its
+  launcher in, a JobSet's child Jobs). UIDs are assigned by the apiserver and checked against the
+  parent object as it is stored, so a made-up reference matches nothing.
 
 Pure: the caller passes the lookup of parent objects it has in its informers.
 """

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from shared.jobs import batch_job, kubeflow, ray, spark, workflow
+from shared.jobs import batch_job, jobset, kubeflow, ray, spark, workflow
 from shared.jobs.base import JobAdapter
 
 ADAPTERS: Final[tuple[JobAdapter, ...]] = (
     batch_job.BatchJobAdapter(),
     *kubeflow.adapters(),
+    jobset.JobSetAdapter(),
     ray.RayJobAdapter(api_version="ray.io/v1", extension="rayjob"),
     ray.RayJobAdapter(api_version="ray.io/v1alpha1", extension="rayjobv1alpha1"),
     ray.RayClusterAdapter(),

@@ -130,6 +130,38 @@ def kubeflow_job(kind: str, field: str, replicas: Mapping[str, int]) -> Callable
     return build
 
 
+def mpi_job(name: str, quota: str) -> Obj:
+    """The MPI operator's MPIJob (``kubeflow.org/v2beta1``): one launcher and two workers."""
+    return {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": metadata(name, quota),
+        "spec": {
+            "slotsPerWorker": 1,
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": template()},
+                "Worker": {"replicas": 2, "template": template()},
+            },
+        },
+    }
+
+
+def job_set(name: str, quota: str) -> Obj:
+    """A JobSet of a driver Job and two worker Jobs of two pods each
+    (docs/compatibility.md#jobset)."""
+
+    def replicated(job_name: str, replicas: int, parallelism: int) -> Obj:
+        job_spec = {"parallelism": parallelism, "completions": parallelism, "template": template()}
+        return {"name": job_name, "replicas": replicas, "template": {"spec": job_spec}}
+
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": metadata(name, quota),
+        "spec": {"replicatedJobs": [replicated("driver", 1, 1), replicated("workers", 2, 2)]},
+    }
+
+
 def ray_job(version: str) -> Callable[[str, str], Obj]:
     def build(name: str, quota: str) -> Obj:
         return {
@@ -265,6 +297,25 @@ KINDS = [
         {"cpu": "2", "memory": "2Gi"},
         held=lambda j: _kubeflow_suspend(j) == (True, "true"),
         released=lambda j: _kubeflow_suspend(j)[0] is False and _kubeflow_suspend(j)[1] != "true",
+    ),
+    Kind(
+        "MPIJob",
+        mpi_job,
+        "-mpi-qu",
+        [("launcher", 1), ("worker", 2)],
+        {"cpu": "3", "memory": "3Gi"},
+        held=lambda j: _kubeflow_suspend(j) == (True, "true"),
+        released=lambda j: _kubeflow_suspend(j)[0] is False and _kubeflow_suspend(j)[1] != "true",
+    ),
+    Kind(
+        "JobSet",
+        job_set,
+        "-jobset-qu",
+        # workers: 2 Jobs x 2 pods
+        [("driver", 1), ("workers", 4)],
+        {"cpu": "5", "memory": "5Gi"},
+        held=lambda j: _spec_suspend(j) is True,
+        released=lambda j: _spec_suspend(j) is False,
     ),
     Kind(
         "RayJob-v1",
@@ -434,7 +485,9 @@ async def test_a_released_workflow_counts_as_running_so_wait_for_pods_running_do
     await env.wait_job(after, lambda j: _spec_suspend(j) is False, what="released")
 
 
-@pytest.mark.parametrize("kind", [k for k in KINDS if k.id in ("TFJob", "RayJob-v1")], ids=lambda k: k.id)
+@pytest.mark.parametrize(
+    "kind", [k for k in KINDS if k.id in ("TFJob", "RayJob-v1", "JobSet")], ids=lambda k: k.id
+)
 async def test_a_job_created_with_generate_name_has_its_templates_linked_when_released(
     env: Scenario, kind: Kind
 ) -> None:
@@ -464,6 +517,8 @@ def pod_templates(job: Obj) -> list[Obj]:
     spec = job["spec"]
     if job["kind"] == "TFJob":
         return [r["template"] for r in spec["tfReplicaSpecs"].values()]
+    if job["kind"] == "JobSet":
+        return [r["template"]["spec"]["template"] for r in spec["replicatedJobs"]]
     cluster = spec["rayClusterSpec"]
     return [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
 

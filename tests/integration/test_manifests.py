@@ -55,8 +55,13 @@ AUTH_READER = "koord-queue-reconciler-authentication-reader"
 LEASE = "koord-queue-reconciler"
 #: The quota-binding admission policy's parameters, kept by the reconciler.
 BINDINGS_CONFIGMAP = names.QUOTA_BINDINGS_CONFIGMAP
-#: manifests/quota-binding-policy.yaml: each a ValidatingAdmissionPolicy and its binding.
-QUOTA_POLICIES = ("koord-queue-quota-binding", "koord-queue-reconciler-quota-writes")
+#: manifests/quota-binding-policy.yaml and quota-tree-policy.yaml: each a ValidatingAdmissionPolicy
+#: and its binding.
+QUOTA_POLICIES = (
+    "koord-queue-quota-binding",
+    "koord-queue-reconciler-quota-writes",
+    "koord-queue-quota-tree",
+)
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 #: Only the reconciler removes a pod's admission gate (manifests/admission-gate-policy.yaml).
 GATE_POLICY = "koord-queue-admission-gate"
@@ -79,6 +84,8 @@ RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", "kubeflow.org", "paddlejobs", (), ("get", "list", "watch", "patch")),
     ("", "kubeflow.org", "xgboostjobs", (), ("get", "list", "watch", "patch")),
     ("", "kubeflow.org", "jaxjobs", (), ("get", "list", "watch", "patch")),
+    ("", "kubeflow.org", "mpijobs", (), ("get", "list", "watch", "patch")),
+    ("", "jobset.x-k8s.io", "jobsets", (), ("get", "list", "watch", "patch")),
     ("", "ray.io", "rayjobs", (), ("get", "list", "watch", "patch")),
     ("", "ray.io", "rayclusters", (), ("get", "list", "watch", "patch")),
     ("", "argoproj.io", "workflows", (), ("get", "list", "watch", "patch")),
@@ -888,7 +895,13 @@ def test_the_quota_binding_policy_covers_what_the_job_webhooks_cover(rendered: l
         }
     # The denial text is the scheduler's waiting message, built in CEL: the same literals around
     # the same values.
-    [validation] = policy["validations"]
+    validation, parent_rule = policy["validations"]
+    # The second rule refuses a parent quota with the scheduler's text for it.
+    parent_parts = re.split("(QUOTA)", names.Message.parent_quota("QUOTA"))
+    parent_cel = " + ".join("variables.quota" if p == "QUOTA" else f"'{p}'" for p in parent_parts if p)
+    assert " ".join(parent_rule["messageExpression"].split()).replace("' + '", "") == " ".join(
+        parent_cel.split()
+    ).replace("' + '", "")
     variables = {"QUOTA": "variables.quota", "NAMESPACE": "request.namespace", "USABLE": "variables.usable"}
     parts = re.split(
         "(QUOTA|NAMESPACE|USABLE)", names.quota_not_bound_message("QUOTA", "NAMESPACE", ["USABLE"])

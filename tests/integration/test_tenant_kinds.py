@@ -1,8 +1,10 @@
-"""A hostile namespace user against the Workflow and SparkApplication holds, on the real apiserver.
+"""A hostile namespace user against the Workflow, SparkApplication, MPIJob and JobSet holds, on the
+real apiserver.
 
 alice (``kubectl --as=alice``, the admin kubeconfig impersonating her) has only namespace rights:
-create, get, list, patch and update on Workflows, SparkApplications and pods in her namespace. The
-webhook, the admission policies and the reconciler run as installed (``system_integration``).
+create, get, list, patch and update on Workflows, SparkApplications, MPIJobs, JobSets, Jobs and pods
+in her namespace. The webhook, the admission policies and the reconciler run as installed
+(``system_integration``).
 
 Workflow: its demand is declared by ``koord-queue/min-resources`` (its pods cannot be counted up
 front), so a Workflow without it is refused with a message naming it, and its size is frozen once
@@ -16,6 +18,14 @@ the pod webhook: a pod carrying ``koord-queue/gated-pod`` (copied from ``spec.dr
 ``spec.executor.labels``, as the operator and Spark copy them) is created gated. alice can neither
 remove the label from her application nor the gate from her pod; once admitted, the reconciler
 releases exactly the admitted pods. The test plays the operator (no Spark operator runs here).
+
+MPIJob and JobSet (docs/compatibility.md#kubeflow-jobs, docs/compatibility.md#jobset): alice can
+neither release a queued one (either hold of an MPIJob, a JobSet's ``spec.suspend``), nor take the
+gate off one of its pod templates, nor strip the enqueue annotations or move it to another quota.
+Their pods are owned by the ``batch/v1`` Jobs their controllers create (an MPIJob's launcher, every
+pod of a JobSet): once admitted, the reconciler finds them through those Jobs and releases exactly
+the admitted pods, while a pod alice makes to look like one of them (same annotations, owned by a
+Job of hers) stays gated. The tests play the operators (none runs here).
 """
 
 from __future__ import annotations
@@ -23,7 +33,8 @@ from __future__ import annotations
 import json
 import subprocess
 import urllib.error
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -33,7 +44,17 @@ from shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster, wait_until
 from tests import kube
-from tests.integration.test_job_kinds import ROOM, TOO_SMALL, annotations_of, milli, spark_app, workflow
+from tests.integration.test_job_kinds import (
+    KINDS,
+    ROOM,
+    TOO_SMALL,
+    annotations_of,
+    job_set,
+    milli,
+    mpi_job,
+    spark_app,
+    workflow,
+)
 from tests.scenario import Obj, Scenario, phase, status
 
 pytestmark = pytest.mark.integration
@@ -60,6 +81,9 @@ def rbac(namespace: str) -> list[Obj]:
         "rules": [
             {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": verbs},
             {"apiGroups": ["sparkoperator.k8s.io"], "resources": ["sparkapplications"], "verbs": verbs},
+            {"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": verbs},
+            {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": verbs},
+            {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": verbs},
             {"apiGroups": [""], "resources": ["pods"], "verbs": verbs},
         ],
     }
@@ -107,6 +131,19 @@ class Tenant:
             else:
                 self.env.remember(obj)
         return result
+
+    def as_controller(self, obj: Obj) -> Obj:
+        """Create ``obj`` with the admin's rights, as a job kind's controller would (it is
+        cleaned up like alice's objects); returns it as stored."""
+        out = kube.kubectl(
+            self.cluster, "create", "-n", self.ns, "-f", "-", "-o", "json", input_text=yaml.safe_dump(obj)
+        )
+        if obj["kind"] == "Pod":
+            self._pods.append(obj["metadata"]["name"])
+        else:
+            self.env.remember(obj)
+        stored: Obj = json.loads(out.stdout)
+        return stored
 
     def patch(
         self, resource: str, name: str, body: object, *, kind: str = "merge", user: str = USER
@@ -456,3 +493,232 @@ async def test_a_spark_applications_pods_wait_for_admission_then_exactly_the_adm
 
     found = await kube.eventually(released, what="two executors released")
     assert found == {"pi-exec-1": False, "pi-exec-2": False, "pi-exec-3": True}
+
+
+# --- MPIJob and JobSet: the holds, and pods linked through the controllers' Jobs --------------------
+
+MPIJOBS = "mpijobs.kubeflow.org"
+JOBSETS = "jobsets.jobset.x-k8s.io"
+HELD = {kind.id: kind for kind in KINDS}
+
+
+def _remove(path: str) -> list[Obj]:
+    return [{"op": "remove", "path": path}]
+
+
+def _replace(path: str, value: object) -> list[Obj]:
+    return [{"op": "replace", "path": path, "value": value}]
+
+
+QUOTA_LABEL_POINTER = "/metadata/labels/" + names.QUOTA_NAME_LABEL.replace("/", "~1")
+SUSPEND_POINTER = "/metadata/annotations/" + names.SUSPEND_ANNOTATION.replace("/", "~1")
+ENQUEUED_POINTER = "/metadata/annotations/" + names.JOB_HAS_ENQUEUED_ANNOTATION.replace("/", "~1")
+
+
+@pytest.mark.parametrize(
+    ("kind", "attack", "field"),
+    [
+        ("MPIJob", _replace("/spec/runPolicy/suspend", False), "spec.runPolicy.suspend"),
+        ("MPIJob", _replace(SUSPEND_POINTER, "false"), f"metadata.annotations[{names.SUSPEND_ANNOTATION}]"),
+        (
+            "MPIJob",
+            _remove("/spec/mpiReplicaSpecs/Launcher/template/spec/schedulingGates/0"),
+            "spec.mpiReplicaSpecs.Launcher.template.spec.schedulingGates",
+        ),
+        ("MPIJob", _replace(QUOTA_LABEL_POINTER, "elsewhere"), names.QUOTA_NAME_LABEL),
+        ("JobSet", _replace("/spec/suspend", False), "spec.suspend"),
+        (
+            "JobSet",
+            _remove("/spec/replicatedJobs/1/template/spec/template/spec/schedulingGates/0"),
+            "spec.replicatedJobs[1].template.spec.template.spec.schedulingGates",
+        ),
+        ("JobSet", _remove(ENQUEUED_POINTER), names.JOB_HAS_ENQUEUED_ANNOTATION),
+        ("JobSet", _remove(QUOTA_LABEL_POINTER), names.QUOTA_NAME_LABEL),
+    ],
+    ids=[
+        "mpijob-run-policy",
+        "mpijob-annotation",
+        "mpijob-ungate-launcher",
+        "mpijob-relabel",
+        "jobset-unsuspend",
+        "jobset-ungate-workers",
+        "jobset-strip-enqueued",
+        "jobset-unlabel",
+    ],
+)
+async def test_alice_cannot_release_a_queued_mpijob_or_jobset(
+    tenant: Tenant, kind: str, attack: list[Obj], field: str
+) -> None:
+    quota = tenant.env.name("q")
+    await tenant.env.add_quota(quota, TOO_SMALL)
+    build, resource, suffix = (
+        (mpi_job, MPIJOBS, "-mpi-qu") if kind == "MPIJob" else (job_set, JOBSETS, "-jobset-qu")
+    )
+    stored = created(tenant.create(build("held", quota)))
+    assert HELD[kind].held(stored), stored
+    await tenant.env.wait_unit(
+        "held" + suffix, lambda u: "limited quotaName:" in str(status(u).get("message")), what="parked"
+    )
+    refused(tenant.patch(resource, "held", attack, kind="json"), field)
+    after = tenant.get(resource, "held")
+    assert HELD[kind].held(after), after
+    assert annotations_of(after).get(names.JOB_HAS_ENQUEUED_ANNOTATION) == "true"
+    assert after["metadata"]["labels"][names.QUOTA_NAME_LABEL] == quota
+
+
+def owner_ref(obj: Obj) -> Obj:
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+    }
+
+
+def child_job(name: str, pod_template: Obj, *, owner: Obj | None) -> Obj:
+    """A ``batch/v1`` Job made from a (gated) pod template; suspended, and no controller-manager
+    runs here anyway, so the test makes its pods itself."""
+    metadata: Obj = {"name": name}
+    if owner is not None:
+        metadata["ownerReferences"] = [owner_ref(owner)]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {"suspend": True, "template": json.loads(json.dumps(pod_template))},
+    }
+
+
+def pod_of(name: str, pod_template: Obj, owner: Obj, labels: Mapping[str, str]) -> Obj:
+    """A pod as a controller makes it from ``pod_template``: its annotations and gate, owned by
+    ``owner`` (a Job, or the MPIJob for a worker)."""
+    meta = pod_template.get("metadata") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {**(meta.get("labels") or {}), **labels},
+            "annotations": dict(meta.get("annotations") or {}),
+            "ownerReferences": [owner_ref(owner)],
+        },
+        "spec": json.loads(json.dumps(pod_template["spec"])),
+    }
+
+
+@dataclass(frozen=True)
+class Controller:
+    """How one kind's controller makes its pods, played by the test: ``make`` creates the child
+    Jobs and pods of the stored job and returns the pod names by pod set; ``admitted`` is how many
+    of each the unit admits; ``first_template`` is the pod template of the first pod set."""
+
+    kind: str
+    build: Callable[[str, str], Obj]
+    suffix: str
+    make: Callable[[Tenant, Obj], dict[str, list[str]]]
+    admitted: dict[str, int]
+    first_template: Callable[[Obj], Obj]
+
+
+def mpi_operator(tenant: Tenant, mpijob: Obj) -> dict[str, list[str]]:
+    """The MPI operator: the launcher runs in a Job it owns; the workers are its own pods (one more
+    than the MPIJob asks for, as if a worker were being replaced)."""
+    specs = mpijob["spec"]["mpiReplicaSpecs"]
+    name = mpijob["metadata"]["name"]
+    launcher = tenant.as_controller(
+        child_job(f"{name}-launcher", specs["Launcher"]["template"], owner=mpijob)
+    )
+    role = "training.kubeflow.org/job-role"
+    tenant.as_controller(
+        pod_of(f"{name}-launcher-x1", launcher["spec"]["template"], launcher, {role: "launcher"})
+    )
+    workers = [f"{name}-worker-{i}" for i in range(3)]
+    for worker in workers:
+        tenant.as_controller(pod_of(worker, specs["Worker"]["template"], mpijob, {role: "worker"}))
+    return {"launcher": [f"{name}-launcher-x1"], "worker": workers}
+
+
+def jobset_controller(tenant: Tenant, jobset: Obj) -> dict[str, list[str]]:
+    """The JobSet controller: one Job per replica of each replicated job, each Job's pods owned by
+    it; the second workers Job has one pod more than its parallelism."""
+    name = jobset["metadata"]["name"]
+    made: dict[str, list[str]] = {}
+    for entry in jobset["spec"]["replicatedJobs"]:
+        for index in range(entry["replicas"]):
+            job = tenant.as_controller(
+                child_job(
+                    f"{name}-{entry['name']}-{index}", entry["template"]["spec"]["template"], owner=jobset
+                )
+            )
+            pods = entry["template"]["spec"]["parallelism"] + (
+                1 if entry["name"] == "workers" and index else 0
+            )
+            for i in range(pods):
+                pod_name = f"{job['metadata']['name']}-{i}"
+                labels = {"jobset.sigs.k8s.io/replicatedjob-name": entry["name"]}
+                tenant.as_controller(pod_of(pod_name, job["spec"]["template"], job, labels))
+                made.setdefault(entry["name"], []).append(pod_name)
+    return made
+
+
+CONTROLLERS = [
+    Controller(
+        "MPIJob",
+        mpi_job,
+        "-mpi-qu",
+        mpi_operator,
+        {"launcher": 1, "worker": 2},
+        lambda job: job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"],
+    ),
+    Controller(
+        "JobSet",
+        job_set,
+        "-jobset-qu",
+        jobset_controller,
+        {"driver": 1, "workers": 4},
+        lambda job: job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"],
+    ),
+]
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS, ids=[c.kind for c in CONTROLLERS])
+async def test_pods_made_through_the_controllers_jobs_wait_then_exactly_the_admitted_run_not_a_lookalike(
+    tenant: Tenant, controller: Controller
+) -> None:
+    """The pods are born gated (the gate is in the template the controller copies) and wait while the
+    job is queued; once admitted, the reconciler finds them through the Jobs the job owns and
+    releases exactly the admitted number per pod set. alice's lookalike, a gated pod with the same
+    annotations owned by a Job of hers that the job does not own, is not the job's and stays gated:
+    it is made first and its name sorts first, so were it counted it would be released before the
+    job's own pod of that set (the oldest gated pods go first), and the count would be off."""
+    quota = tenant.env.name("q")
+    await tenant.env.add_quota(quota, TOO_SMALL)
+    job = created(tenant.create(controller.build("train", quota)))
+    unit_name = "train" + controller.suffix
+    await tenant.env.wait_unit(
+        unit_name, lambda u: "limited quotaName:" in str(status(u).get("message")), what="parked"
+    )
+    # alice's lookalike of the first pod set's pod, owned by a Job of her own.
+    template = controller.first_template(job)
+    decoy = created(tenant.create(child_job("decoy", template, owner=None)))
+    assert GATE in gates(created(tenant.create(pod_of("a-lookalike", template, decoy, {}))))
+    made = controller.make(tenant, job)
+    for names_of_set in made.values():
+        for pod_name in names_of_set:
+            assert GATE in gates(tenant.get("pod", pod_name)), pod_name
+
+    await tenant.env.resize_quota(quota, ROOM)
+    unit = await tenant.env.wait_unit(unit_name, lambda u: phase(u) == names.Phase.DEQUEUED, what="admitted")
+    assert {a["name"]: a["replicas"] for a in status(unit)["admissions"]} == controller.admitted
+    await tenant.env.wait_job(job, lambda j: not HELD[controller.kind].held(j), what="released")
+
+    async def released() -> dict[str, int] | None:
+        found = {
+            pod_set: sum(GATE not in gates(tenant.get("pod", pod_name)) for pod_name in pod_names)
+            for pod_set, pod_names in made.items()
+        }
+        return found if found == controller.admitted else None
+
+    await kube.eventually(released, what=f"exactly {controller.admitted} released")
+    assert GATE in gates(tenant.get("pod", "a-lookalike")), "a pod not owned through the job was released"

@@ -110,6 +110,32 @@ def foreign_jobs() -> list[dict[str, Any]]:
             },
         },
         {
+            "apiVersion": "kubeflow.org/v2beta1",
+            "kind": "MPIJob",
+            "metadata": {"name": "mpi", **meta},
+            "spec": {
+                "mpiReplicaSpecs": {
+                    "Launcher": {"replicas": 1, "template": TEMPLATE},
+                    "Worker": {"replicas": 2, "template": TEMPLATE},
+                }
+            },
+        },
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": "js", **meta},
+            "spec": {
+                "replicatedJobs": [
+                    {"name": "driver", "template": {"spec": {"template": TEMPLATE}}},
+                    {
+                        "name": "workers",
+                        "replicas": 2,
+                        "template": {"spec": {"parallelism": 2, "template": TEMPLATE}},
+                    },
+                ]
+            },
+        },
+        {
             "apiVersion": "ray.io/v1",
             "kind": "RayJob",
             "metadata": {"name": "ray", **meta},
@@ -155,6 +181,10 @@ def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
         return [r["template"] for r in spec["tfReplicaSpecs"].values()]
     if kind == "PyTorchJob":
         return [r["template"] for r in spec["pytorchReplicaSpecs"].values()]
+    if kind == "MPIJob":
+        return [r["template"] for r in spec["mpiReplicaSpecs"].values()]
+    if kind == "JobSet":
+        return [r["template"]["spec"]["template"] for r in spec["replicatedJobs"]]
     if kind == "RayJob":
         cluster = spec["rayClusterSpec"]
         return [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
@@ -165,9 +195,9 @@ def is_held(obj: dict[str, Any]) -> bool:
     kind = obj["kind"]
     spec = obj["spec"]
     annotations = obj["metadata"].get("annotations") or {}
-    if kind in ("Job", "RayJob"):
+    if kind in ("Job", "RayJob", "JobSet"):
         return spec.get("suspend") is True
-    if kind in ("TFJob", "PyTorchJob"):
+    if kind in ("TFJob", "PyTorchJob", "MPIJob"):
         return (
             spec.get("runPolicy", {}).get("suspend") is True
             and annotations.get(names.SUSPEND_ANNOTATION) == "true"

@@ -135,7 +135,7 @@ def test_update_without_old_object_is_malformed() -> None:
 
 def test_unknown_extensions_fail_config_construction() -> None:
     with pytest.raises(registry.UnknownExtensionError):
-        AdmissionConfig(enabled_extensions=frozenset({"job", "mpijob"}))
+        AdmissionConfig(enabled_extensions=frozenset({"job", "clusterresourcebinding"}))
 
 
 # --- mutation -------------------------------------------------------------------------------------

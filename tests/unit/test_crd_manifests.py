@@ -1,11 +1,11 @@
 """Static checks of the CustomResourceDefinitions we ship and the test-only CRDs of foreign job kinds.
 
 Covers manifests/crds (Queue, QueueUnit, ElasticQuota and their kustomization) and tests/crds (TFJob,
-PyTorchJob, PaddleJob, XGBoostJob, JAXJob, RayJob, RayCluster, Workflow, SparkApplication). No cluster
-is needed: the files are parsed with PyYAML and checked against the apiextensions.k8s.io/v1 rules that
-a kube-apiserver would enforce on creation (structural schema, list-map keys, protected groups, CEL
-placement) and against the Koord-Queue API contract (names, short names, printer columns, field names
-and validation).
+PyTorchJob, PaddleJob, XGBoostJob, JAXJob, MPIJob, JobSet, RayJob, RayCluster, Workflow,
+SparkApplication). No cluster is needed: the files are parsed with PyYAML and checked against the
+apiextensions.k8s.io/v1 rules that a kube-apiserver would enforce on creation (structural schema,
+list-map keys, protected groups, CEL placement) and against the Koord-Queue API contract (names,
+short names, printer columns, field names and validation).
 """
 
 from __future__ import annotations
@@ -125,6 +125,8 @@ def test_the_expected_crd_files_exist() -> None:
         "paddlejobs.kubeflow.org",
         "xgboostjobs.kubeflow.org",
         "jaxjobs.kubeflow.org",
+        "mpijobs.kubeflow.org",
+        "jobsets.jobset.x-k8s.io",
         "rayjobs.ray.io",
         "rayclusters.ray.io",
         "workflows.argoproj.io",
@@ -643,6 +645,25 @@ FOREIGN_FIELDS = {
         "status.conditions.[].type",
         "status.startTime",
     ],
+    "mpijobs.kubeflow.org": [
+        "spec.runPolicy.suspend",
+        "spec.mpiReplicaSpecs.{}.replicas",
+        "spec.mpiReplicaSpecs.{}.template",
+        "status.conditions.[].type",
+        "status.conditions.[].status",
+    ],
+    "jobsets.jobset.x-k8s.io": [
+        "spec.suspend",
+        "spec.replicatedJobs.[].name",
+        "spec.replicatedJobs.[].replicas",
+        "spec.replicatedJobs.[].template.spec.parallelism",
+        "spec.replicatedJobs.[].template.spec.completions",
+        "spec.replicatedJobs.[].template.spec.template",
+        "status.terminalState",
+        "status.conditions.[].type",
+        "status.conditions.[].status",
+        "status.replicatedJobsStatus.[].active",
+    ],
     "rayjobs.ray.io": [
         "spec.suspend",
         "spec.rayClusterSpec.headGroupSpec.template",
@@ -728,6 +749,8 @@ def test_ray_job_serves_v1_and_v1alpha1_and_stores_v1() -> None:
     [
         ("tfjobs.kubeflow.org", "v1"),
         ("pytorchjobs.kubeflow.org", "v1"),
+        ("mpijobs.kubeflow.org", "v2beta1"),
+        ("jobsets.jobset.x-k8s.io", "v1alpha2"),
         ("rayclusters.ray.io", "v1"),
         ("workflows.argoproj.io", "v1alpha1"),
         ("sparkapplications.sparkoperator.k8s.io", "v1beta2"),

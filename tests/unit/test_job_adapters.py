@@ -31,6 +31,8 @@ GATED = {
     "paddlejob",
     "xgboostjob",
     "jaxjob",
+    "mpijob",
+    "jobset",
     "rayjob",
     "rayjobv1alpha1",
     "raycluster",
@@ -108,9 +110,32 @@ def batch_job(**spec: Any) -> dict[str, Any]:
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta("train"), "spec": body}
 
 
+#: The Kubeflow kinds not served as ``kubeflow.org/v1`` (the MPI operator's own version).
+KUBEFLOW_VERSIONS = {"MPIJob": "kubeflow.org/v2beta1"}
+
+
 def kubeflow_job(kind: str, field: str, roles: dict[str, int | None]) -> dict[str, Any]:
     specs = {role: {"replicas": n, "template": template()} for role, n in roles.items()}
-    return {"apiVersion": "kubeflow.org/v1", "kind": kind, "metadata": meta("tf"), "spec": {field: specs}}
+    api_version = KUBEFLOW_VERSIONS.get(kind, "kubeflow.org/v1")
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta("tf"), "spec": {field: specs}}
+
+
+def replicated_job(name: str, replicas: int | None = 1, **job_spec: Any) -> dict[str, Any]:
+    """One entry of a JobSet's ``spec.replicatedJobs``: ``replicas`` Jobs of this Job spec."""
+    entry: dict[str, Any] = {"name": name, "template": {"spec": {"template": template(), **job_spec}}}
+    if replicas is not None:
+        entry["replicas"] = replicas
+    return entry
+
+
+def job_set(*entries: dict[str, Any]) -> dict[str, Any]:
+    jobs = list(entries) or [replicated_job("driver"), replicated_job("workers", 2, parallelism=3)]
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": meta("js"),
+        "spec": {"replicatedJobs": jobs},
+    }
 
 
 def ray_cluster_spec(*groups: tuple[str | None, int | None]) -> dict[str, Any]:
@@ -168,6 +193,8 @@ SAMPLES = {
     "paddlejob": lambda: kubeflow_job("PaddleJob", "paddleReplicaSpecs", {"Master": 1, "Worker": 2}),
     "xgboostjob": lambda: kubeflow_job("XGBoostJob", "xgbReplicaSpecs", {"Master": 1, "Worker": 2}),
     "jaxjob": lambda: kubeflow_job("JAXJob", "jaxReplicaSpecs", {"Worker": 2}),
+    "mpijob": lambda: kubeflow_job("MPIJob", "mpiReplicaSpecs", {"Launcher": 1, "Worker": 2}),
+    "jobset": job_set,
     "rayjob": ray_job,
     "rayjobv1alpha1": lambda: ray_job("ray.io/v1alpha1"),
     "raycluster": ray_cluster,
@@ -470,6 +497,7 @@ def test_kubeflow_pod_sets_are_lowercased_replica_types() -> None:
         ("paddlejob", "PaddleJob", "paddleReplicaSpecs", {"Master": 1, "Worker": 3}),
         ("xgboostjob", "XGBoostJob", "xgbReplicaSpecs", {"Master": 1, "Worker": 3}),
         ("jaxjob", "JAXJob", "jaxReplicaSpecs", {"Worker": 3}),
+        ("mpijob", "MPIJob", "mpiReplicaSpecs", {"Launcher": 1, "Worker": 3}),
     ],
 )
 def test_each_kubeflow_kind_reads_only_its_own_replica_specs(
@@ -500,6 +528,128 @@ def test_ray_duplicate_group_names_are_rejected() -> None:
     job["spec"]["rayClusterSpec"] = ray_cluster_spec(("a", 1), ("A", 1))
     with pytest.raises(JobSpecError, match="Duplicate"):
         ADAPTERS["rayjob"].pod_sets(job)
+
+
+# JobSet (docs/compatibility.md#jobset): one pod set per replicated job, ``replicas`` Jobs of
+# ``min(parallelism, completions)`` pods each.
+@pytest.mark.parametrize(
+    ("entry", "count"),
+    [
+        (replicated_job("a"), 1),
+        (replicated_job("a", None), 1),  # replicas defaults to 1, as the JobSet CRD defaults it
+        (replicated_job("a", 4, parallelism=2), 8),
+        (
+            replicated_job("a", 3, parallelism=4, completions=2),
+            6,
+        ),  # a Job never runs more than its completions
+        (replicated_job("a", 2, completions=5), 2),  # parallelism defaults to 1
+        (replicated_job("a", 0, parallelism=2), 0),
+    ],
+)
+def test_jobset_pod_sets_are_replicated_jobs_times_pods_per_job(entry: dict[str, Any], count: int) -> None:
+    [pod_set] = ADAPTERS["jobset"].pod_sets(job_set(entry))
+    assert (pod_set.name, pod_set.count) == ("a", count)
+    assert pod_set.per_pod == {"cpu": 1000, "memory": 1024**3 * 1000}
+
+
+def test_jobset_pod_sets_keep_spec_order_and_names() -> None:
+    job = job_set(replicated_job("workers", 2, parallelism=2), replicated_job("driver"))
+    assert [(p.name, p.count) for p in ADAPTERS["jobset"].pod_sets(job)] == [("workers", 4), ("driver", 1)]
+
+
+@pytest.mark.parametrize(
+    ("entries", "path", "detail"),
+    [
+        ([{"template": {"spec": {"template": template()}}}], "spec.replicatedJobs[0].name", "Required"),
+        (
+            [replicated_job("a", 1), {"name": "b", "replicas": "2"}],
+            "spec.replicatedJobs[1].replicas",
+            "Invalid",
+        ),
+        ([{"name": "a", "replicas": 1}], "spec.replicatedJobs[0].template.spec", "Required"),
+        (
+            [{"name": "a", "template": {"spec": {}}}],
+            "spec.replicatedJobs[0].template.spec.template",
+            "Required",
+        ),
+        (
+            [replicated_job("a", parallelism=-1)],
+            "spec.replicatedJobs[0].template.spec.parallelism",
+            "Invalid",
+        ),
+        ([replicated_job("a"), replicated_job("a")], "spec.replicatedJobs", "Duplicate"),
+        ("workers", "spec.replicatedJobs", "Invalid"),
+    ],
+)
+def test_an_unreadable_jobset_names_the_field(entries: Any, path: str, detail: str) -> None:
+    job = job_set()
+    job["spec"]["replicatedJobs"] = entries
+    with pytest.raises(JobSpecError) as info:
+        ADAPTERS["jobset"].pod_sets(job)
+    assert info.value.path == path and info.value.detail.startswith(detail), info.value
+
+
+def test_every_replicated_jobs_pod_template_is_gated_and_linked_and_its_pods_map_back() -> None:
+    """The JobSet controller copies each replicated job's pod template into every child Job, so the
+    gate and the links written there reach every pod; the Job template's own metadata stays as it
+    was (the controller copies it onto the child Jobs)."""
+    adapter = ADAPTERS["jobset"]
+    job = job_set()
+    job["spec"]["replicatedJobs"][1]["template"]["metadata"] = {"labels": {"team": "a"}}
+    stored = apply_patch(job, adapter.suspend_patch(job, now_text=NOW))
+    assert stored["spec"]["suspend"] is True
+    for entry in stored["spec"]["replicatedJobs"]:
+        pod_template = entry["template"]["spec"]["template"]
+        assert pod_template["spec"]["schedulingGates"] == [GATE]
+        assert pod_template["metadata"]["annotations"] == {
+            names.RELATED_QUEUEUNIT_ANNOTATION: "ns/js-jobset-qu",
+            names.RELATED_PODSET_ANNOTATION: entry["name"],
+        }
+        # A pod of a child Job: the template plus the controller's labels.
+        pod = pod_from(pod_template)
+        pod["metadata"]["labels"] = {"jobset.sigs.k8s.io/replicatedjob-name": entry["name"]}
+        assert adapter.pod_set_of(pod) == entry["name"]
+        del pod["metadata"]["annotations"]
+        assert adapter.pod_set_of(pod) == entry["name"]
+    assert stored["spec"]["replicatedJobs"][1]["template"]["metadata"] == {"labels": {"team": "a"}}
+
+
+def test_a_generate_name_jobset_is_linked_by_its_release_in_one_conditional_patch() -> None:
+    """Under ``generateName`` the webhook cannot name the unit; the resume writes the links into
+    each pod template (through the list, so the patch carries the whole list and is conditional on
+    the version it was built from)."""
+    adapter = ADAPTERS["jobset"]
+    job = job_set()
+    del job["metadata"]["name"]
+    stored = apply_patch(job, adapter.suspend_patch(job, now_text=NOW))
+    assert names.RELATED_QUEUEUNIT_ANNOTATION not in str(stored["spec"])
+    stored["metadata"].update(name="js-x7k2p", resourceVersion="42")
+    patch = adapter.resume_patch(stored, now_text="later")
+    assert patch["metadata"]["resourceVersion"] == "42"
+    assert patch["spec"]["suspend"] is False
+    released = merge_patch(stored, patch)
+    for entry in released["spec"]["replicatedJobs"]:
+        annotations = entry["template"]["spec"]["template"]["metadata"]["annotations"]
+        assert annotations[names.RELATED_QUEUEUNIT_ANNOTATION] == "ns/js-x7k2p-jobset-qu"
+        assert annotations[names.RELATED_PODSET_ANNOTATION] == entry["name"]
+        assert entry["template"]["spec"]["template"]["spec"]["schedulingGates"] == [GATE]
+
+
+def test_mpijob_pod_sets_are_its_launcher_and_workers_and_its_pods_map_by_job_role() -> None:
+    """The MPI operator labels its pods with the role, not the replica type; the launcher pod is
+    created by a Job the operator makes from the Launcher template, so it carries that template's
+    annotations too."""
+    adapter = ADAPTERS["mpijob"]
+    job = kubeflow_job("MPIJob", "mpiReplicaSpecs", {"Worker": 4, "Launcher": None})
+    assert (adapter.api_version, adapter.queue_unit_name(job)) == ("kubeflow.org/v2beta1", "tf-mpi-qu")
+    assert [(p.name, p.count) for p in adapter.pod_sets(job)] == [("launcher", 1), ("worker", 4)]
+    for role in ("launcher", "worker"):
+        pod = {"metadata": {"labels": {"training.kubeflow.org/job-role": role}}}
+        assert adapter.pod_set_of(pod) == role
+
+
+def test_only_mpijob_and_jobset_have_pods_owned_by_child_jobs() -> None:
+    assert {a.extension for a in registry.ADAPTERS if a.pods_through_jobs} == {"mpijob", "jobset"}
 
 
 @pytest.mark.parametrize(
@@ -838,6 +988,13 @@ def test_children_of_managed_kinds_are_not_managed() -> None:
     selector_job = ray_job()
     selector_job["spec"]["clusterSelector"] = {"ray.io/cluster": "shared"}
     assert not ADAPTERS["rayjob"].is_managed(selector_job)
+    # An MPIJob's launcher Job and a JobSet's child Jobs, even labelled for a quota.
+    for api_version, kind in (("kubeflow.org/v2beta1", "MPIJob"), ("jobset.x-k8s.io/v1alpha2", "JobSet")):
+        child = batch_job()
+        child["metadata"]["ownerReferences"] = [
+            {"apiVersion": api_version, "kind": kind, "name": "p", "uid": "u", "controller": True}
+        ]
+        assert not ADAPTERS["job"].is_managed(child), kind
 
 
 @pytest.mark.parametrize(
@@ -854,6 +1011,31 @@ def test_children_of_managed_kinds_are_not_managed() -> None:
         ("paddlejob", {"conditions": [{"type": "Failed", "status": "True"}]}, {}, JobStatus.FAILED),
         ("xgboostjob", {"conditions": [{"type": "Succeeded", "status": "True"}]}, {}, JobStatus.SUCCEEDED),
         ("jaxjob", {"conditions": [{"type": "Running", "status": "True"}]}, {}, JobStatus.RUNNING),
+        ("mpijob", {"conditions": [{"type": "Succeeded", "status": "True"}]}, {}, JobStatus.SUCCEEDED),
+        ("mpijob", {"conditions": [{"type": "Running", "status": "False"}]}, {}, JobStatus.PENDING),
+        ("jobset", {"terminalState": "Completed"}, {}, JobStatus.SUCCEEDED),
+        ("jobset", {"conditions": [{"type": "Completed", "status": "True"}]}, {}, JobStatus.SUCCEEDED),
+        ("jobset", {"terminalState": "Failed"}, {}, JobStatus.FAILED),
+        ("jobset", {"conditions": [{"type": "Failed", "status": "True"}]}, {}, JobStatus.FAILED),
+        (
+            "jobset",
+            {"replicatedJobsStatus": [{"name": "a", "active": 0}, {"name": "b", "active": 1}]},
+            {},
+            JobStatus.RUNNING,
+        ),
+        (
+            "jobset",
+            {"replicatedJobsStatus": [{"name": "a", "suspended": 2}]},
+            {names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION: "t"},
+            JobStatus.PENDING,
+        ),
+        (
+            "jobset",
+            {"conditions": [{"type": "Suspended", "status": "True"}]},
+            {names.JOB_HAS_ENQUEUED_ANNOTATION: "true"},
+            JobStatus.QUEUING,
+        ),
+        ("jobset", {"restarts": 0}, {}, JobStatus.CREATED),
         ("rayjob", {"jobDeploymentStatus": "Complete"}, {}, JobStatus.SUCCEEDED),
         ("rayjob", {"jobDeploymentStatus": "Running"}, {}, JobStatus.RUNNING),
         ("rayjob", {}, {names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION: "t"}, JobStatus.QUEUING),
@@ -887,6 +1069,10 @@ def test_job_status(
         ("xgboostjob", {"labels": {"training.kubeflow.org/replica-type": "worker"}}, "worker"),
         ("jaxjob", {"labels": {"training.kubeflow.org/replica-type": "worker"}}, "worker"),
         ("jaxjob", {"labels": {"job-role": "worker"}}, None),
+        ("mpijob", {"labels": {"training.kubeflow.org/job-role": "launcher"}}, "launcher"),
+        ("mpijob", {"labels": {"job-role": "worker"}}, None),
+        ("jobset", {"labels": {"jobset.sigs.k8s.io/replicatedjob-name": "workers"}}, "workers"),
+        ("jobset", {"labels": {"jobset.sigs.k8s.io/jobset-name": "js"}}, None),
         ("rayjob", {"labels": {"ray.io/group": "headgroup"}}, "head"),
         ("rayjob", {"labels": {"ray.io/group": "GPU"}}, "gpu"),
         ("raycluster", {"labels": {"ray.io/group": ""}}, "worker"),
@@ -917,6 +1103,17 @@ def test_priority_per_kind() -> None:
     jax = kubeflow_job("JAXJob", "jaxReplicaSpecs", {"Worker": 4})
     jax["spec"]["jaxReplicaSpecs"]["Worker"]["template"]["spec"]["priorityClassName"] = "j"
     assert ADAPTERS["jaxjob"].priority(jax) == ("j", None)
+    mpi = kubeflow_job("MPIJob", "mpiReplicaSpecs", {"Launcher": 1, "Worker": 2})
+    mpi["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["priorityClassName"] = "w"
+    assert ADAPTERS["mpijob"].priority(mpi) == (None, None)  # the first replica type: Launcher
+    mpi["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["priorityClassName"] = "l"
+    assert ADAPTERS["mpijob"].priority(mpi) == ("l", None)
+    js = job_set(replicated_job("driver"), replicated_job("workers", 2))
+    assert ADAPTERS["jobset"].priority(js) == (None, None)
+    js["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["priority"] = 9
+    assert ADAPTERS["jobset"].priority(js) == (None, 9)  # the first replicated job that names one
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["priorityClassName"] = "d"
+    assert ADAPTERS["jobset"].priority(js) == ("d", None)
     spark = spark_app(batchSchedulerOptions={"priorityClassName": "batch"})
     assert ADAPTERS["sparkapp"].priority(spark) == ("batch", None)
     wf = workflow()
@@ -930,14 +1127,19 @@ def test_priority_per_kind() -> None:
 
 def test_registry_lookups() -> None:
     assert registry.EXTENSIONS == (
-        "job", "tfjob", "pytorchjob", "paddlejob", "xgboostjob", "jaxjob",
+        "job", "tfjob", "pytorchjob", "paddlejob", "xgboostjob", "jaxjob", "mpijob", "jobset",
         "rayjob", "rayjobv1alpha1", "raycluster", "workflow", "sparkapp",
     )  # fmt: skip
     assert "raycluster" not in registry.DEFAULT_EXTENSIONS
-    assert {"paddlejob", "xgboostjob", "jaxjob"} <= set(registry.DEFAULT_EXTENSIONS)
+    assert {"paddlejob", "xgboostjob", "jaxjob", "mpijob", "jobset"} <= set(registry.DEFAULT_EXTENSIONS)
     assert registry.by_kind("kubeflow.org/v1", "XGBoostJob") is registry.by_extension("xgboostjob")
+    assert registry.by_kind("kubeflow.org/v2beta1", "MPIJob") is registry.by_extension("mpijob")
+    assert registry.by_kind("kubeflow.org/v1", "MPIJob") is None  # the training operator's is not served
+    assert registry.by_kind("jobset.x-k8s.io/v1alpha2", "JobSet") is registry.by_extension("jobset")
     assert registry.by_kind("ray.io/v1alpha1", "RayJob") is registry.by_extension("rayjobv1alpha1")
     assert registry.by_kind("batch/v1", "CronJob") is None
     assert [a.extension for a in registry.enabled_adapters(["sparkapp", " job", ""])] == ["job", "sparkapp"]
-    with pytest.raises(registry.UnknownExtensionError, match=r"'mpijob', 'nope'.*known extensions: job"):
-        registry.enabled_adapters(["job", "nope", "mpijob"])
+    with pytest.raises(
+        registry.UnknownExtensionError, match=r"'clusterresourcebinding', 'nope'.*known extensions: job"
+    ):
+        registry.enabled_adapters(["job", "nope", "clusterresourcebinding"])

@@ -382,3 +382,166 @@ def test_the_pod_index_forgets_pods_and_units_that_are_gone() -> None:
     jobs._pods_by_unit["ns/gone"] = {"ns/ghost"}
     jobs.on_unit({"metadata": {"name": "gone", "namespace": "ns"}, "spec": {}}, None)
     assert jobs._pods_by_unit == {}
+
+
+# --- pods owned through child Jobs: an MPIJob's launcher, a JobSet's replicated jobs ------------------
+# (docs/compatibility.md#pod-gating, docs/compatibility.md#jobset)
+
+JOBSET = JobKey("jobset.x-k8s.io/v1alpha2", "JobSet", "ns", "js")
+
+
+def test_jobs_are_watched_once_and_only_when_a_kind_owns_pods_through_them() -> None:
+    alone, _ = extensions({}, extensions=("job", "tfjob"))
+    assert alone.child_jobs is None and plurals(alone).count("jobs") == 1
+    for enabled in (("jobset",), ("mpijob",), ("mpijob", "jobset")):
+        own, _ = extensions({}, extensions=enabled)
+        assert own.child_jobs is not None and plurals(own).count("jobs") == 1, enabled
+        # Watched only to link pods: a Job is kept as its identity and owners.
+        assert own.child_jobs.transform is not None
+        assert own.child_jobs.transform(child_job("x", "JobSet", "js", spec=True)) == child_job(
+            "x", "JobSet", "js"
+        )
+    both, _ = extensions({}, extensions=("job", "jobset"))
+    assert both.child_jobs is both.job_informers[("batch/v1", "Job")]
+    assert plurals(both).count("jobs") == 1
+
+
+def child_job(name: str, kind: str, parent: str, *, spec: bool = False) -> kube.Obj:
+    api_version = "kubeflow.org/v2beta1" if kind == "MPIJob" else "jobset.x-k8s.io/v1alpha2"
+    owner = {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": parent,
+        "uid": f"{parent}-uid",
+        "controller": True,
+    }
+    job: kube.Obj = {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"{name}-uid", "ownerReferences": [owner]}
+    }
+    if spec:
+        job["spec"] = {"parallelism": 2, "template": {"spec": {"containers": []}}}
+    return job
+
+
+def test_a_child_job_that_appears_or_goes_wakes_its_parent_and_status_churn_does_not() -> None:
+    def parents(jobs: JobExtensions) -> list[JobKey]:
+        """Marked keys other than Jobs (the ``job`` extension looks at a deleted Job itself)."""
+        return [key for key in jobs._dirty if key.kind != "Job"]
+
+    for enabled in (("jobset", "mpijob"), ("job", "jobset", "mpijob", "tfjob")):
+        jobs, _ = extensions({}, extensions=enabled)
+        assert jobs.child_jobs is not None
+        launcher = child_job("train-launcher", "MPIJob", "train")
+        jobs.child_jobs.handler(None, launcher)
+        assert parents(jobs) == [JobKey("kubeflow.org/v2beta1", "MPIJob", "ns", "train")], enabled
+        jobs._dirty.clear()
+        workers = child_job("js-workers-0", "JobSet", "js")
+        jobs.child_jobs.handler(workers, {**workers, "status": {"active": 2}})
+        assert not jobs._dirty
+        jobs.child_jobs.handler(workers, None)
+        assert parents(jobs) == [JOBSET]
+        jobs._dirty.clear()
+        # A Job of a kind whose pods it does not own wakes nothing.
+        tf_owner = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "TFJob",
+            "name": "tf",
+            "uid": "u",
+            "controller": True,
+        }
+        jobs.child_jobs.handler(None, {"metadata": {**workers["metadata"], "ownerReferences": [tf_owner]}})
+        assert not parents(jobs)
+
+
+def released_jobset(*, active: int) -> kube.Obj:
+    container = {"name": "c", "image": "i", "resources": {"requests": {"cpu": "1"}}}
+    pod_template = {
+        "metadata": {
+            "annotations": {
+                names.RELATED_QUEUEUNIT_ANNOTATION: "ns/js-jobset-qu",
+                names.RELATED_PODSET_ANNOTATION: "workers",
+            }
+        },
+        "spec": {"containers": [container], "schedulingGates": [{"name": names.ADMISSION_GATE}]},
+    }
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": "js",
+            "namespace": "ns",
+            "uid": "js-uid",
+            "labels": {names.QUOTA_NAME_LABEL: "q"},
+            "annotations": {
+                names.JOB_HAS_ENQUEUED_ANNOTATION: "true",
+                names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION: NOW,
+            },
+        },
+        "spec": {
+            "suspend": False,
+            "replicatedJobs": [
+                {
+                    "name": "workers",
+                    "replicas": 1,
+                    "template": {"spec": {"parallelism": 2, "template": pod_template}},
+                }
+            ],
+        },
+        "status": {"replicatedJobsStatus": [{"name": "workers", "active": active}]},
+    }
+
+
+def jobset_pod(name: str, owner: str, *, bound: bool = False) -> kube.Obj:
+    """A pod the Job controller made from the child Job's (gated) template."""
+    obj = pod(name, "ns/js-jobset-qu", bound=bound, gated=not bound)
+    obj["metadata"]["annotations"][names.RELATED_PODSET_ANNOTATION] = "workers"
+    obj["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": owner, "uid": f"{owner}-uid", "controller": True}
+    ]
+    return obj
+
+
+def admitted_jobset_unit(job: kube.Obj) -> kube.Obj:
+    unit = jobext.build_queue_unit(job, registry.by_extension("jobset"), {})
+    unit["metadata"].update(resourceVersion="5", creationTimestamp=NOW)
+    unit["status"] = {"phase": "Dequeued", "admissions": [{"name": "workers", "replicas": 2, "running": 0}]}
+    return unit
+
+
+async def test_a_jobsets_pods_are_released_through_its_child_job_and_no_other() -> None:
+    """The pods are owned by the child Job, which the JobSet owns: both links are checked by UID.
+    A pod naming the unit but owned by a Job the JobSet does not own stays gated; the unit is not
+    Running while its pods are active but unbound (a JobSet counts gated pods as active)."""
+    job = released_jobset(active=1)
+    jobs, client = extensions({"ns/js-jobset-qu": admitted_jobset_unit(job)}, extensions=("jobset",))
+    assert jobs.child_jobs is not None
+    jobs.job_informers[(JOBSET.api_version, JOBSET.kind)].objects["ns/js"] = job
+    jobs.child_jobs.objects["ns/js-workers-0"] = child_job("js-workers-0", "JobSet", "js")
+    stranger = child_job("other-0", "JobSet", "other")  # another JobSet's Job, same namespace
+    jobs.child_jobs.objects["ns/other-0"] = stranger
+    for name, owner in (
+        ("w-a", "js-workers-0"),
+        ("w-b", "js-workers-0"),
+        ("fake", "other-0"),
+        ("early", "late"),
+    ):
+        add_pod(jobs, jobset_pod(name, owner))
+    await jobs.reconcile(JOBSET)
+    ungated = sorted(name for name, ops, sub in client.patches if sub == "" and isinstance(ops, list))
+    assert ungated == ["w-a", "w-b"]
+    [report] = status_writes(client)
+    assert report["status"]["podState"] == {"running": 0, "pending": 2}
+    assert "phase" not in report["status"]  # active but unbound: still Dequeued, still reclaimable
+
+    # The Job of a pod seen first appears: the JobSet is woken and the pod counts from then on.
+    jobs._dirty.clear()
+    jobs.child_jobs.handler(None, child_job("late", "JobSet", "js"))
+    jobs.child_jobs.objects["ns/late"] = child_job("late", "JobSet", "js")
+    assert list(jobs._dirty) == [JOBSET]
+    add_pod(jobs, jobset_pod("w-a", "js-workers-0", bound=True))
+    client.patches.clear()
+    await jobs.reconcile(JOBSET)
+    ungated = sorted(name for name, ops, sub in client.patches if sub == "" and isinstance(ops, list))
+    assert "early" in ungated  # counted now, and released into the admission's free replica
+    [report] = status_writes(client)
+    assert report["status"]["phase"] == "Running" and report["status"]["podState"]["running"] == 1

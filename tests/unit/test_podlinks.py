@@ -27,10 +27,15 @@ def obj(name: str, *owners: tuple[str, str, str], namespace: str = "ns", uid: st
 CLUSTER = obj("rc", ("RayJob", "train", JOB_UID), uid="rc-uid")
 DRIVER = obj("driver", ("SparkApplication", "spark", JOB_UID), uid="driver-uid")
 STRANGER = obj("other-rc", ("RayJob", "other", "other-uid"), uid="other-rc-uid")
+#: A JobSet's child Job (an MPIJob's launcher Job is linked the same way), and a Job of someone else.
+CHILD_JOB = obj("train-workers-0", ("JobSet", "train", JOB_UID), uid="child-uid")
+OTHER_JOB = obj("plain", uid="plain-uid")
 PARENTS: dict[tuple[str, str], Mapping[str, Any]] = {
     ("RayCluster", "rc"): CLUSTER,
     ("Pod", "driver"): DRIVER,
     ("RayCluster", "other-rc"): STRANGER,
+    ("Job", "train-workers-0"): CHILD_JOB,
+    ("Job", "plain"): OTHER_JOB,
 }
 
 
@@ -44,6 +49,9 @@ def lookup(kind: str, name: str) -> Mapping[str, Any] | None:
         (obj("p", ("Job", "train", JOB_UID)), True),  # owned directly
         (obj("p", ("RayCluster", "rc", "rc-uid")), True),  # through the job's RayCluster
         (obj("p", ("Pod", "driver", "driver-uid")), True),  # a Spark executor through its driver
+        (obj("p", ("Job", "train-workers-0", "child-uid")), True),  # through the job's child Job
+        (obj("p", ("Job", "train-workers-0", "forged")), False),  # the child Job's name, another UID
+        (obj("p", ("Job", "plain", "plain-uid")), False),  # a Job the job does not own
         (obj("p"), False),  # a bare pod naming the unit
         (obj("p", ("Job", "train", "forged")), False),  # the job's name with another UID
         (obj("p", ("RayCluster", "rc", "forged")), False),  # a parent reference with a wrong UID

@@ -429,8 +429,12 @@ def test_command_line_defaults_and_errors(capsys: pytest.CaptureFixture[str]) ->
     assert not verbose and config.cert_file is None
     config, _ = main.parse_config(["--enabled-extensions", "job, raycluster", "--metrics-port", "0"])
     assert config.admission.enabled_extensions == {"job", "raycluster"} and config.metrics_port == 0
-    for bad in (["--enabled-extensions", "job,mpijob"], ["--cert-file", "x"], ["--max-body-bytes", "0"]):
+    for bad in (
+        ["--enabled-extensions", "job,clusterresourcebinding"],
+        ["--cert-file", "x"],
+        ["--max-body-bytes", "0"],
+    ):
         with pytest.raises(SystemExit) as info:
             main.parse_config(bad)
         assert info.value.code == 2
-    assert "mpijob" in capsys.readouterr().err
+    assert "clusterresourcebinding" in capsys.readouterr().err

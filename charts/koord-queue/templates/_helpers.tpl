@@ -5,6 +5,8 @@ apiVersion: scheduling.k8s.io/v1
 kind: KoordQueueConfiguration
 defaultReclaimProtectTime: {{ .Values.config.defaultReclaimProtectTime | quote }}
 quotaNamespaceBinding: {{ .Values.config.quotaNamespaceBinding }}
+quotaGuarantees: {{ .Values.config.quotaGuarantees }}
+publishQuotaStatus: {{ .Values.config.publishQuotaStatus }}
 {{- if not (kindIs "invalid" .Values.config.maxUserPriority) }}
 maxUserPriority: {{ int64 .Values.config.maxUserPriority }}
 {{- end }}

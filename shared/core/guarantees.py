@@ -1,0 +1,457 @@
+"""Quota guarantees: ``min`` honoured, borrowing and lending between siblings, fair shares
+(docs/compatibility.md#quota-guarantees).
+
+Upstream admits against ``max`` up the parent chain only, so under an oversubscribed parent (the
+children's ``max`` add up to more than the parent's) the first busy child takes everything and a
+sibling's ``min`` means nothing. Here, below every parent that is a quota, each child gets a
+*runtime* bound per resource, computed once per cycle from usage and waiting demand (Koordinator's
+meaning of the same objects):
+
+1. A child's *request* is its usage plus its waiting demand, capped at its ``max``.
+2. Its *guarantee* is ``min(min, request)``: unused ``min`` is lent to siblings. A child labelled
+   ``allow-lent-resource: "false"`` keeps its whole ``min`` (nobody may borrow it).
+3. What the parent can give (its ``max``, bounded by its own runtime when it has a parent quota,
+   minus what units labelled with the parent itself ask for) goes first to the guarantees; the rest
+   is divided by *water-filling* in proportion to ``shared-weight`` (default: the child's ``max``),
+   never beyond a child's request. So siblings competing for spare capacity get it in proportion
+   to their weights, and none is starved.
+4. *Work conservation*: a child whose smallest waiting unit does not fit in its share cannot use it;
+   its request is lowered to its usage and the parent's division is made again once, so its share
+   goes to siblings that can use it rather than staying idle.
+
+The scheduler checks ``used + request <= runtime`` beside ``max`` (``UsageView.check``). When no
+parent is oversubscribed (every child's request fits), every runtime equals the request, which any
+admission that passes ``max`` fits; and below a parent whose children all have ``min == max``
+nobody can borrow, so no runtime is computed there at all: in both cases admission is exactly as
+upstream's.
+
+:func:`plan_reclaim` is the *reclaim across quotas*: a unit that fits within its quota's ``min`` at
+its own level (and upward while that holds) but does not fit because siblings borrowed marks
+admitted-but-not-running units of the borrowing siblings, lowest priority first then newest,
+protect time respected, never taking a sibling (or any quota on the victim's chain below it) below
+its own ``min``. Running borrowers are never disrupted; the unit then waits saying for whom.
+
+Pure: standard library and sibling modules only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from shared.api import quantities
+from shared.api.model import Quota, Unit
+from shared.api.predicates import expected_pod_sets
+from shared.api.quantities import Resources
+from shared.core.policies import QueueState
+from shared.core.preemption import Victim, protected_until, reclaimable
+from shared.core.quota import QuotaLedger, UsageView
+
+__all__ = ["Reclaim", "Shares", "compute", "may_claim", "plan_reclaim", "water_fill", "weight"]
+
+
+@dataclass(frozen=True, slots=True)
+class Shares:
+    """One cycle's guarantee figures: ``runtime`` for every quota below a parent quota, and
+    ``request`` (usage plus waiting demand, capped at ``max``) for the same quotas."""
+
+    runtime: Mapping[str, Resources] = field(default_factory=dict)
+    request: Mapping[str, Resources] = field(default_factory=dict)
+    #: the part of each quota's ``min`` held for it (its demand, or all of it when it does not lend)
+    guaranteed: Mapping[str, Resources] = field(default_factory=dict)
+
+
+def water_fill(cap: int, asks: Iterable[tuple[str, int, int]]) -> dict[str, int]:
+    """Divide ``cap`` among ``(name, want, weight)`` in proportion to the weights, nobody beyond
+    its want; what a satisfied asker leaves goes to the others. Integer milli units: the remainder
+    of a proportional split goes one unit each in name order, so the result is deterministic and
+    sums to ``min(cap, total want)``. Zero weights are served only once the weighted are full."""
+    out: dict[str, int] = {}
+    active: list[tuple[str, int, int]] = []
+    for name, want, w in sorted(asks):
+        out[name] = 0
+        if want > 0:
+            active.append((name, want, max(w, 0)))
+    left = max(cap, 0)
+    while active and left > 0:
+        total_w = sum(w for _, _, w in active)
+        if total_w == 0:
+            for name, want, _ in active:
+                give = min(want, left)
+                out[name] += give
+                left -= give
+            break
+        full = [a for a in active if a[1] * total_w <= left * a[2]]
+        if full:
+            for name, want, _ in full:
+                out[name] += want
+                left -= want
+            active = [a for a in active if a not in full]
+            continue
+        for name, _, w in active:
+            out[name] += left * w // total_w
+        rest = left - sum(left * w // total_w for _, _, w in active)
+        for name, _, w in active:
+            if rest <= 0:
+                break
+            if w > 0:
+                out[name] += 1
+                rest -= 1
+        left = 0
+    return out
+
+
+def weight(quota: Quota, resource: str) -> int:
+    """The quota's ``shared-weight`` for ``resource``, by default its ``max`` (1000 when that is
+    unlimited, so unlimited siblings share equally)."""
+    if quota.shared_weight is not None and resource in quota.shared_weight:
+        return quota.shared_weight[resource]
+    return quota.max.get(resource, 1000)
+
+
+def _merge_smallest(a: Resources | None, b: Resources) -> Resources:
+    """Per resource, the smaller of two "smallest waiting request" figures; a resource missing on
+    one side means a unit there does not ask for it (smallest 0), so it is dropped."""
+    if a is None:
+        return dict(b)
+    return {r: min(a[r], b[r]) for r in a.keys() & b.keys()}
+
+
+def compute(
+    ledger: QuotaLedger, pending: Mapping[str, Resources], smallest: Mapping[str, Resources]
+) -> Shares:
+    """The runtime and request of every quota below a parent quota.
+
+    ``pending`` is, per quota, the sum of its active waiting units' requests; ``smallest`` the
+    smallest such request per resource (both from the queues' demand). Cost: O(quotas x depth)."""
+    children = ledger.children()
+    if not children:
+        return Shares()
+    quotas = ledger.quotas
+    sub_pending: dict[str, dict[str, int]] = {}
+    sub_small: dict[str, Resources] = {}
+    for leaf, pend in pending.items():
+        if leaf not in quotas or not pend:
+            continue
+        small = smallest.get(leaf, {})
+        for name in ledger.chain(leaf).names:
+            acc = sub_pending.setdefault(name, {})
+            for r, v in pend.items():
+                acc[r] = acc.get(r, 0) + v
+            sub_small[name] = _merge_smallest(sub_small.get(name), small)
+    runtime: dict[str, Resources] = {}
+    request: dict[str, Resources] = {}
+    held: dict[str, Resources] = {}
+    order = [p for p in sorted(children) if quotas[p].parent not in children]
+    seen: set[str] = set()
+    while order:
+        parent = order.pop(0)
+        if parent in seen:  # a cycle in the parent labels: its units fail the chain walk anyway
+            continue
+        seen.add(parent)
+        kids = children[parent]
+        if any(quotas[c].min != quotas[c].max for c in kids):
+            _divide(ledger, parent, kids, runtime, request, held, sub_pending, sub_small, pending)
+        order.extend(c for c in children[parent] if c in children)
+    return Shares(runtime=runtime, request=request, guaranteed=held)
+
+
+def _capacity(
+    ledger: QuotaLedger, parent: str, runtime: Mapping[str, Resources], pending: Mapping[str, Resources]
+) -> dict[str, int]:
+    quota = ledger.quotas[parent]
+    cap = dict(quota.max)
+    for r, v in runtime.get(parent, {}).items():
+        cap[r] = min(cap.get(r, v), v)
+    own_used = ledger.self_used(parent)
+    own_pending = pending.get(parent, {})
+    for r in cap:
+        cap[r] = max(0, cap[r] - own_used.get(r, 0) - own_pending.get(r, 0))
+    return cap
+
+
+def _divide(
+    ledger: QuotaLedger,
+    parent: str,
+    kids: tuple[str, ...],
+    runtime: dict[str, Resources],
+    request: dict[str, Resources],
+    held: dict[str, Resources],
+    sub_pending: Mapping[str, Mapping[str, int]],
+    sub_small: Mapping[str, Resources],
+    pending: Mapping[str, Resources],
+) -> None:
+    quotas = ledger.quotas
+    cap = _capacity(ledger, parent, runtime, pending)
+    used = {c: ledger.used(c) for c in kids}
+    asks: dict[str, dict[str, int]] = {}
+    for c in kids:
+        quota = quotas[c]
+        want = dict(used[c])
+        for r, v in sub_pending.get(c, {}).items():
+            want[r] = want.get(r, 0) + v
+        asks[c] = {r: min(v, quota.max[r]) if r in quota.max else v for r, v in want.items()}
+    steps = {c: sub_small[c] for c in kids if sub_pending.get(c) and c in sub_small}
+    split = _Split(quotas, kids, cap, used, steps)
+    shares = split.run(asks)
+    demoted = False
+    for c, small in steps.items():
+        room = shares[c]
+        if any(r in room and small[r] > room[r] - used[c].get(r, 0) for r in small):
+            asks[c] = dict(used[c])  # cannot use its share now: let siblings use it
+            demoted = True
+    if demoted:
+        shares = split.run(asks)
+    for c in kids:
+        runtime[c] = shares[c]
+        request[c] = {r: v for r, v in sorted(asks[c].items()) if v}
+        quota = quotas[c]
+        claim = {r: min(v, asks[c].get(r, 0)) if quota.lends else v for r, v in quota.min.items()}
+        held[c] = {r: v for r, v in sorted(claim.items()) if v}
+
+
+@dataclass(slots=True)
+class _Split:
+    """One parent's division of its capacity among its children, resource by resource.
+
+    ``steps`` are the children's smallest waiting requests: a child given only part of what it
+    asks is given whole steps of room (a fraction of a unit admits nothing), and the fractions
+    freed go, a step at a time, to the child with the lowest weighted share that can use one."""
+
+    quotas: Mapping[str, Quota]
+    kids: tuple[str, ...]
+    cap: Mapping[str, int]
+    used: Mapping[str, Resources]
+    steps: Mapping[str, Resources]
+
+    def run(self, asks: Mapping[str, Resources]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {c: {} for c in self.kids}
+        for r in sorted(self.cap):
+            for c, v in self._resource(r, asks).items():
+                out[c][r] = v
+        return out
+
+    def _resource(self, r: str, asks: Mapping[str, Resources]) -> dict[str, int]:
+        cap = self.cap[r]
+        want = {c: asks[c].get(r, 0) for c in self.kids}
+        weights = {c: weight(self.quotas[c], r) for c in self.kids}
+        guaranteed: dict[str, int] = {}
+        for c in self.kids:
+            quota = self.quotas[c]
+            floor = quota.min.get(r, 0)
+            guaranteed[c] = min(floor, want[c]) if quota.lends else floor
+        total = sum(guaranteed.values())
+        if total >= cap:
+            # The guarantees alone overrun the parent (an oversubscribed min): share by guarantee.
+            alloc = water_fill(cap, ((c, g, g) for c, g in guaranteed.items()))
+        else:
+            extra = water_fill(cap - total, ((c, want[c] - guaranteed[c], weights[c]) for c in self.kids))
+            alloc = {c: guaranteed[c] + extra[c] for c in self.kids}
+        leftover = cap - sum(alloc.values())
+        for c in self.kids:
+            step = self.steps.get(c, {}).get(r, 0)
+            room = alloc[c] - self.used[c].get(r, 0)
+            if step > 0 and alloc[c] < want[c] and room > 0:
+                cut = room % step
+                alloc[c] -= cut
+                leftover += cut
+        heap = [
+            (alloc[c] / weights[c] if weights[c] > 0 else math.inf, c)
+            for c in self.kids
+            if self.steps.get(c, {}).get(r, 0) > 0 and want[c] > alloc[c]
+        ]
+        heapq.heapify(heap)
+        while heap and leftover > 0:
+            _, c = heapq.heappop(heap)
+            give = min(self.steps[c][r], want[c] - alloc[c])
+            if give > leftover:
+                continue  # the leftover only shrinks: this child cannot take a step any more
+            alloc[c] += give
+            leftover -= give
+            if want[c] > alloc[c]:
+                heapq.heappush(heap, (alloc[c] / weights[c] if weights[c] > 0 else math.inf, c))
+        return alloc
+
+
+# --- reclaim across quotas -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """What a guaranteed unit's failed admission decided: ``victims`` per queue to mark now;
+    ``waiting_for`` victims already on the way it counts on; ``borrowers`` the borrowing quotas
+    (for the message); ``wake_at`` when a protected candidate becomes reclaimable."""
+
+    victims: Mapping[str, tuple[Victim, ...]] = field(default_factory=dict)
+    waiting_for: tuple[str, ...] = ()
+    borrowers: tuple[str, ...] = ()
+    wake_at: float | None = None
+    protected: tuple[str, ...] = ()
+
+    @property
+    def succeeded(self) -> bool:
+        return bool(self.victims or self.waiting_for)
+
+
+def _within_min(view: UsageView, name: str, request: Mapping[str, int]) -> bool:
+    floor = view.ledger.quotas[name].min
+    return all(view.used(name, r) + v <= floor.get(r, 0) for r, v in request.items() if v > 0)
+
+
+def may_claim(view: UsageView, leaf: str) -> bool:
+    """Cheap test: could a unit of ``leaf`` be guaranteed (the quota has a parent quota and is
+    below its ``min`` on some resource)? Keeps an exhausted queue from being skipped unseen."""
+    quotas = view.ledger.quotas
+    quota = quotas.get(leaf)
+    if quota is None or quota.parent not in quotas or not quota.min:
+        return False
+    return any(view.used(leaf, r) < v for r, v in quota.min.items())
+
+
+def _subtree(children: Mapping[str, tuple[str, ...]], top: str) -> list[str]:
+    out, todo = [], [top]
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        out.append(name)
+        todo.extend(children.get(name, ()))
+    return sorted(out)
+
+
+def plan_reclaim(
+    request: Mapping[str, int],
+    leaf: str,
+    *,
+    view: UsageView,
+    units: Mapping[str, Unit],
+    queues: Mapping[str, QueueState],
+    now: float,
+    protect: float,
+    claimed: frozenset[str] | set[str] = frozenset(),
+) -> Reclaim | None:
+    """Victims among borrowing siblings for a unit of ``leaf`` that the filter refused.
+
+    ``None`` when the guarantee does not apply (the unit does not fit within ``min`` at its own
+    level, or nobody borrows where it is short): the ordinary preempt path decides then.
+    ``claimed`` are victims another waiting unit already counts on in this cycle: a victim's
+    capacity is promised to one unit at a time."""
+    ledger = view.ledger
+    quotas = ledger.quotas
+    chain = ledger.chain(leaf)
+    if chain.error is not None or not request:
+        return None
+    levels = chain.names
+    pairs: list[tuple[str, str]] = []
+    for i, name in enumerate(levels[:-1]):
+        if not _within_min(view, name, request):
+            break
+        pairs.append((levels[i + 1], name))
+    if not pairs:
+        return None
+    need: dict[str, int] = {}
+    for name in levels[1:]:
+        limits, share = view._limits(name)
+        for bound in (limits, share or {}):
+            for r, v in request.items():
+                if r in bound:
+                    excess = view.used(name, r) + v - bound[r]
+                    if excess > 0:
+                        need[r] = max(need.get(r, 0), excess)
+    if not need:
+        return None
+    children = ledger.children()
+    borrowers: list[str] = []
+    candidates: list[tuple[tuple[int, float, float, str], str, str, Victim]] = []
+    released: dict[str, int] = {}
+    waiting: list[str] = []
+    protected: list[str] = []
+    wake: float | None = None
+    stops: dict[str, str] = {}  # candidate leaf -> the borrowing sibling it belongs to
+    for parent, own in pairs:
+        for sibling in children.get(parent, ()):
+            if sibling == own:
+                continue
+            floor = quotas[sibling].min
+            if not any(view.used(sibling, r) > floor.get(r, 0) for r in need):
+                continue
+            borrowers.append(sibling)
+            for name in _subtree(children, sibling):
+                stops[name] = sibling
+    for name in sorted(stops):
+        qs = queues.get(name)
+        if qs is None:
+            continue
+        for key in sorted(qs.in_flight.keys() | qs.marks.keys()):
+            unit = units.get(key)
+            if unit is None or key in claimed:
+                continue
+            if quantities.covers(released, need):
+                break  # enough on the way already: the rest is for other waiting units
+            per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
+            for podset, replicas in qs.reclaim_on_the_way(key).items():
+                released = quantities.add(released, quantities.scale(per_pod.get(podset, {}), replicas))
+            waiting.append(key)
+        for item in qs.assumed:
+            key = str(item[-1])
+            unit = units.get(key)
+            if unit is None or key in claimed or qs.on_the_way(key):
+                continue
+            found = reclaimable(unit, now=now, protect=protect)
+            if found is None:
+                until = protected_until(unit, now=now, protect=protect)
+                if until is not None:
+                    protected.append(key)
+                    wake = until if wake is None else min(wake, until)
+                continue
+            order = (unit.priority, -(unit.last_allocate_time or 0.0), -unit.created, key)
+            candidates.append(
+                (order, name, stops[name], Victim(key, unit.name, found.reclaim, found.resources))
+            )
+    if not borrowers:
+        return None
+    if quantities.covers(released, need):
+        return Reclaim(waiting_for=tuple(sorted(waiting)), borrowers=tuple(borrowers), wake_at=wake)
+    taken: dict[str, dict[str, int]] = {}
+    chosen: dict[str, list[Victim]] = {}
+    total = dict(released)
+    # Timestamps have a second's resolution: among equal ones the later name goes first.
+    candidates.sort(key=lambda c: c[0][-1], reverse=True)
+    candidates.sort(key=lambda c: c[0][:-1])
+    for _, name, sibling, victim in candidates:
+        path = _path(ledger, name, sibling)
+        if not all(_keeps_min(view, x, taken.get(x, {}), victim.resources) for x in path):
+            continue
+        for x in path:
+            taken[x] = quantities.add(taken.get(x, {}), victim.resources)
+        chosen.setdefault(name, []).append(victim)
+        total = quantities.add(total, victim.resources)
+        if quantities.covers(total, need):
+            return Reclaim(
+                victims={q: tuple(v) for q, v in sorted(chosen.items())},
+                waiting_for=tuple(sorted(waiting)),
+                borrowers=tuple(borrowers),
+                wake_at=wake,
+                protected=tuple(protected),
+            )
+    return Reclaim(borrowers=tuple(borrowers), wake_at=wake, protected=tuple(protected))
+
+
+def _path(ledger: QuotaLedger, leaf: str, top: str) -> list[str]:
+    """The quotas from ``leaf`` up to ``top`` (both included)."""
+    out: list[str] = []
+    for name in ledger.chain(leaf).names:
+        out.append(name)
+        if name == top:
+            break
+    return out
+
+
+def _keeps_min(view: UsageView, name: str, taken: Mapping[str, int], freed: Mapping[str, int]) -> bool:
+    """Taking ``freed`` on top of ``taken`` leaves quota ``name`` at or above its ``min``."""
+    floor = view.ledger.quotas[name].min
+    return all(
+        view.used(name, r) - taken.get(r, 0) - v >= floor[r] for r, v in freed.items() if v > 0 and r in floor
+    )
