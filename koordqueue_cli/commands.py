@@ -277,8 +277,8 @@ def render_explanation(e: Explanation, unit: Unit, raw: Obj, style: render.Style
         headers = ["QUOTA", "NAMESPACE", "MIN", "MAX", "USED", "FREE", "BORROWED", "FITS"]
         lines.extend("  " + line for line in render.table(headers, rows).splitlines())
         lines.append(
-            "  BORROWED is usage above min; min is not enforced yet (docs/architecture.md, decision 11), "
-            "so nothing is lent or reclaimed on its account."
+            "  BORROWED is usage above min: below a parent quota, siblings within their min may reclaim it "
+            "(docs/compatibility.md#reclaim-across-quotas)."
         )
     if e.ahead or e.unseen_ahead:
         lines.append("")
@@ -372,6 +372,7 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
             item = dataclasses.asdict(r)
             for key in ("min", "max", "used", "over_min", "waiting_request"):
                 item[key] = render.resources(item[key], empty="")
+            item["runtime"] = None if r.runtime is None else render.resources(r.runtime, empty="")
             item["readable"] = r.name not in got.unreadable_quotas
             items.append(item)
         _dump({"items": items, "usageComplete": got.complete}, args.output, out)
@@ -397,15 +398,18 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
                 render.resources(r.max, empty="unlimited") if readable else "?",
                 used,
                 render.resources(r.over_min, empty="0"),
+                "-" if r.runtime is None else render.resources(r.runtime, empty="0"),
                 str(r.admitted),
                 style(waiting, "yellow") if r.waiting else waiting,
             ]
         )
     headers = ["QUOTA", "NAMESPACE", *([] if args.tree else ["PARENT"]), "MIN", "MAX", "USED", "BORROWED"]
-    headers += ["ADMITTED", "WAITING"]
+    headers += ["RUNTIME", "ADMITTED", "WAITING"]
     out.write(render.table(headers, table_rows) + "\n")
     notes = [
-        "BORROWED = usage above min; min is not enforced yet, so nothing is lent or reclaimed on its account."
+        "BORROWED = usage above min: below a parent quota, siblings within their min may reclaim it.",
+        "RUNTIME = what the quota may use now, as the scheduler last published it on the quota "
+        "(-: not published).",
     ]
     if not got.complete:
         notes.append("≥: only the QueueUnits you can read are counted.")

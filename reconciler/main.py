@@ -21,7 +21,7 @@ import socket
 import ssl
 import sys
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from reconciler.events import EventRecorder
 from reconciler.informer import Handler, Informer
 from reconciler.job_units import QUEUE_UNITS
 from reconciler.jobs import JobExtensions
-from reconciler.quotas import QUEUES, QUOTAS, QuotaBindingSync, QuotaQueueSync
+from reconciler.quotas import QUEUES, QUOTAS, QuotaBindingSync, QuotaQueueSync, QuotaStatusSync
 from reconciler.scheduler import SchedulerLoop
 from shared import kube
 from shared.api import names
@@ -338,13 +338,22 @@ async def run(args: argparse.Namespace) -> None:
             client, quotas=lambda: quotas.objects, queues=lambda: queues.objects, events=events
         )
         bindings = QuotaBindingSync(
-            client, quotas=lambda: ledger.quotas.values(), enforce=settings.quota_namespace_binding
-        )
-        quotas = Informer(
             client,
-            QUOTAS,
-            handler=_fanout(scheduler.on_quota, quota_sync.on_quota, bindings.on_quota, on_quota_cap),
+            quotas=lambda: ledger.quotas.values(),
+            enforce=settings.quota_namespace_binding,
+            guarantees=settings.quota_guarantees,
         )
+        figures = quota_status_sync(
+            settings,
+            client,
+            cache=lambda: scheduler.cache,
+            quotas=lambda: quotas.objects,
+            ready=lambda: scheduler.cycles > 0,
+        )
+        quota_handlers = [scheduler.on_quota, quota_sync.on_quota, bindings.on_quota, on_quota_cap]
+        if figures is not None:
+            quota_handlers.append(figures.on_quota)
+        quotas = Informer(client, QUOTAS, handler=_fanout(*quota_handlers))
         informers = [pcs, units, queues, quotas, *jobs.informers()]
 
         def ready() -> bool:
@@ -366,8 +375,9 @@ async def run(args: argparse.Namespace) -> None:
 
             Runs while ``leadership`` is open. Every writer starts here, and each begins from its
             warm cache, since a follower queued nothing: the job extensions and the scheduler with
-            a full pass (``_take_over``), the Queue sync with every quota it saw, the binding sync
-            and the certificate managers with a first comparison against the cluster.
+            a full pass (``_take_over``), the Queue sync with every quota it saw, the binding sync,
+            the quota figures and the certificate managers with a first comparison against the
+            cluster.
             """
             for inf in informers:
                 await inf.synced.wait()
@@ -383,6 +393,8 @@ async def run(args: argparse.Namespace) -> None:
                 acting.create_task(jobs.run(), name="job-extensions")
                 acting.create_task(quota_sync.run(), name="quota-queues")
                 acting.create_task(bindings.run(), name="quota-bindings")
+                if figures is not None:
+                    acting.create_task(figures.run(), name="quota-figures")
                 if args.manage_webhook_certs:
                     certs = WebhookCertManager(
                         client,
@@ -412,6 +424,23 @@ async def run(args: argparse.Namespace) -> None:
         for runner in runners:
             await runner.cleanup()
         await client.close()
+
+
+def quota_status_sync(
+    settings: component_config.Settings,
+    client: kube.Kube,
+    *,
+    cache: Callable[[], Cache],
+    quotas: Callable[[], Mapping[str, kube.Obj]],
+    ready: Callable[[], bool] = lambda: True,
+) -> QuotaStatusSync | None:
+    """The publisher of the quotas' figures, or None with ``publishQuotaStatus: false``: where
+    koord-scheduler runs it owns ``status.used`` and the runtime/request annotations, and two
+    writers would overwrite each other (docs/compatibility.md#quota-guarantees). It only ever
+    runs in ``act``, that is on the leader."""
+    if not settings.publish_quota_status:
+        return None
+    return QuotaStatusSync(client, cache=cache, quotas=quotas, ready=ready)
 
 
 def _visibility_server(

@@ -18,6 +18,9 @@ whose namespaces or priority-cap annotation cannot be read gets a Warning ``Inva
 :class:`QuotaBindingSync` keeps the ConfigMap ``koord-queue/koord-queue-quota-bindings`` that the
 quota-binding admission policy (manifests/quota-binding-policy.yaml) reads: which namespaces each
 quota serves, which quotas each namespace may use, and whether the check is on.
+
+:class:`QuotaStatusSync` publishes each quota's figures (``status.used`` and the runtime, request and
+borrowed annotations; decided in ``shared.core.quotastatus``) on the quota itself.
 """
 
 from __future__ import annotations
@@ -25,15 +28,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from reconciler.events import EventRecorder
 from shared import kube
 from shared.api import names
 from shared.api.model import Quota
 from shared.api.parsing import parse_quota
-from shared.core import quotaqueues
+from shared.core import quotaqueues, quotastatus
 from shared.core.quota import winner_key
+from shared.core.scheduling import Cache
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +226,7 @@ class QuotaBindingSync:
         *,
         quotas: Callable[[], Iterable[Quota]],
         enforce: bool,
+        guarantees: bool = True,
         namespace: str = names.COMPONENT_NAMESPACE,
         name: str = names.QUOTA_BINDINGS_CONFIGMAP,
         resync_seconds: float = 60.0,
@@ -227,6 +235,7 @@ class QuotaBindingSync:
         self.client = client
         self.quotas = quotas
         self.enforce = enforce
+        self.guarantees = guarantees
         self.namespace = namespace
         self.name = name
         self.resync_seconds = resync_seconds
@@ -239,7 +248,8 @@ class QuotaBindingSync:
 
     def desired(self) -> dict[str, str]:
         quotas = list(self.quotas())
-        return quotaqueues.binding_data(quotas, enforce=self.enforce) | quotaqueues.tree_data(quotas)
+        tree = quotaqueues.tree_data(quotas, guarantees=self.guarantees)
+        return quotaqueues.binding_data(quotas, enforce=self.enforce) | tree
 
     async def run(self) -> None:
         while True:
@@ -287,3 +297,164 @@ class QuotaBindingSync:
                 continue
             self.writes += 1
             return
+
+
+def _rv(obj: Mapping[str, Any]) -> int | None:
+    try:
+        return int(str((obj.get("metadata") or {}).get("resourceVersion")))
+    except (TypeError, ValueError):
+        return None
+
+
+class QuotaStatusSync:
+    """Publish each quota's figures on the quota (docs/compatibility.md#quota-guarantees, "Published
+    figures"): ``status.used`` and the annotations ``quota.scheduling.koordinator.sh/runtime``,
+    ``.../request`` and ``koord-queue/borrowed``, as ``shared.core.quotastatus`` computes them from
+    the scheduler's cache.
+
+    Only the leader runs it (``reconciler/main.py`` starts it in ``act``), and only with
+    ``publishQuotaStatus`` on: where koord-scheduler runs, it owns these fields.
+
+    Every ``tick_seconds`` (and after any quota event) the figures are compared with the quota as
+    the informer last saw it; what differs is written, at most once per quota per
+    ``interval_seconds``, so a quota whose usage changes with every admission costs one write per
+    interval, and nothing is written while the figures equal what the quota shows. A write the watch
+    has not shown yet is not repeated (the stored object is older than the one the write returned).
+
+    ``status.used`` goes through the ``/status`` subresource. Koordinator's own CRD has none (the
+    API answers 404 there), so on a 404 the status is merged into the main resource instead, and
+    from then on directly; if such a write comes back without the new status (the CRD gained the
+    subresource) the subresource is tried again. Errors are logged, never raised: the quota is
+    tried again after the interval (after a conflict, at once).
+    """
+
+    def __init__(
+        self,
+        client: kube.Kube,
+        *,
+        cache: Callable[[], Cache],
+        quotas: Callable[[], Mapping[str, kube.Obj]],
+        interval_seconds: float = 5.0,
+        tick_seconds: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        ready: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.client = client
+        self.cache = cache
+        self.quotas = quotas
+        #: the scheduler has run a cycle since this replica began to lead: before that the cache
+        #: holds no runtime yet, and publishing would show the request in its place for a moment
+        self.ready = ready
+        self.interval_seconds = interval_seconds
+        self.tick_seconds = tick_seconds if tick_seconds is not None else min(1.0, interval_seconds)
+        self.clock = clock
+        #: whether ElasticQuotas have the status subresource (None: not known yet)
+        self.status_subresource: bool | None = None
+        self.writes = 0
+        self._wake = asyncio.Event()
+        self._last: dict[str, float] = {}
+        self._written_rv: dict[str, int] = {}
+        self._complaints: dict[str, str] = {}
+
+    def on_quota(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.sync()
+            except Exception:  # a bug must not stop the scheduler's task group
+                log.exception("quota figures: publication pass failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.tick_seconds)
+
+    async def sync(self) -> int:
+        """One pass: write what differs (and is due) for every quota that counts; returns the
+        number of quotas written."""
+        if not self.ready():
+            return 0
+        cache = self.cache()
+        figures = quotastatus.published(cache.ledger, cache.state)
+        store = self.quotas()
+        seen: set[str] = set()
+        written = 0
+        for name, fig in figures.items():
+            quota = cache.ledger.quotas[name]
+            key = f"{quota.namespace}/{name}"
+            seen.add(key)
+            obj = store.get(key)
+            if obj is None:
+                continue
+            rv, ours = _rv(obj), self._written_rv.get(key)
+            if ours is not None and rv is not None and rv < ours:
+                continue  # the watch has not caught up with our last write yet
+            writes = quotastatus.changes(obj, fig)
+            if writes.empty:
+                continue
+            now = self.clock()
+            if now - self._last.get(key, -math.inf) < self.interval_seconds:
+                continue
+            self._last[key] = now
+            if await self._write(quota.namespace, name, key, fig, writes):
+                written += 1
+        for table in (self._last, self._written_rv, self._complaints):
+            for key in [k for k in table if k not in seen]:
+                del table[key]
+        return written
+
+    async def _write(
+        self, namespace: str, name: str, key: str, fig: quotastatus.Figures, writes: quotastatus.Writes
+    ) -> bool:
+        for _ in range(3):
+            try:
+                await self._apply(namespace, name, key, fig, writes)
+            except kube.Conflict:
+                continue  # merge patches carry no resourceVersion: simply send it again
+            except kube.NotFound:
+                return False  # deleted meanwhile
+            except kube.KubeError as err:
+                text = str(err)
+                if self._complaints.get(key) != text:
+                    self._complaints[key] = text
+                    log.warning("ElasticQuota %s: figures not published: %s; will retry", key, err)
+                return False
+            self._complaints.pop(key, None)
+            self.writes += 1
+            return True
+        self._last.pop(key, None)  # conflicted every time: the next pass tries again
+        return False
+
+    async def _apply(
+        self, namespace: str, name: str, key: str, fig: quotastatus.Figures, writes: quotastatus.Writes
+    ) -> None:
+        main: dict[str, Any] = dict(writes.annotations or {})
+        if writes.status is not None and self.status_subresource is not False:
+            try:
+                done = await self.client.patch(
+                    QUOTAS, name, writes.status, namespace=namespace, subresource="status"
+                )
+            except kube.NotFound:
+                main.update(writes.status)  # no subresource (or the quota is gone: the patch says)
+            else:
+                self.status_subresource = True
+                self._note(key, done)
+        elif writes.status is not None:
+            main.update(writes.status)
+        if not main:
+            return
+        done = await self.client.patch(QUOTAS, name, main, namespace=namespace)
+        self._note(key, done)
+        if "status" in main:
+            used = ((done.get("status") or {}) if isinstance(done, Mapping) else {}).get("used")
+            shown = quotastatus.status_shows(used, fig.used)
+            if shown and self.status_subresource is not False:
+                log.info("ElasticQuotas have no status subresource: status.used is merged into the quota")
+            self.status_subresource = False if shown else None
+            if not shown:
+                self._last.pop(key, None)  # the status was dropped: write it through /status next
+
+    def _note(self, key: str, done: kube.Obj) -> None:
+        rv = _rv(done) if isinstance(done, Mapping) else None
+        if rv is not None:
+            self._written_rv[key] = rv

@@ -342,14 +342,28 @@ def make_app(
             )
         )
 
+    async def all_quotas(request: web.Request) -> web.Response:
+        c = cache()
+        return _answer(lambda: visibility.quotas(c.ledger, c.state, dict(request.query)))
+
+    async def namespace_quotas(request: web.Request) -> web.Response:
+        c = cache()
+        return _answer(
+            lambda: visibility.quotas(
+                c.ledger, c.state, dict(request.query), namespace=request.match_info["namespace"]
+            )
+        )
+
     app = web.Application(middlewares=[_authenticator(tls)] if tls is not None and tls.client_auth else [])
     app.router.add_get(_PREFIX, discovery)
     app.router.add_get(f"{_PREFIX}/queues/{{name}}/queueunits", queue)
     app.router.add_get(f"{_PREFIX}/elasticquotas/{{name}}/queueunits", quota)
+    app.router.add_get(f"{_PREFIX}/quotas", all_quotas)
     # The apiserver authorized these for the namespace in the path (RBAC in that namespace), so the
     # answers never reach past it: see shared/core/visibility.py.
     app.router.add_get(f"{_PREFIX}/namespaces/{{namespace}}/queueunits", namespace)
     app.router.add_get(f"{_PREFIX}/namespaces/{{namespace}}/queues/{{name}}/queueunits", namespace_queue)
+    app.router.add_get(f"{_PREFIX}/namespaces/{{namespace}}/quotas", namespace_quotas)
     if background is not None:
         work = background
 

@@ -45,6 +45,9 @@ OVERSOLD_TYPE_ANNOTATION: Final = "quota.scheduling.koordinator.sh/actual-quota-
 
 SUSPEND_ANNOTATION: Final = "scheduling.x-k8s.io/suspend"
 PRIORITY_ANNOTATION: Final = "scheduling.x-k8s.io/priority"
+#: Ours, on a ``batch/v1`` Job: the fewest pods it may start with (partial admission,
+#: docs/compatibility.md#gangs-and-partial-admission); becomes the unit pod set's ``minCount``.
+JOB_MIN_PARALLELISM_ANNOTATION: Final = "koord-queue/job-min-parallelism"
 ACTIVE_ANNOTATION: Final = "scheduling.x-k8s.io/active"
 MAX_EXEC_TIME_ANNOTATION: Final = "scheduling.x-k8s.io/max-exec-time-seconds"
 MIN_RESOURCES_ANNOTATION: Final = "koord-queue/min-resources"

@@ -13,6 +13,7 @@ import enum
 
 from shared.api.admission_checks import matched_checks
 from shared.api.names import Message, Phase, QueuePolicy
+from shared.core import gangs
 from shared.core.guarantees import Reclaim, may_claim, plan_reclaim
 from shared.core.plan import Admit, Decision, Park, Snapshot
 from shared.core.policies import (
@@ -37,7 +38,7 @@ from shared.core.preemption import (
     record_outcome,
     skip_reason,
 )
-from shared.core.quota import UsageView, remaining_grants
+from shared.core.quota import UsageView, grants_request, remaining_grants
 
 __all__ = ["BLOCK_STALE_SECONDS", "Cycle"]
 
@@ -227,6 +228,18 @@ class Cycle:
         entry = qs.entries[key]
         admitted = self.admitted.setdefault(qs.name, [])
         failure = self.view.check(entry.request, qs.name, item=key)
+        grants: dict[str, int] | None = None
+        request = entry.request
+        if failure is not None:
+            # Partial admission: a pod set with minCount may start smaller, without any reclaim.
+            grants = gangs.partial_grants(
+                self.units[key],
+                remaining_grants(self.units[key]),
+                lambda req: self.view.check(req, qs.name, item=key) is None,
+            )
+            if grants is not None:
+                failure = None
+                request = grants_request(self.units[key], grants)
         if failure is not None and self.guarantees:
             claim = plan_reclaim(
                 entry.request,
@@ -287,20 +300,21 @@ class Cycle:
             return outcome.succeeded
         unit = self.units[key]
         checks = matched_checks(cfg.admission_checks, unit.labels)
-        self.view.reserve(qs.name, entry.request)
+        self.view.reserve(qs.name, request)
         admitted.append(item)
         qs.updating.add(key)
+        qs.updating_versions[key] = unit.resource_version
         qs.parked.pop(key, None)
         qs.unparked.discard(key)
         self.decisions.append(
             Admit(
                 key=key,
                 queue=qs.name,
-                grants=remaining_grants(unit),
+                grants=grants if grants is not None else remaining_grants(unit),
                 phase=Phase.RESERVED if checks else Phase.DEQUEUED,
                 message=Message.RESERVED if checks else Message.DEQUEUED,
                 admission_checks=checks,
-                request=entry.request,
+                request=request,
             )
         )
         return None

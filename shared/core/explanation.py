@@ -20,6 +20,7 @@ from shared.api import quantities
 from shared.api.model import Unit
 from shared.api.predicates import has_reclaim
 from shared.api.quantities import Resources
+from shared.core import quotastatus
 from shared.core.policies import QueueState
 from shared.core.preemption import disabled_reason
 from shared.core.reasons import WAITING_REASONS, Classified, Reason
@@ -48,8 +49,8 @@ class Level:
 
     ``used`` is what the reader can see (``used_complete``: every unit was seen). ``refuses`` says
     ``UsageView.check`` refuses the request at this very level (None: not known, the quota could
-    not be read). ``over_min`` is used above ``min`` (what Koordinator would call borrowed; ``min``
-    is not enforced here yet, docs/architecture.md#decision-11-quota-model).
+    not be read). ``over_min`` is used above ``min``: what the quota borrows
+    (``shared.core.quotastatus.borrowed``, docs/compatibility.md#quota-guarantees).
     """
 
     name: str
@@ -157,7 +158,7 @@ def level_chain(cache: Cache, view: View, unit: Unit, request: Resources) -> tup
         used = ledger.used(name)
         limits = {} if not readable else dict(quota.max)
         free = {r: cap - used.get(r, 0) for r, cap in sorted(limits.items())}
-        over = {r: used.get(r, 0) - m for r, m in sorted(quota.min.items()) if used.get(r, 0) > m}
+        over = quotastatus.borrowed(quota, used)
         levels.append(
             Level(
                 name=name,

@@ -27,9 +27,10 @@ upstream's.
 
 :func:`plan_reclaim` is the *reclaim across quotas*: a unit that fits within its quota's ``min`` at
 its own level (and upward while that holds) but does not fit because siblings borrowed marks
-admitted-but-not-running units of the borrowing siblings, lowest priority first then newest,
-protect time respected, never taking a sibling (or any quota on the victim's chain below it) below
-its own ``min``. Running borrowers are never disrupted; the unit then waits saying for whom.
+admitted-but-not-running units of the borrowing siblings, lowest priority first (among equals,
+those with no bound pod), then newest, protect time respected, never taking a sibling (or any
+quota on the victim's chain below it) below its own ``min``. Running borrowers are never
+disrupted; the unit then waits saying for whom.
 
 Pure: standard library and sibling modules only.
 """
@@ -364,7 +365,7 @@ def plan_reclaim(
         return None
     children = ledger.children()
     borrowers: list[str] = []
-    candidates: list[tuple[tuple[int, float, float, str], str, str, Victim]] = []
+    candidates: list[tuple[tuple[int, int, float, float, str], str, str, Victim]] = []
     released: dict[str, int] = {}
     waiting: list[str] = []
     protected: list[str] = []
@@ -406,7 +407,8 @@ def plan_reclaim(
                     protected.append(key)
                     wake = until if wake is None else min(wake, until)
                 continue
-            order = (unit.priority, -(unit.last_allocate_time or 0.0), -unit.created, key)
+            has_bound = any(adm.running > 0 for adm in unit.admissions)
+            order = (unit.priority, int(has_bound), -(unit.last_allocate_time or 0.0), -unit.created, key)
             candidates.append(
                 (order, name, stops[name], Victim(key, unit.name, found.reclaim, found.resources))
             )

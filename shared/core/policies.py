@@ -39,6 +39,7 @@ from shared.api.predicates import (
     v1_dequeued,
 )
 from shared.api.quantities import Resources
+from shared.core import gangs
 from shared.core.ordering import SortKey, lane_of, unit_key
 from shared.core.quota import Demand, QuotaLedger, remaining_request
 
@@ -120,6 +121,8 @@ class Entry:
     name: str
     namespace: str
     priority: int
+    #: the smallest admission the unit accepts (its ``minCount`` floor; else ``request``)
+    smallest: Resources | None = None
 
 
 @dataclass(slots=True)
@@ -160,6 +163,8 @@ class QueueState:
         self.in_flight: dict[str, dict[str, int]] = {}
         self.marks: dict[str, Mark] = {}
         self.updating: set[str] = set()
+        #: the version each unit in ``updating`` had when its admission was decided
+        self.updating_versions: dict[str, str] = {}
         self.blocked = False
         self.parked: dict[str, ParkRecord] = {}
         self.unparked: set[str] = set()
@@ -193,6 +198,12 @@ class QueueState:
             self.dirty = True
         self._set_assumed(unit)
         if is_waiting(unit):
+            if key in self.updating and self.updating_versions.get(key) != unit.resource_version:
+                # A partial admission (docs/compatibility.md#gangs-and-partial-admission) leaves
+                # the unit waiting: a newer version seen means its write landed.
+                self.updating.discard(key)
+                self.updating_versions.pop(key, None)
+                self.dirty = True  # it competes again for the rest
             entry = self._entry(unit)
             old = self.entries.get(key)
             if old != entry:
@@ -217,6 +228,7 @@ class QueueState:
             self.parked.pop(key, None)
             self.unparked.discard(key)
             self.updating.discard(key)
+            self.updating_versions.pop(key, None)
 
     def remove(self, key: str) -> None:
         """The unit was deleted or moved to another queue."""
@@ -230,6 +242,7 @@ class QueueState:
             table.pop(key, None)
         self.unparked.discard(key)
         self.updating.discard(key)
+        self.updating_versions.pop(key, None)
         if self.round is not None:
             self.round.victims.discard(key)
             if self.round.preemptor == key:
@@ -254,6 +267,7 @@ class QueueState:
     def forget_admit(self, key: str) -> None:
         """The admission write failed: the unit competes again (upstream's Unreserve)."""
         self.updating.discard(key)
+        self.updating_versions.pop(key, None)
         self.dirty = True
 
     def forget_marks(self, keys: set[str] | frozenset[str]) -> None:
@@ -296,6 +310,7 @@ class QueueState:
             item=(*self.sort_key(unit), unit.key),
             lane=lane_of(unit, self.config),
             request=remaining_request(unit),
+            smallest=gangs.smallest_request(unit),
             active=unit.active and unit.invalid is None,
             invalid=unit.invalid,
             name=unit.name,
@@ -307,7 +322,7 @@ class QueueState:
         self.entries[key] = entry
         bisect.insort(self.lanes[entry.lane], entry.item)
         if entry.active:
-            self.demand.add(entry.request)
+            self.demand.add(entry.request, entry.smallest)
             self.active_in_lane[entry.lane] += 1
 
     def _drop_entry(self, key: str, entry: Entry) -> None:
@@ -315,7 +330,7 @@ class QueueState:
         lane = self.lanes[entry.lane]
         del lane[bisect.bisect_left(lane, entry.item)]
         if entry.active:
-            self.demand.remove(entry.request)
+            self.demand.remove(entry.request, entry.smallest)
             self.active_in_lane[entry.lane] -= 1
 
     def _set_assumed(self, unit: Unit) -> None:
@@ -344,6 +359,7 @@ def rebuild(
     fresh.marks = state.marks
     fresh.round = state.round
     fresh.updating = state.updating
+    fresh.updating_versions = state.updating_versions
     fresh.last_attempt_at = state.last_attempt_at
     for key in sorted(members):
         fresh.upsert(units[key])

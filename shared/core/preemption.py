@@ -47,6 +47,7 @@ from shared.api.model import QueueConfig, Unit
 from shared.api.names import EventReason, Message, QueuePolicy
 from shared.api.predicates import expected_pod_sets
 from shared.api.quantities import Resources
+from shared.core import gangs
 from shared.core.policies import Item, Mark, PreemptRound, QueueState
 from shared.core.quota import UsageView
 
@@ -157,10 +158,16 @@ def reclaimable(unit: Unit, *, now: float, protect: float) -> Reclaimable | None
     per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
     reclaim: dict[str, int] = {}
     resources: Resources = {}
+    unit_bound = any(adm.running > 0 for adm in unit.admissions)
     for adm in unit.admissions:
         missing = adm.replicas - adm.running
         if adm.reclaim_replicas is not None or missing <= 0:
             continue
+        gang = gangs.floor(unit, adm.name)
+        if gang is not None:  # whole or not at all (docs/compatibility.md#gangs-and-partial-admission)
+            missing = gangs.reclaim_count(adm.replicas, adm.running, gang, unit_bound=unit_bound)
+            if missing <= 0:
+                continue
         reclaim[adm.name] = missing
         resources = quantities.add(resources, quantities.scale(per_pod.get(adm.name, {}), missing))
     return Reclaimable(reclaim, resources) if reclaim else None
@@ -291,14 +298,19 @@ def plan_preempt(
     shortfall = {r: v - headroom[r] for r, v in request.items() if r in headroom and v > headroom[r]}
     if quantities.covers(released, request) or (shortfall and quantities.covers(released, shortfall)):
         return PreemptOutcome(waiting_for=tuple(waiting))
-    # Walk the assumed units from the lowest priority while they sort after the preemptor.
+    # Walk the assumed units from the lowest priority while they sort after the preemptor; among
+    # units of equal priority, those with no bound pod first (nothing running is disturbed).
     walked: list[Victim] = []
     protected: list[str] = []
     wake: float | None = None
     total = dict(released)
+    after = []
     for item in reversed(state.assumed):
         if item <= preemptor:
             break
+        after.append(item)
+    after.sort(key=lambda it: _walk_key(units[str(it[-1])]))
+    for item in after:
         victim_key = str(item[-1])
         if state.on_the_way(victim_key):
             continue
@@ -328,6 +340,11 @@ def plan_preempt(
                 victims=tuple(walked[:count]), waiting_for=tuple(waiting), protected=tuple(protected)
             )
     return PreemptOutcome(error=NO_VICTIMS, wake_at=wake, protected=tuple(protected))  # pragma: no cover
+
+
+def _walk_key(unit: Unit) -> tuple[int, bool]:
+    """Stable-sort key of the preempt walk: lower priority first, then no bound pod first."""
+    return (unit.priority, any(adm.running > 0 for adm in unit.admissions))
 
 
 def may_preempt(state: QueueState, key: str, item: Item) -> bool:

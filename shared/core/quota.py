@@ -61,6 +61,7 @@ __all__ = [
     "Demand",
     "QuotaLedger",
     "UsageView",
+    "grants_request",
     "priority_cap",
     "remaining_grants",
     "remaining_request",
@@ -104,6 +105,16 @@ def remaining_grants(unit: Unit) -> dict[str, int]:
         if missing > 0:
             grants[ps.name] = missing
     return grants
+
+
+def grants_request(unit: Unit, grants: Mapping[str, int]) -> Resources:
+    """What granting ``grants`` (pod set -> replicas) charges: ``per_pod x replicas`` summed."""
+    per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
+    total: dict[str, int] = {}
+    for podset, count in grants.items():
+        for r, v in per_pod.get(podset, {}).items():
+            total[r] = total.get(r, 0) + v * count
+    return _nonzero(total)
 
 
 def remaining_request(unit: Unit) -> Resources:
@@ -596,19 +607,24 @@ class Demand:
         self.total: dict[str, int] = {}
         self._minimums: dict[str, int] | None = None
 
-    def add(self, request: Resources) -> None:
+    def add(self, request: Resources, smallest: Resources | None = None) -> None:
+        """Count a waiting unit: ``request`` adds to the total, ``smallest`` (the least it would
+        accept, its ``minCount`` floor; default ``request``) to the minimums."""
         self._minimums = None
         self.count += 1
-        if not request:
+        small = request if smallest is None else smallest
+        if not small:
             self.empty += 1
         for r, v in request.items():
-            bisect.insort(self.values.setdefault(r, []), v)
             self.total[r] = self.total.get(r, 0) + v
+        for r, v in small.items():
+            bisect.insort(self.values.setdefault(r, []), v)
 
-    def remove(self, request: Resources) -> None:
+    def remove(self, request: Resources, smallest: Resources | None = None) -> None:
         self._minimums = None
         self.count -= 1
-        if not request:
+        small = request if smallest is None else smallest
+        if not small:
             self.empty -= 1
         for r, v in request.items():
             left = self.total[r] - v
@@ -616,6 +632,7 @@ class Demand:
                 self.total[r] = left
             else:
                 del self.total[r]
+        for r, v in small.items():
             values = self.values[r]
             del values[bisect.bisect_left(values, v)]
             if not values:

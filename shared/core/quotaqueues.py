@@ -38,9 +38,15 @@ MANAGED_BY_VALUE: Final = "koord-queue-elasticquota"
 
 SUPPORTED: Final = tuple(p.value for p in names.QueuePolicy)
 
-#: ``koord-queue/*`` quota annotations that configure the quota itself, not its Queue.
+#: ``koord-queue/*`` quota annotations that configure or describe the quota itself, not its Queue
+#: (``koord-queue/borrowed`` changes with usage: copying it would write the Queue as often).
 NOT_SYNCED: Final = frozenset(
-    {names.QUEUE_POLICY_LABEL, names.MAX_USER_PRIORITY_ANNOTATION, names.IGNORED_REASON_ANNOTATION}
+    {
+        names.QUEUE_POLICY_LABEL,
+        names.MAX_USER_PRIORITY_ANNOTATION,
+        names.IGNORED_REASON_ANNOTATION,
+        names.QUOTA_BORROWED_ANNOTATION,
+    }
 )
 #: Longest ConfigMap key (a DNS subdomain's length).
 MAX_KEY_LENGTH: Final = 253
@@ -182,23 +188,29 @@ def resource_key(resource: str) -> str:
     return resource.replace("/", "..")
 
 
-def tree_data(quotas: Iterable[Quota]) -> dict[str, str]:
+def tree_data(quotas: Iterable[Quota], *, guarantees: bool = True) -> dict[str, str]:
     """The quota-tree facts the tree admission policy reads (docs/compatibility.md#quota-guarantees).
 
     Per quota that counts: ``up_<q>`` = its parent (when not the root), ``min_<q>_<r>`` = its
     ``min`` per resource in milli units (``"5000m"``), ``parent_<q>`` = ``"true"`` when labelled
     ``is-parent``; per parent, ``sum_<p>_<r>`` = its children's ``min`` added up. ``_`` separates
-    the parts because a quota name never contains one. Keys too long for a ConfigMap are left out
-    (the policy then lets the change through)."""
+    the parts because a quota name never contains one. ``flat_<p>`` = ``"true"`` when every child
+    of ``p`` has ``min == max`` (nobody can borrow there, so the children's ``min`` are not held
+    to the parent's: upstream's usual oversubscribed set-up keeps working), and ``guarantees`` =
+    the ``quotaGuarantees`` switch (off: only the cycle rule applies). Keys too long for a
+    ConfigMap are left out (the policy then lets the change through)."""
     by_name: dict[str, list[Quota]] = {}
     for quota in quotas:
         by_name.setdefault(quota.name, []).append(quota)
-    data: dict[str, str] = {}
+    data: dict[str, str] = {"guarantees": "true" if guarantees else "false"}
     sums: dict[str, dict[str, int]] = {}
+    flat: dict[str, bool] = {}
     for name in sorted(by_name):
         chosen = winner(by_name[name])
         if chosen is None:
             continue
+        if chosen.parent and chosen.parent != names.ROOT_QUOTA:
+            flat[chosen.parent] = flat.get(chosen.parent, True) and chosen.min == chosen.max
         if chosen.is_parent:
             data[f"parent_{name}"] = "true"
         if chosen.parent and chosen.parent != names.ROOT_QUOTA:
@@ -211,4 +223,6 @@ def tree_data(quotas: Iterable[Quota]) -> dict[str, str]:
     for parent in sorted(sums):
         for r, v in sorted(sums[parent].items()):
             data[f"sum_{parent}_{resource_key(r)}"] = f"{v}m"
+    for parent in sorted(p for p, yes in flat.items() if yes):
+        data[f"flat_{parent}"] = "true"
     return {k: v for k, v in data.items() if len(k) <= MAX_KEY_LENGTH}

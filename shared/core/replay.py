@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shared.api import quantities
+from shared.api import names, quantities
 from shared.api.model import QueueConfig, Quota, Unit
 from shared.api.names import Phase
 from shared.api.quantities import Resources
+from shared.core import quotastatus
 from shared.core.plan import Admit, Park
 from shared.core.policies import is_waiting
 from shared.core.quota import remaining_request
@@ -117,6 +118,9 @@ class QuotaRow:
     admitted: int
     used_complete: bool
     ignored: bool = False
+    #: what the quota may use now, as last published on it (``shared.core.quotastatus``); None
+    #: when not published (``publishQuotaStatus: false`` and no koord-scheduler) or unreadable
+    runtime: Resources | None = None
 
 
 def quota_rows(view: View) -> list[QuotaRow]:
@@ -162,11 +166,12 @@ def quota_rows(view: View) -> list[QuotaRow]:
                 min=dict(quota.min),
                 max=dict(quota.max),
                 used=used,
-                over_min={r: used.get(r, 0) - m for r, m in sorted(quota.min.items()) if used.get(r, 0) > m},
+                over_min=quotastatus.borrowed(quota, used),
                 waiting=count,
                 waiting_request=total,
                 admitted=admitted.get(name, 0),
                 used_complete=view.complete,
+                runtime=quotastatus.read(quota.annotations, names.QUOTA_RUNTIME_ANNOTATION),
             )
         )
         for child in children.get(name, []):

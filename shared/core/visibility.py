@@ -13,14 +13,17 @@ Namespaced, for namespace users (their ``view``/``edit``/``admin`` roles carry i
 * ``namespaces/{namespace}/queueunits`` (RBAC: ``list`` on ``queueunits``): the namespace's waiting
   units across every queue, ordered by queue, then position;
 * ``namespaces/{namespace}/queues/{queue}/queueunits`` (RBAC: ``get`` on ``queues/queueunits``):
-  the namespace's units waiting in that queue.
+  the namespace's units waiting in that queue;
+* ``namespaces/{namespace}/quotas`` (RBAC: ``list`` on ``quotas``): the figures of the quotas bound
+  to the namespace (its own and those whose ``quota.scheduling.koordinator.sh/namespaces`` lists it),
+  the quotas its jobs may use. ``quotas`` without a namespace lists every quota (cluster-wide grant).
 
 The kube-apiserver authorizes a namespaced path for the namespace it names, so these answers must
 never reach past it; positions stay global within each queue, so a user learns how many units wait
-ahead of theirs but not whose. All answers honour ``offset`` and ``limit`` (upstream ignores them)
-and report ``podState`` with its fields the right way round (upstream swaps them). Each item carries
-its 1-based position while it waits, its priority, what it still asks for, what it holds, and
-``status.message`` — the reason it waits.
+ahead of theirs but not whose, and a quota's figures are totals that name no unit. All answers
+honour ``offset`` and ``limit`` (upstream ignores them) and report ``podState`` with its fields the
+right way round (upstream swaps them). Each unit item carries its 1-based position while it waits,
+its priority, what it still asks for, what it holds, and ``status.message`` — the reason it waits.
 
 Pure: built from the scheduler's cache (``shared.core.scheduling.Cache``) by the reconciler's server.
 """
@@ -33,8 +36,9 @@ from typing import Any, Final
 
 from shared.api import quantities
 from shared.api.model import Unit
+from shared.core import quotastatus
 from shared.core.policies import SchedulerState, queue_item_details
-from shared.core.quota import remaining_request, reserved_resources
+from shared.core.quota import QuotaLedger, remaining_request, reserved_resources
 
 GROUP: Final = "visibility.koord-queue.x-k8s.io"
 VERSION: Final = "v1alpha1"
@@ -177,6 +181,52 @@ def quota_units(
     return _summary([_item(u, positions.get(u.key)) for u in charged], offset, limit)
 
 
+def quotas(
+    ledger: QuotaLedger,
+    state: SchedulerState,
+    query: Mapping[str, str],
+    *,
+    namespace: str | None = None,
+) -> dict[str, Any]:
+    """The figures of every quota that counts, by name (``shared.core.quotastatus``, the same ones
+    the reconciler publishes on the quotas): ``min``, ``max``, ``used``, ``borrowed``, ``runtime``
+    and ``request``, plus the parent.
+
+    With ``namespace`` only the quotas bound to it are listed: those its jobs may use, which is
+    what its users need to read their own units' waiting reasons. Other quotas, parents included,
+    stay out of sight (their names already appear in those reasons where they matter).
+    """
+    offset, limit = _page(query)
+    wanted: list[str] | tuple[str, ...] = sorted(ledger.quotas)
+    if namespace is not None:
+        _check_namespace(namespace)
+        wanted = ledger.usable_in(namespace)
+    figures = quotastatus.published(ledger, state)
+    items = []
+    for name in wanted:
+        quota, fig = ledger.quotas.get(name), figures.get(name)
+        if quota is None or fig is None:
+            continue
+        items.append(
+            {
+                "metadata": {"name": quota.name, "namespace": quota.namespace},
+                "parent": quota.parent,
+                "min": quantities.format_resource_list(quota.min),
+                "max": quantities.format_resource_list(quota.max),
+                "used": quantities.format_resource_list(fig.used),
+                "borrowed": quantities.format_resource_list(fig.borrowed),
+                "runtime": quantities.format_resource_list(fig.runtime),
+                "request": quantities.format_resource_list(fig.request),
+            }
+        )
+    return {
+        "kind": "QuotaSummary",
+        "apiVersion": API_VERSION,
+        "metadata": {"total": len(items)},
+        "items": items[offset : offset + limit],
+    }
+
+
 def discovery() -> dict[str, Any]:
     """``APIResourceList`` for ``/apis/visibility.koord-queue.x-k8s.io/v1alpha1``.
 
@@ -187,12 +237,14 @@ def discovery() -> dict[str, Any]:
     discovery tells clients (``kubectl api-resources``, ``kubectl auth can-i``) what exists.
     """
 
-    def resource(name: str, *, namespaced: bool, verb: str) -> dict[str, Any]:
+    def resource(
+        name: str, *, namespaced: bool, verb: str, kind: str = "QueueUnitsSummary"
+    ) -> dict[str, Any]:
         return {
             "name": name,
             "singularName": "",
             "namespaced": namespaced,
-            "kind": "QueueUnitsSummary",
+            "kind": kind,
             "verbs": [verb],
         }
 
@@ -205,5 +257,7 @@ def discovery() -> dict[str, Any]:
             resource("elasticquotas/queueunits", namespaced=False, verb="get"),
             # A collection path: the apiserver authorizes a GET of it as ``list``.
             resource("queueunits", namespaced=True, verb="list"),
+            # Like ``queueunits``: the namespaced path shows the namespace's quotas, the other all.
+            resource("quotas", namespaced=True, verb="list", kind="QuotaSummary"),
         ],
     }

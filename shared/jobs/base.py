@@ -68,6 +68,8 @@ class JobPodSet:
     count: int
     template: dict[str, Any]
     per_pod: dict[str, int]
+    #: the fewest pods the set may start with (partial admission); None: all of them
+    min_count: int | None = None
 
 
 class JsonPatchOp(TypedDict):

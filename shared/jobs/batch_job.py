@@ -12,6 +12,7 @@ after the job. Two deliberate differences from upstream:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Final
 
 from shared.api import names
@@ -63,6 +64,15 @@ class BatchJobAdapter(AdapterBase):
     def suspend_merge_patch(self, job: Job) -> dict[str, Any]:
         return deep_merge(self.dequeue_merge(None), {"spec": {"suspend": True}})
 
+    def admission_errors(self, old: Job | None, new: Job) -> list[base.JobSpecError]:
+        """``koord-queue/job-min-parallelism`` must be a positive integer (refused at the door
+        with its field, not only reported on the unit later)."""
+        value = base.annotations_of(new).get(names.JOB_MIN_PARALLELISM_ANNOTATION)
+        if value is None or _min_parallelism(value) is not None:
+            return []
+        path = f"metadata.annotations[{names.JOB_MIN_PARALLELISM_ANNOTATION}]"
+        return [base.JobSpecError(path, f"Invalid value: {value!r}: must be a positive integer")]
+
     def pod_sets(self, job: Job) -> list[JobPodSet]:
         spec = base.require_mapping(base.dig(job, "spec"), "spec")
         parallelism = base.optional_int(spec.get("parallelism"), "spec.parallelism", default=1)
@@ -70,7 +80,15 @@ class BatchJobAdapter(AdapterBase):
         succeeded = base.optional_int(base.dig(job, "status", "succeeded"), "status.succeeded", default=0)
         count = max(0, min(parallelism, completions - succeeded))
         name = base.name_of(job) or "main"
-        return [template_pod_set(name, count, spec.get("template"), "spec.template")]
+        found = template_pod_set(name, count, spec.get("template"), "spec.template")
+        floor = base.annotations_of(job).get(names.JOB_MIN_PARALLELISM_ANNOTATION)
+        if floor is None:
+            return [found]
+        least = _min_parallelism(floor)
+        if least is None:
+            path = f"metadata.annotations[{names.JOB_MIN_PARALLELISM_ANNOTATION}]"
+            raise base.JobSpecError(path, f"Invalid value: {floor!r}: must be a positive integer")
+        return [dataclasses.replace(found, min_count=min(least, count) if count else None)]
 
     def priority(self, job: Job) -> tuple[str | None, int | None]:
         return base.template_priority(base.dig(job, "spec", "template"))
@@ -97,3 +115,9 @@ class BatchJobAdapter(AdapterBase):
         if base.annotations_of(job).get(names.JOB_HAS_ENQUEUED_ANNOTATION):
             return JobStatus.QUEUING
         return JobStatus.CREATED
+
+
+def _min_parallelism(text: str) -> int | None:
+    """The annotation's value as a positive integer, or None when it is not one."""
+    value = text.strip()
+    return int(value) if value.isdigit() and 0 < int(value) < 2**31 else None

@@ -93,6 +93,7 @@ def desired_spec(
         "request": dict(resource),
         "podSet": [
             {"name": ps.name, "count": ps.count, "template": podspec.scheduling_template(ps.template)}
+            | ({"minCount": ps.min_count} if ps.min_count is not None else {})
             for ps in pod_sets
         ],
     }

@@ -75,8 +75,10 @@ Doc = dict[str, Any]
 RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", "scheduling.x-k8s.io", "queueunits", (), ("get", "list", "watch", "create", "patch", "delete")),
     ("", "scheduling.x-k8s.io", "queueunits/status", (), ("patch",)),
-    # patch: only the ignored-reason annotation (the policy koord-queue-reconciler-quota-writes).
+    # patch: only the ignored-reason annotation and the published figures, with status.used where
+    # the CRD has no status subresource (the policy koord-queue-reconciler-quota-writes).
     ("", "scheduling.sigs.k8s.io", "elasticquotas", (), ("get", "list", "watch", "patch")),
+    ("", "scheduling.sigs.k8s.io", "elasticquotas/status", (), ("patch",)),
     ("", "scheduling.k8s.io", "priorityclasses", (), ("get", "list", "watch")),
     ("", "batch", "jobs", (), ("get", "list", "watch", "patch")),
     ("", "kubeflow.org", "tfjobs", (), ("get", "list", "watch", "patch")),
@@ -148,6 +150,7 @@ USER_RULES = {
     ),
     (VISIBILITY_GROUP, "queueunits", "list"),
     (VISIBILITY_GROUP, "queues/queueunits", "get"),
+    (VISIBILITY_GROUP, "quotas", "list"),
 }
 #: (namespace, group, resource, verb) a namespace user bound in USER_NAMESPACE must NOT be allowed.
 USER_DENIED = (
@@ -159,15 +162,18 @@ USER_DENIED = (
     (USER_NAMESPACE, "scheduling.x-k8s.io", "queues", "create"),
     (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "patch"),
     (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "create"),
+    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas/status", "patch"),
     # Another namespace.
     ("team-b", "scheduling.x-k8s.io", "queueunits", "list"),
     ("team-b", VISIBILITY_GROUP, "queueunits", "list"),
     ("team-b", VISIBILITY_GROUP, "queues/queueunits", "get"),
+    ("team-b", VISIBILITY_GROUP, "quotas", "list"),
     # The cluster-wide views stay with admins.
     ("", "scheduling.x-k8s.io", "queueunits", "list"),
     ("", VISIBILITY_GROUP, "queueunits", "list"),
     ("", VISIBILITY_GROUP, "queues/queueunits", "get"),
     ("", VISIBILITY_GROUP, "elasticquotas/queueunits", "get"),
+    ("", VISIBILITY_GROUP, "quotas", "list"),
 )
 
 #: (namespace, group, resource, name, verb) the reconciler must NOT be allowed.
@@ -181,7 +187,7 @@ RECONCILER_DENIED = (
     (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "q", "update"),
     (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "", "create"),
     (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "q", "delete"),
-    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas/status", "q", "patch"),
+    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas/status", "q", "update"),
     (NAMESPACE, "", "configmaps", "koord-queue-config", "update"),
     (NAMESPACE, "", "configmaps", "", "list"),
     (USER_NAMESPACE, "", "configmaps", "", "create"),

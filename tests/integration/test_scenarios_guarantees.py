@@ -215,6 +215,20 @@ async def test_tree_rules_are_checked_at_the_door(sc: Scenario) -> None:
     assert done.returncode == 0
 
 
+async def test_children_with_min_equal_to_max_may_oversubscribe_as_upstream_trees_do(sc: Scenario) -> None:
+    parent = sc.name("org")
+    await sc.create_quota(s.quota(parent, cpu="4"))
+    for suffix in ("x", "y", "z"):  # 3 x 4 > 4, each min == max: nobody borrows, upstream's set-up
+        await sc.create_quota(s.quota(sc.name(suffix), cpu="4", parent=parent))
+    # A child that could borrow may not join such a family beyond the parent's min.
+    await refused(
+        sc,
+        ("create", "-f", "-"),
+        f"the min of the children of {parent} would add up to more than",
+        body=child(sc.name("w"), parent, min_cpu="1", max_cpu="4"),
+    )
+
+
 async def test_a_namespace_user_cannot_submit_to_a_parent_quota_nor_change_quotas(
     sc: Scenario, integration_cluster: LocalCluster
 ) -> None:

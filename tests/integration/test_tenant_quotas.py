@@ -18,7 +18,8 @@ by the reconciler):
 * a priority annotation above the cluster's cap is refused at the door (the webhook's
   ``--max-user-priority``), a quota's ``koord-queue/max-user-priority`` clamps the unit's
   ``spec.priority`` (and a changed cap is followed);
-* the reconciler itself may change nothing of an ElasticQuota but its ignored-reason annotation.
+* the reconciler itself may change nothing of an ElasticQuota but its own annotations (the ignored
+  reason and the published figures).
 """
 
 from __future__ import annotations
@@ -475,7 +476,7 @@ async def test_a_quotas_cap_clamps_the_units_priority_and_is_followed_when_it_ch
 # --- what the reconciler may do to quotas, and unreadable annotations --------------------------------
 
 
-async def test_the_reconciler_may_change_only_the_ignored_reason_of_a_quota(w: World) -> None:
+async def test_the_reconciler_may_change_only_its_own_annotations_of_a_quota(w: World) -> None:
     mine = w.name("mine")
     await w.create_quota(w.mine, mine, cpu="1")
 
@@ -497,7 +498,7 @@ async def test_the_reconciler_may_change_only_the_ignored_reason_of_a_quota(w: W
     async def refused() -> bool:
         done = as_reconciler({"spec": {"max": {"cpu": "100"}}})
         assert done.returncode != 0, "the reconciler raised a quota's max"
-        assert "may change only the annotation koord-queue/ignored-reason" in done.stderr, done.stderr
+        assert "may change only the annotations koord-queue/ignored-reason" in done.stderr, done.stderr
         return True
 
     await kube.eventually(refused, what="the reconciler refused a spec change")
@@ -507,8 +508,15 @@ async def test_the_reconciler_may_change_only_the_ignored_reason_of_a_quota(w: W
     ):
         done = as_reconciler(patch)
         assert done.returncode != 0 and "ignored-reason" in done.stderr, (patch, done.stderr)
-    done = as_reconciler({"metadata": {"annotations": {names.IGNORED_REASON_ANNOTATION: "test"}}})
-    assert done.returncode == 0, done.stderr
+    # Its own annotations: the ignored reason and the published figures.
+    for key in (
+        names.IGNORED_REASON_ANNOTATION,
+        names.QUOTA_RUNTIME_ANNOTATION,
+        names.QUOTA_REQUEST_ANNOTATION,
+        names.QUOTA_BORROWED_ANNOTATION,
+    ):
+        done = as_reconciler({"metadata": {"annotations": {key: '{"cpu":"1"}'}}})
+        assert done.returncode == 0, (key, done.stderr)
     assert (await w.get_quota(w.mine, mine))["spec"]["max"] == {"cpu": "1"}
 
 

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.integration
 
 GROUP = "visibility.koord-queue.x-k8s.io"
 GROUP_VERSION = f"{GROUP}/v1alpha1"
-RESOURCES = {"queues/queueunits", "elasticquotas/queueunits", "queueunits"}
+RESOURCES = {"queues/queueunits", "elasticquotas/queueunits", "queueunits", "quotas"}
 SERVICE = "koord-queue-visibility-server"
 SECRET = "koord-queue-visibility-cert"
 APISERVICE = "v1alpha1.visibility.koord-queue.x-k8s.io"
@@ -381,6 +381,7 @@ async def test_kubectl_get_raw_reaches_the_visibility_api_through_the_aggregatio
             "queues": ("Namespaced", ["queueunits"]),
             "elasticquotas": ("Cluster", ["queueunits"]),
             "queueunits": ("Namespaced", []),
+            "quotas": ("Namespaced", []),
         }
         listed = kube.kubectl(integration_cluster, "api-resources", f"--api-group={GROUP}", "--no-headers")
         assert listed.stderr == "" and listed.stdout.split() == [
@@ -388,6 +389,10 @@ async def test_kubectl_get_raw_reaches_the_visibility_api_through_the_aggregatio
             GROUP_VERSION,
             "true",
             "QueueUnitsSummary",
+            "quotas",
+            GROUP_VERSION,
+            "true",
+            "QuotaSummary",
         ], listed
         # Our Status errors pass through the aggregator unchanged.
         missing = raw(integration_cluster, "/queues/no-such-queue/queueunits")

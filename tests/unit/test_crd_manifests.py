@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from shared.api import names
+
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT_CRD_DIR = REPO / "manifests" / "crds"
 TEST_CRD_DIR = REPO / "tests" / "crds"
@@ -358,6 +360,10 @@ def test_printer_columns_point_at_declared_fields(file_name: str) -> None:
             if path == ".metadata.creationTimestamp":
                 assert column["type"] == "date"
                 continue
+            if path.startswith(".metadata.annotations."):
+                # An annotation (metadata has no schema here): a string, named by its key.
+                assert column["type"] == "string", column
+                continue
             node = at(schema, path[1:])
             if column["type"] == "integer":
                 assert node["type"] == "integer", column
@@ -624,7 +630,17 @@ def test_elastic_quota_resource_lists_and_columns() -> None:
         assert at(EQ_SCHEMA, path)["additionalProperties"]["x-kubernetes-int-or-string"] is True
     columns = version["additionalPrinterColumns"]
     default = [c["name"] for c in columns if c.get("priority", 0) == 0]
-    assert default == ["MAX", "USED", "AGE"]
+    assert default == ["MIN", "MAX", "USED", "BORROWED", "AGE"]
+    wide = [c["name"] for c in columns if c.get("priority", 0) == 1]
+    assert wide == ["RUNTIME"]
+    # The annotations the reconciler publishes (shared.core.quotastatus), keys escaped for JSONPath.
+    paths = {c["name"]: c["jsonPath"] for c in columns}
+    escaped = {
+        key: ".metadata.annotations." + key.replace(".", "\\.")
+        for key in (names.QUOTA_BORROWED_ANNOTATION, names.QUOTA_RUNTIME_ANNOTATION)
+    }
+    assert paths["BORROWED"] == escaped[names.QUOTA_BORROWED_ANNOTATION]
+    assert paths["RUNTIME"] == escaped[names.QUOTA_RUNTIME_ANNOTATION]
 
 
 # --- test-only CRDs of foreign job kinds ---------------------------------------------------------

@@ -385,3 +385,29 @@ def test_units_arriving_one_by_one_mark_one_victim_each_and_never_count_twice() 
     for _ in range(3):
         marked += [v.key.split("/")[1] for m in w.cycle().marks for v in m.victims]
     assert marked == ["a-09", "a-08", "a-07"]
+
+
+# --- the facts the tree policy reads --------------------------------------------------------------
+
+
+def test_tree_data_lists_parents_mins_sums_and_flat_families() -> None:
+    from shared.core import quotaqueues
+
+    quotas = [
+        eq("p", min_cpu="10", max_cpu="10", is_parent=True),
+        eq("a", min_cpu="4", parent="p"),
+        eq("b", min_cpu="500m", parent="p"),
+        eq("f", min_cpu="10", max_cpu="10"),
+        eq("x", min_cpu="10", max_cpu="10", parent="f"),
+        eq("y", min_cpu="10", max_cpu="10", parent="f"),
+    ]
+    data = quotaqueues.tree_data(quotas)
+    assert data["guarantees"] == "true"
+    assert data["parent_p"] == "true" and "parent_a" not in data
+    assert data["up_a"] == "p" and "up_p" not in data
+    assert data["min_a_cpu"] == "4000m" and data["min_b_cpu"] == "500m"
+    assert data["sum_p_cpu"] == "4500m" and data["sum_f_cpu"] == "20000m"
+    assert data["flat_f"] == "true" and "flat_p" not in data
+    assert quotaqueues.tree_data(quotas, guarantees=False)["guarantees"] == "false"
+    gpu = dataclasses.replace(quotas[1], min={"nvidia.com/gpu": 2000})
+    assert quotaqueues.tree_data([gpu])["min_a_nvidia.com..gpu"] == "2000m"

@@ -343,12 +343,15 @@ def test_preempt_path_properties(
         assert priority_key(w.cache.units[v.key]) > preemptor  # a victim never sorts before
     if mark.path != "preempt":
         return
-    # The shortest lowest-first prefix of reclaimable candidates that covers the request.
+    # The shortest lowest-first prefix of reclaimable candidates that covers the request; among
+    # equal priorities, units with no bound pod first
+    # (docs/compatibility.md#gangs-and-partial-admission).
     candidates = sorted(
         (u for u in w.cache.units.values() if u.key != "default/p" and priority_key(u) > preemptor),
         key=priority_key,
         reverse=True,
     )
+    candidates.sort(key=lambda u: (u.priority, any(a.running > 0 for a in u.admissions)))
     found = [(u.key, reclaimable(u, now=w.now, protect=0)) for u in candidates]
     prefix = [(k, r) for k, r in found if r is not None]
     request = {"cpu": cpu * 1000}

@@ -103,7 +103,12 @@ async def test_the_binding_configmap_is_created_then_replaced_only_when_its_data
     [(verb, name, body)] = api.writes
     assert (verb, name) == ("create", names.QUOTA_BINDINGS_CONFIGMAP)
     assert body["metadata"]["namespace"] == names.COMPONENT_NAMESPACE
-    assert body["data"] == {"enforce": "true", "q.team-a": " ns-a ", "ns.ns-a": "team-a"}
+    assert body["data"] == {
+        "enforce": "true",
+        "q.team-a": " ns-a ",
+        "ns.ns-a": "team-a",
+        "guarantees": "true",
+    }
     await sync.sync()
     assert len(api.writes) == 1  # nothing changed: only read
 
@@ -122,15 +127,15 @@ async def test_the_binding_configmap_is_created_then_replaced_only_when_its_data
 
 async def test_a_hand_edited_or_deleted_configmap_is_put_back() -> None:
     api = FakeAPI()
-    sync = QuotaBindingSync(api, quotas=lambda: [], enforce=False)  # type: ignore[arg-type]
+    sync = QuotaBindingSync(api, quotas=lambda: [], enforce=False, guarantees=False)  # type: ignore[arg-type]
     await sync.sync()
     key = ("configmaps", names.COMPONENT_NAMESPACE, names.QUOTA_BINDINGS_CONFIGMAP)
     api.objects[key]["data"] = {"enforce": "true"}
     await sync.sync()
-    assert api.objects[key]["data"] == {"enforce": "false"}
+    assert api.objects[key]["data"] == {"enforce": "false", "guarantees": "false"}
     del api.objects[key]
     await sync.sync()
-    assert api.objects[key]["data"] == {"enforce": "false"}
+    assert api.objects[key]["data"] == {"enforce": "false", "guarantees": "false"}
 
 
 # --- same-named and unreadable quotas ----------------------------------------------------------------

@@ -27,8 +27,10 @@ from certs import bundle, pki
 from reconciler import main, visibility
 from reconciler.visibility import RequestHeader, ServingTLS, Unauthorized
 from shared import kube
+from shared.api import parsing
+from shared.api.names import QUOTA_NAMESPACES_ANNOTATION
 from shared.core import visibility as answers
-from shared.core.scheduling import Cache
+from shared.core.scheduling import Admit, Cache
 from tests.unit.test_model import queue, quota, unit
 
 NOW = datetime.now(UTC)
@@ -423,7 +425,12 @@ def test_discovery_lists_each_resource_once_with_a_scope_its_parent_agrees_with(
     names = [r["name"] for r in resources]
     assert len(names) == len(set(names))
     scope = {r["name"]: r["namespaced"] for r in resources}
-    assert scope == {"queues/queueunits": True, "elasticquotas/queueunits": False, "queueunits": True}
+    assert scope == {
+        "queues/queueunits": True,
+        "elasticquotas/queueunits": False,
+        "queueunits": True,
+        "quotas": True,
+    }
     parents: dict[str, bool] = {n: v for n, v in scope.items() if "/" not in n}
     for name, namespaced in scope.items():
         parent = name.split("/", 1)[0]
@@ -435,8 +442,11 @@ def test_discovery_lists_each_resource_once_with_a_scope_its_parent_agrees_with(
         "queues/queueunits": ["get"],
         "elasticquotas/queueunits": ["get"],
         "queueunits": ["list"],
+        "quotas": ["list"],
     }
-    assert {r["kind"] for r in resources} == {"QueueUnitsSummary"}
+    kinds = {r["name"]: r["kind"] for r in resources}
+    assert kinds.pop("quotas") == "QuotaSummary"
+    assert set(kinds.values()) == {"QueueUnitsSummary"}
 
 
 async def get_json(port: int, path: str) -> tuple[int, dict[str, Any] | str]:
@@ -475,6 +485,72 @@ async def test_the_server_routes_the_namespaced_paths_and_never_answers_past_the
         status, body = await get_json(port, "/queues/team-a/queueunits")
         assert status == 200 and isinstance(body, dict)
         assert [i["metadata"]["namespace"] for i in body["items"]] == ["a", "b", "a"]
+
+
+# --- quota figures ----------------------------------------------------------------------------------
+
+
+def shared_quotas() -> Cache:
+    """``mine`` (namespace a, max 4 cpu, min 2) holding 3 cpu; ``lent`` (namespace b, listing a in
+    its namespaces annotation) and ``theirs`` (namespace b only), both idle."""
+    cache = Cache()
+    for name, namespace, extra in (("mine", "a", None), ("lent", "b", '["a"]'), ("theirs", "b", None)):
+        annotations = {QUOTA_NAMESPACES_ANNOTATION: extra} if extra else {}
+        raw = {
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+            "spec": {"min": {"cpu": "2"}, "max": {"cpu": "4"}},
+        }
+        cache.put_quota(parsing.parse_quota(raw))
+        cache.put_queue(queue(name).build())
+    for i in range(3):
+        cache.put_unit(unit(f"u{i}", "a").quota("mine").cpu("1").build())
+    cache.put_unit(unit("waits", "a").quota("mine").cpu("2").build())
+    for decision in cache.schedule(1000.0).decisions:
+        if isinstance(decision, Admit):
+            cache.assume(decision, now=1000.0)
+    return cache
+
+
+def test_quota_figures_cluster_wide_list_every_quota_and_a_namespace_only_its_bound_quotas() -> None:
+    cache = shared_quotas()
+
+    everything = answers.quotas(cache.ledger, cache.state, {})
+    assert everything["kind"] == "QuotaSummary" and everything["metadata"]["total"] == 3
+    assert [i["metadata"] for i in everything["items"]] == [
+        {"name": "lent", "namespace": "b"},
+        {"name": "mine", "namespace": "a"},
+        {"name": "theirs", "namespace": "b"},
+    ]
+    mine = everything["items"][1]
+    assert (mine["min"], mine["max"], mine["used"], mine["borrowed"]) == (
+        {"cpu": "2"},
+        {"cpu": "4"},
+        {"cpu": "3"},
+        {"cpu": "1"},
+    )
+    # Top-level: runtime = request = usage plus the waiting 2 cpu, capped at max.
+    assert (mine["request"], mine["runtime"]) == ({"cpu": "4"}, {"cpu": "4"})
+
+    seen_from_a = answers.quotas(cache.ledger, cache.state, {}, namespace="a")
+    assert [i["metadata"]["name"] for i in seen_from_a["items"]] == ["lent", "mine"]
+    seen_from_b = answers.quotas(cache.ledger, cache.state, {"limit": "1"}, namespace="b")
+    assert [i["metadata"]["name"] for i in seen_from_b["items"]] == ["lent"]
+    assert seen_from_b["metadata"]["total"] == 2
+    assert answers.quotas(cache.ledger, cache.state, {}, namespace="nobody")["items"] == []
+    with pytest.raises(answers.BadRequest, match="namespace name"):
+        answers.quotas(cache.ledger, cache.state, {}, namespace="a/b")
+
+
+async def test_the_server_routes_the_quota_figures() -> None:
+    cache = shared_quotas()
+    async with served(None, cache=lambda: cache) as port:
+        status, body = await get_json(port, "/quotas")
+        assert status == 200 and isinstance(body, dict) and body["metadata"]["total"] == 3
+        status, body = await get_json(port, "/namespaces/a/quotas")
+        assert status == 200 and isinstance(body, dict)
+        assert [i["metadata"]["name"] for i in body["items"]] == ["lent", "mine"]
+        status, body = await get_json(port, "/namespaces/Nope/quotas")
+        assert status == 400 and isinstance(body, dict) and body["reason"] == "BadRequest"
 
 
 # --- flags ----------------------------------------------------------------------------------------
