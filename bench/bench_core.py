@@ -14,7 +14,17 @@ and prints a table.
    does per admission. Reported: median and p99, and the ratio of each median to the 1,000
    baseline measured in the same run (target: median < 100 us at 10,000; growth no faster than
    logarithmic). The cost of feeding one watch event (``Cache.put_unit``) is reported separately.
-2. **Preemption planning.** 1,000 / 10,000 assumed (admitted, not running) low-priority units fill
+2. **Quota guarantees.** The same steady state over 10 queues whose quotas are the children of one
+   *oversubscribed* parent (docs/compatibility.md#quota-guarantees): the children's ``min`` add up
+   to the parent's ``min``, the parent's ``max`` is 1.5 times that (spare capacity the children
+   share by weight, so every child borrows), each child's ``max`` is 4 times its ``min`` (the
+   children's ``max`` add up to far more than the parent's), and every child has waiting units.
+   Measured in the same run against the *flat* case: the same units and the same number of quotas
+   (the parent quota exists but has no children), each queue's quota holding what its share of the
+   parent gives it in the tree, with no parent above it. The ratio of the medians is the cost of
+   computing shares and guarantees per admission (1,000 and 10,000 pending units; 1,000 with
+   ``--quick``).
+3. **Preemption planning.** 1,000 / 10,000 assumed (admitted, not running) low-priority units fill
    one queue with ``wait-for-pods-running`` and preemption on; a high-priority unit arrives and the
    cycle plans the preempt path (target < 5 ms at 1,000). The reserve path, which marks every
    assumed unit sorting after the preemptor, is measured too.
@@ -65,23 +75,60 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-class AdmissionBench:
-    """One synthetic cluster of ``pending`` waiting units in 100 queues, stepped in steady state."""
+def _limits(cpu: int) -> dict[str, int]:
+    """A quota's limits for ``cpu`` milli-CPU (memory follows the units' per-pod ratio)."""
+    return {"cpu": cpu, "memory": cpu * 1000}
 
-    def __init__(self, pending: int, seed: int) -> None:
+
+class AdmissionBench:
+    """One synthetic cluster of ``pending`` waiting units in ``queues`` queues, stepped in steady
+    state. ``layout`` shapes the quotas: ``tree`` (10 parents of 10 leaves, each parent far larger
+    than its leaves: the scaling run), ``borrowing`` (every queue's quota a child of one
+    oversubscribed parent) or ``flat`` (the same queues and quota count, no parent above them)."""
+
+    def __init__(self, pending: int, seed: int, *, queues: int = QUEUES, layout: str = "tree") -> None:
         self.pending = pending
+        self.queues = queues
+        self.layout = layout
         self.rng = rng = random.Random(seed)
         self.cache = cache = Cache()
         self.sizes: dict[str, int] = {}
-        for p in range(10):
-            cache.put_quota(Quota(name=f"parent-{p}", namespace="bench", max={"cpu": 10**12}))
-        for q in range(QUEUES):
-            name = f"queue-{q:03d}"
-            self.sizes[name] = rng.choice([250, 500, 1000, 2000])
-            # Room for ~20% of the queue's units, so most stay pending.
-            room = max(1, pending // QUEUES // 5) * self.sizes[name]
-            limits = {"cpu": room, "memory": room * 1000}
-            cache.put_quota(Quota(name=name, namespace="bench", parent=f"parent-{q // 10}", max=limits))
+        for q in range(queues):
+            self.sizes[f"queue-{q:03d}"] = rng.choice([250, 500, 1000, 2000])
+        # Room for ~20% of the queue's units, so most stay pending.
+        units = max(1, pending // queues // 5)
+        if layout == "tree":
+            for p in range(10):
+                cache.put_quota(Quota(name=f"parent-{p}", namespace="bench", max={"cpu": 10**12}))
+            for q, (name, size) in enumerate(self.sizes.items()):
+                limits = _limits(units * size)
+                cache.put_quota(Quota(name=name, namespace="bench", parent=f"parent-{q // 10}", max=limits))
+        else:
+            # The tree: each child guaranteed ``units`` units, the parent half as much again to share.
+            spare = units // 2
+            total_min = sum(units * size for size in self.sizes.values())
+            total_max = sum((units + spare) * size for size in self.sizes.values())
+            borrowing = layout == "borrowing"
+            parent = Quota(
+                name="parent",
+                namespace="bench",
+                min=_limits(total_min if borrowing else total_max),
+                max=_limits(total_max),
+            )
+            cache.put_quota(parent)
+            for name, size in self.sizes.items():
+                if borrowing:
+                    child = Quota(
+                        name=name,
+                        namespace="bench",
+                        parent="parent",
+                        min=_limits(units * size),
+                        max=_limits(4 * units * size),
+                    )
+                else:  # what its share of the parent gives it in the tree, and no parent
+                    child = Quota(name=name, namespace="bench", max=_limits((units + spare) * size))
+                cache.put_quota(child)
+        for name in self.sizes:
             cache.put_queue(QueueConfig(name=name, priority=1000))
         start = time.perf_counter()
         for i in range(pending):
@@ -102,7 +149,7 @@ class AdmissionBench:
         self.events: list[float] = []
 
     def arrive(self, ident: int) -> None:
-        queue = f"queue-{self.rng.randrange(QUEUES):03d}"
+        queue = f"queue-{self.rng.randrange(self.queues):03d}"
         self.cache.put_unit(_unit(ident, queue, self.sizes[queue], self.rng.randrange(10)))
 
     def step(self) -> None:
@@ -131,10 +178,19 @@ class AdmissionBench:
             self.samples.append((t1 - t0) / admitted)
             self.with_assume.append((t2 - t0) / admitted)
 
+    def borrowed(self) -> int:
+        """How many of the tree's children use more than their ``min`` (they borrow) now."""
+        ledger = self.cache.ledger
+        return sum(
+            1
+            for name, quota in ledger.quotas.items()
+            if quota.parent and ledger.used(name).get("cpu", 0) > quota.min.get("cpu", 0)
+        )
+
     def result(self) -> dict[str, float]:
         return {
             "pending": self.pending,
-            "queues": QUEUES,
+            "queues": self.queues,
             "initial_cycle_admits": self.initial_admits,
             "initial_cycle_ms": self.initial_ms,
             "median_us": statistics.median(self.samples) * 1e6,
@@ -160,7 +216,45 @@ def bench_admission(sizes: tuple[int, ...], steps: int, seed: int) -> list[dict[
     return [bench.result() for bench in benches]
 
 
-def bench_preemption(assumed: int, reps: int, *, reserve: bool) -> dict[str, float]:
+def bench_guarantees(sizes: tuple[int, ...], steps: int, seed: int) -> list[dict[str, object]]:
+    """The oversubscribed tree against the flat case, stepped in interleaved rounds (see the module
+    docstring, item 2); per size, both results and the ratio of their medians."""
+    pairs = [
+        (
+            AdmissionBench(n, seed, queues=10, layout="borrowing"),
+            AdmissionBench(n, seed, queues=10, layout="flat"),
+        )
+        for n in sizes
+    ]
+    gc.collect()
+    gc.freeze()
+    rounds = 10
+    for _ in range(rounds):
+        for pair in pairs:
+            for bench in pair:
+                for _ in range(steps // rounds):
+                    bench.step()
+    out: list[dict[str, object]] = []
+    for tree, flat in pairs:
+        borrowing, baseline = tree.result(), flat.result()
+        out.append(
+            {
+                "pending": tree.pending,
+                "queues": tree.queues,
+                "quotas": len(tree.cache.ledger.quotas),
+                "borrowing": borrowing,
+                "flat": baseline,
+                "median_ratio": borrowing["median_us"] / baseline["median_us"],
+                "p99_ratio": borrowing["p99_us"] / baseline["p99_us"],
+                "with_assume_median_ratio": borrowing["with_assume_median_us"]
+                / baseline["with_assume_median_us"],
+                "borrowed_at_end": tree.borrowed(),
+            }
+        )
+    return out
+
+
+def bench_preemption(assumed: int, reps: int, *, reserve: bool) -> dict[str, float | str]:
     cache = Cache()
     cpu = 1000
     extra = 3 * cpu if reserve else 0  # reserve path: the preemptor fits the quota
@@ -204,12 +298,18 @@ def main() -> None:
     for row in admission:
         row["ratio_vs_1k"] = row["median_us"] / base
         row["log_ratio_bound"] = math.log(row["pending"]) / math.log(admission[0]["pending"])
+    guaranteed = bench_guarantees(sizes[:1] if args.quick else (1_000, 10_000), steps, seed=7)
     preemption = [
         bench_preemption(n, 20 if n <= 1_000 else 5, reserve=reserve)
         for n in (1_000, 10_000)
         for reserve in (False, True)
     ]
-    result = {"python": sys.version.split()[0], "admission": admission, "preemption": preemption}
+    result = {
+        "python": sys.version.split()[0],
+        "admission": admission,
+        "guarantees": guaranteed,
+        "preemption": preemption,
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(
@@ -222,11 +322,23 @@ def main() -> None:
             f" {row['log_ratio_bound']:>9.2f} {row['with_assume_median_us']:>12.1f}"
             f" {row['with_assume_p99_us']:>12.1f} {row['event_median_us']:>9.1f}"
         )
-    print(f"\n{'assumed':>8} {'path':>8} {'victims':>8} {'median ms':>10} {'p99 ms':>8}")
-    for row in preemption:
+    print(
+        f"\n{'pending':>8} {'flat med us':>12} {'tree med us':>12} {'ratio':>6} {'flat p99':>9}"
+        f" {'tree p99':>9} {'+assume ratio':>14} {'borrowing':>10}"
+    )
+    for pair in guaranteed:
+        flat, tree = pair["flat"], pair["borrowing"]
+        assert isinstance(flat, dict) and isinstance(tree, dict)
         print(
-            f"{row['assumed']:>8} {row['path']:>8} {row['victims']:>8}"
-            f" {row['median_ms']:>10.2f} {row['p99_ms']:>8.2f}"
+            f"{pair['pending']:>8} {flat['median_us']:>12.1f} {tree['median_us']:>12.1f}"
+            f" {pair['median_ratio']:>6.2f} {flat['p99_us']:>9.1f} {tree['p99_us']:>9.1f}"
+            f" {pair['with_assume_median_ratio']:>14.2f} {pair['borrowed_at_end']:>7}/10"
+        )
+    print(f"\n{'assumed':>8} {'path':>8} {'victims':>8} {'median ms':>10} {'p99 ms':>8}")
+    for plan in preemption:
+        print(
+            f"{plan['assumed']:>8} {plan['path']:>8} {plan['victims']:>8}"
+            f" {plan['median_ms']:>10.2f} {plan['p99_ms']:>8.2f}"
         )
     print(f"\nwritten to {RESULTS}")
 

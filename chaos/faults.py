@@ -19,6 +19,11 @@ process group (each runs in its own session), never by name.
 * :meth:`Faults.delete_jobs`: delete jobs whose unit is mid-admission (admitted, pods not running)
   or mid-reclaim (a ``reclaimState`` is set);
 * :meth:`Faults.shrink_quota`: lower a quota's ``max`` below its usage for a while, then restore it.
+
+The faults that stop or blind the reconciler (its kill, the webhook's, the apiserver's restarts,
+the etcd pause) open a *fault window* on the observer from their start until their recovery probe
+is admitted (:func:`disturbing`): the guarantee invariants, which judge how fast the scheduler acts,
+do not count that time.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ import subprocess
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from chaos.etcd import Etcd
 from chaos.observer import Observer, UnitView
@@ -47,6 +53,25 @@ from testenv.cluster import Component, LocalCluster
 UNITS = kube.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
 QUOTAS = kube.Resource(names.QUOTA_GROUP, names.QUOTA_VERSION, names.QUOTA_PLURAL, "ElasticQuota")
 JOBS = kube.Resource("batch", "v1", "jobs", "Job")
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def disturbing(
+    method: Callable[Concatenate[Faults, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Faults, P], Coroutine[Any, Any, R]]:
+    """Wrap a fault in a fault window on the observer (see the module docstring)."""
+
+    async def wrapper(faults: Faults, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        faults.observer.disturb()
+        try:
+            return await method(faults, *args, **kwargs)
+        finally:
+            faults.observer.undisturb()
+
+    return wrapper
 
 
 @dataclass
@@ -182,6 +207,7 @@ class Faults:
 
     # --- process faults -----------------------------------------------------------------------------
 
+    @disturbing
     async def kill_reconciler(self) -> FaultRecord:
         begun = time.monotonic()
         victim = self.reconciler
@@ -194,6 +220,7 @@ class Faults:
             "SIGKILL reconciler", begun, True, f"{victim.name} -> {self.reconciler.name}"
         )
 
+    @disturbing
     async def kill_webhook(self, *, down_s: float = 3.0) -> FaultRecord:
         """SIGKILL the webhook, leave it down for ``down_s`` (creates are refused meanwhile), then
         start it again on the same port and certificate (the registration stays valid)."""
@@ -228,6 +255,7 @@ class Faults:
                 await asyncio.sleep(0.5)
         return False
 
+    @disturbing
     async def restart_apiserver(self, *, kill: bool = True, label: str = "") -> FaultRecord:
         begun = time.monotonic()
         relists = self.reconciler_relists()
@@ -240,6 +268,7 @@ class Faults:
         record.detail += f"; reconciler 410 relists +{self.reconciler_relists() - relists}"
         return record
 
+    @disturbing
     async def kill_apiserver_mid_admission(
         self, namespace: str, *, rounds: int, size: int = 12
     ) -> FaultRecord:
@@ -291,6 +320,7 @@ class Faults:
             f"{rounds} rounds; {cut} admission writes cut off; {admitted} burst units admitted",
         )
 
+    @disturbing
     async def kill_apiserver_mid_park(self, namespace: str, *, units: int) -> FaultRecord:
         """SIGKILL kube-apiserver while the reconciler writes the waiting messages of a burst of new
         QueueUnits that can never be admitted (their quota has ``max: 0``). Every one of them must
@@ -332,6 +362,7 @@ class Faults:
             f"{units} never-admissible units; {lost} waiting messages cut off",
         )
 
+    @disturbing
     async def expire_watches(self) -> FaultRecord:
         """Compact etcd's history, then restart the apiserver: every watch resumes with a
         resourceVersion that no longer exists and gets 410 Gone."""
@@ -343,6 +374,7 @@ class Faults:
             kill=False, label=f"compact etcd at {revision} + apiserver restart (410)"
         )
 
+    @disturbing
     async def pause_etcd(self, seconds: float) -> FaultRecord:
         begun = time.monotonic()
         etcd = next(c for c in self.cluster.components if c.name == "etcd")

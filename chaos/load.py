@@ -11,6 +11,18 @@ on kwok nodes, so admissions, finishes and preemptions go on all the time. Some 
 fallback quota label, every job carries the secret marker annotation that must never show up in a
 log.
 
+Borrowing load (namespace ``chaos-borrow``): an oversubscribed parent quota (``max`` 8 CPU) whose
+four children guarantee a ``min`` (2, 2, 1 and 2 CPU, adding up to less than the parent's ``min``)
+and may each use far more (``max`` 4 to 6 CPU); one of them does not lend its ``min``
+(``allow-lent-resource: "false"``). Jobs arrive in waves for as long as faults are injected: each
+wave a *hot* child gets a burst that borrows all the spare capacity it is given, with *hogs* (pods
+no node accepts, so they hold borrowed quota without running until the load deletes them), while
+the other children send pairs of jobs that their ``min`` guarantees, so borrowed quota must be
+reclaimed. Two children's
+pods ask for CPU only, the other two's for CPU and memory (which no ``min`` names), as the main
+load's do. This is the load the observer's ``guarantee-unserved`` and ``guarantee-taken`` judge
+(docs/compatibility.md#quota-guarantees).
+
 Hostile input: job kinds with missing or wrong-typed fields, bad scheduling annotations, a request
 no quota can hold, QueueUnits with no quota or a missing one, an ~800 KB QueueUnit, thousands of
 bare QueueUnits in one namespace, and raw HTTPS bodies at the webhook (oversized, invalid UTF-8,
@@ -36,7 +48,8 @@ from shared.api import names
 NAMESPACE = "chaos"
 BULK_NAMESPACE = "chaos-bulk"
 HOSTILE_NAMESPACE = "chaos-hostile"
-NAMESPACES = (NAMESPACE, BULK_NAMESPACE, HOSTILE_NAMESPACE)
+BORROW_NAMESPACE = "chaos-borrow"
+NAMESPACES = (NAMESPACE, BULK_NAMESPACE, HOSTILE_NAMESPACE, BORROW_NAMESPACE)
 
 PARENT = "chaos-parent"
 #: name -> (max cpu, parent, wait-for-pods-running + preemption)
@@ -46,6 +59,30 @@ QUOTAS: dict[str, tuple[str, str, bool]] = {
     "chaos-b": ("6", PARENT, False),
     "chaos-c": ("4", "", False),
 }
+#: The borrowing tree: an oversubscribed parent (its children's ``max`` add up to 21 CPU).
+BORROW_PARENT = "chaos-borrow-parent"
+BORROW_PARENT_CPU = "8"
+
+
+@dataclass(frozen=True)
+class BorrowChild:
+    """A child of :data:`BORROW_PARENT`: its guaranteed and maximal CPU, whether it lends unused
+    ``min`` to its siblings, and whether its pods also ask for memory (which its ``min`` does not
+    name)."""
+
+    name: str
+    min_cpu: str
+    max_cpu: str
+    lends: bool
+    memory: bool
+
+
+BORROW_CHILDREN = (
+    BorrowChild("chaos-borrow-1", "2", "6", True, False),
+    BorrowChild("chaos-borrow-2", "2", "6", True, True),
+    BorrowChild("chaos-borrow-3", "1", "5", True, False),
+    BorrowChild("chaos-borrow-4", "2", "4", False, True),
+)
 BULK_QUOTA = "chaos-bulk"
 #: The quota of the hostile objects (namespace chaos-hostile); bound to that namespace too.
 HOSTILE_QUOTA = "chaos-c"
@@ -78,18 +115,40 @@ def quota(name: str, cpu: str, parent: str, preempt: bool, namespace: str = NAME
     }
 
 
-def container(cpu: str) -> dict[str, Any]:
-    return {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}
+def container(cpu: str, *, memory: bool = True) -> dict[str, Any]:
+    requests = {"cpu": cpu, "memory": "64Mi"} if memory else {"cpu": cpu}
+    return {"name": "c", "image": "busybox", "resources": {"requests": requests}}
+
+
+def borrow_quotas() -> list[dict[str, Any]]:
+    """The borrowing tree, parent first (the tree rules at the door need the parent's ``min``)."""
+    parent = quota(BORROW_PARENT, BORROW_PARENT_CPU, "", False, BORROW_NAMESPACE)
+    parent["metadata"]["labels"][names.QUOTA_IS_PARENT_LABEL] = "true"
+    parent["spec"]["min"] = {"cpu": BORROW_PARENT_CPU}
+    out = [parent]
+    for child in BORROW_CHILDREN:
+        body = quota(child.name, child.max_cpu, BORROW_PARENT, False, BORROW_NAMESPACE)
+        body["spec"]["min"] = {"cpu": child.min_cpu}
+        if not child.lends:
+            body["metadata"]["labels"][names.QUOTA_ALLOW_LENT_LABEL] = "false"
+        out.append(body)
+    return out
 
 
 @dataclass(frozen=True)
 class JobPlan:
     name: str
     quota: str
-    shape: str  # "single", "pair", "low" (preemptible), "victim" (preemptible, never schedulable)
+    #: "single", "pair", "low" (preemptible), "victim" (preemptible, never schedulable), "hog"
+    #: (borrowing load: never schedulable, deleted by the load after a while)
+    shape: str
     priority: int | None
     fallback_label: bool
     backoff_limit: int = 0
+    namespace: str = NAMESPACE
+    #: CPU of a single pod ("single", "hog"; a "pair" has two pods of 500m)
+    cpu: str = "1"
+    memory: bool = True
 
 
 def plan(i: int, rng: random.Random) -> JobPlan:
@@ -105,17 +164,76 @@ def plan(i: int, rng: random.Random) -> JobPlan:
     return JobPlan(f"job-{i:04d}", leaf, shape, priority, i % 11 == 5)
 
 
-def job(p: JobPlan, secret: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+#: The hot child's burst in every wave of the borrowing load (besides its hogs): (shape, cpu).
+BURST = (("single", "1"), ("single", "2"), ("pair", "1"), ("single", "1"))
+#: Rounds in which each other child sends two 1-CPU jobs at once during a wave.
+TRICKLE = 2
+
+
+def borrow_wave(w: int, length: float, first: int = 0) -> list[tuple[float, JobPlan]]:
+    """Wave ``w`` of the borrowing load, deterministic: ``(seconds after the wave's start, job)``
+    in arrival order; jobs are numbered from ``first``.
+
+    Child ``w mod 4`` is hot: within the wave's first 2 s (less in a short wave) it gets as many
+    1-CPU hogs as its ``max`` allows (it takes all the spare capacity it is given with pods that
+    never run, so the borrowed quota is reclaimable) and :data:`BURST`. Meanwhile every other child
+    sends :data:`TRICKLE` pairs of 1-CPU jobs (two at once: the whole ``min`` of most children),
+    which its ``min`` guarantees, so the parent is full and the hot child's borrowed quota must
+    come back. A hog lives :func:`hog_lifetime`, longer than a wave, so the next hot child finds
+    the last one's borrowed quota still taken."""
+    out: list[tuple[float, JobPlan]] = []
+    n = first
+
+    def make(at: float, child: BorrowChild, shape: str, cpu: str) -> None:
+        nonlocal n
+        prefix = "hog" if shape == "hog" else "borrow"
+        name = f"{prefix}-{n:04d}-{child.name.rsplit('-', 1)[-1]}"
+        priority = 0 if shape == "hog" else 10
+        out.append(
+            (at, JobPlan(name, child.name, shape, priority, False, 0, BORROW_NAMESPACE, cpu, child.memory))
+        )
+        n += 1
+
+    hot = BORROW_CHILDREN[w % len(BORROW_CHILDREN)]
+    burst = [("hog", "1")] * int(hot.max_cpu) + list(BURST)
+    spread = min(2.0, length / 8)
+    for k, (shape, cpu) in enumerate(burst):
+        make(spread * k / len(burst), hot, shape, cpu)
+    others = [c for c in BORROW_CHILDREN if c is not hot]
+    for j in range(TRICKLE):
+        for c, child in enumerate(others):
+            at = length * (0.25 + 0.35 * j + 0.1 * c)
+            make(at, child, "single", "1")
+            make(at + spread / 20, child, "single", "1")
+    out.sort(key=lambda item: item[0])
+    return out
+
+
+def borrow_schedule(waves: int, length: float) -> list[tuple[float, JobPlan]]:
+    """``waves`` waves of ``length`` seconds (:func:`borrow_wave`), as one schedule."""
+    out: list[tuple[float, JobPlan]] = []
+    for w in range(waves):
+        out += [(w * length + at, p) for at, p in borrow_wave(w, length, first=len(out))]
+    return out
+
+
+def hog_lifetime(length: float) -> float:
+    """How long the load lets a hog live: one and a half waves of ``length`` seconds."""
+    return 1.5 * length
+
+
+def job(p: JobPlan, secret: str, namespace: str | None = None) -> dict[str, Any]:
+    namespace = p.namespace if namespace is None else namespace
     label = names.QUOTA_NAME_LABEL_FALLBACK if p.fallback_label else names.QUOTA_NAME_LABEL
     annotations = {SECRET_ANNOTATION: secret}
     if p.priority is not None:
         annotations[names.PRIORITY_ANNOTATION] = str(p.priority)
-    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container("1")]}
+    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container(p.cpu, memory=p.memory)]}
     spec: dict[str, Any] = {"backoffLimit": p.backoff_limit, "template": {"spec": pod_spec}}
     if p.shape == "pair":
-        pod_spec["containers"] = [container("500m")]
+        pod_spec["containers"] = [container("500m", memory=p.memory)]
         spec["parallelism"] = spec["completions"] = 2
-    if p.shape == "victim":
+    if p.shape in ("victim", "hog"):
         pod_spec["nodeSelector"] = {"chaos.koord-queue.io/nowhere": "true"}
     return {
         "apiVersion": "batch/v1",
@@ -138,6 +256,8 @@ class Load:
     submitted: dict[str, JobPlan] = field(default_factory=dict)
     refusals: Counter[str] = field(default_factory=Counter)
     counters: Counter[str] = field(default_factory=Counter)
+    #: ``ns/name`` of the jobs the load deleted itself (the borrowing load's hogs)
+    deleted: set[str] = field(default_factory=set)
 
     async def setup(self) -> None:
         for namespace in NAMESPACES:
@@ -149,6 +269,8 @@ class Load:
                 annotations = body["metadata"]["annotations"]
                 annotations[names.QUOTA_NAMESPACES_ANNOTATION] = json.dumps([HOSTILE_NAMESPACE])
             await self.client.create(QUOTA_RESOURCE, body, namespace=NAMESPACE)
+        for body in borrow_quotas():
+            await self.client.create(QUOTA_RESOURCE, body, namespace=BORROW_NAMESPACE)
         await self.client.create(
             QUOTA_RESOURCE,
             quota(BULK_QUOTA, BULK_QUOTA_CPU, "", False, BULK_NAMESPACE),
@@ -196,18 +318,68 @@ class Load:
         """Create ``count`` jobs spread over ``seconds`` (a sustained arrival rate)."""
         interval = seconds / max(count, 1)
         tasks: list[asyncio.Task[bool]] = []
+        plans: list[JobPlan] = []
         started = time.monotonic()
         for i in range(count):
             p = plan(i, self.rng)
             self.submitted[p.name] = p
+            plans.append(p)
             tasks.append(asyncio.create_task(self.create_with_retry(job(p, self.secret), JOBS, NAMESPACE)))
             await asyncio.sleep(max(0.0, started + (i + 1) * interval - time.monotonic()))
         results = await asyncio.gather(*tasks)
         self.counters["jobs submitted"] = sum(results)
         self.counters["jobs never created"] = len(results) - sum(results)
-        for p, ok in zip(list(self.submitted.values())[-count:], results, strict=True):
+        for p, ok in zip(plans, results, strict=True):
             if not ok:
                 del self.submitted[p.name]
+
+    async def submit_borrowing(
+        self, length: float, *, waves: int, until: asyncio.Event | None = None
+    ) -> None:
+        """The borrowing load: :func:`borrow_wave` after wave, ``length`` seconds each, at least
+        ``waves`` of them and more until ``until`` is set (the fault schedule has ended, so the
+        guarantees are judged under every fault). Each hog is deleted :func:`hog_lifetime` after
+        its creation (a user giving up on a job that never starts), so borrowed quota held by
+        pods that never run is returned eventually even when nothing reclaims it."""
+        lifetime = hog_lifetime(length)
+        started = time.monotonic()
+        tasks: list[asyncio.Task[bool]] = []
+        plans: list[JobPlan] = []
+        w = 0
+        while w < waves or (until is not None and not until.is_set()):
+            for at, p in borrow_wave(w, length, first=len(plans)):
+                await asyncio.sleep(max(0.0, started + w * length + at - time.monotonic()))
+                self.submitted[p.name] = p
+                plans.append(p)
+                tasks.append(asyncio.create_task(self._borrowing_job(p, lifetime)))
+            w += 1
+            await asyncio.sleep(max(0.0, started + w * length - time.monotonic()))
+        self.counters["borrowing waves"] = w
+        results = await asyncio.gather(*tasks)
+        self.counters["borrowing jobs submitted"] = sum(results)
+        for p, ok in zip(plans, results, strict=True):
+            if not ok:
+                del self.submitted[p.name]
+
+    async def _borrowing_job(self, p: JobPlan, lifetime: float) -> bool:
+        if not await self.create_with_retry(job(p, self.secret), JOBS, p.namespace):
+            return False
+        if p.shape != "hog":
+            return True
+        await asyncio.sleep(lifetime)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                await self.client.delete(JOBS, p.name, namespace=p.namespace, propagation="Background")
+            except kube.NotFound:
+                pass
+            except kube.KubeError:
+                await asyncio.sleep(1.0)  # the apiserver is down or restarting: try again
+                continue
+            self.deleted.add(f"{p.namespace}/{p.name}")
+            self.counters["hogs deleted by the load"] += 1
+            break
+        return True
 
     async def bulk_units(self, count: int, *, concurrency: int = 48) -> float:
         """``count`` bare QueueUnits (no job) in one namespace, created as fast as possible."""

@@ -51,6 +51,12 @@ Invariants checked continuously (each check evaluation is counted in :attr:`Obse
 ``admitted-without-quota`` / ``admitted-unreadable``
     Nothing is admitted whose quota chain is broken (a missing quota) or whose demand cannot be
     read (an unparsable quantity).
+``guarantee-unserved`` / ``guarantee-taken``
+    Below a parent quota, work that fits within a quota's ``min`` is served within one reclaim
+    round once room exists or borrowed capacity that does not run could be reclaimed, and no
+    borrowing admission takes what a sibling's ``min`` still claims. The rules, their clocks and
+    what they tolerate are in :mod:`chaos.guarantee_watch`; the clocks stop while a fault window
+    is open (:meth:`Observer.disturb`).
 
 Checked at quiescent points only (after each fault's recovery probe and at the end of the run, by
 :mod:`chaos.run` through :meth:`Observer.accounting_mismatches` and :func:`settle`; the product
@@ -84,6 +90,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import ROUND_UP, Context, Decimal, InvalidOperation, localcontext
 from pathlib import Path
 from typing import Any
@@ -92,6 +99,7 @@ import aiohttp
 
 from chaos import k8sproto
 from chaos.etcd import Compacted, Etcd, KeyValue, prefix_end
+from chaos.guarantee_watch import GuaranteeWatch
 from shared.api import names
 
 #: After a quota's max is lowered, admissions decided on the older snapshot may still land.
@@ -250,10 +258,39 @@ class UnitView:
     consumer: tuple[str, str, str] | None
     unreadable: bool
     held: dict[str, int]
+    #: ``spec.priority`` and the creation time (epoch seconds): the queue's order
+    priority: int = 0
+    created: float = 0.0
+    #: ``status.lastAllocateTime`` (epoch seconds), when admitted
+    allocated: float | None = None
+    #: per admission: the pods the job extension reports running, and a pending reclaim's replicas
+    running: dict[str, int] = field(default_factory=dict)
+    reclaiming: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
         return sum(max(0, n) for n in self.replicas.values())
+
+    @property
+    def waiting(self) -> bool:
+        """The unit competes for admission (docs/compatibility.md#phase-predicates, read here on
+        its own): unfinished, not backing off, no reclaim in progress, not dequeued the legacy way
+        (a dequeued phase without admissions), and some pod set still short of its count."""
+        if self.phase in TERMINAL or self.phase == "TimeoutBackoff" or self.reclaim:
+            return False
+        if not self.replicas and self.phase in V1_DEQUEUED:
+            return False
+        return any(self.replicas.get(name, 0) < count for name, count in self.counts.items())
+
+    @property
+    def remaining(self) -> dict[str, int]:
+        """What the unit still asks for: per pod set, its missing replicas x per-pod request."""
+        out: dict[str, int] = {}
+        for name, count in self.counts.items():
+            missing = count - max(0, self.replicas.get(name, 0))
+            if missing > 0:
+                out = _add(out, {r: v * missing for r, v in self.per_pod.get(name, {}).items()})
+        return {r: v for r, v in out.items() if v}
 
 
 def parse_unit(raw: Mapping[str, Any]) -> UnitView:
@@ -276,14 +313,19 @@ def parse_unit(raw: Mapping[str, Any]) -> UnitView:
             counts[DEFAULT_POD_SET], per_pod[DEFAULT_POD_SET] = 1, request
         unreadable = unreadable or not ok
     replicas: dict[str, int] = {}
+    running: dict[str, int] = {}
+    reclaiming: dict[str, int] = {}
     reclaim = False
     admission_resources: dict[str, dict[str, int]] = {}
     admissions = [_map(a) for a in status.get("admissions") or []]
     for adm in admissions:
         name = str(adm.get("name") or "")
         replicas[name] = replicas.get(name, 0) + _int(adm.get("replicas"))
+        running[name] = running.get(name, 0) + _int(adm.get("running"))
         admission_resources[name] = resource_list(adm.get("resources"))[0]
         reclaim = reclaim or adm.get("reclaimState") is not None
+        if adm.get("reclaimState") is not None:
+            reclaiming[name] = reclaiming.get(name, 0) + _int(_map(adm.get("reclaimState")).get("replicas"))
     phase = str(status.get("phase") or "")
     held: dict[str, int] = {}
     if phase not in TERMINAL:
@@ -314,7 +356,22 @@ def parse_unit(raw: Mapping[str, Any]) -> UnitView:
         consumer=consumer,
         unreadable=unreadable,
         held=held,
+        priority=_int(spec.get("priority")),
+        created=_epoch(meta.get("creationTimestamp")) or 0.0,
+        allocated=_epoch(status.get("lastAllocateTime")),
+        running=running,
+        reclaiming=reclaiming,
     )
+
+
+def _epoch(value: object) -> float | None:
+    """An RFC 3339 time as epoch seconds; None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 @dataclass(slots=True)
@@ -323,6 +380,10 @@ class QuotaView:
     max: dict[str, int]
     parent: str
     shrunk_at: float = -1e9
+    #: ``spec.min`` (docs/compatibility.md#quota-guarantees): guaranteed below a parent quota
+    min: dict[str, int] = field(default_factory=dict)
+    #: unused ``min`` is lent to siblings unless ``allow-lent-resource: "false"``
+    lends: bool = True
 
 
 @dataclass(slots=True)
@@ -649,6 +710,42 @@ class Observer:
     _progress: asyncio.Condition | None = None
     #: every unit and quota version replayed, compactly, for post-mortems (:meth:`dump`)
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: ``guarantee-unserved`` and ``guarantee-taken`` (:mod:`chaos.guarantee_watch`)
+    guarantees: GuaranteeWatch = field(default_factory=GuaranteeWatch)
+    #: open fault windows (:meth:`disturb`), since when, and the closed windows' total length
+    _disturbed: int = 0
+    _disturbed_since: float = 0.0
+    _disturbed_total: float = 0.0
+    #: the quiet clock (:meth:`quiet_clock`) when the last fault window closed
+    quiet_resumed_at: float = -1e9
+
+    # --- fault windows ----------------------------------------------------------------------------
+
+    def disturb(self) -> None:
+        """A fault that stops or blinds the reconciler begins (:mod:`chaos.faults` calls this from
+        the fault's start until its recovery probe is admitted): nothing can be served meanwhile,
+        so the guarantee invariants' quiet clock stops."""
+        if self._disturbed == 0:
+            self._disturbed_since = time.monotonic()
+        self._disturbed += 1
+
+    def undisturb(self) -> None:
+        if self._disturbed == 0:
+            return
+        self._disturbed -= 1
+        if self._disturbed == 0:
+            self._disturbed_total += time.monotonic() - self._disturbed_since
+            self.quiet_resumed_at = self.quiet_clock()
+
+    @property
+    def disturbed(self) -> bool:
+        return self._disturbed > 0
+
+    def quiet_clock(self) -> float:
+        """Monotonic seconds outside fault windows: the time the reconciler had to act."""
+        now = time.monotonic()
+        open_window = now - self._disturbed_since if self._disturbed else 0.0
+        return now - self._disturbed_total - open_window
 
     # --- bookkeeping ----------------------------------------------------------------------------
 
@@ -712,6 +809,7 @@ class Observer:
             self.violate("observer-decode", revision, f"{key.decode(errors='replace')}: {err!r}")
         if self._suspects:
             self._expire(now)
+        self.guarantees.flush(self, revision)
 
     def _in_scope(self, key: str) -> bool:
         return key.split("/", 1)[0] in self.namespaces
@@ -719,20 +817,34 @@ class Observer:
     def _quota_event(self, key: str, raw: Mapping[str, Any] | None) -> None:
         name = key.rsplit("/", 1)[-1]
         if raw is None:
-            self.quotas.pop(name, None)
+            gone = self.quotas.pop(name, None)
+            self.guarantees.dirty.update({name, gone.parent if gone is not None else ""} - {""})
             return
         spec = _map(raw.get("spec"))
         maximum, _ = resource_list(spec.get("max"))
-        parent = str(_map(_map(raw.get("metadata")).get("labels")).get(names.QUOTA_PARENT_LABEL) or "")
+        minimum, _ = resource_list(spec.get("min"))
+        labels = _map(_map(raw.get("metadata")).get("labels"))
+        parent = str(labels.get(names.QUOTA_PARENT_LABEL) or "")
+        lends = str(labels.get(names.QUOTA_ALLOW_LENT_LABEL) or "").strip().lower() != "false"
         old = self.quotas.get(name)
-        view = QuotaView(name=name, max=maximum, parent=parent)
+        view = QuotaView(name=name, max=maximum, parent=parent, min=minimum, lends=lends)
+        self.guarantees.dirty.update({name, parent, old.parent if old is not None else ""} - {""})
         if old is not None:
             view.shrunk_at = old.shrunk_at
             if any(maximum.get(r, 0) < v for r, v in old.max.items()) or (maximum.keys() - old.max.keys()):
                 view.shrunk_at = time.monotonic()
                 self.stats["quota shrinks observed"] += 1
         self.quotas[name] = view
-        self.history.append({"rev": self.revision, "quota": name, "max": maximum, "parent": parent})
+        self.history.append(
+            {
+                "rev": self.revision,
+                "quota": name,
+                "max": maximum,
+                "min": minimum,
+                "parent": parent,
+                "lends": lends,
+            }
+        )
 
     def _unit_event(self, key: str, raw: Mapping[str, Any] | None, revision: int) -> None:
         if not self._in_scope(key):
@@ -740,6 +852,10 @@ class Observer:
         old = self.units.get(key)
         new = parse_unit(raw) if raw is not None else None
         self.checks["unit versions replayed"] += 1
+        if old is not None and old.quota and old.held:
+            after = new.held if new is not None and new.quota == old.quota else {}
+            if any(after.get(r, 0) < v for r, v in old.held.items()):
+                self.guarantees.note_release(self, old.quota)
         if old is not None:
             if old.quota:
                 self._self_used[old.quota] = _add(self._self_used.get(old.quota, {}), old.held, -1)
@@ -767,12 +883,14 @@ class Observer:
                 "message": new.message[:120],
             }
         )
+        self.guarantees.unit_changed(self, key, old, new)
         self._check_admission(key, old, new, revision)
         if new is not None and new.quota:
             before = old.held if old is not None and old.quota == new.quota else {}
             grown = sorted(r for r, v in new.held.items() if v > before.get(r, 0))
             if grown:
                 self._check_quota(new, grown, revision)
+                self.guarantees.admitted(self, new, grown, revision)
         if old is not None and (new is None or new.total < old.total or new.phase in TERMINAL):
             self._check_released(key, revision)
         shrunk = old is not None and (
@@ -910,6 +1028,8 @@ class Observer:
             self._judge_deletion(old if new is None else new, revision)
         if new is None:
             self.pods.pop(key, None)
+            if old is not None:
+                self._touch_owners(old)
             if old is not None and old.unit:
                 self._pods_by_unit.get(old.unit, set()).discard(key)
             for uid in old.owner_uids if old is not None else ():
@@ -919,6 +1039,8 @@ class Observer:
                 self._recheck_owners(old, revision)
             return
         self.pods[key] = new
+        if old is None or old.bound != new.bound or old.live != new.live:
+            self._touch_owners(new)
         if new.unit:
             self._pods_by_unit.setdefault(new.unit, set()).add(key)
             if (old is None or old.unit != new.unit) and not self._claim_holds(new, new.unit):
@@ -942,6 +1064,14 @@ class Observer:
                     self._check_schedulable(job_key, revision)
         elif old is not None and old.schedulable and not new.schedulable:
             self._recheck_owners(old, revision)
+
+    def _touch_owners(self, pod: PodView) -> None:
+        """A pod started or stopped running: what its job's unit can give back to reclaim changed."""
+        for uid in pod.owner_uids:
+            job_key = self._job_by_uid.get(uid)
+            unit = self.unit_of_job(job_key) if job_key is not None else None
+            if unit is not None and unit.quota:
+                self.guarantees.touch(self, unit.quota)
 
     def _judge_deletion(self, pod: PodView | None, revision: int) -> None:
         if pod is None or pod.terminal:
@@ -1094,6 +1224,7 @@ class Observer:
         """The run is over: judge every excess still waiting for its grace."""
         for job_key in list(self._suspects):
             self._check_schedulable(job_key, self.revision, final=True)
+        self.guarantees.finish(self)
 
     # --- usage-mismatch (judged at quiescent points by :func:`settle`) ----------------------------
 

@@ -4,10 +4,11 @@ exit status 1 on any violation (2 when the run itself could not be carried out).
 
 The run (see RELIABILITY.md for the table it produces and how to read it):
 
-1. start an e2e control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok with two
+1. start an e2e control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok with three
    8-CPU fake nodes), the webhook and the reconciler (its visibility API with a TLS certificate);
 2. the observer follows etcd from now on (:mod:`chaos.observer`);
-3. TLS probes of every TLS port; then a sustained load (:mod:`chaos.load`) while faults are
+3. TLS probes of every TLS port; then a sustained load and a borrowing load below an
+   oversubscribed parent quota (:mod:`chaos.load`) while faults are
    injected one after the other (:mod:`chaos.faults`), bare QueueUnits pour into one namespace,
    hostile objects and bodies are sent, and a hostile namespace user attacks the queue's hold on
    the load's live jobs (:mod:`chaos.tenant`);
@@ -74,10 +75,16 @@ class Profile:
     gap_s: float
     tenant_rounds: int
     tenant_delay_s: float
+    #: waves of the borrowing load (:func:`chaos.load.borrow_wave`) in ``load_seconds`` (their
+    #: length); more follow until the fault schedule has ended
+    borrow_waves: int
 
 
-FULL = Profile("full", 240, 220.0, 3000, 400, 4, 6.0, 30.0, 15.0, 3, 4, 300, 240.0, 10.0, 5, 15.0)
-QUICK = Profile("quick", 70, 60.0, 1000, 100, 2, 4.0, 8.0, 6.0, 2, 2, 150, 90.0, 1.0, 3, 12.0)
+FULL = Profile("full", 240, 220.0, 3000, 400, 4, 6.0, 30.0, 15.0, 3, 4, 300, 240.0, 10.0, 5, 15.0, 8)
+QUICK = Profile("quick", 70, 60.0, 1000, 100, 2, 4.0, 8.0, 6.0, 2, 2, 150, 90.0, 1.0, 3, 12.0, 4)
+#: kwok nodes of 8 CPU: the main load's quotas fill two, the borrowing tree's parent one more, so
+#: quota, not node capacity, is what holds jobs back.
+NODES = 3
 
 #: The reconciler's component configuration in the run (``maxUserPriority`` as the tenant phase
 #: expects; the webhook gets the same value).
@@ -121,6 +128,8 @@ class Run:
         self.started = time.monotonic()
         self._accounting = asyncio.Lock()
         self.accounting_log: list[dict[str, Any]] = []
+        #: set when the fault schedule has ended (the borrowing load runs until then)
+        self.faults_done = asyncio.Event()
 
     def violate(self, invariant: str, detail: str) -> None:
         self.extra_violations[invariant] += 1
@@ -158,7 +167,7 @@ class Run:
         self.log(f"chaos run ({p.name}) in {self.workdir}")
         fuzzing = asyncio.create_task(self.fuzz(), name="fuzz")
         cluster = LocalCluster(
-            profile="e2e", workdir=self.workdir / "cp", nodes=2, node_cpu="8", pod_duration_s=3.0
+            profile="e2e", workdir=self.workdir / "cp", nodes=NODES, node_cpu="8", pod_duration_s=3.0
         )
         await asyncio.to_thread(cluster.start)
         self.cluster = cluster
@@ -229,12 +238,19 @@ class Run:
             self.log(f"TLS probes: {sec.checks} checks, {len(sec.problems)} problems")
             watchdog = asyncio.create_task(self._watchdog(faults), name="watchdog")
             submitting = asyncio.create_task(workload.submit(p.jobs, p.load_seconds), name="load")
+            borrowing = asyncio.create_task(
+                workload.submit_borrowing(
+                    p.load_seconds / p.borrow_waves, waves=p.borrow_waves, until=self.faults_done
+                ),
+                name="borrowing load",
+            )
             attacking = asyncio.create_task(
                 mallory.run(rounds=p.tenant_rounds, seconds=p.load_seconds, delay=p.tenant_delay_s),
                 name="tenant",
             )
             await self._inject(faults, workload, client)
             await submitting
+            await borrowing
             await attacking
             self._tenant_inputs(mallory)
             self.log(f"load submitted: {workload.counters['jobs submitted']} jobs; draining")
@@ -380,6 +396,7 @@ class Run:
         # Last, so that no later reconciler restart rewrites what was lost.
         await faults.kill_apiserver_mid_park(load.HOSTILE_NAMESPACE, units=p.park_units)
         done.set()
+        self.faults_done.set()
         await deleting
 
     async def _hostile(self, faults: Faults, client: kube.Kube) -> None:
@@ -425,8 +442,8 @@ class Run:
     def _unfinished(self, workload: load.Load) -> list[str]:
         out = []
         for name, p in workload.submitted.items():
-            key = f"{load.NAMESPACE}/{name}"
-            if p.shape == "victim" or key in self.faults.deleted_jobs:
+            key = f"{p.namespace}/{name}"
+            if p.shape in ("victim", "hog") or key in self.faults.deleted_jobs or key in workload.deleted:
                 continue
             job = self.observer.jobs.get(key)
             if job is None or not job.finished:
@@ -450,12 +467,12 @@ class Run:
             state = "no QueueUnit" if unit is None else f"unit phase {unit.phase!r}, message {unit.message!r}"
             self.violate("job-lost", f"{key} did not finish: {state}")
         self.end_checks["normal jobs finished"] = sum(
-            1 for p in workload.submitted.values() if p.shape != "victim"
+            1 for p in workload.submitted.values() if p.shape not in ("victim", "hog")
         ) - len(self._unfinished(workload))
         # Every submitted managed job ends finished, admitted, or waiting with a message.
-        for name in workload.submitted:
-            key = f"{load.NAMESPACE}/{name}"
-            if key in self.faults.deleted_jobs:
+        for name, p in workload.submitted.items():
+            key = f"{p.namespace}/{name}"
+            if key in self.faults.deleted_jobs or key in workload.deleted:
                 continue
             self.end_checks["job ends admitted or waiting with a reason"] += 1
             job = observer.jobs.get(key)
@@ -547,6 +564,8 @@ class Run:
             fault_recovered[base] += record.count if record.recovered else 0
         inputs = Counter(self.inputs)
         inputs["jobs submitted (mixed load)"] = workload.counters["jobs submitted"]
+        inputs["jobs submitted (borrowing load)"] = workload.counters["borrowing jobs submitted"]
+        inputs["borrowing load waves"] = workload.counters["borrowing waves"]
         inputs["bulk QueueUnits (one namespace)"] = workload.counters["bulk QueueUnits created"]
         inputs["concurrent status patches"] = faults.counters.get("concurrent status writes", 0)
         checks = Counter(observer.checks)
@@ -556,6 +575,9 @@ class Run:
         violations.update(self.extra_violations)
         stats = Counter(observer.stats)
         stats["reconciler 410 relists (from its logs)"] = faults.reconciler_relists()
+        stats["hogs deleted by the borrowing load"] = workload.counters["hogs deleted by the load"]
+        longest = observer.guarantees.longest_served
+        stats["guarantee-unserved: longest wait ended by an admission (quiet ms)"] = round(longest * 1000)
         stats["reconciler write conflicts (409 in its logs)"] = faults.log_count("409")
         stats.update({f"creates refused: {k}": v for k, v in workload.refusals.items()})
         return {

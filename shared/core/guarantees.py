@@ -22,8 +22,8 @@ meaning of the same objects):
 The scheduler checks ``used + request <= runtime`` beside ``max`` (``UsageView.check``). When no
 parent is oversubscribed (every child's request fits), every runtime equals the request, which any
 admission that passes ``max`` fits; and below a parent whose children all have ``min == max``
-nobody can borrow, so no runtime is computed there at all: in both cases admission is exactly as
-upstream's.
+nobody can borrow. In both cases (:func:`_may_borrow`) no runtime is computed there at all, and
+admission is exactly as upstream's.
 
 :func:`plan_reclaim` is the *reclaim across quotas*: a unit that fits within its quota's ``min`` at
 its own level (and upward while that holds) but does not fit because siblings borrowed marks
@@ -130,6 +130,10 @@ def compute(
     children = ledger.children()
     if not children:
         return Shares()
+    borrowing = ledger.per_tree("guarantees.borrowing", lambda: _borrowing_parents(ledger))
+    assert isinstance(borrowing, frozenset)
+    if not borrowing:
+        return Shares()  # nobody can borrow anywhere: upstream's admission, at no cost
     quotas = ledger.quotas
     sub_pending: dict[str, dict[str, int]] = {}
     sub_small: dict[str, Resources] = {}
@@ -153,10 +157,29 @@ def compute(
             continue
         seen.add(parent)
         kids = children[parent]
-        if any(quotas[c].min != quotas[c].max for c in kids):
+        if parent in runtime or parent in borrowing:
             _divide(ledger, parent, kids, runtime, request, held, sub_pending, sub_small, pending)
         order.extend(c for c in children[parent] if c in children)
     return Shares(runtime=runtime, request=request, guaranteed=held)
+
+
+def _borrowing_parents(ledger: QuotaLedger) -> frozenset[str]:
+    return frozenset(p for p in ledger.children() if _may_borrow(ledger, p))
+
+
+def _may_borrow(ledger: QuotaLedger, parent: str) -> bool:
+    """Whether the division below ``parent`` can refuse anything ``max`` admits: some child may
+    borrow (``min != max``) and the children's ``max`` together exceed the parent's on a resource
+    it limits (an oversubscribed parent). Otherwise every share equals the request, so nothing is
+    computed there at all (and nothing costs a cycle)."""
+    quotas = ledger.quotas
+    kids = [quotas[c] for c in ledger.children().get(parent, ())]
+    if all(k.min == k.max for k in kids):
+        return False
+    for r, cap in quotas[parent].max.items():
+        if any(r not in k.max for k in kids) or sum(k.max[r] for k in kids) > cap:
+            return True
+    return False
 
 
 def _capacity(
@@ -296,9 +319,10 @@ class Reclaim:
         return bool(self.victims or self.waiting_for)
 
 
-def _within_min(view: UsageView, name: str, request: Mapping[str, int]) -> bool:
+def _within_min(view: UsageView, name: str, short: Mapping[str, int]) -> bool:
+    """The unit's request on the ``short`` resources fits within ``name``'s ``min``."""
     floor = view.ledger.quotas[name].min
-    return all(view.used(name, r) + v <= floor.get(r, 0) for r, v in request.items() if v > 0)
+    return all(view.used(name, r) + v <= floor.get(r, 0) for r, v in short.items())
 
 
 def may_claim(view: UsageView, leaf: str) -> bool:
@@ -345,13 +369,6 @@ def plan_reclaim(
     if chain.error is not None or not request:
         return None
     levels = chain.names
-    pairs: list[tuple[str, str]] = []
-    for i, name in enumerate(levels[:-1]):
-        if not _within_min(view, name, request):
-            break
-        pairs.append((levels[i + 1], name))
-    if not pairs:
-        return None
     need: dict[str, int] = {}
     for name in levels[1:]:
         limits, share = view._limits(name)
@@ -362,6 +379,16 @@ def plan_reclaim(
                     if excess > 0:
                         need[r] = max(need.get(r, 0), excess)
     if not need:
+        return None
+    # The guarantee is judged on the resources that are short: a resource nobody lacks (or one
+    # its min does not name but the parent has room for) does not stop a unit's claim.
+    short = {r: request[r] for r in need}
+    pairs: list[tuple[str, str]] = []
+    for i, name in enumerate(levels[:-1]):
+        if not _within_min(view, name, short):
+            break
+        pairs.append((levels[i + 1], name))
+    if not pairs:
         return None
     children = ledger.children()
     borrowers: list[str] = []
@@ -424,7 +451,7 @@ def plan_reclaim(
     candidates.sort(key=lambda c: c[0][:-1])
     for _, name, sibling, victim in candidates:
         path = _path(ledger, name, sibling)
-        if not all(_keeps_min(view, x, taken.get(x, {}), victim.resources) for x in path):
+        if not all(_keeps_min(view, x, taken.get(x, {}), victim.resources, need) for x in path):
             continue
         for x in path:
             taken[x] = quantities.add(taken.get(x, {}), victim.resources)
@@ -451,9 +478,14 @@ def _path(ledger: QuotaLedger, leaf: str, top: str) -> list[str]:
     return out
 
 
-def _keeps_min(view: UsageView, name: str, taken: Mapping[str, int], freed: Mapping[str, int]) -> bool:
-    """Taking ``freed`` on top of ``taken`` leaves quota ``name`` at or above its ``min``."""
+def _keeps_min(
+    view: UsageView, name: str, taken: Mapping[str, int], freed: Mapping[str, int], short: Mapping[str, int]
+) -> bool:
+    """Taking ``freed`` on top of ``taken`` leaves quota ``name`` at or above its ``min`` on the
+    resources that are ``short`` (the others are not what the reclaim is for)."""
     floor = view.ledger.quotas[name].min
     return all(
-        view.used(name, r) - taken.get(r, 0) - v >= floor[r] for r, v in freed.items() if v > 0 and r in floor
+        view.used(name, r) - taken.get(r, 0) - v >= floor[r]
+        for r, v in freed.items()
+        if v > 0 and r in floor and r in short
     )

@@ -39,7 +39,7 @@ Pure: standard library and sibling modules only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from shared.api import quantities
@@ -304,13 +304,7 @@ def plan_preempt(
     protected: list[str] = []
     wake: float | None = None
     total = dict(released)
-    after = []
-    for item in reversed(state.assumed):
-        if item <= preemptor:
-            break
-        after.append(item)
-    after.sort(key=lambda it: _walk_key(units[str(it[-1])]))
-    for item in after:
+    for item in _walk(state, units, preemptor):
         victim_key = str(item[-1])
         if state.on_the_way(victim_key):
             continue
@@ -342,9 +336,26 @@ def plan_preempt(
     return PreemptOutcome(error=NO_VICTIMS, wake_at=wake, protected=tuple(protected))  # pragma: no cover
 
 
-def _walk_key(unit: Unit) -> tuple[int, bool]:
-    """Stable-sort key of the preempt walk: lower priority first, then no bound pod first."""
-    return (unit.priority, any(adm.running > 0 for adm in unit.admissions))
+def _walk(state: QueueState, units: Mapping[str, Unit], preemptor: Item) -> Iterator[Item]:
+    """The assumed units sorting after ``preemptor``, lowest priority first; within one priority
+    (a contiguous run of the queue order) those with no bound pod first, each run sorted only when
+    the walk reaches it, so a walk that covers early stays cheap."""
+    run: list[Item] = []
+    priority: int | None = None
+    for item in reversed(state.assumed):
+        if item <= preemptor:
+            break
+        unit = units[str(item[-1])]
+        if run and unit.priority != priority:
+            yield from sorted(run, key=lambda it: _bound(units[str(it[-1])]))
+            run = []
+        run.append(item)
+        priority = unit.priority
+    yield from sorted(run, key=lambda it: _bound(units[str(it[-1])]))
+
+
+def _bound(unit: Unit) -> bool:
+    return any(adm.running > 0 for adm in unit.admissions)
 
 
 def may_preempt(state: QueueState, key: str, item: Item) -> bool:

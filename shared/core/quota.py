@@ -47,7 +47,7 @@ Pure: standard library and sibling modules only.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from shared.api import names, quantities
@@ -197,6 +197,7 @@ class QuotaLedger:
         self._children: dict[str, tuple[str, ...]] = {}
         self._children_epoch = -1
         self._changed_parent: set[str] = set()
+        self._per_tree: dict[str, tuple[int, object]] = {}
 
     # --- the tree ---------------------------------------------------------------------------------
 
@@ -318,6 +319,13 @@ class QuotaLedger:
     def has_subquotas(self) -> bool:
         """Some quota has a parent other than the root: only then do guarantees matter."""
         return bool(self.children())
+
+    def per_tree(self, key: str, make: Callable[[], object]) -> object:
+        """``make()``, remembered under ``key`` until the tree changes (limits or parents)."""
+        found = self._per_tree.get(key)
+        if found is None or found[0] != self._tree_epoch:
+            found = self._per_tree[key] = (self._tree_epoch, make())
+        return found[1]
 
     def children(self) -> Mapping[str, tuple[str, ...]]:
         """Parent name -> its child quotas (sorted), for parents that are quotas themselves (the
@@ -529,8 +537,6 @@ class UsageView:
             if r in share and share[r] - self.used(name, r) < request[r]:
                 return r
         floor = quotas[name].min
-        if all(self.used(name, r) + v <= floor.get(r, 0) for r, v in request.items()):
-            return None  # within its own min: it takes nothing the siblings are guaranteed
         parent = quotas[name].parent
         gaps = self._gaps.get(parent)
         if not gaps:
@@ -539,6 +545,8 @@ class UsageView:
         above = self.runtime.get(parent, {})
         claim = self.guaranteed.get(name, {})
         for r in sorted(request):
+            if self.used(name, r) + request[r] <= floor.get(r, 0):
+                continue  # within its own min on r: it takes nothing the siblings are guaranteed
             others = gaps.get(r, 0) - max(0, claim.get(r, 0) - self.used(name, r))
             if others <= 0 or (r not in limits and r not in above):
                 continue

@@ -1,14 +1,18 @@
-"""The chaos observer's ownership-keyed invariant ``unadmitted-pod-schedulable`` and the forged
-claims of a hostile tenant (pure: objects are fed to the observer as the etcd decoder yields them)."""
+"""The chaos observer's ownership-keyed invariant ``unadmitted-pod-schedulable``, the forged claims
+of a hostile tenant, ``usage-mismatch``, and the quota-guarantee invariants ``guarantee-unserved``
+and ``guarantee-taken`` (pure: objects are fed to the observer as the etcd decoder yields them)."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from chaos import k8sproto
 from chaos import observer as obs
+from chaos.guarantee_watch import GUARANTEE_ROUND_S
 from chaos.observer import Observer
 from shared.api import names
 
@@ -448,3 +452,269 @@ def test_pod_and_job_protobuf_fields_for_accounting() -> None:
     job_envelope = k8sproto.MAGIC + tag(2, tag(1, tag(1, b"j")) + tag(2, job_spec))
     parsed = obs.parse_job(obs.decode_job(job_envelope))
     assert (parsed.parallelism, parsed.completions, parsed.suspended) == (2, 3, True)
+
+
+# --- guarantee-unserved and guarantee-taken (chaos.guarantee_watch) --------------------------------
+
+UNSERVED, TAKEN = "guarantee-unserved", "guarantee-taken"
+
+
+def gquota(name: str, *, min_cpu: str, max_cpu: str, parent: str = "", lends: bool = True) -> dict[str, Any]:
+    labels = {names.QUOTA_PARENT_LABEL: parent} if parent else {}
+    if not lends:
+        labels[names.QUOTA_ALLOW_LENT_LABEL] = "false"
+    return {
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {"min": {"cpu": min_cpu}, "max": {"cpu": max_cpu, "memory": "1Ti"}},
+    }
+
+
+def gunit(
+    name: str,
+    quota: str,
+    *,
+    cpu: str = "1",
+    memory: str | None = None,
+    replicas: int = 0,
+    running: int = 0,
+    reclaim: int | None = None,
+    message: str = "",
+    priority: int = 0,
+) -> dict[str, Any]:
+    requests = {"cpu": cpu} if memory is None else {"cpu": cpu, "memory": memory}
+    template = {"spec": {"containers": [{"resources": {"requests": requests}}]}}
+    status: dict[str, Any] = {"phase": "Enqueued" if not replicas else "Running", "message": message}
+    if replicas:
+        admission: dict[str, Any] = {"name": "main", "replicas": replicas, "running": running}
+        if reclaim is not None:
+            admission["reclaimState"] = {"replicas": reclaim}
+        status["admissions"] = [admission]
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {names.QUOTA_NAME_LABEL: quota},
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"priority": priority, "podSet": [{"name": "main", "count": 1, "template": template}]},
+        "status": status,
+    }
+
+
+class Tree:
+    """A parent ``p`` and children fed to an observer through :meth:`Observer.apply` as etcd
+    would deliver them (JSON-stored kinds), with a fake clock."""
+
+    def __init__(self, clock: Clock, *, parent_cpu: str = "4", **children: tuple[str, str, bool]) -> None:
+        self.clock = clock
+        self.o = observer()
+        self.put_quota(gquota("p", min_cpu=parent_cpu, max_cpu=parent_cpu))
+        for name, (min_cpu, max_cpu, lends) in children.items():
+            self.put_quota(gquota(name, min_cpu=min_cpu, max_cpu=max_cpu, parent="p", lends=lends))
+
+    def put_quota(self, raw: dict[str, Any]) -> None:
+        key = obs.QUOTAS + f"{NS}/{raw['metadata']['name']}".encode()
+        self.o.apply(key, json.dumps(raw).encode(), self.o.revision + 1)
+
+    def put(self, raw: dict[str, Any] | None, name: str = "") -> None:
+        key = obs.UNITS + f"{NS}/{raw['metadata']['name'] if raw else name}".encode()
+        self.o.apply(key, json.dumps(raw).encode() if raw else b"", self.o.revision + 1)
+
+    def wait(self, seconds: float, step: float = 1.0) -> None:
+        """Time passes; etcd keeps delivering unrelated events (leases)."""
+        while seconds > 0:
+            self.clock.now += min(step, seconds)
+            seconds -= step
+            self.o.apply(b"/registry/leases/x", b"", self.o.revision + 1)
+
+    @property
+    def violations(self) -> Counter[str]:
+        return self.o.violation_counts
+
+
+def test_a_guaranteed_unit_left_waiting_while_the_parent_has_room_is_unserved(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("b-1", "b"))
+    t.wait(GUARANTEE_ROUND_S - 1)
+    assert not t.violations[UNSERVED]
+    t.wait(2)
+    assert t.violations[UNSERVED] == 1
+    assert "b-1" in t.o.violations[0].detail and "every level has room" in t.o.violations[0].detail
+    t.wait(10)  # reported once per episode
+    assert t.violations[UNSERVED] == 1
+
+
+def test_a_guaranteed_unit_admitted_within_the_bound_is_served(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("b-1", "b"))
+    t.wait(5)
+    t.put(gunit("b-1", "b", replicas=1))
+    t.wait(GUARANTEE_ROUND_S + 5)
+    assert not t.violations
+    assert t.o.stats["guarantee-unserved: episodes ended by an admission"] == 1
+    assert 4.0 <= t.o.guarantees.longest_served <= 6.0
+
+
+def test_work_beyond_the_min_or_asking_more_than_min_is_not_guaranteed(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("b-0", "b", cpu="2", replicas=1, running=1))
+    t.put(gunit("b-1", "b"))  # b is at its min already: this one would borrow
+    t.put(gunit("a-1", "a", cpu="3"))  # larger than a's min
+    t.wait(GUARANTEE_ROUND_S + 5)
+    assert not t.violations
+    assert not t.o.stats["guarantee-unserved: episodes (waiting within min, room or reclaimable)"]
+
+
+def test_borrowed_capacity_that_runs_is_waited_for_and_capacity_that_does_not_is_reclaimable(
+    clock: Clock,
+) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("a-1", "a", cpu="2", replicas=1, running=1))
+    t.put(gunit("a-2", "a", cpu="2", replicas=1, running=1))  # a borrows 2: the parent is full
+    t.put(gunit("b-1", "b"))
+    t.wait(GUARANTEE_ROUND_S + 5)
+    assert not t.violations  # nothing can be reclaimed: b waits for a's pods to finish
+    t.put(gunit("a-2", "a", cpu="2", replicas=1, running=0))  # not running: reclaimable
+    t.wait(GUARANTEE_ROUND_S + 1)
+    assert t.violations[UNSERVED] == 1
+    assert "a-2" in t.o.violations[0].detail and "short cpu=1000m" in t.o.violations[0].detail
+
+
+def test_bound_pods_count_as_running_even_before_the_report(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("a-1", "a", cpu="2", replicas=1, running=1))
+    raw = gunit("a-2", "a", cpu="2", replicas=1, running=0)
+    raw["spec"]["consumerRef"] = {"kind": "Job", "name": "a-2", "namespace": NS}
+    t.put(raw)
+    feed_job(t.o, job("a-2", uid="uid-a-2", quota="a"), name="a-2")
+    feed_pod(t.o, pod("a-2-x", owner_uid="uid-a-2", node="n1", unit_ref=f"{NS}/a-2"), f"{NS}/a-2-x")
+    t.put(gunit("b-1", "b"))
+    t.wait(GUARANTEE_ROUND_S + 5)
+    assert not t.violations[UNSERVED]
+
+
+def test_reclaim_never_counts_capacity_that_would_take_a_borrower_below_its_min(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("a-1", "a", cpu="3", replicas=1, running=0))  # taking it leaves a at 0 < min 2
+    t.put(gunit("b-0", "b", cpu="1", replicas=1, running=1))
+    t.put(gunit("b-1", "b"))
+    t.wait(GUARANTEE_ROUND_S + 5)
+    assert not t.violations
+
+
+def test_capacity_already_being_reclaimed_counts_toward_the_guarantee(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("a-1", "a", cpu="2", replicas=1, running=1))
+    t.put(gunit("a-2", "a", cpu="2", replicas=1, running=0, reclaim=1))
+    t.put(gunit("b-1", "b"))
+    t.wait(GUARANTEE_ROUND_S + 1)
+    assert t.violations[UNSERVED] == 1
+    assert "cpu=2000m already being reclaimed" in t.o.violations[0].detail
+
+
+def test_a_resource_min_does_not_name_is_not_guaranteed_but_does_not_void_the_guarantee(
+    clock: Clock,
+) -> None:
+    """Pods asking for memory under a ``min`` that names only CPU: the CPU is still guaranteed
+    (Koordinator's meaning; docs/compatibility.md#quota-guarantees), so borrowed CPU that does
+    not run must be reclaimed for it."""
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("a-1", "a", cpu="2", replicas=1, running=1))
+    t.put(gunit("a-2", "a", cpu="2", replicas=1, running=0))
+    t.put(gunit("b-1", "b", memory="64Mi"))
+    t.wait(GUARANTEE_ROUND_S + 1)
+    assert t.violations[UNSERVED] == 1
+
+
+def test_fault_windows_stop_the_unserved_clock(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("b-1", "b"))
+    t.wait(5)
+    t.o.disturb()
+    t.o.disturb()  # nested: the apiserver restart inside a compaction fault
+    t.wait(60)
+    t.o.undisturb()
+    t.wait(5)
+    assert t.o.disturbed and not t.violations
+    t.o.undisturb()
+    t.wait(GUARANTEE_ROUND_S - 5 - 1)  # 5 s before the window, none inside it
+    assert not t.violations
+    t.wait(2)
+    assert t.violations[UNSERVED] == 1
+
+
+def test_finish_reports_a_unit_still_unserved(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("b-1", "b"))
+    clock.now += GUARANTEE_ROUND_S + 1  # no event since
+    t.o.finish()
+    assert t.violations[UNSERVED] == 1
+    assert "at the end of the run" in t.o.violations[0].detail
+
+
+def test_a_borrowing_admission_into_a_waiting_siblings_min_is_taken(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("b-1", "b", message="waiting"))
+    t.wait(3)
+    t.put(gunit("a-1", "a", cpu="2", replicas=1))  # within a's min: not judged
+    t.put(gunit("a-2", "a", cpu="1", replicas=1))  # borrows 1, leaves 1 for b's unit
+    assert not t.violations[TAKEN]
+    assert t.o.checks["guarantee-taken: borrowing admissions judged against siblings' min claims"] == 1
+    t.put(gunit("a-3", "a", cpu="1", replicas=1))  # leaves nothing
+    assert t.violations[TAKEN] == 1
+    assert "b claims cpu=1000m" in t.o.violations[-1].detail
+
+
+def test_a_lending_sibling_without_waiting_work_claims_nothing(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("b-1", "b", cpu="3", message="too large for b's min"))
+    t.wait(3)
+    for i in range(4):
+        t.put(gunit(f"a-{i}", "a", replicas=1))
+    assert not t.violations
+
+
+def test_a_sibling_that_does_not_lend_claims_its_whole_unused_min(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", False))
+    t.put(gunit("a-1", "a", cpu="2", replicas=1))
+    t.put(gunit("a-2", "a", cpu="1", replicas=1))
+    assert t.violations[TAKEN] == 1
+    assert "(does not lend)" in t.o.violations[0].detail
+
+
+def test_claims_of_units_the_reconciler_may_not_have_seen_do_not_count(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
+    t.put(gunit("b-1", "b", message="waiting"))
+    t.put(gunit("b-2", "b"))  # no decision written for it yet
+    t.wait(1)  # b-1 is younger than the grace
+    t.put(gunit("a-1", "a", cpu="4", replicas=1))
+    assert not t.violations[TAKEN]
+    t.wait(3)
+    t.put(gunit("a-1", "a", cpu="4", replicas=0))
+    t.put(gunit("a-2", "a", cpu="4", replicas=1))
+    assert t.violations[TAKEN] == 1
+    assert "b claims cpu=1000m" in t.o.violations[0].detail  # b-2 has no message: not counted
+
+
+def test_admissions_during_a_fault_are_tolerated(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", False))
+    t.o.disturb()
+    t.put(gunit("a-1", "a", cpu="3", replicas=1))
+    t.o.undisturb()
+    t.wait(1)
+    t.put(gunit("a-2", "a", cpu="1", replicas=1))
+    assert not t.violations[TAKEN]
+    assert t.o.stats["guarantee-taken: during a fault or within the grace after it (tolerated)"] == 2
+
+
+def test_a_sibling_whose_usage_just_dropped_claims_from_its_earlier_usage(clock: Clock) -> None:
+    t = Tree(clock, a=("2", "4", True), b=("2", "4", False))
+    t.put(gunit("b-1", "b", cpu="2", replicas=1, running=1))
+    t.put(gunit("a-1", "a", cpu="2", replicas=1))  # the parent is full
+    t.wait(3)
+    t.put(None, name="b-1")  # b's job finished: its whole min is claimed again
+    t.put(gunit("a-2", "a", cpu="1", replicas=1))  # decided before the release was seen
+    assert not t.violations[TAKEN]
+    t.wait(3)
+    t.put(gunit("a-3", "a", cpu="1", replicas=1))
+    assert t.violations[TAKEN] == 1

@@ -411,3 +411,21 @@ def test_tree_data_lists_parents_mins_sums_and_flat_families() -> None:
     assert quotaqueues.tree_data(quotas, guarantees=False)["guarantees"] == "false"
     gpu = dataclasses.replace(quotas[1], min={"nvidia.com/gpu": 2000})
     assert quotaqueues.tree_data([gpu])["min_a_nvidia.com..gpu"] == "2000m"
+
+
+def test_a_resource_min_does_not_name_does_not_stop_a_guaranteed_unit() -> None:
+    """Pods that also ask for memory, under a min naming only cpu: the cpu claim still holds, for
+    admission and for reclaim (memory is not what is short)."""
+    w = tree(eq("a", min_cpu="5"), eq("b", min_cpu="5"))
+    for q in ("p", "a", "b"):  # the parent limits memory too
+        w.cache.put_quota(dataclasses.replace(w.cache.ledger.quotas[q], max={"cpu": 10_000, "memory": 10**12}))
+    borrowed = [f"a-{i:02}" for i in range(10)]
+    for i, name in enumerate(borrowed):
+        w.add(unit(name).quota("a").created(float(i)).podset(name, 1, cpu="1", memory="64Mi"))
+    settle(w)
+    assert used(w, "a") == 10
+    w.add(unit("b-50").quota("b").created(50.0).podset("b-50", 1, cpu="1", memory="64Mi"))
+    plan = w.cycle()
+    assert [v.key for m in plan.marks for v in m.victims] == ["default/a-09"]
+    w.reclaim("a-09")
+    assert admits(w.cycle()) == ["b-50"]
