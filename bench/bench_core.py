@@ -24,7 +24,10 @@ and prints a table.
    parent gives it in the tree, with no parent above it. The ratio of the medians is the cost of
    computing shares and guarantees per admission (1,000 and 10,000 pending units; 1,000 with
    ``--quick``).
-3. **Preemption planning.** 1,000 / 10,000 assumed (admitted, not running) low-priority units fill
+3. **Gangs.** The scaling run's layout at 10,000 pending (1,000 with ``--quick``) with units of one
+   pod set of 8 and 64 pods (``minCount`` = the count: all or nothing) against single-pod units,
+   each quota scaled by the pod count, in the same run (docs/compatibility.md#gangs-and-partial-admission).
+4. **Preemption planning.** 1,000 / 10,000 assumed (admitted, not running) low-priority units fill
    one queue with ``wait-for-pods-running`` and preemption on; a high-priority unit arrives and the
    cycle plans the preempt path (target < 5 ms at 1,000). The reserve path, which marks every
    assumed unit sorting after the preemptor, is measured too.
@@ -53,8 +56,25 @@ QUEUES = 100
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "core.json"
 
 
-def _unit(i: int, queue: str, cpu: int, priority: int) -> Unit:
+def _unit(i: int, queue: str, cpu: int, priority: int, pods: int = 1) -> Unit:
+    """A waiting unit of ``pods`` pods of ``cpu`` each (a gang when ``pods > 1``: ``minCount`` =
+    ``pods``, all or nothing)."""
     name = f"u{i:06d}"
+    if pods > 1:
+        gang = PodSet(name=name, count=pods, min_count=pods, per_pod={"cpu": cpu, "memory": cpu * 1000})
+        return Unit(
+            key=f"bench/{name}",
+            namespace="bench",
+            name=name,
+            uid=f"uid-{i}",
+            created=1_700_000_000.0 + i,
+            priority=priority,
+            quota=queue,
+            labels={names.QUOTA_NAME_LABEL: queue},
+            pod_sets=(gang,),
+            phase=names.Phase.ENQUEUED.value,
+            request={"cpu": cpu * pods},
+        )
     return Unit(
         key=f"bench/{name}",
         namespace="bench",
@@ -86,10 +106,13 @@ class AdmissionBench:
     than its leaves: the scaling run), ``borrowing`` (every queue's quota a child of one
     oversubscribed parent) or ``flat`` (the same queues and quota count, no parent above them)."""
 
-    def __init__(self, pending: int, seed: int, *, queues: int = QUEUES, layout: str = "tree") -> None:
+    def __init__(
+        self, pending: int, seed: int, *, queues: int = QUEUES, layout: str = "tree", pods: int = 1
+    ) -> None:
         self.pending = pending
         self.queues = queues
         self.layout = layout
+        self.pods = pods
         self.rng = rng = random.Random(seed)
         self.cache = cache = Cache()
         self.sizes: dict[str, int] = {}
@@ -101,7 +124,7 @@ class AdmissionBench:
             for p in range(10):
                 cache.put_quota(Quota(name=f"parent-{p}", namespace="bench", max={"cpu": 10**12}))
             for q, (name, size) in enumerate(self.sizes.items()):
-                limits = _limits(units * size)
+                limits = _limits(units * size * pods)
                 cache.put_quota(Quota(name=name, namespace="bench", parent=f"parent-{q // 10}", max=limits))
         else:
             # The tree: each child guaranteed ``units`` units, the parent half as much again to share.
@@ -150,7 +173,7 @@ class AdmissionBench:
 
     def arrive(self, ident: int) -> None:
         queue = f"queue-{self.rng.randrange(self.queues):03d}"
-        self.cache.put_unit(_unit(ident, queue, self.sizes[queue], self.rng.randrange(10)))
+        self.cache.put_unit(_unit(ident, queue, self.sizes[queue], self.rng.randrange(10), self.pods))
 
     def step(self) -> None:
         """One unit finishes (releasing quota), one arrives, one cycle runs and is assumed."""
@@ -254,6 +277,28 @@ def bench_guarantees(sizes: tuple[int, ...], steps: int, seed: int) -> list[dict
     return out
 
 
+def bench_gangs(pending: int, steps: int, seed: int, pods: tuple[int, ...]) -> list[dict[str, float]]:
+    """Gang units (one pod set of ``p`` pods, ``minCount`` = ``p``) against single-pod units, the
+    scaling run's layout with every quota scaled by ``p``, stepped in interleaved rounds; per size
+    the result and the ratio of its median to the single-pod one
+    (docs/compatibility.md#gangs-and-partial-admission)."""
+    benches = [AdmissionBench(pending, seed, pods=p) for p in pods]
+    gc.collect()
+    gc.freeze()
+    rounds = 10
+    for _ in range(rounds):
+        for bench in benches:
+            for _ in range(steps // rounds):
+                bench.step()
+    out = []
+    base = benches[0].result()["median_us"]
+    for p, bench in zip(pods, benches, strict=True):
+        row = bench.result() | {"pods_per_set": p}
+        row["ratio_vs_single_pod"] = row["median_us"] / base
+        out.append(row)
+    return out
+
+
 def bench_preemption(assumed: int, reps: int, *, reserve: bool) -> dict[str, float | str]:
     cache = Cache()
     cpu = 1000
@@ -299,6 +344,7 @@ def main() -> None:
         row["ratio_vs_1k"] = row["median_us"] / base
         row["log_ratio_bound"] = math.log(row["pending"]) / math.log(admission[0]["pending"])
     guaranteed = bench_guarantees(sizes[:1] if args.quick else (1_000, 10_000), steps, seed=7)
+    gangs = bench_gangs(1_000 if args.quick else 10_000, steps, seed=7, pods=(1, 8, 64))
     preemption = [
         bench_preemption(n, 20 if n <= 1_000 else 5, reserve=reserve)
         for n in (1_000, 10_000)
@@ -308,6 +354,7 @@ def main() -> None:
         "python": sys.version.split()[0],
         "admission": admission,
         "guarantees": guaranteed,
+        "gangs": gangs,
         "preemption": preemption,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -333,6 +380,12 @@ def main() -> None:
             f"{pair['pending']:>8} {flat['median_us']:>12.1f} {tree['median_us']:>12.1f}"
             f" {pair['median_ratio']:>6.2f} {flat['p99_us']:>9.1f} {tree['p99_us']:>9.1f}"
             f" {pair['with_assume_median_ratio']:>14.2f} {pair['borrowed_at_end']:>7}/10"
+        )
+    print(f"\n{'pods/set':>8} {'pending':>8} {'median us':>10} {'p99 us':>9} {'x 1 pod':>8}")
+    for row in gangs:
+        print(
+            f"{row['pods_per_set']:>8} {row['pending']:>8} {row['median_us']:>10.1f} {row['p99_us']:>9.1f}"
+            f" {row['ratio_vs_single_pod']:>8.2f}"
         )
     print(f"\n{'assumed':>8} {'path':>8} {'victims':>8} {'median ms':>10} {'p99 ms':>8}")
     for plan in preemption:

@@ -253,7 +253,8 @@ class Message:
 
     @staticmethod
     def guarantee_waiting(quotas: list[str]) -> str:
-        return f"; within min, waiting for {','.join(quotas)} to return borrowed quota (nothing to reclaim now)"
+        waited = ",".join(quotas)
+        return f"; within min, waiting for {waited} to return borrowed quota (nothing to reclaim now)"
 
     @staticmethod
     def reclaimed_event(name: str) -> str:

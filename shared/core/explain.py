@@ -212,6 +212,13 @@ def explain(view: View, key: str, now: float) -> Explanation:
     entry = qs.entries[key]
     if not entry.active:
         refusal = cache.ledger.binding_problem(quota, unit.namespace)
+        if refusal is not None and refusal == Message.parent_quota(quota):
+            return done(
+                Reason.PARENT_ONLY,
+                f"its quota {quota} is a parent quota (is-parent): it takes no jobs",
+                ["label the job with one of its child quotas"],
+                message=refusal,
+            )
         if refusal is not None:
             return done(
                 Reason.NOT_BOUND,
@@ -238,7 +245,13 @@ def explain(view: View, key: str, now: float) -> Explanation:
     park = replayed if isinstance(replayed, Park) else None
     if park is not None:
         from_replay = reasons.classify(park.message, quota)
-        if record is not None and record.quota_failure and from_replay is not None and record.level:
+        if (
+            record is not None
+            and record.quota_failure
+            and from_replay is not None
+            and record.level
+            and from_replay.reason not in (Reason.SHARE, Reason.GUARANTEE)
+        ):
             # The ParkRecord names the refusing level structurally; prefer it to the text.
             reason = Reason.QUOTA if record.level == quota else Reason.PARENT_QUOTA
             if from_replay.reason is Reason.PREEMPTOR:

@@ -40,6 +40,9 @@ class Reason(enum.StrEnum):
     INACTIVE = "inactive"  # spec.active is false (scheduling.x-k8s.io/active: "false")
     QUEUE_NOT_FOUND = "queue-not-found"  # its quota label names no usable queue
     NOT_BOUND = "not-bound"  # its namespace may not use the quota
+    PARENT_ONLY = "parent-takes-no-jobs"  # its quota is labelled is-parent: it takes no jobs
+    SHARE = "share"  # room exists, but it is held for siblings (their min or fair share)
+    GUARANTEE = "guarantee"  # within its min: borrowed quota is reclaimed, or awaited, for it
     INVALID = "invalid"  # its spec cannot be read
     BEYOND_DEPTH = "beyond-max-depth"  # past the queue's max-depth window
     BACKOFF = "backoff"  # TimeoutBackoff: queued again at requeueAt
@@ -66,6 +69,9 @@ WAITING_REASONS = frozenset(
         Reason.INACTIVE,
         Reason.QUEUE_NOT_FOUND,
         Reason.NOT_BOUND,
+        Reason.PARENT_ONLY,
+        Reason.SHARE,
+        Reason.GUARANTEE,
         Reason.INVALID,
         Reason.BEYOND_DEPTH,
         Reason.BACKOFF,
@@ -84,6 +90,8 @@ _STRUCTURE = re.compile(
 _VICTIMS = re.compile(r"^preemption: waiting for queueUnit preempted, victims: \[(?P<victims>[^\]]*)\]")
 _PREEMPTING = re.compile(r"^queue (?P<queue>.+) is preempting, not allowed to preempt again$")
 _NOT_EXIST = re.compile(r"^queue (?P<queue>.+) is not exist$")
+_GUARANTEE = re.compile(r"; (?:reclaiming borrowed quota from |within min, waiting for )")
+_SHARE_TAIL = "is held for sibling quotas (their min or fair share)"
 _BEYOND = re.compile(r"^waiting in queue .+: position is beyond the queue's max-depth (?P<depth>-?\d+)$")
 
 
@@ -113,6 +121,10 @@ def classify(message: str, unit_quota: str | None) -> Classified | None:
             text, preempt = text[: -len(suffix)], word
     if found := _LIMITED.match(text):
         quota = found["quota"]
+        if _GUARANTEE.search(text):  # docs/compatibility.md#reclaim-across-quotas
+            return Classified(Reason.GUARANTEE, quota=quota, resource=found["resource"] or "")
+        if text.endswith(_SHARE_TAIL):  # docs/compatibility.md#quota-guarantees
+            return Classified(Reason.SHARE, quota=quota, resource=found["resource"] or "", preempt=preempt)
         if found["resource"] is None:
             return Classified(Reason.QUOTA_STRUCTURE, quota=quota, preempt=preempt)
         reason = Reason.QUOTA if quota == unit_quota else Reason.PARENT_QUOTA
@@ -140,6 +152,8 @@ def classify(message: str, unit_quota: str | None) -> Classified | None:
         return Classified(Reason.INACTIVE)
     if text.startswith("QueueUnit cannot be scheduled: "):
         return Classified(Reason.INVALID)
+    if unit_quota and text == Message.parent_quota(unit_quota):
+        return Classified(Reason.PARENT_ONLY, quota=unit_quota)
     if text.startswith(f'quota "{unit_quota}" is not bound to namespace'):
         return Classified(Reason.NOT_BOUND, quota=unit_quota or "")
     return None

@@ -418,7 +418,8 @@ def test_a_resource_min_does_not_name_does_not_stop_a_guaranteed_unit() -> None:
     admission and for reclaim (memory is not what is short)."""
     w = tree(eq("a", min_cpu="5"), eq("b", min_cpu="5"))
     for q in ("p", "a", "b"):  # the parent limits memory too
-        w.cache.put_quota(dataclasses.replace(w.cache.ledger.quotas[q], max={"cpu": 10_000, "memory": 10**12}))
+        limits = {"cpu": 10_000, "memory": 10**12}
+        w.cache.put_quota(dataclasses.replace(w.cache.ledger.quotas[q], max=limits))
     borrowed = [f"a-{i:02}" for i in range(10)]
     for i, name in enumerate(borrowed):
         w.add(unit(name).quota("a").created(float(i)).podset(name, 1, cpu="1", memory="64Mi"))
@@ -429,3 +430,19 @@ def test_a_resource_min_does_not_name_does_not_stop_a_guaranteed_unit() -> None:
     assert [v.key for m in plan.marks for v in m.victims] == ["default/a-09"]
     w.reclaim("a-09")
     assert admits(w.cycle()) == ["b-50"]
+
+
+# --- read back by kubectl koord-queue explain --------------------------------------------------------
+
+
+def test_the_guarantee_texts_are_read_back_as_their_own_reasons() -> None:
+    from shared.core import reasons
+    from shared.core.reasons import Reason
+
+    share = Message.share_limited("a", "p", "cpu") + Message.PREEMPT_FAILED_SUFFIX
+    assert reasons.classify(share, "a") == reasons.Classified(Reason.SHARE, "a", "cpu", "failed")
+    claim = Message.limited("p", "cpu") + Message.guarantee_reclaiming(["a"])
+    assert reasons.classify(claim, "b") == reasons.Classified(Reason.GUARANTEE, "p", "cpu")
+    waiting = Message.limited("p", "cpu") + Message.guarantee_waiting(["a"])
+    assert reasons.classify(waiting, "b") == reasons.Classified(Reason.GUARANTEE, "p", "cpu")
+    assert reasons.classify(Message.parent_quota("p"), "p") == reasons.Classified(Reason.PARENT_ONLY, "p")
