@@ -7,6 +7,13 @@
 # directory of its own keyed by its own module files, so adding or bumping helm never invalidates
 # the control-plane binaries (and they never rebuild helm). Same cache root, same lock.
 #
+# `build-binaries.sh operator NAME` builds a job operator the e2e tests run for real (from
+# hack/operators/NAME: go.mod names the main package with a `tool` line, `crds` lists the CRD files
+# to take from the module source) into `NAME-<version>_...` with the binary `NAME` and its CRDs in
+# `crds/`. It compiles one package at a time on one thread (`-p 1`, GOMAXPROCS=1; override both with
+# KOORD_QUEUE_BUILD_PARALLELISM): an operator is needed by one e2e module only, and its build must
+# not starve tests running beside it.
+#
 # Why a script and not `go install`: k8s.io/kubernetes needs replace directives for its
 # staging modules, which `go install pkg@version` refuses. The wrapper modules pin every
 # version; their go.sum files are committed so the build is reproducible.
@@ -50,6 +57,56 @@ if [[ "${1:-}" == "helm" ]]; then
       -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${k8s_minor}" \
     -o "$tmp/helm" helm.sh/helm/v3/cmd/helm)
   "$tmp/helm" version >&2
+  rm -rf "$out"
+  mv "$tmp" "$out"
+  log "done in $((SECONDS - start))s: $out"
+  echo "$out"
+  exit 0
+fi
+
+if [[ "${1:-}" == "operator" ]]; then
+  name="${2:?usage: build-binaries.sh operator NAME (a directory of hack/operators)}"
+  dir="$here/operators/$name"
+  [[ -f "$dir/go.mod" && -f "$dir/crds" ]] || { log "no operator $name in $here/operators"; exit 2; }
+  tool="$(awk '$1=="tool" {print $2}' "$dir/go.mod")"
+  # The module providing the tool: the longest required module path that is a prefix of it.
+  read -r module version < <(awk -v t="$tool" '
+    $1 == "require" && NF >= 3 { $1 = ""; $0 = substr($0, 2) }
+    NF >= 2 && $2 ~ /^v/ && (t == $1 || index(t, $1 "/") == 1) && length($1) > best { best = length($1); found = $1 " " $2 }
+    END { print found }' "$dir/go.mod")
+  [[ -n "$tool" && -n "$version" ]] || { log "$dir/go.mod needs a tool line and its module's version"; exit 2; }
+  op_sum="$(cat "$dir/go.mod" "$dir/go.sum" "$dir/crds" | sha256sum | cut -c1-12)"
+  root="${KOORD_QUEUE_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/koord-queue-py/bin}"
+  out="$root/${name}-${version}_$(go env GOVERSION)_$(go env GOOS)-$(go env GOARCH)_${op_sum}"
+  mkdir -p "$root"
+  exec 9>"$root/.lock"
+  flock 9
+  if [[ -x "$out/$name" && -d "$out/crds" ]]; then
+    echo "$out"
+    exit 0
+  fi
+  tmp="$out.tmp"
+  rm -rf "$tmp"
+  mkdir -p "$tmp/crds"
+  start=$SECONDS
+  log "downloading modules ($module $version)"
+  (cd "$dir" && go mod download)
+  log "building $name from $tool (one package at a time; a cold build takes 3-6 minutes)"
+  parallel="${KOORD_QUEUE_BUILD_PARALLELISM:-1}"
+  (cd "$dir" && GOMAXPROCS="$parallel" GOFLAGS=-mod=readonly GOPROXY=off go build -p "$parallel" \
+    -trimpath -ldflags="-s -w" -o "$tmp/$name" "$tool")
+  # The CRDs come from the same module version as the binary: an operator run against other CRDs
+  # (the cut-down ones in tests/crds) would drop the fields it writes.
+  while read -r crd_module crd_glob; do
+    [[ -z "$crd_module" || "$crd_module" == \#* ]] && continue
+    src="$(cd "$dir" && GOFLAGS=-mod=readonly GOPROXY=off go list -m -f '{{.Dir}}' "$crd_module")"
+    for file in $src/$crd_glob; do
+      [[ -f "$file" ]] || { log "no CRD file matches $crd_module $crd_glob"; exit 1; }
+      cp "$file" "$tmp/crds/"
+    done
+  done < "$dir/crds"
+  chmod -R u+w "$tmp/crds"
+  ls "$tmp/crds" >&2
   rm -rf "$out"
   mv "$tmp" "$out"
   log "done in $((SECONDS - start))s: $out"

@@ -48,24 +48,25 @@ def _from_assets(names: tuple[str, ...]) -> dict[str, Path]:
     return found
 
 
-def build(*, quiet: bool = False, target: str = "") -> Path:
+def build(*, quiet: bool = False, target: str = "", args: tuple[str, ...] = ()) -> Path:
     """Run the build script (a no-op when the cache is warm) and return the cache directory.
 
-    ``target="helm"`` builds helm (hack/helmbin) into its own keyed directory instead."""
+    ``target="helm"`` builds helm (hack/helmbin) into its own keyed directory instead, and
+    ``target="operator", args=(name,)`` the job operator of hack/operators/<name>."""
     if not BUILD_SCRIPT.is_file():
         raise BinariesError(f"build script not found: {BUILD_SCRIPT}")
     result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), *([target] if target else [])],
+        ["bash", str(BUILD_SCRIPT), *([target] if target else []), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL if quiet else None,
         text=True,
         check=False,
     )
     if result.returncode != 0:
-        what = target or "the control-plane binaries"
+        what = " ".join((target, *args)) or "the control-plane binaries"
         raise BinariesError(
             f"building {what} failed (exit {result.returncode}); "
-            f"run {BUILD_SCRIPT} {target} to see the Go error".rstrip()
+            f"run {BUILD_SCRIPT} {' '.join((target, *args))} to see the Go error".rstrip()
         )
     out = result.stdout.strip().splitlines()
     if not out:
@@ -110,10 +111,40 @@ def helm() -> Path:
     return candidate
 
 
+#: The job operators the e2e tests run for real (tests/e2e/test_operators.py): a directory of
+#: hack/operators each, built on demand like helm and reported by ``make testenv``.
+OPERATORS = ("kuberay", "training-operator", "argo-workflow-controller")
+
+
+@dataclass(frozen=True, slots=True)
+class Operator:
+    """A job operator built from its Go module, with the CRDs of the same module version."""
+
+    name: str
+    binary: Path
+    crds: tuple[Path, ...]
+
+
+def operator(name: str) -> Operator:
+    """Build (or find in the cache) the operator of hack/operators/<name> and its CRDs.
+
+    The operator's own CRDs, not the cut-down ones of tests/crds: the operator writes fields those
+    do not declare, and the apiserver would prune them."""
+    if name not in OPERATORS:
+        raise BinariesError(f"unknown operator {name!r}; known: {', '.join(OPERATORS)}")
+    directory = build(target="operator", args=(name,))
+    binary = directory / name
+    crds = tuple(sorted((directory / "crds").glob("*.yaml")))
+    if not binary.is_file() or not crds:
+        raise BinariesError(f"{name} or its CRDs are missing from {directory}")
+    return Operator(name=name, binary=binary, crds=crds)
+
+
 def main() -> None:
     """``make testenv``: build (or find) every binary and print where they are."""
     binaries = resolve()
     paths = {**binaries.paths, "helm": helm()}
+    paths.update({name: operator(name).binary for name in OPERATORS})
     for name, path in sorted(paths.items()):
         print(f"{name}: {path}")
     sys.stdout.flush()

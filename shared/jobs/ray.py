@@ -139,7 +139,11 @@ class RayJobAdapter(_RayAdapter):
         deployment = base.dig(job, "status", "jobDeploymentStatus")
         if deployment == "Complete":
             return JobStatus.SUCCEEDED
-        if deployment == "Failed":
+        # KubeRay never leaves ``ValidationFailed`` (it has no transition out of it, even once the
+        # spec is valid): such a job will start no pod, so it must not hold quota. KubeRay sets it,
+        # for one, on a held RayJob without ``shutdownAfterJobFinishes: true``, which it refuses to
+        # suspend (docs/development.md#real-operators-in-e2e).
+        if deployment in ("Failed", "ValidationFailed"):
             return JobStatus.FAILED
         if deployment == "Running":
             return JobStatus.RUNNING

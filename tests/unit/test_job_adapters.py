@@ -1037,6 +1037,7 @@ def test_children_of_managed_kinds_are_not_managed() -> None:
         ),
         ("jobset", {"restarts": 0}, {}, JobStatus.CREATED),
         ("rayjob", {"jobDeploymentStatus": "Complete"}, {}, JobStatus.SUCCEEDED),
+        ("rayjob", {"jobDeploymentStatus": "ValidationFailed"}, {}, JobStatus.FAILED),
         ("rayjob", {"jobDeploymentStatus": "Running"}, {}, JobStatus.RUNNING),
         ("rayjob", {}, {names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION: "t"}, JobStatus.QUEUING),
         ("raycluster", {"state": "ready"}, {}, JobStatus.RUNNING),
