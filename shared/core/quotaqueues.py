@@ -195,8 +195,9 @@ def tree_data(quotas: Iterable[Quota], *, guarantees: bool = True) -> dict[str, 
     ``min`` per resource in milli units (``"5000m"``), ``parent_<q>`` = ``"true"`` when labelled
     ``is-parent``; per parent, ``sum_<p>_<r>`` = its children's ``min`` added up. ``_`` separates
     the parts because a quota name never contains one. ``flat_<p>`` = ``"true"`` when every child
-    of ``p`` has ``min == max`` (nobody can borrow there, so the children's ``min`` are not held
-    to the parent's: upstream's usual oversubscribed set-up keeps working), and ``guarantees`` =
+    of ``p`` has ``min == max``, else ``"false"`` (nobody can borrow in a flat family, so the
+    children's ``min`` are not held to the parent's: upstream's usual oversubscribed set-up keeps
+    working; a parent with no child yet has no key and counts as flat), and ``guarantees`` =
     the ``quotaGuarantees`` switch (off: only the cycle rule applies). Keys too long for a
     ConfigMap are left out (the policy then lets the change through)."""
     by_name: dict[str, list[Quota]] = {}
@@ -223,6 +224,6 @@ def tree_data(quotas: Iterable[Quota], *, guarantees: bool = True) -> dict[str, 
     for parent in sorted(sums):
         for r, v in sorted(sums[parent].items()):
             data[f"sum_{parent}_{resource_key(r)}"] = f"{v}m"
-    for parent in sorted(p for p, yes in flat.items() if yes):
-        data[f"flat_{parent}"] = "true"
+    for parent in sorted(flat):
+        data[f"flat_{parent}"] = "true" if flat[parent] else "false"
     return {k: v for k, v in data.items() if len(k) <= MAX_KEY_LENGTH}

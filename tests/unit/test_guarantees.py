@@ -407,7 +407,7 @@ def test_tree_data_lists_parents_mins_sums_and_flat_families() -> None:
     assert data["up_a"] == "p" and "up_p" not in data
     assert data["min_a_cpu"] == "4000m" and data["min_b_cpu"] == "500m"
     assert data["sum_p_cpu"] == "4500m" and data["sum_f_cpu"] == "20000m"
-    assert data["flat_f"] == "true" and "flat_p" not in data
+    assert data["flat_f"] == "true" and data["flat_p"] == "false"
     assert quotaqueues.tree_data(quotas, guarantees=False)["guarantees"] == "false"
     gpu = dataclasses.replace(quotas[1], min={"nvidia.com/gpu": 2000})
     assert quotaqueues.tree_data([gpu])["min_a_nvidia.com..gpu"] == "2000m"
