@@ -65,11 +65,12 @@ e2e: venv testenv ## End-to-end tests: + controller-manager, scheduler and kwok 
 test: lint unit integration e2e ## Everything CI runs: lint, unit, integration, e2e
 
 .PHONY: bench
-bench: venv testenv ## Benchmarks (core, webhook, end-to-end admission); results in bench/results/, BENCHMARKS.md
+bench: venv testenv ## Benchmarks (core, webhook, end-to-end admission, Kueue as baseline); results in bench/results/, BENCHMARKS.md
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/bench_core.py
 	$(PY) bench/bench_webhook.py
 	$(PY) bench/bench_admission.py
+	$(PY) bench/bench_kueue.py
 	$(PY) bench/plot.py
 
 .PHONY: chaos

@@ -103,7 +103,8 @@ from typing import Any, Final
 ROOT: Final = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from shared import kube, names  # noqa: E402
+from shared import kube  # noqa: E402
+from shared.api import names  # noqa: E402
 
 RESULTS: Final = ROOT / "bench" / "results"
 NS: Final = "bench"
@@ -153,6 +154,8 @@ class RunConfig:
     keep_logs: bool = False
     probe_jobs: int = 40
     probe_rate: float = 5.0
+    #: seconds of idle CPU measured before the probe (0: none); see ``idle_cpu``
+    idle_s: float = 0.0
 
     @property
     def per_quota(self) -> list[int]:
@@ -275,7 +278,8 @@ def parse_counter(text: str, metric: str, keys: tuple[str, ...]) -> Counter[tupl
         if not m:
             continue
         labels = dict(_LABEL.findall(m.group(2)))
-        out[tuple(labels.get(k, "") for k in keys)] += float(m.group(3))
+        # a Counter of floats: the samples are floats, and Counter's arithmetic is what diff needs
+        out[tuple(labels.get(k, "") for k in keys)] += float(m.group(3))  # type: ignore[assignment]
     return out
 
 
@@ -660,7 +664,14 @@ class Track:
 
 
 class Runner:
-    """Creates the jobs, watches their units, finishes admitted jobs after the run time."""
+    """Creates the jobs, watches their units, finishes admitted jobs after the run time.
+
+    ``units``, :meth:`unit_of` and :meth:`make_job` are what another queueing system's run changes
+    (bench/bench_kueue.py watches Kueue's Workloads and labels its Jobs for Kueue): the load, the
+    finishing and the figures stay the same code for both."""
+
+    #: what the runner watches for admissions: one object per job, named or owned by it
+    units: kube.Resource = UNITS
 
     def __init__(
         self,
@@ -709,17 +720,24 @@ class Runner:
     def name(self, i: int) -> str:
         return f"{self.prefix}{i:05d}"
 
+    def unit_of(self, obj: kube.Obj) -> tuple[str, str]:
+        """(the job's name, the unit's phase) of a unit version: a QueueUnit is named after its job."""
+        return str((obj.get("metadata") or {}).get("name", "")), (obj.get("status") or {}).get("phase") or ""
+
+    def make_job(self, name: str, quota: str, priority: int) -> kube.Obj:
+        return job_body(name, quota, priority)
+
     def observe(self, obj: kube.Obj) -> None:
-        """A QueueUnit version from the watch."""
+        """A unit version from the watch."""
         self.watch_events += 1
-        i = self.index(str((obj.get("metadata") or {}).get("name", "")))
+        job_name, phase = self.unit_of(obj)
+        i = self.index(job_name)
         if i is None or i >= len(self.tracks):
             return
         track = self.tracks[i]
         now = time.monotonic()
         if not track.unit_seen:
             track.unit_seen = now
-        phase = (obj.get("status") or {}).get("phase") or ""
         if phase in ADMITTED_PHASES and not track.admitted:
             track.admitted = now
             self.admitted += 1
@@ -788,7 +806,7 @@ class Runner:
             quota = track.quota
             track.fits = self.occupancy[quota] < self.slots[quota]
             self.occupancy[quota] += 1
-            body = job_body(self.name(i), self.quota_names[quota], track.priority)
+            body = self.make_job(self.name(i), self.quota_names[quota], track.priority)
             for attempt in range(5):
                 track.sent = time.monotonic()
                 try:
@@ -825,11 +843,13 @@ class Runner:
                     await asyncio.sleep(0.2 * (attempt + 1))
 
     async def run(self, deadline: float) -> None:
-        _, rv = await self.client.list(UNITS, namespace=NS)
+        _, rv = await self.client.list(self.units, namespace=NS)
         _, job_rv = await self.client.list(JOBS, namespace=NS)
         tasks: list[asyncio.Task[Any]] = []
         self.t0 = time.monotonic()
-        tasks.append(asyncio.create_task(self.follow(UNITS, rv, deadline, self.observe), name="watch-units"))
+        tasks.append(
+            asyncio.create_task(self.follow(self.units, rv, deadline, self.observe), name="watch-units")
+        )
         tasks.append(
             asyncio.create_task(self.follow(JOBS, job_rv, deadline, self.observe_job), name="watch-jobs")
         )
@@ -945,14 +965,19 @@ def _downsample(times: list[float], points: int = 400) -> list[list[float]]:
 # --- one run ---------------------------------------------------------------------------------------
 
 
-async def run_probe(cfg: RunConfig, client: kube.Kube) -> dict[str, Any]:
+async def run_probe(
+    cfg: RunConfig, client: kube.Kube, runner_class: type[Runner] | None = None
+) -> dict[str, Any]:
     """Latency of the admission path on a quiet system: ``probe_jobs`` paced at ``probe_rate``/s
-    into a quota with room for all of them, before the load (each fits at once)."""
+    into a quota with room for all of them, before the load (each fits at once). ``runner_class``
+    lets another system's run (bench/bench_kueue.py) probe its own units the same way."""
     runtime = cfg.runtime if cfg.mode == "full" else min(cfg.runtime, 1.0)  # kwok's is cluster-wide
     probe_cfg = dataclasses.replace(
         cfg, jobs=cfg.probe_jobs, quotas=1, fit_fraction=1.0, runtime_s=runtime, timeout_s=0.0
     )
-    runner = Runner(probe_cfg, client, prefix="probe", quota_names=[PROBE_QUOTA], pace=cfg.probe_rate)
+    runner = (runner_class or Runner)(
+        probe_cfg, client, prefix="probe", quota_names=[PROBE_QUOTA], pace=cfg.probe_rate
+    )
     await runner.run(time.monotonic() + 60 + cfg.probe_jobs / cfg.probe_rate + 2 * runtime)
     summary = runner.summary()
     keep = ("admitted", "latency_fit", "latency_create_to_unit", "latency_fit_create_to_resumed")
@@ -961,6 +986,25 @@ async def run_probe(cfg: RunConfig, client: kube.Kube) -> dict[str, Any]:
 
 def component_cpu(components: list[Any]) -> dict[str, float]:
     return {c.name: proc_cpu_s(c.process.pid) for c in components if c.alive()}
+
+
+def peak_rss(components: list[Any]) -> dict[str, float]:
+    """``VmHWM`` of every process, in MiB: the apiserver's and etcd's grow with what is watched."""
+    return {c.name: round(proc_mem_mib(c.process.pid).get("VmHWM", 0.0), 1) for c in components if c.alive()}
+
+
+async def idle_cpu(components: list[Any], seconds: float) -> dict[str, float]:
+    """Cores each process uses with nothing to do (its informers, leases, timers): a system that
+    admits more slowly carries this cost over more seconds per job, so comparisons of CPU per job
+    between systems of different rates subtract it (bench/bench_kueue.py)."""
+    if seconds <= 0:
+        return {}
+    cpu0 = component_cpu(components)
+    t0 = time.monotonic()
+    await asyncio.sleep(seconds)
+    cpu1 = component_cpu(components)
+    elapsed = time.monotonic() - t0
+    return {k: round((cpu1[k] - cpu0.get(k, 0.0)) / elapsed, 4) for k in cpu1}
 
 
 async def create_namespace(client: kube.Kube, name: str) -> None:
@@ -1087,6 +1131,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
         reconciler = start_reconciler(cluster, logdir, cfg, profile_out)
 
         async def load() -> dict[str, Any]:
+            assert reconciler is not None  # started above; stopped only after the load
             client = await kube.Kube.connect(
                 kubeconfig=str(cluster.kubeconfig),
                 qps=0,
@@ -1098,6 +1143,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
             try:
                 await wait_queues(client, cfg)
                 await settle(reconciler.ports["metrics"], timeout=10, quiet=1.0)
+                idle = await idle_cpu([*cluster.components, webhook, reconciler], cfg.idle_s)
                 probe: dict[str, Any] = {}
                 if cfg.probe_jobs:
                     probe = await run_probe(cfg, client)
@@ -1115,6 +1161,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
                 self_cpu0 = time.process_time()
                 machine0 = machine_cpu()
                 load0 = loadavg()
+                requests0 = Counter(client.requests)
                 runner = Runner(cfg, client)
                 wall0 = time.monotonic()
                 await runner.run(time.monotonic() + cfg.deadline_s)
@@ -1143,10 +1190,16 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
                     "steal_cores": round((machine1["steal"] - machine0["steal"]) / load_s, 2),
                 }
                 summary["reconciler_rss_mib"] = {k: round(v, 1) for k, v in mem.items()}
+                summary["webhook_rss_mib"] = {
+                    k: round(v, 1) for k, v in proc_mem_mib(webhook.process.pid).items()
+                }
+                summary["peak_rss_mib"] = peak_rss(procs)
                 summary["reconciler_requests"] = diff(rec1, rec0)
                 summary["apiserver_requests"] = diff(api1, api0)
-                summary["runner_requests"] = dict(client.requests)
+                # the load's own requests: the probe's creates and finishes came before the scrape
+                summary["runner_requests"] = dict(client.requests - requests0)
                 summary["probe"] = probe
+                summary["idle_cpu_cores"] = idle
                 return summary
             finally:
                 await client.close()

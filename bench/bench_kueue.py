@@ -1,0 +1,629 @@
+"""Kueue itself as the baseline of the end-to-end admission benchmark, measured in the same run.
+
+Run: ``python bench/bench_kueue.py --jobs 1000 --quotas 10`` (default order ``ours,kueue,kueue,ours``:
+interleaved, so a drift in what else the machine runs hits both systems alike). Writes
+``bench/results/kueue-vs-ours-<jobs>x<quotas>[-kqps<qps>].json`` and prints the ratios.
+
+**Ours** is exactly ``bench_admission.run_once`` in Kueue-comparable mode (etcd + kube-apiserver,
+our webhook and reconciler). **Kueue** runs on a fresh etcd + kube-apiserver of the same profile with
+the same load, with Kueue's manager (``sigs.k8s.io/kueue/cmd/kueue``, built on demand from the Go
+module by ``hack/kueue/build.sh``) in place of ours:
+
+* its CRDs from the same module version (``config/components/crd/bases``), with the conversion
+  webhook stanza its own kustomization adds to five of them (see below);
+* the configuration Kueue ships (``config/components/manager/controller_manager_config.yaml``: client
+  QPS 50, burst 100, the per-kind concurrency it sets) with these changes only: the ``batch/job``
+  integration alone, leader election off, health, metrics and webhook servers on free loopback ports,
+  the webhook certificates in the run's directory. ``--kueue-qps``/``--kueue-burst`` override the
+  client limits (``--kueue-qps 200 --kueue-burst 400`` are our reconciler's defaults), so a run can
+  tell the rate limiter apart from the rest of the system; its log level is the binary's default;
+* no webhook is registered with the apiserver (no Mutating/ValidatingWebhookConfiguration is
+  applied): the benchmark creates each Job already suspended with the ``kueue.x-k8s.io/queue-name``
+  and ``kueue.x-k8s.io/priority-class`` labels, which is what Kueue's Job webhook would have made of it.
+  The apiserver therefore never calls Kueue, while ours pays two webhook calls per Job create;
+* internal certificate management stays on (Kueue's default). It cannot be turned off here: with
+  ``internalCertManagement.enable: false`` the v0.17.0 manager reads the metrics server's certificate
+  from the fixed path ``/etc/kueue/metrics/certs`` and exits when it is missing. Left on, it needs the
+  ``kueue-system`` namespace, the empty ``kueue-webhook-server-cert`` Secret it fills, and CRDs that
+  carry a conversion-webhook ``clientConfig`` for it to inject its CA into (it waits for that
+  before it starts). No object is ever stored or asked for in another version than v1beta2, so the
+  conversion webhook (behind a Service that does not exist) is never called;
+* the ``VisibilityOnDemand`` feature gate off: its aggregated API server would write self-signed
+  certificates to ``/visibility`` (or need them there). It serves pending-workload listings only,
+  nothing on the admission path.
+
+The load is the same objects per quota: a ResourceFlavor, one ClusterQueue per quota whose
+nominal cpu is the ElasticQuota's (``slots x 100m``, no cohort, so no borrowing, as min = max does
+for ours) with a LocalQueue in the bench namespace, and WorkloadPriorityClasses ``p10``, ``p50``,
+``p100`` for the same priority mix (same seed, so the same job gets the same priority in both
+systems). The runner is ``bench_admission.Runner``: the same creates, the same finishing through the
+Job's status subresource once the run time has passed after admission and the Job was resumed.
+Only the unit it watches differs: Kueue's Workload (admitted = condition ``Admitted`` true, done =
+``Finished`` true), found through its owner reference to the Job.
+
+**Compared** (the same definitions for both, computed from the same kinds of raw counts):
+admissions/s (overall and sustained, as in bench_admission), kube-apiserver + etcd CPU ms per admitted
+job, the controller's CPU ms per admitted job (ours: reconciler + webhook), writes per admitted job
+(``apiserver_request_total`` writes, server-side apply included, minus the runner's own creates and
+finishes), the controller's peak RSS (``VmHWM``; ours: the reconciler, the webhook reported beside
+it), the latency probe. Ratios are ours / Kueue of the means over the runs of each system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from typing import Any, Final
+
+import yaml
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import bench_admission as ba
+from bench_admission import NS, ROOT, RunConfig
+
+from shared import kube
+
+KUEUE_VERSION: Final = "v0.17.0"
+BUILD_SCRIPT: Final = ROOT / "hack" / "kueue" / "build.sh"
+GROUP: Final = "kueue.x-k8s.io"
+WORKLOADS: Final = kube.Resource(GROUP, "v1beta2", "workloads", "Workload")
+LOCAL_QUEUES: Final = kube.Resource(GROUP, "v1beta2", "localqueues", "LocalQueue")
+CLUSTER_QUEUES: Final = kube.Resource(GROUP, "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False)
+FLAVORS: Final = kube.Resource(GROUP, "v1beta2", "resourceflavors", "ResourceFlavor", namespaced=False)
+PRIORITY_CLASSES: Final = kube.Resource(
+    GROUP, "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass", namespaced=False
+)
+QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"
+FLAVOR: Final = "default-flavor"
+KUEUE_NAMESPACE: Final = "kueue-system"
+#: the CRDs Kueue's kustomization gives a conversion webhook, which its cert rotator must find
+CONVERSION_CRDS: Final = frozenset(
+    {"localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters"}
+)
+#: ``apiserver_request_total`` verbs that write; Kueue writes Workload status by server-side apply
+WRITE_VERBS: Final = frozenset({"POST", "PATCH", "PUT", "DELETE", "DELETECOLLECTION", "APPLY"})
+
+
+def build_kueue(version: str = KUEUE_VERSION) -> pathlib.Path:
+    """The cache directory with ``kueue`` and ``crds/``; built on first use (minutes, once)."""
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), version], stdout=subprocess.PIPE, text=True, check=False
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"building Kueue failed (exit {result.returncode}): run bash {BUILD_SCRIPT} {version}"
+        )
+    return pathlib.Path(lines[-1])
+
+
+def priority_class(priority: int) -> str:
+    return f"p{priority}"
+
+
+class KueueRunner(ba.Runner):
+    """The benchmark's runner, watching Kueue's Workloads and creating Jobs labelled for Kueue."""
+
+    units = WORKLOADS
+
+    def unit_of(self, obj: kube.Obj) -> tuple[str, str]:
+        meta = obj.get("metadata") or {}
+        owner: dict[str, Any] = next(
+            (r for r in meta.get("ownerReferences") or [] if r.get("kind") == "Job"), {}
+        )
+        state = {c.get("type"): c.get("status") for c in (obj.get("status") or {}).get("conditions") or []}
+        phase = "Succeed" if state.get("Finished") == "True" else ""
+        if not phase and state.get("Admitted") == "True":
+            phase = "Dequeued"
+        return str(owner.get("name", "")), phase
+
+    def make_job(self, name: str, quota: str, priority: int) -> kube.Obj:
+        body = ba.job_body(name, quota, priority)
+        body["metadata"]["labels"] = {QUEUE_LABEL: quota, PRIORITY_LABEL: priority_class(priority)}
+        body["metadata"].pop("annotations", None)
+        body["spec"]["suspend"] = True  # what Kueue's (unregistered) Job webhook would have set
+        return body
+
+
+# --- Kueue's control plane objects -----------------------------------------------------------------
+
+
+def install_crds(cluster: Any, crd_dir: pathlib.Path) -> None:
+    names: list[str] = []
+    for path in sorted(crd_dir.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        if crd["spec"]["names"]["plural"] in CONVERSION_CRDS:
+            crd["spec"]["conversion"] = {
+                "strategy": "Webhook",
+                "webhook": {
+                    "clientConfig": {
+                        "service": {
+                            "namespace": KUEUE_NAMESPACE,
+                            "name": "kueue-webhook-service",
+                            "path": "/convert",
+                        }
+                    },
+                    "conversionReviewVersions": ["v1"],
+                },
+            }
+        cluster.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, timeout=60.0)
+        names.append(crd["metadata"]["name"])
+    cluster.wait_for_crds(names)
+    cluster.request(
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}},
+    )
+    cluster.request(
+        "POST",
+        f"/api/v1/namespaces/{KUEUE_NAMESPACE}/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kueue-webhook-server-cert"}},
+    )
+
+
+def kueue_config(
+    shipped: pathlib.Path, workdir: pathlib.Path, ports: dict[str, int], qps: float, burst: int
+) -> Any:
+    """Kueue's shipped configuration with only the changes the module doc lists."""
+    cfg = yaml.safe_load(shipped.read_text())
+    cfg["health"] = {"healthProbeBindAddress": f"127.0.0.1:{ports['health']}"}
+    cfg["metrics"] = {"bindAddress": f"127.0.0.1:{ports['metrics']}"}
+    cfg["webhook"] = {"port": ports["webhook"], "host": "127.0.0.1", "certDir": str(workdir / "kueue-certs")}
+    cfg["leaderElection"] = {"leaderElect": False}
+    cfg["integrations"] = {"frameworks": ["batch/job"]}
+    cfg["clientConnection"] = {"qps": qps, "burst": burst}
+    return cfg
+
+
+def start_kueue(cluster: Any, build: pathlib.Path, workdir: pathlib.Path, qps: float, burst: int) -> Any:
+    from testenv.cluster import Component, free_port, wait_until
+
+    ports = {"health": free_port(), "metrics": free_port(), "webhook": free_port()}
+    cfg = kueue_config(build / "controller_manager_config.yaml", workdir, ports, qps, burst)
+    config_path = workdir / "kueue-config.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    log = workdir / "logs" / "kueue.log"
+    argv = [str(build / "kueue"), f"--config={config_path}", "--feature-gates=VisibilityOnDemand=false"]
+    with log.open("ab") as handle:
+        process = subprocess.Popen(
+            argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+            cwd=str(workdir),
+        )
+    component = Component(name="kueue", process=process, log=log, ports=ports)
+
+    certs = workdir / "kueue-certs"
+
+    def mount_certs() -> bool:
+        """Do the kubelet's part: Kueue's cert rotator fills the Secret and then waits for its files
+        in ``webhook.certDir``, where a pod would have the Secret mounted."""
+        path = f"/api/v1/namespaces/{KUEUE_NAMESPACE}/secrets/kueue-webhook-server-cert"
+        data = json.loads(cluster.request("GET", path)).get("data") or {}
+        if "tls.crt" not in data or "tls.key" not in data:
+            return False
+        certs.mkdir(parents=True, exist_ok=True)
+        for key, value in data.items():
+            (certs / key).write_bytes(base64.b64decode(value))
+        return True
+
+    def ready() -> bool:
+        if not (certs / "tls.crt").is_file() and not mount_certs():
+            return False
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['health']}/readyz", timeout=2) as resp:
+            return bool(resp.status == 200)
+
+    try:
+        wait_until(ready, timeout=120, what="kueue /readyz", process=component)
+    except BaseException:
+        component.stop()
+        print(f"--- kueue ---\n{component.tail(60)}")
+        raise
+    return component
+
+
+async def setup_queues(client: kube.Kube, cfg: RunConfig) -> None:
+    """A ClusterQueue + LocalQueue per quota with the ElasticQuota's cpu, and the priority classes."""
+    await ba.create_namespace(client, NS)
+    await client.create(
+        FLAVORS, {"apiVersion": f"{GROUP}/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}}
+    )
+    for prio, _ in ba.PRIORITIES:
+        await client.create(
+            PRIORITY_CLASSES,
+            {
+                "apiVersion": f"{GROUP}/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": priority_class(prio)},
+                "value": prio,
+            },
+        )
+    quotas = [(ba.quota_name(q), slots) for q, slots in enumerate(cfg.slots)]
+    if cfg.probe_jobs:
+        quotas.append((ba.PROBE_QUOTA, cfg.probe_jobs))
+    for name, slots in quotas:
+        quota = {"name": "cpu", "nominalQuota": f"{slots * ba.CPU_PER_JOB_MILLI}m"}
+        spec = {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {"coveredResources": ["cpu"], "flavors": [{"name": FLAVOR, "resources": [quota]}]}
+            ],
+        }
+        cq = {
+            "apiVersion": f"{GROUP}/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        await client.create(CLUSTER_QUEUES, cq)
+        lq = {
+            "apiVersion": f"{GROUP}/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": name},
+            "spec": {"clusterQueue": name},
+        }
+        await client.create(LOCAL_QUEUES, lq, namespace=NS)
+
+
+async def wait_active(client: kube.Kube, count: int, timeout: float = 60.0) -> None:
+    """Until every LocalQueue (hence its ClusterQueue) reports Active: Kueue admits nothing before."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        items, _ = await client.list(LOCAL_QUEUES, namespace=NS)
+        active = sum(
+            1
+            for i in items
+            if any(
+                c.get("type") == "Active" and c.get("status") == "True"
+                for c in (i.get("status") or {}).get("conditions") or []
+            )
+        )
+        if active >= count:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"Kueue's LocalQueues not Active within {timeout}s")
+
+
+async def settle_writes(cluster: Any, timeout: float = 15.0, quiet: float = 1.5) -> None:
+    """Wait (bounded) until the apiserver has counted no write for ``quiet`` seconds."""
+    deadline = time.monotonic() + timeout
+    last, last_change = -1.0, time.monotonic()
+    while time.monotonic() < deadline:
+        counts = ba.diff(await asyncio.to_thread(ba.scrape_apiserver, cluster), Counter())
+        writes = writes_of(counts)
+        if writes != last:
+            last, last_change = writes, time.monotonic()
+        elif time.monotonic() - last_change >= quiet:
+            return
+        await asyncio.sleep(0.5)
+
+
+def writes_of(counts: dict[str, float]) -> float:
+    return sum(v for k, v in counts.items() if k.split("|", 1)[0] in WRITE_VERBS)
+
+
+# --- one Kueue run ---------------------------------------------------------------------------------
+
+
+def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) -> dict[str, Any]:
+    from testenv.cluster import LocalCluster
+
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"kq-bench-kueue-{cfg.jobs}x{cfg.quotas}-"))
+    (workdir / "logs").mkdir(parents=True)
+    cluster = LocalCluster(profile="integration", workdir=workdir / "cp")
+    total_slots = sum(cfg.slots)
+    print(
+        f"== kueue {KUEUE_VERSION} (qps {qps}, burst {burst}): {cfg.jobs} jobs over {cfg.quotas} quotas,"
+        f" {total_slots} slots, runtime {cfg.runtime}s",
+        flush=True,
+    )
+    started = time.monotonic()
+    cluster.start()
+    manager = None
+    try:
+        install_crds(cluster, build / "crds")
+        manager = start_kueue(cluster, build, workdir, qps, burst)
+        result: dict[str, Any] = {
+            "system": "kueue",
+            "kueue": {"version": KUEUE_VERSION, "build": str(build), "qps": qps, "burst": burst},
+            "config": {
+                "jobs": cfg.jobs,
+                "quotas": cfg.quotas,
+                "runtime_s": cfg.runtime,
+                "slots_total": total_slots,
+            },
+            "machine": ba.machine(),
+            "versions": ba.versions(cluster),
+            "start_s": round(time.monotonic() - started, 1),
+        }
+        print(f"  control plane and Kueue up in {result['start_s']}s", flush=True)
+
+        async def load() -> dict[str, Any]:
+            client = await kube.Kube.connect(
+                kubeconfig=str(cluster.kubeconfig),
+                qps=0,
+                burst=1,
+                pool_size=64,
+                user_agent="koord-queue-bench",
+            )
+            ba.lighten(client)
+            try:
+                await setup_queues(client, cfg)
+                await wait_active(client, cfg.quotas + (1 if cfg.probe_jobs else 0))
+                await settle_writes(cluster, timeout=10, quiet=1.0)
+                idle = await ba.idle_cpu([*cluster.components, manager], cfg.idle_s)
+                probe: dict[str, Any] = {}
+                if cfg.probe_jobs:
+                    probe = await ba.run_probe(cfg, client, KueueRunner)
+                    f = probe["latency_fit"]
+                    print(f"  probe: create->Admitted p50 {f['p50_s']}s p99 {f['p99_s']}s", flush=True)
+                    await settle_writes(cluster, timeout=10, quiet=1.0)
+                procs = [*cluster.components, manager]
+                api0 = await asyncio.to_thread(ba.scrape_apiserver, cluster)
+                cpu0 = ba.component_cpu(procs)
+                self_cpu0 = time.process_time()
+                machine0 = ba.machine_cpu()
+                load0 = ba.loadavg()
+                requests0 = Counter(client.requests)
+                runner = KueueRunner(cfg, client)
+                wall0 = time.monotonic()
+                await runner.run(time.monotonic() + cfg.deadline_s)
+                load_s = time.monotonic() - wall0
+                cpu_load = ba.component_cpu(procs)
+                self_cpu_load = time.process_time() - self_cpu0
+                machine1 = ba.machine_cpu()
+                await settle_writes(cluster)
+                api1 = await asyncio.to_thread(ba.scrape_apiserver, cluster)
+                summary = runner.summary()
+                summary["load_seconds"] = round(load_s, 3)
+                during = {k: round(cpu_load[k] - cpu0.get(k, 0.0), 2) for k in cpu_load}
+                during["bench-runner"] = round(self_cpu_load, 2)
+                summary["cpu_s_during_load"] = during
+                busy = machine1["busy"] - machine0["busy"]
+                summary["machine_during_load"] = {
+                    "loadavg_before": load0,
+                    "loadavg_after": ba.loadavg(),
+                    "busy_cores": round(busy / load_s, 2),
+                    "our_cores": round(sum(during.values()) / load_s, 2),
+                    "other_cores": round(max(0.0, busy - sum(during.values())) / load_s, 2),
+                    "steal_cores": round((machine1["steal"] - machine0["steal"]) / load_s, 2),
+                }
+                summary["controller_rss_mib"] = {
+                    k: round(v, 1) for k, v in ba.proc_mem_mib(manager.process.pid).items()
+                }
+                summary["peak_rss_mib"] = ba.peak_rss(procs)
+                summary["apiserver_requests"] = ba.diff(api1, api0)
+                summary["runner_requests"] = dict(client.requests - requests0)
+                summary["probe"] = probe
+                summary["idle_cpu_cores"] = idle
+                return summary
+            finally:
+                await client.close()
+
+        result["run"] = asyncio.run(load())
+        log_text = manager.log.read_text(errors="replace")
+        errors = [line for line in log_text.splitlines() if '"level":"error"' in line]
+        result["kueue_log"] = {
+            "lines": log_text.count("\n"),
+            "errors": len(errors),
+            # expected: the rotator finds no webhook configurations to inject into (none is applied)
+            # and no ProvisioningRequest API; anything else is worth a look
+            "error_messages": sorted(
+                {json.loads(line).get("msg", "") for line in errors if line.startswith("{")}
+            ),
+        }
+        result["kueue_log_tail"] = manager.tail(5)
+        return result
+    except BaseException:
+        print(cluster.logs())
+        if manager is not None:
+            print(f"--- kueue ---\n{manager.tail(60)}")
+        raise
+    finally:
+        if manager is not None:
+            manager.stop(timeout=30)
+        cluster.stop()
+        subprocess.run(["rm", "-rf", str(workdir)], check=False)
+
+
+# --- the comparison --------------------------------------------------------------------------------
+
+
+def common_figures(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures compared, by one definition for both systems (see the module doc)."""
+    run = result["run"]
+    ours = result.get("system") != "kueue"
+    admitted = run["admitted"] or 1
+    api = run["apiserver_requests"]
+    runner_writes = sum(v for k, v in run["runner_requests"].items() if k in WRITE_VERBS)
+    by_kind: Counter[str] = Counter()
+    conflicts = 0.0
+    for key, value in api.items():
+        verb, _group, resource, sub, code = key.split("|")
+        if verb in WRITE_VERBS:
+            by_kind[f"{verb} {resource}{'/' + sub if sub else ''}"] += value
+            if code == "409":
+                conflicts += value
+    cpu: dict[str, float] = run["cpu_s_during_load"]
+    controller = ("reconciler", "webhook") if ours else ("kueue",)
+    rss = (run.get("reconciler_rss_mib") if ours else run.get("controller_rss_mib")) or {}
+    total_ms = sum(cpu.values()) * 1e3 / admitted
+    idle: dict[str, float] = run.get("idle_cpu_cores") or {}
+
+    def net_ms(names: tuple[str, ...]) -> float | None:
+        """CPU ms per job less what these processes burn idle over the load's duration."""
+        if not idle:
+            return None
+        load_s = float(run["load_seconds"])
+        busy = sum(cpu.get(n, 0.0) - idle.get(n, 0.0) * load_s for n in names)
+        return round(busy * 1e3 / admitted, 2)
+
+    out: dict[str, Any] = {
+        "system": "ours" if ours else "kueue",
+        "admitted": run["admitted"],
+        "all_admitted_s": run.get("all_admitted_s"),
+        "overall_rate": run.get("overall_rate"),
+        "sustained_rate": run.get("sustained_rate"),
+        "probe_p50_s": (run.get("probe") or {}).get("latency_fit", {}).get("p50_s"),
+        "probe_p99_s": (run.get("probe") or {}).get("latency_fit", {}).get("p99_s"),
+        "fit_p50_s": run["latency_fit"]["p50_s"],
+        "fit_p99_s": run["latency_fit"]["p99_s"],
+        "apiserver_etcd_cpu_ms_per_job": round(
+            (cpu.get("kube-apiserver", 0.0) + cpu.get("etcd", 0.0)) * 1e3 / admitted, 2
+        ),
+        "controller_cpu_ms_per_job": round(sum(cpu.get(c, 0.0) for c in controller) * 1e3 / admitted, 2),
+        "apiserver_etcd_net_cpu_ms_per_job": net_ms(("kube-apiserver", "etcd")),
+        "controller_net_cpu_ms_per_job": net_ms(controller),
+        "idle_cpu_cores": idle,
+        "cpu_ms_per_job": {k: round(v * 1e3 / admitted, 2) for k, v in cpu.items()},
+        "cpu_bound_rate_estimate": round((result["machine"]["nproc"] or 1) * 1e3 / total_ms, 1)
+        if total_ms
+        else None,
+        "writes_per_job": round((writes_of(api) - runner_writes) / admitted, 2),
+        "write_conflicts_per_job": round(conflicts / admitted, 3),
+        "apiserver_writes_per_job_by_kind": {k: round(v / admitted, 3) for k, v in by_kind.most_common()},
+        "controller_peak_rss_mib": rss.get("VmHWM"),
+        "apiserver_peak_rss_mib": (run.get("peak_rss_mib") or {}).get("kube-apiserver"),
+        "other_cores": run["machine_during_load"]["other_cores"],
+        "load_seconds": run["load_seconds"],
+    }
+    if ours:
+        out["webhook_cpu_ms_per_job"] = out["cpu_ms_per_job"].get("webhook")
+        out["webhook_peak_rss_mib"] = (run.get("webhook_rss_mib") or {}).get("VmHWM")
+    return out
+
+
+RATIO_KEYS: Final = (
+    "overall_rate",
+    "sustained_rate",
+    "apiserver_etcd_cpu_ms_per_job",
+    "controller_cpu_ms_per_job",
+    "apiserver_etcd_net_cpu_ms_per_job",
+    "controller_net_cpu_ms_per_job",
+    "writes_per_job",
+    "controller_peak_rss_mib",
+    "probe_p50_s",
+)
+
+
+def mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 3) if values else None
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """ours / Kueue of each figure's mean over the runs of each system."""
+    out: dict[str, Any] = {}
+    for key in RATIO_KEYS:
+        ours = mean([r[key] for r in rows if r["system"] == "ours" and r.get(key) is not None])
+        theirs = mean([r[key] for r in rows if r["system"] == "kueue" and r.get(key) is not None])
+        out[key] = {
+            "ours": ours,
+            "kueue": theirs,
+            "ours_over_kueue": round(ours / theirs, 3) if ours is not None and theirs else None,
+        }
+    return out
+
+
+def print_row(row: dict[str, Any]) -> None:
+    print(
+        f"  {row['system']:>5}: all admitted {row['all_admitted_s']}s, overall {row['overall_rate']}/s,"
+        f" sustained {row['sustained_rate']}/s"
+        f" | apiserver+etcd {row['apiserver_etcd_cpu_ms_per_job']} ms/job,"
+        f" controller {row['controller_cpu_ms_per_job']} ms/job | writes/job {row['writes_per_job']}"
+        f" | peak RSS {row['controller_peak_rss_mib']} MiB | probe p50 {row['probe_p50_s']}s"
+        f" | other load {row['other_cores']} cores",
+        flush=True,
+    )
+    print(f"         writes/job by kind: {row['apiserver_writes_per_job_by_kind']}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--quotas", type=int, default=10)
+    parser.add_argument("--order", default="ours,kueue,kueue,ours", help="the runs, in order")
+    parser.add_argument("--kueue-qps", type=float, default=50.0, help="Kueue's client QPS (shipped: 50)")
+    parser.add_argument("--kueue-burst", type=int, default=100, help="Kueue's client burst (shipped: 100)")
+    parser.add_argument(
+        "--timeout", type=float, default=0.0, help="deadline of each load (s); default derived"
+    )
+    parser.add_argument("--probe-jobs", type=int, default=40)
+    parser.add_argument(
+        "--idle-seconds", type=float, default=10.0, help="idle CPU measured before the load (0: none)"
+    )
+    args = parser.parse_args()
+    order = [s.strip() for s in args.order.split(",") if s.strip()]
+    if set(order) - {"ours", "kueue"}:
+        parser.error("--order takes ours and kueue")
+    base = RunConfig(
+        mode="comparable",
+        jobs=args.jobs,
+        quotas=args.quotas,
+        probe_jobs=args.probe_jobs,
+        idle_s=args.idle_seconds,
+    )
+    # Kueue's shipped client limit may make it slower than ours: give both the same, longer deadline
+    cfg = dataclasses.replace(base, timeout_s=args.timeout or round(60 + args.jobs / 4 + 2 * base.runtime))
+    build_started = time.monotonic()
+    build = build_kueue() if "kueue" in order else None
+    build_s = round(time.monotonic() - build_started, 1)
+    suffix = "" if (args.kueue_qps, args.kueue_burst) == (50.0, 100) else f"-kqps{args.kueue_qps:g}"
+    out_path = ba.RESULTS / f"kueue-vs-ours-{args.jobs}x{args.quotas}{suffix}.json"
+    rows: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    for system in order:
+        t0 = time.monotonic()
+        if system == "ours":
+            result = ba.run_once(cfg)
+            result["system"] = "ours"
+        else:
+            assert build is not None
+            result = run_kueue_once(cfg, build, args.kueue_qps, args.kueue_burst)
+        result["wall_s"] = round(time.monotonic() - t0, 1)
+        row = common_figures(result)
+        print_row(row)
+        rows.append(row)
+        with contextlib.suppress(KeyError):
+            del result["run"]["timeline"]
+        runs.append(result)
+        summary = {
+            "order": order,
+            "jobs": args.jobs,
+            "quotas": args.quotas,
+            "kueue": {
+                "version": KUEUE_VERSION,
+                "qps": args.kueue_qps,
+                "burst": args.kueue_burst,
+                "build_s": build_s,
+            },
+            "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+            "rows": rows,
+            "ratios": ratios(rows),
+            "runs": runs,
+        }
+        out_path.write_text(json.dumps(summary, indent=1) + "\n")  # after every run: partial results survive
+    for key, value in ratios(rows).items():
+        print(f"  {key:>32}: ours {value['ours']} / kueue {value['kueue']} = {value['ours_over_kueue']}")
+    print(f"  written to {out_path.relative_to(ROOT)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
