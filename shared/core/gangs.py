@@ -30,6 +30,7 @@ from typing import Final
 from shared.api.model import Unit
 from shared.api.predicates import expected_pod_sets
 from shared.api.quantities import Resources
+from shared.core.quota import grants_request
 
 __all__ = ["WHOLE_WORKER_KINDS", "floor", "partial_grants", "reclaim_count", "smallest_request"]
 
@@ -105,19 +106,12 @@ def partial_grants(
     def grants(cut: int) -> dict[str, int]:
         return {n: max(lower[n], missing[n] - cut) for n in missing}
 
-    def request(g: Mapping[str, int]) -> Resources:
-        total: dict[str, int] = {}
-        for n, k in g.items():
-            for r, v in sets[n].per_pod.items() if n in sets else ():
-                total[r] = total.get(r, 0) + v * k
-        return {r: v for r, v in sorted(total.items()) if v}
-
-    if not fits(request(grants(slack))):
+    if not fits(grants_request(unit, grants(slack))):
         return None
     lo, hi = 1, slack  # the smallest cut that fits lies in [lo, hi]
     while lo < hi:
         mid = (lo + hi) // 2
-        if fits(request(grants(mid))):
+        if fits(grants_request(unit, grants(mid))):
             hi = mid
         else:
             lo = mid + 1

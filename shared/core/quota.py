@@ -108,7 +108,8 @@ def remaining_grants(unit: Unit) -> dict[str, int]:
 
 
 def grants_request(unit: Unit, grants: Mapping[str, int]) -> Resources:
-    """What granting ``grants`` (pod set -> replicas) charges: ``per_pod x replicas`` summed."""
+    """What granting ``grants`` (pod set -> replicas) charges: ``per_pod x replicas`` summed, zeros
+    dropped, keys sorted."""
     per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
     total: dict[str, int] = {}
     for podset, count in grants.items():
@@ -120,12 +121,7 @@ def grants_request(unit: Unit, grants: Mapping[str, int]) -> Resources:
 def remaining_request(unit: Unit) -> Resources:
     """The demand the quota filter checks: sum of ``per_pod x missing replicas``, zeros dropped,
     keys sorted."""
-    per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
-    total: dict[str, int] = {}
-    for podset, missing in remaining_grants(unit).items():
-        for r, v in per_pod[podset].items():
-            total[r] = total.get(r, 0) + v * missing
-    return _nonzero(total)
+    return grants_request(unit, remaining_grants(unit))
 
 
 @dataclass(frozen=True, slots=True)
