@@ -89,6 +89,9 @@ class JobExtensions:
         self._short_since: dict[str, Mapping[str, float]] = {}
         #: the pending running-timeout re-check of each job (one at a time)
         self._timeout_checks: dict[JobKey, asyncio.TimerHandle] = {}
+        #: jobs whose pod-count report is waiting (``podplan.can_wait``): since when, and the re-check
+        self._report_since: dict[JobKey, float] = {}
+        self._report_checks: dict[JobKey, asyncio.TimerHandle] = {}
         self.job_informers = {
             (a.api_version, a.kind): Informer(
                 client,
@@ -335,6 +338,7 @@ class JobExtensions:
         store = self.job_informers[(key.api_version, key.kind)].objects
         job = store.get(f"{key.namespace}/{key.name}")
         if job is None:
+            self._forget_report(key)
             # A unit left behind by a job deleted with --cascade=orphan; any other unit of a
             # deleted job still has its owner reference, and garbage collection deletes it.
             gone_key = f"{key.namespace}/{adapter.queue_unit_name({'metadata': {'name': key.name}})}"
@@ -444,6 +448,9 @@ class JobExtensions:
         if running_once_bound and status == JobStatus.RUNNING and not any(p.bound for p in pods):
             status = JobStatus.PENDING  # active pods that are all gated or unbound are not running
         patch = podplan.report(unit, pods, status, now_text=job_units.now_text())
+        if patch is not None and podplan.can_wait(unit, patch) and self._report_waits(key):
+            return  # a re-check writes it, unless a write that matters took it along first
+        self._forget_report(key)
         if patch is not None:
             body = {
                 **patch,
@@ -452,6 +459,30 @@ class JobExtensions:
             await self.client.patch(
                 job_units.QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
             )
+
+    def _report_waits(self, key: JobKey) -> bool:
+        """True while a pod-count report may still wait (docs/compatibility.md#coalesced-pod-reports);
+        the first time, a re-check is set for when it may wait no longer."""
+        loop = asyncio.get_running_loop()
+        since = self._report_since.setdefault(key, loop.time())
+        left = since + podplan.COALESCE_SECONDS - loop.time()
+        if left <= 0:
+            return False
+        if key not in self._report_checks:
+
+            def due() -> None:
+                self._report_checks.pop(key, None)
+                self.mark(key)
+
+            self._report_checks[key] = loop.call_later(left + 0.05, due)
+        return True
+
+    def _forget_report(self, key: JobKey) -> None:
+        """The job's report was written, is not needed, or the job is gone."""
+        self._report_since.pop(key, None)
+        check = self._report_checks.pop(key, None)
+        if check is not None:
+            check.cancel()
 
     def _check_again(self, key: JobKey, delay: float | None) -> None:
         """Look at the job again in ``delay`` seconds (replacing any earlier re-check), or never."""

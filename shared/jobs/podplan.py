@@ -296,6 +296,44 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
     return {"status": patch}
 
 
+#: How long a report that only changes pod counts waits for a write that matters
+#: (docs/compatibility.md#coalesced-pod-reports).
+COALESCE_SECONDS = 2.0
+
+
+def can_wait(unit: Obj, patch: Obj) -> bool:
+    """Whether a :func:`report` patch may wait :data:`COALESCE_SECONDS` to ride with a later one.
+
+    Only counts nobody decides on yet may wait: ``podState`` alone, or a pod set's ``running``
+    going down (its pods finished; the job's own end usually follows within a second). Anything
+    that changes a phase, what a unit holds (``replicas``) or raises ``running`` (a bound pod, which
+    reclaim and the Block policy read) is written at once. A single-pod job then costs three
+    status writes: admitted, Running, finished (docs/compatibility.md#coalesced-pod-reports).
+    """
+    status = patch.get("status")
+    if not isinstance(status, Mapping) or set(status) - {"podState", "admissions", "lastUpdateTime"}:
+        return False
+    new = status.get("admissions")
+    if new is None:
+        return True
+    old = {
+        str(a.get("name")): a
+        for a in (unit.get("status") or {}).get("admissions") or []
+        if isinstance(a, Mapping)
+    }
+    for entry in new:
+        before = old.get(str(entry.get("name")))
+        if before is None or _int(before.get("replicas")) != _int(entry.get("replicas")):
+            return False
+        if _int(entry.get("running")) > _int(before.get("running")):
+            return False
+        if {k: v for k, v in entry.items() if k != "running"} != {
+            k: v for k, v in before.items() if k != "running"
+        }:
+            return False
+    return True
+
+
 def _pod_set_counts(unit: Obj) -> dict[str, int]:
     """``count`` per pod set of the unit's spec (the job's current demand, kept in step by
     :func:`spec_drift`)."""

@@ -275,6 +275,46 @@ def test_report_is_silent_when_nothing_changed() -> None:
     assert podplan.report(unit, [pod("a", bound=True, gated=False)], JobStatus.RUNNING, now_text="T") is None
 
 
+# --- coalesced pod reports (docs/compatibility.md#coalesced-pod-reports) -------------------------
+
+
+def test_a_created_pod_alone_may_wait_for_a_write_that_matters() -> None:
+    unit = unit_with(1)
+    patch = podplan.report(unit, [pod("a")], JobStatus.PENDING, now_text="T")
+    assert patch is not None and set(patch["status"]) == {"podState", "lastUpdateTime"}
+    assert podplan.can_wait(unit, patch)
+
+
+def test_a_bound_pod_and_the_running_phase_are_written_at_once() -> None:
+    unit = unit_with(1)
+    unit["status"]["podState"] = {"running": 0, "pending": 1}
+    patch = podplan.report(unit, [pod("a", bound=True, gated=False)], JobStatus.RUNNING, now_text="T")
+    assert patch is not None and not podplan.can_wait(unit, patch)
+    # A bound pod of a job that is not Running yet raises ``running``: also at once.
+    pending = podplan.report(unit, [pod("a", bound=True, gated=False)], JobStatus.PENDING, now_text="T")
+    assert pending is not None and "phase" not in pending["status"]
+    assert not podplan.can_wait(unit, pending)
+
+
+def test_finished_pods_may_wait_for_the_job_to_finish() -> None:
+    unit = unit_with(1, running=1, phase=names.Phase.RUNNING)
+    unit["status"]["podState"] = {"running": 1, "pending": 0}
+    patch = podplan.report(
+        unit, [pod("a", bound=True, gated=False, phase="Succeeded")], JobStatus.RUNNING, now_text="T"
+    )
+    assert patch is not None and patch["status"]["admissions"][0]["running"] == 0
+    assert podplan.can_wait(unit, patch)
+    finished = podplan.report(unit, [], JobStatus.SUCCEEDED, now_text="T")
+    assert finished is not None and not podplan.can_wait(unit, finished)
+
+
+def test_giving_back_replicas_is_never_delayed() -> None:
+    unit = unit_with(3, running=1, count=1)
+    patch = podplan.report(unit, [pod("a", bound=True, gated=False)], JobStatus.PENDING, now_text="T")
+    assert patch is not None and patch["status"]["admissions"][0]["replicas"] == 1
+    assert not podplan.can_wait(unit, patch)
+
+
 # --- what the informers keep ----------------------------------------------------------------------
 
 
