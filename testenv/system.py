@@ -255,14 +255,14 @@ def webhook_configurations(*, url: str, ca_pem: bytes) -> list[dict[str, Any]]:
             hook(
                 "jobs.validate.koord-queue.x-k8s.io",
                 "/validate",
-                ["CREATE", "UPDATE"],
+                ["UPDATE"],
                 job_rules,
                 quota_label,
             ),
             hook(
                 "jobs-fallback.validate.koord-queue.x-k8s.io",
                 "/validate",
-                ["CREATE", "UPDATE"],
+                ["UPDATE"],
                 job_rules,
                 fallback_label,
             ),

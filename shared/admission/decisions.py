@@ -39,7 +39,7 @@ import orjson
 from shared.admission import validation
 from shared.admission.validation import FieldError
 from shared.api import names
-from shared.jobs import base, registry
+from shared.jobs import base, patches, registry
 from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
@@ -260,12 +260,23 @@ def _mutate(request: AdmissionRequest, *, config: AdmissionConfig, now_text: str
         return allow(request.uid)
     if not adapter.is_managed(job):
         return allow(request.uid)
+    job = _with_namespace(job, request.namespace)
     try:
-        ops = adapter.suspend_patch(_with_namespace(job, request.namespace), now_text=now_text)
+        ops = adapter.suspend_patch(job, now_text=now_text)
     except JobSpecError as err:
         return deny(request.uid, [validation.from_spec_error(err)])
     if not adapter.status_subresource and job.get("status") is not None:
         ops = [*ops, {"op": "remove", "path": "/status"}]
+    if request.username != config.reconciler_username:
+        # The validating webhook's CREATE checks, on the job as it will be stored: the validating
+        # webhook is called on UPDATE only (docs/architecture.md#decision-6-a-stateless-scoped-webhook).
+        try:
+            held = patches.applied(job, ops)
+        except JobSpecError as err:
+            return deny(request.uid, [validation.from_spec_error(err)])
+        refused = _validate_job(adapter, held, None, config=config, user=request.username)
+        if refused:
+            return deny(request.uid, refused)
     return patched(request.uid, ops) if ops else allow(request.uid)
 
 

@@ -255,6 +255,48 @@ class PatchBuilder:
         parent[last] = owned
 
 
+def unescape(token: str) -> str:
+    """The inverse of :func:`escape`."""
+    return token.replace("~1", "/").replace("~0", "~") if "~" in token else token
+
+
+def applied(doc: Mapping[str, Any], ops: Sequence[JsonPatchOp]) -> dict[str, Any]:
+    """``doc`` as the apiserver stores it after ``ops`` (``doc`` itself is left alone).
+
+    Covers what :class:`PatchBuilder` and the webhook emit: ``add`` (``-`` appends to a list),
+    ``replace``, ``remove``, and ``test`` (not checked: the ops come from the same view of the
+    object). The webhook validates the held job it is about to answer with, so a job's CREATE
+    needs one webhook call instead of two (docs/architecture.md#decision-6-a-stateless-scoped-webhook).
+    A path that does not resolve raises ``JobSpecError``.
+    """
+    out: dict[str, Any] = copy.deepcopy(dict(doc))
+    for op in ops:
+        kind, path = op["op"], str(op["path"])
+        if kind == "test":
+            continue
+        tokens = [unescape(t) for t in path.split("/")[1:]]
+        node: Any = out
+        try:
+            for token in tokens[:-1]:
+                node = node[int(token)] if isinstance(node, list) else node[token]
+            last = tokens[-1]
+            if isinstance(node, list):
+                index = len(node) if last == "-" else int(last)
+                if kind == "add":
+                    node.insert(index, copy.deepcopy(op.get("value")))
+                elif kind == "replace":
+                    node[index] = copy.deepcopy(op.get("value"))
+                else:
+                    del node[index]
+            elif kind == "remove":
+                del node[last]
+            else:
+                node[last] = copy.deepcopy(op.get("value"))
+        except (KeyError, IndexError, ValueError, TypeError) as err:
+            raise JobSpecError(path, f"Internal error: the patch does not apply ({err!r})") from err
+    return out
+
+
 def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     """Combine two merge-patch bodies; values of ``extra`` win, nested objects merge."""
     merged: dict[str, Any] = dict(base)

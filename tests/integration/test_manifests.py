@@ -874,9 +874,13 @@ def test_the_quota_binding_policy_covers_what_the_job_webhooks_cover(rendered: l
     assert policy["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
     constraints = policy["matchConstraints"]
     assert constraints["namespaceSelector"] == webhook["namespaceSelector"]
-    assert [{k: v for k, v in r.items() if k != "scope"} for r in webhook["rules"]] == constraints[
-        "resourceRules"
+    # The validating job webhooks take UPDATE only (the mutating one checks CREATE); the policy
+    # needs CREATE too, for a job created with a quota its namespace is not bound to.
+    assert [{k: v for k, v in r.items() if k not in ("scope", "operations")} for r in webhook["rules"]] == [
+        {k: v for k, v in r.items() if k != "operations"} for r in constraints["resourceRules"]
     ]
+    assert {tuple(r["operations"]) for r in webhook["rules"]} == {("UPDATE",)}
+    assert {tuple(r["operations"]) for r in constraints["resourceRules"]} == {("CREATE", "UPDATE")}
     conditions = {c["name"]: c["expression"] for c in policy["matchConditions"]}
     assert conditions["not-the-reconciler"] == webhook["matchConditions"][0]["expression"]
     assert names.QUOTA_NAME_LABEL in conditions["carries-a-quota-label"]

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from shared.admission import decisions as admission
 from shared.admission.decisions import AdmissionConfig, MalformedReview, Operation
 from shared.api import names
-from shared.jobs import registry
+from shared.jobs import patches, registry
 from tests.unit.test_job_adapters import SAMPLES, apply_patch, batch_job
 
 NOW = "2025-01-02T03:04:05Z"
@@ -435,6 +435,36 @@ def test_bad_job_annotations_are_denied_on_create_but_ratcheted_on_update() -> N
     assert response["status"]["code"] == 422
     assert response["status"]["message"].startswith(f"[metadata.annotations[{names.PRIORITY_ANNOTATION}]")
     assert validate(obj, operation="UPDATE", old=obj)["allowed"] is True
+
+
+def test_the_mutating_webhook_refuses_on_create_what_the_validating_one_would() -> None:
+    """The validating job webhooks are called on UPDATE only; on CREATE the mutating webhook checks
+    the held job (docs/architecture.md#decision-6-a-stateless-scoped-webhook)."""
+    obj = batch_job()
+    obj["metadata"]["annotations"] = {names.PRIORITY_ANNOTATION: "high", names.ACTIVE_ANNOTATION: "maybe"}
+    refused = mutate(obj)
+    assert refused["allowed"] is False and refused["status"]["code"] == 422
+    message = refused["status"]["message"]
+    assert message.startswith(f"[metadata.annotations[{names.PRIORITY_ANNOTATION}]"), message
+    assert names.ACTIVE_ANNOTATION in message and "held" not in message, message
+    stamped = batch_job()
+    stamped["metadata"]["annotations"] = {names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION: NOW}
+    answer = mutate(stamped)  # an admission stamp a user brings is dropped, not honoured
+    held = apply_patch(stamped, decoded_patch(answer))
+    assert names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION not in held["metadata"].get("annotations", {})
+    # The reconciler creates no jobs, but its writes are never refused.
+    assert mutate(obj, user=CONFIG.reconciler_username)["allowed"] is True
+
+
+@pytest.mark.parametrize("extension", registry.DEFAULT_EXTENSIONS)
+def test_what_the_mutating_webhook_holds_the_validating_one_would_allow(extension: str) -> None:
+    obj = SAMPLES[extension]()
+    response = mutate(obj)
+    assert response["allowed"] is True
+    ops = decoded_patch(response)
+    held = apply_patch(obj, ops)
+    assert patches.applied(obj, ops) == held
+    assert validate(held)["allowed"] is True, validate(held)
 
 
 def test_status_updates_and_deletes_are_never_blocked_but_a_deleting_job_stays_held() -> None:
