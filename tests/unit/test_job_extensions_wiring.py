@@ -13,7 +13,7 @@ from reconciler.scheduler import SchedulerLoop
 from shared import kube
 from shared.api import names
 from shared.core.config import Settings
-from shared.jobs import adoption, jobext, registry
+from shared.jobs import adoption, jobext, podplan, registry
 from shared.jobs.base import JobStatus
 
 NOW = "2024-05-01T10:00:00Z"
@@ -269,6 +269,45 @@ def add_pod(jobs: JobExtensions, obj: kube.Obj) -> None:
 def remove_pod(jobs: JobExtensions, name: str) -> None:
     old = jobs.pods.objects.pop(f"ns/{name}")
     jobs.pods.handler(old, None)
+
+
+async def test_pending_counts_wait_then_are_written_and_a_deleted_job_leaves_no_timer() -> None:
+    """docs/compatibility.md#coalesced-pod-reports: a report of pending pods alone is not written
+    at once; the re-check writes it once it has waited long enough; a deleted job's wait is dropped."""
+    job = released_job()
+    unit = jobext.build_queue_unit(job, registry.by_extension("job"), {})
+    unit["metadata"].update(resourceVersion="5", creationTimestamp=NOW)
+    unit["status"] = {"phase": "Dequeued", "admissions": [{"name": "first", "replicas": 2, "running": 0}]}
+    jobs, client = extensions({"ns/first": unit})
+    jobs.job_informers[("batch/v1", "Job")].objects["ns/first"] = job
+
+    def job_pod(name: str) -> kube.Obj:
+        """Released (no gate), not bound yet, owned by the job."""
+        obj = pod(name, bound=False)
+        obj["metadata"]["annotations"][names.RELATED_PODSET_ANNOTATION] = "first"
+        obj["metadata"]["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "first", "uid": "u-1", "controller": True}
+        ]
+        return obj
+
+    add_pod(jobs, job_pod("first-a"))
+    await jobs.reconcile(FIRST)
+    assert status_writes(client) == [] and FIRST in jobs._report_checks
+    await jobs.reconcile(FIRST)  # another look before it is due: still waiting, one re-check
+    assert status_writes(client) == [] and len(jobs._report_checks) == 1
+
+    jobs._report_since[FIRST] -= podplan.COALESCE_SECONDS  # the re-check is due
+    await jobs.reconcile(FIRST)
+    [report] = status_writes(client)
+    assert report["status"]["podState"] == {"running": 0, "pending": 1}
+    assert not jobs._report_checks and not jobs._report_since
+
+    add_pod(jobs, job_pod("first-b"))
+    await jobs.reconcile(FIRST)
+    assert FIRST in jobs._report_checks
+    del jobs.job_informers[("batch/v1", "Job")].objects["ns/first"]
+    await jobs.reconcile(FIRST)
+    assert not jobs._report_checks and not jobs._report_since
 
 
 async def test_a_unit_whose_job_was_orphan_deleted_is_released_once_its_pods_are_gone() -> None:
@@ -529,9 +568,9 @@ async def test_a_jobsets_pods_are_released_through_its_child_job_and_no_other() 
     await jobs.reconcile(JOBSET)
     ungated = sorted(name for name, ops, sub in client.patches if sub == "" and isinstance(ops, list))
     assert ungated == ["w-a", "w-b"]
-    [report] = status_writes(client)
-    assert report["status"]["podState"] == {"running": 0, "pending": 2}
-    assert "phase" not in report["status"]  # active but unbound: still Dequeued, still reclaimable
+    # Active but unbound: still Dequeued, still reclaimable; the pending counts alone wait for a
+    # write that matters (docs/compatibility.md#coalesced-pod-reports).
+    assert status_writes(client) == [] and JOBSET in jobs._report_checks
 
     # The Job of a pod seen first appears: the JobSet is woken and the pod counts from then on.
     jobs._dirty.clear()
