@@ -1,6 +1,7 @@
 """Events on the job itself, so that ``kubectl describe job`` tells the queue's story
 (docs/compatibility.md#events): ``Queued`` (its quota and its place when it first had to wait),
-``Admitted`` (after it waited) and ``Preempted`` (when it gives quota back).
+``Admitted`` (after it waited, for kinds whose controller does not say so itself) and
+``Preempted`` (when it gives quota back).
 
 The QueueUnit says whose it is: its owner reference carries the job's apiVersion, kind, name and
 UID, so an event is recorded without reading the job. Units without a job (a QueueUnit created
@@ -10,8 +11,9 @@ What they cost (BENCHMARKS.md, writes per job): nothing on the fast path. A job 
 first cycle that sees it gets no job event at all: the API already shows it on the job (the
 ``koord-queue/job-dequeue-timestamp`` annotation of the resume patch, and the Job controller's own
 ``Resumed`` event), so the admission path stays at 4 writes. A job that waits gets one ``Queued``
-(once per unit: only when the unit leaves the empty phase) and one ``Admitted``, next to the status
-write and the ``FailedScheduling`` event its wait already costs; a victim gets one ``Preempted`` per
+(once per unit: only when the unit leaves the empty phase), next to the status write and the
+``FailedScheduling`` event its wait already costs, and one ``Admitted`` unless its kind's controller
+announces the resume itself (``batch/v1`` Jobs: ``Resumed``); a victim gets one ``Preempted`` per
 reclaim. They go through the same recorder as the unit's events (folded when repeated) and yield
 to them: while a writer's queue is half full they are skipped (``EventRecorder.skipped_optional``),
 so a burst never delays a unit's own events or grows the queue with them.
@@ -20,7 +22,7 @@ so a burst never delays a unit's own events or grows the queue with them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from reconciler.events import EventRecorder
 from shared.api.names import EventReason
@@ -68,6 +70,22 @@ def preempted_message(quota: str, replicas: int, preemptor: str) -> str:
     )
 
 
+#: Kinds whose own controller records an event when the reconciler resumes the job (the Job
+#: controller's ``Resumed``, "Job resumed"): ``Admitted`` would say it a second time, for one more
+#: write per job that waited (docs/compatibility.md#events).
+_RESUME_ANNOUNCED: Final = frozenset({("batch/v1", "Job")})
+
+
+def record_admitted(
+    recorder: EventRecorder, unit: Mapping[str, Any], quota: str, waited_s: float | None
+) -> bool:
+    """``Admitted`` on the job of a unit that waited, unless its controller announces the resume."""
+    consumer = (unit.get("spec") or {}).get("consumerRef") or {}
+    if (consumer.get("apiVersion"), consumer.get("kind")) in _RESUME_ANNOUNCED:
+        return False
+    return record(recorder, unit, EventReason.ADMITTED, admitted_message(quota, waited_s))
+
+
 def record(recorder: EventRecorder, unit: Mapping[str, Any], reason: EventReason, message: str) -> bool:
     """Record a Normal event on the job of ``unit``; False when it has none or the recorder is busy."""
     job = job_ref(unit)
@@ -76,4 +94,4 @@ def record(recorder: EventRecorder, unit: Mapping[str, Any], reason: EventReason
     return recorder.record_optional(job, type_="Normal", reason=reason, message=message)
 
 
-__all__ = ["admitted_message", "job_ref", "preempted_message", "queued_message", "record"]
+__all__ = ["admitted_message", "job_ref", "preempted_message", "queued_message", "record", "record_admitted"]

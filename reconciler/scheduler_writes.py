@@ -123,8 +123,7 @@ class Writer:
             )
             if before.phase == Phase.ENQUEUED:  # it waited: tell the job (none on the fast path)
                 waited = now - before.created if before.created else None
-                message = job_events.admitted_message(admit.queue, waited)
-                job_events.record(self.loop.events, written, EventReason.ADMITTED, message)
+                job_events.record_admitted(self.loop.events, written, admit.queue, waited)
 
     # --- parks --------------------------------------------------------------------------------
 
@@ -334,8 +333,7 @@ class Writer:
                 written, type_="Normal", reason=EventReason.SCHEDULED, message=Message.SCHEDULED_EVENT
             )
             waited = now - unit.created if unit.created else None
-            message = job_events.admitted_message(unit.quota or "", waited)
-            job_events.record(self.loop.events, written, EventReason.ADMITTED, message)
+            job_events.record_admitted(self.loop.events, written, unit.quota or "", waited)
 
     async def write_requeue(self, key: str, unit: Unit) -> None:
         stamp = format_time(time.time())

@@ -47,3 +47,13 @@ def test_optional_events_yield_when_the_writers_are_behind() -> None:
     recorder.record(job, type_="Normal", reason="Scheduled", message="d")  # a unit's event still goes
     assert recorder.dropped == 0
     assert not job_events.record(recorder, unit([]), EventReason.QUEUED, "no job")
+
+
+def test_admitted_is_left_to_controllers_that_announce_the_resume_themselves() -> None:
+    """A ``batch/v1`` Job's controller records ``Resumed``; other kinds get ``Admitted`` from us."""
+    recorder = EventRecorder(client=None, max_queue=100, writers=1)  # type: ignore[arg-type]
+    assert not job_events.record_admitted(recorder, unit([JOB_OWNER]), "q", 3.0)
+    torch_owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "train", "uid": "u-3"}
+    torch = unit([torch_owner], kind="PyTorchJob")
+    torch["spec"]["consumerRef"]["apiVersion"] = "kubeflow.org/v1"
+    assert job_events.record_admitted(recorder, torch, "q", 3.0)
