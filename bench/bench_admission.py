@@ -70,6 +70,11 @@ for ``runtime`` seconds and completed by the Job controller. The runner only cre
   (cores x 1000 / total ms per job): the figure that does not depend on what else the machine ran
   (other processes' CPU during the load is recorded too).
 
+* per unit, from the runner's watches (bench/bench_kueue.py reports them; see its docstring): status
+  writes before admission of the units that waited, event writes per unit (with
+  ``RunConfig.watch_events``: Events listed after the load, their ``count`` summed), and the slot
+  refill time from each finish the runner wrote to the next admission in its quota.
+
 Every loop is bounded in count and time (a run has a deadline; waits poll with deadlines) and all
 traffic is loopback. ``--profile cprofile`` runs the reconciler under cProfile and writes
 ``admission-<...>.prof`` next to the JSON (slower: do not compare its figures).
@@ -156,6 +161,13 @@ class RunConfig:
     probe_rate: float = 5.0
     #: seconds of idle CPU measured before the probe (0: none); see ``idle_cpu``
     idle_s: float = 0.0
+    #: slots of every quota, in place of ``fit_fraction`` (0: derived); bench_kueue.py's saturated run
+    slots_per_quota: int = 0
+    #: each job's run time is ``runtime`` x a seeded uniform factor in [1 - j, 1 + j] (comparable
+    #: mode): the mean and so the quotas' capacity stay the same, the finishes do not come in waves
+    runtime_jitter: float = 0.0
+    #: the runner counts the Events about each job and unit after the load (``Runner.count_events``)
+    watch_events: bool = False
 
     @property
     def per_quota(self) -> list[int]:
@@ -164,6 +176,8 @@ class RunConfig:
 
     @property
     def slots(self) -> list[int]:
+        if self.slots_per_quota > 0:
+            return [self.slots_per_quota] * self.quotas
         return [max(1, math.ceil(n * self.fit_fraction)) for n in self.per_quota]
 
     @property
@@ -176,9 +190,11 @@ class RunConfig:
     def deadline_s(self) -> float:
         if self.timeout_s > 0:
             return self.timeout_s
-        # 8 admissions/s (a busy 2-core machine), plus the run time of the last wave; the smoke
-        # run stops after 75 s whatever happened, so that it stays under two minutes in all
-        derived = 60.0 + self.jobs / 8.0 + 2 * self.runtime
+        # 8 admissions/s (a busy 2-core machine) or 80% of what the quotas allow if that is less,
+        # plus the run time of the last wave; the smoke run stops after 75 s whatever happened, so
+        # that it stays under two minutes in all
+        rate = min(8.0, 0.8 * sum(self.slots) / self.runtime) if self.runtime > 0 else 8.0
+        derived = 60.0 + self.jobs / rate + 2 * self.runtime
         return min(derived, 75.0) if self.quick else derived
 
     @property
@@ -661,6 +677,13 @@ class Track:
     due: bool = False
     finishing: bool = False
     finished: float = 0.0
+    #: when the runner's finish (Job status) write returned
+    finish_done: float = 0.0
+    #: the last status of its unit the watch saw, and how many times it changed before admission
+    last_status: Any = None
+    status_writes_before_admission: int = 0
+    #: event writes (creates and count updates) on its unit or Job, by "<kind>/<reason>"
+    events: Counter[str] | None = None
 
 
 class Runner:
@@ -668,7 +691,14 @@ class Runner:
 
     ``units``, :meth:`unit_of` and :meth:`make_job` are what another queueing system's run changes
     (bench/bench_kueue.py watches Kueue's Workloads and labels its Jobs for Kueue): the load, the
-    finishing and the figures stay the same code for both."""
+    finishing and the figures stay the same code for both.
+
+    Per unit it also counts, from its watch, the versions whose ``status`` differed from the
+    previous version seen while the unit was not yet admitted (each is one status write that
+    changed something: a write that changes nothing makes no watch event; exact while the watch
+    is never cut off with 410 Gone, ``watch_gone``), and with ``cfg.watch_events``, by
+    :meth:`count_events` after the load, the event writes whose ``involvedObject`` is the unit or
+    its Job."""
 
     #: what the runner watches for admissions: one object per job, named or owned by it
     units: kube.Resource = UNITS
@@ -708,6 +738,16 @@ class Runner:
         self.watch_restarts = 0
         self.t0 = 0.0
         self.max_backlog = 0
+        self.watch_gone = 0
+        self.task_errors: list[str] = []
+        #: unit name -> job index, for events on units not named after their job (Kueue's Workloads)
+        self.unit_index: dict[str, int] = {}
+        #: event writes about the load's jobs and units, by "<reporting component>|<kind>/<reason>"
+        self.event_writes: Counter[str] = Counter()
+        jitter = random.Random(cfg.seed + 1)
+        self.runtimes = [
+            cfg.runtime * (1 + cfg.runtime_jitter * (2 * jitter.random() - 1)) for _ in range(cfg.jobs)
+        ]
 
     def index(self, name: str) -> int | None:
         if not name.startswith(self.prefix):
@@ -738,11 +778,17 @@ class Runner:
         now = time.monotonic()
         if not track.unit_seen:
             track.unit_seen = now
+            self.unit_index[str((obj.get("metadata") or {}).get("name", ""))] = i
+        status = obj.get("status") or {}
+        changed = track.last_status is not None and status != track.last_status
+        if changed and not track.admitted and phase not in ADMITTED_PHASES:
+            track.status_writes_before_admission += 1
+        track.last_status = status
         if phase in ADMITTED_PHASES and not track.admitted:
             track.admitted = now
             self.admitted += 1
             if self.cfg.mode == "comparable":
-                asyncio.get_running_loop().call_later(self.cfg.runtime, self._due, i)
+                asyncio.get_running_loop().call_later(self.runtimes[i], self._due, i)
             if self.admitted == self.cfg.jobs:
                 self.all_admitted.set()
         if phase == "Succeed" and not track.finished:
@@ -751,6 +797,36 @@ class Runner:
             self.occupancy[track.quota] -= 1
             if self.finished == self.cfg.jobs:
                 self.all_finished.set()
+
+    async def count_events(self) -> None:
+        """After the load (``cfg.watch_events``): every Event in the cluster about a job of the
+        load or its unit, listed once. An Event's ``count`` is the number of times it was
+        written (its create, then one update per repetition), so the sum is the event writes."""
+        items, _ = await self.client.list(kube.EVENTS)
+        for obj in items:
+            involved = obj.get("involvedObject") or {}
+            kind, name = str(involved.get("kind", "")), str(involved.get("name", ""))
+            if kind == JOBS.kind:
+                i = self.index(name)
+            elif kind == self.units.kind:
+                i = self.unit_index.get(name)
+            else:
+                continue
+            if i is None or i >= len(self.tracks):
+                continue
+            writes = max(1, int(obj.get("count") or (obj.get("series") or {}).get("count") or 1))
+            reason = f"{kind}/{obj.get('reason', '')}"
+            source = obj.get("reportingComponent") or (obj.get("source") or {}).get("component") or ""
+            self.event_writes[f"{source}|{reason}"] += writes
+            self._count_event(i, reason, writes)
+
+    def _count_event(self, i: int, key: str, n: int = 1) -> None:
+        if i >= len(self.tracks):
+            return
+        track = self.tracks[i]
+        if track.events is None:
+            track.events = Counter()
+        track.events[key] += n
 
     def observe_job(self, obj: kube.Obj) -> None:
         """A Job version from the watch: note when the reconciler resumed it."""
@@ -774,13 +850,16 @@ class Runner:
             track.finishing = True
             self.finish_queue.put_nowait(i)
 
-    async def follow(self, res: kube.Resource, rv: str, deadline: float, handle: Any) -> None:
-        """Watch ``res`` in the bench namespace until the deadline or until every job finished."""
+    async def follow(
+        self, res: kube.Resource, rv: str, deadline: float, handle: Any, namespace: str | None = NS
+    ) -> None:
+        """Watch ``res`` in the bench namespace (``None``: all) until the deadline or until every
+        job finished."""
         while time.monotonic() < deadline and not self.all_finished.is_set():
             try:
                 remaining = max(1, int(deadline - time.monotonic()))
                 async for kind, obj in self.client.watch(
-                    res, namespace=NS, resource_version=rv, timeout_seconds=min(300, remaining)
+                    res, namespace=namespace, resource_version=rv, timeout_seconds=min(300, remaining)
                 ):
                     new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if new_rv:
@@ -790,7 +869,8 @@ class Runner:
                     if self.all_finished.is_set():
                         return
             except kube.Gone:
-                items, rv = await self.client.list(res, namespace=NS)
+                self.watch_gone += 1
+                items, rv = await self.client.list(res, namespace=namespace)
                 for item in items:
                     handle(item)
             except kube.KubeError:
@@ -837,6 +917,7 @@ class Runner:
                         subresource="status",
                         content_type=kube.JSON_PATCH,
                     )
+                    self.tracks[i].finish_done = time.monotonic()
                     break
                 except kube.KubeError:
                     self.finish_errors += 1
@@ -873,7 +954,11 @@ class Runner:
         finally:
             for t in [*creators, *tasks]:
                 t.cancel()
-            await asyncio.gather(*creators, *tasks, return_exceptions=True)
+            outcomes = await asyncio.gather(*creators, *tasks, return_exceptions=True)
+            for task, outcome in zip([*creators, *tasks], outcomes, strict=True):
+                if isinstance(outcome, Exception):  # a watch or finisher that died is not silent
+                    self.task_errors.append(f"{task.get_name()}: {outcome!r}")
+                    print(f"  !! {task.get_name()} failed: {outcome!r}", flush=True)
 
     # --- figures -------------------------------------------------------------------------------
 
@@ -898,6 +983,8 @@ class Runner:
             "finish_errors": self.finish_errors,
             "watch_events": self.watch_events,
             "watch_restarts": self.watch_restarts,
+            "watch_gone": self.watch_gone,
+            "task_errors": self.task_errors,
             "max_backlog": self.max_backlog,
             "create_seconds": round(created[-1], 3) if created else None,
             "create_rate": round(len(created) / created[-1], 1) if created and created[-1] > 0 else None,
@@ -919,32 +1006,88 @@ class Runner:
         if finished:
             out["all_finished_s"] = round(finished[-1], 3) if len(finished) == self.cfg.jobs else None
 
-        def pcts(values: list[float]) -> dict[str, float | int | None]:
-            return {
-                "count": len(values),
-                "p50_s": _round(percentile(values, 0.5)),
-                "p90_s": _round(percentile(values, 0.9)),
-                "p99_s": _round(percentile(values, 0.99)),
-                "max_s": _round(max(values) if values else None),
-            }
-
-        out["latency_fit"] = pcts(fit_lat)
-        out["latency_waited"] = pcts(wait_lat)
-        out["latency_all"] = pcts(all_lat)
-        out["latency_create_to_unit"] = pcts(unit_lat)
-        out["latency_fit_create_to_resumed"] = pcts(fit_resume)
-        out["latency_dequeued_to_resumed"] = pcts(resume_lag)
+        out["latency_fit"] = _pcts(fit_lat)
+        out["latency_waited"] = _pcts(wait_lat)
+        out["latency_all"] = _pcts(all_lat)
+        out["latency_create_to_unit"] = _pcts(unit_lat)
+        out["latency_fit_create_to_resumed"] = _pcts(fit_resume)
+        out["latency_dequeued_to_resumed"] = _pcts(resume_lag)
         by_priority: dict[str, Any] = {}
         for prio, _ in PRIORITIES:
             values = [t.admitted - t.sent for t in self.tracks if t.priority == prio and t.admitted]
-            by_priority[str(prio)] = pcts(values)
+            by_priority[str(prio)] = _pcts(values)
         out["latency_by_priority"] = by_priority
+        out["slot_refill"] = self.slot_refill()
+        out["waiting_units"] = self.waiting_units()
         out["timeline"] = {
             "admitted": _downsample(admitted),
             "created": _downsample(created),
             "finished": _downsample(finished),
         }
         return out
+
+    def slot_refill(self) -> dict[str, Any]:
+        """For each finish the runner wrote (from when its write returned), the time until the next
+        admission into the same quota seen by the watch. Per quota, in time order, each finish is
+        paired with the earliest admission after it that no earlier finish took: one admission
+        fills one freed slot. Admissions with no finish before them (the first wave) and
+        finishes with no admission after them (nothing left waiting) are not paired."""
+        gaps: list[float] = []
+        unpaired = 0
+        for q in range(self.cfg.quotas):
+            finishes = sorted(t.finish_done for t in self.tracks if t.quota == q and t.finish_done)
+            admissions = sorted(t.admitted for t in self.tracks if t.quota == q and t.admitted)
+            a = 0
+            for f in finishes:
+                while a < len(admissions) and admissions[a] <= f:
+                    a += 1
+                if a == len(admissions):
+                    unpaired += 1
+                    continue
+                gaps.append(admissions[a] - f)
+                a += 1
+        return {**_pcts(gaps), "finishes_unpaired": unpaired}
+
+    def waiting_units(self) -> dict[str, Any]:
+        """Status writes before admission and event writes, per unit that had to wait (its quota was
+        full when its Job was created) and per unit that fit at once (see the class doc)."""
+        out: dict[str, Any] = {
+            "events_watched": self.cfg.watch_events,
+            "event_writes_by_source": dict(self.event_writes.most_common()),
+        }
+        for label, fits in (("waited", False), ("fit", True)):
+            group = [t for t in self.tracks if t.fits == fits and t.admitted]
+            writes = [t.status_writes_before_admission for t in group]
+            events = [sum((t.events or Counter()).values()) for t in group]
+            by_reason: Counter[str] = Counter()
+            for t in group:
+                by_reason.update(t.events or Counter())
+            n = len(group) or 1
+            out[label] = {
+                "units": len(group),
+                "status_writes_before_admission": {
+                    "mean": round(sum(writes) / n, 3),
+                    "max": max(writes, default=0),
+                    "histogram": dict(sorted(Counter(writes).items())),
+                },
+                "events": {
+                    "mean": round(sum(events) / n, 3),
+                    "max": max(events, default=0),
+                    "histogram": dict(sorted(Counter(events).items())),
+                    "mean_by_reason": {k: round(v / n, 3) for k, v in by_reason.most_common()},
+                },
+            }
+        return out
+
+
+def _pcts(values: list[float]) -> dict[str, float | int | None]:
+    return {
+        "count": len(values),
+        "p50_s": _round(percentile(values, 0.5)),
+        "p90_s": _round(percentile(values, 0.9)),
+        "p99_s": _round(percentile(values, 0.99)),
+        "max_s": _round(max(values) if values else None),
+    }
 
 
 def _round(v: float | None, digits: int = 4) -> float | None:
@@ -973,7 +1116,15 @@ async def run_probe(
     lets another system's run (bench/bench_kueue.py) probe its own units the same way."""
     runtime = cfg.runtime if cfg.mode == "full" else min(cfg.runtime, 1.0)  # kwok's is cluster-wide
     probe_cfg = dataclasses.replace(
-        cfg, jobs=cfg.probe_jobs, quotas=1, fit_fraction=1.0, runtime_s=runtime, timeout_s=0.0
+        cfg,
+        jobs=cfg.probe_jobs,
+        quotas=1,
+        fit_fraction=1.0,
+        slots_per_quota=0,
+        runtime_s=runtime,
+        runtime_jitter=0.0,
+        watch_events=False,
+        timeout_s=0.0,
     )
     runner = (runner_class or Runner)(
         probe_cfg, client, prefix="probe", quota_names=[PROBE_QUOTA], pace=cfg.probe_rate
@@ -1068,15 +1219,16 @@ def versions(cluster: Any) -> dict[str, str]:
     return out
 
 
-def run_once(cfg: RunConfig) -> dict[str, Any]:
-    from testenv import system
+def make_cluster(cfg: RunConfig, workdir: pathlib.Path) -> tuple[Any, int]:
+    """The control plane of a run (not started) and its number of kwok nodes: comparable mode is
+    etcd + kube-apiserver; full mode adds the controller-manager, the scheduler and kwok nodes
+    sized so that every admitted pod fits, whose pods run for the run time. Shared with
+    bench/bench_kueue.py, whose Kueue runs use the same control plane."""
     from testenv.cluster import LocalCluster
 
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"kq-bench-{cfg.tag}-"))
-    total_slots = sum(cfg.slots)
     nodes = 0
     if cfg.mode == "full":
-        nodes = math.ceil(total_slots * 1.2 / 100) + 1  # 110 pods per node; room to spare
+        nodes = math.ceil(sum(cfg.slots) * 1.2 / 100) + 1  # 110 pods per node; room to spare
     cluster = LocalCluster(
         profile="e2e" if cfg.mode == "full" else "integration",
         workdir=workdir / "cp",
@@ -1085,6 +1237,15 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
         node_memory="256Gi",
         pod_duration_s=cfg.runtime,
     )
+    return cluster, nodes
+
+
+def run_once(cfg: RunConfig) -> dict[str, Any]:
+    from testenv import system
+
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"kq-bench-{cfg.tag}-"))
+    total_slots = sum(cfg.slots)
+    cluster, nodes = make_cluster(cfg, workdir)
     print(
         f"== {cfg.tag}: {cfg.jobs} jobs over {cfg.quotas} quotas, {total_slots} slots "
         f"({cfg.fit_fraction:.0%}), runtime {cfg.runtime}s (quota bound {total_slots / cfg.runtime:.0f}/s)"
@@ -1169,6 +1330,8 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
                 cpu_load = component_cpu(procs)
                 self_cpu_load = time.process_time() - self_cpu0
                 machine1 = machine_cpu()
+                if cfg.watch_events:
+                    await runner.count_events()
                 await settle(reconciler.ports["metrics"])
                 cpu1 = component_cpu(procs)
                 api1 = await asyncio.to_thread(scrape_apiserver, cluster)

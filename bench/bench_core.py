@@ -3,7 +3,7 @@
 Run: ``python bench/bench_core.py`` (``--quick`` for a smaller run). Writes ``bench/results/core.json``
 and prints a table.
 
-1. **Admission decisions.** 1,000 / 10,000 / 50,000 pending units spread over 100 queues (quotas in
+1. **Admission decisions.** 1,000 / 10,000 / 50,000 / 100,000 pending units spread over 100 queues (quotas in
    a two-level tree: 10 parents of 10 leaves). After the initial cycle has filled every quota, the
    steady state is simulated the way the reconciler drives the core: one admitted unit finishes
    (a watch event releasing quota), then one cycle runs and its admissions are assumed into the
@@ -13,7 +13,9 @@ and prints a table.
    time to fold those admissions into the cache (``Cache.assume``), i.e. everything the core
    does per admission. Reported: median and p99, and the ratio of each median to the 1,000
    baseline measured in the same run (target: median < 100 us at 10,000; growth no faster than
-   logarithmic). The cost of feeding one watch event (``Cache.put_unit``) is reported separately.
+   logarithmic). The cost of feeding one watch event (``Cache.put_unit``) is reported separately,
+   and so is the memory each size adds (resident set growth while its cache is built: MiB and
+   bytes per pending unit, quotas and the admitted units included).
 2. **Quota guarantees.** The same steady state over 10 queues whose quotas are the children of one
    *oversubscribed* parent (docs/compatibility.md#quota-guarantees): the children's ``min`` add up
    to the parent's ``min``, the parent's ``max`` is 1.5 times that (spare capacity the children
@@ -228,7 +230,13 @@ class AdmissionBench:
 
 def bench_admission(sizes: tuple[int, ...], steps: int, seed: int) -> list[dict[str, float]]:
     """Step all sizes in interleaved rounds so that machine noise hits them alike."""
-    benches = [AdmissionBench(n, seed) for n in sizes]
+    benches, memory = [], []
+    for n in sizes:
+        gc.collect()
+        before = _rss_bytes()
+        benches.append(AdmissionBench(n, seed))
+        gc.collect()
+        memory.append(_rss_bytes() - before)
     gc.collect()
     gc.freeze()  # the caches are long-lived: keep collector pauses of the setup out of the samples
     rounds = 10
@@ -236,7 +244,19 @@ def bench_admission(sizes: tuple[int, ...], steps: int, seed: int) -> list[dict[
         for bench in benches:
             for _ in range(steps // rounds):
                 bench.step()
-    return [bench.result() for bench in benches]
+    results = [bench.result() for bench in benches]
+    for row, grown in zip(results, memory, strict=True):
+        row["rss_mib"] = grown / 2**20
+        row["bytes_per_pending"] = grown / row["pending"]
+    return results
+
+
+def _rss_bytes() -> int:
+    """Resident memory of this process now (``VmRSS``): what a core of ``n`` pending units adds."""
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def bench_guarantees(sizes: tuple[int, ...], steps: int, seed: int) -> list[dict[str, object]]:
@@ -336,7 +356,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and sizes (CI smoke run)")
     args = parser.parse_args()
-    sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 50_000)
+    sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 50_000, 100_000)
     steps = 300 if args.quick else 5_000
     admission = bench_admission(sizes, steps, seed=7)
     base = admission[0]["median_us"]
@@ -361,13 +381,14 @@ def main() -> None:
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"{'pending':>8} {'median us':>10} {'p99 us':>9} {'x 1k':>6} {'log bound':>9}"
-        f" {'+assume med':>12} {'+assume p99':>12} {'event us':>9}"
+        f" {'+assume med':>12} {'+assume p99':>12} {'event us':>9} {'MiB':>6} {'B/unit':>7}"
     )
     for row in admission:
         print(
             f"{row['pending']:>8} {row['median_us']:>10.1f} {row['p99_us']:>9.1f} {row['ratio_vs_1k']:>6.2f}"
             f" {row['log_ratio_bound']:>9.2f} {row['with_assume_median_us']:>12.1f}"
             f" {row['with_assume_p99_us']:>12.1f} {row['event_median_us']:>9.1f}"
+            f" {row['rss_mib']:>6.1f} {row['bytes_per_pending']:>7.0f}"
         )
     print(
         f"\n{'pending':>8} {'flat med us':>12} {'tree med us':>12} {'ratio':>6} {'flat p99':>9}"

@@ -2,7 +2,22 @@
 
 Run: ``python bench/bench_kueue.py --jobs 1000 --quotas 10`` (default order ``ours,kueue,kueue,ours``:
 interleaved, so a drift in what else the machine runs hits both systems alike). Writes
-``bench/results/kueue-vs-ours-<jobs>x<quotas>[-kqps<qps>].json`` and prints the ratios.
+``bench/results/kueue-vs-ours-[sat<rate>-|full-]<jobs>x<quotas>[-kqps<qps>].json`` and prints the
+ratios. Three kinds of run, each for both systems:
+
+* the default, Kueue-comparable (``--mode comparable``): no controller-manager; the runner finishes
+  the Jobs; the quotas allow 100 admissions/s, more than either system admits;
+* **saturated** (``--saturate RATE``, comparable mode): every quota gets
+  ``round(RATE x --saturate-runtime / quotas)`` slots and the run time is ``slots / RATE``, so the
+  quotas admit only RATE jobs/s in all, well below what either system can admit; all jobs are created
+  up front as always, so most of them wait in their queue for most of the run. Each job's run time is
+  the mean times a seeded uniform factor in [0.5, 1.5] (``--runtime-jitter``; the same job gets the
+  same run time in both systems), so that finishes do not come in synchronized waves;
+* **full** (``--mode full``): bench_admission's full mode (``ba.make_cluster``: + kube-controller-manager
+  with the Job controller, kube-scheduler, kwok nodes; pods created by the Job controller, bound, run
+  for the run time by kwok and completed). Kueue does not gate the pods of batch Jobs (ours does:
+  our webhook adds a scheduling gate the reconciler removes); it unsuspends the Job and the Job
+  controller does the rest. The runner only creates Jobs and watches.
 
 **Ours** is exactly ``bench_admission.run_once`` in Kueue-comparable mode (etcd + kube-apiserver,
 our webhook and reconciler). **Kueue** runs on a fresh etcd + kube-apiserver of the same profile with
@@ -47,6 +62,51 @@ job, the controller's CPU ms per admitted job (ours: reconciler + webhook), writ
 (``apiserver_request_total`` writes, server-side apply included, minus the runner's own creates and
 finishes), the controller's peak RSS (``VmHWM``; ours: the reconciler, the webhook reported beside
 it), the latency probe. Ratios are ours / Kueue of the means over the runs of each system.
+Every figure is per *admitted* job and covers the whole load, waiting included.
+
+Also, in every run:
+
+* **writes per job by kind, less the runner's**: ``apiserver_request_total`` writes by verb and
+  resource[/subresource] (``APPLY`` is server-side apply), less the runner's Job creates
+  (``POST jobs``) and finishes (``PATCH jobs/status``); the runner deletes nothing. Unit status writes
+  (``PATCH queueunits/status``, ``APPLY workloads/status``) and events (``POST``/``PATCH events``) are
+  separate kinds. In comparable and saturated runs this is the controller's (plus the apiserver's own
+  lease renewals); in full mode it includes the Job controller, the scheduler and kwok.
+* **the controller's own writes per job**: ours, the reconciler's requests as bench_admission counts
+  them (exact). Kueue's cannot be read from ``apiserver_request_total`` (no user or user-agent label)
+  nor from Kueue (its metrics endpoint serves controller-runtime's registry, while client-go's request
+  counter hooks are taken by the component-base registry its visibility server imports, so
+  ``rest_client_requests_total`` stays empty). In comparable and saturated runs only the runner, Kueue
+  and the apiserver's own lease renewals write, so Kueue's are the rest, exactly. In full mode they are
+  attributed (``kueue_writes``), a lower bound for events (below): every write in
+  the ``kueue.x-k8s.io`` group and to Jobs without subresource (the resume; the Job controller writes
+  ``jobs/status``), less the runner's creates, plus the event writes about the load's Jobs and
+  Workloads from Kueue's reporting components (``kueue-admission``, ``batch/job-kueue-controller``),
+  counted as below. Saturated and full runs count events (``RunConfig.watch_events``); without that
+  Kueue's total is not given.
+* **slot refill** (meaningful when jobs wait, i.e. saturated runs): for each Job the runner finished,
+  from when its finish write returned to the next admission into the same quota seen by the runner's
+  watch (unit ``Dequeued`` / Workload ``Admitted``). Per quota, in time order, each finish is paired
+  with the earliest later admission no earlier finish took (one admission fills one freed slot);
+  finishes with no later admission (nothing left waiting) are counted as unpaired. p50, p99, max and
+  count.
+* **per unit that waited** (its quota was full when its Job was created): the unit's *status writes
+  before admission*, counted from the runner's watch of the units as the versions whose ``status``
+  differs from the previous version seen, up to (not including) the admitting version. Each such
+  version is one status write that changed something; a no-op write makes no watch event, but costs
+  only an apiserver request (the totals by kind above count it). Exact while the watch is never cut
+  with 410 Gone (``watch_gone``, recorded). And (saturated and full runs) the *event writes* whose
+  involvedObject is the unit or its Job, by kind and reason, mean and max: after the load (after the
+  CPU figures are taken) the runner lists every Event in the cluster once and sums their ``count``
+  (an Event's create plus one update per repetition: the writes the event recorders made; Events
+  live an hour, longer than any run). ``events_coverage`` = those writes / all event writes the
+  apiserver counted during the load: 1.0 for ours in comparable runs; below in full mode (the
+  scheduler's events are about pods), and about 0.5 for Kueue even in comparable runs (its other
+  event writes were not traced to their objects in the time given: its per-unit event counts are a
+  lower bound; the totals by kind above are exact). A first
+  version counted events from a watch and missed many under load, without error; listing does not.
+
+``--mode full`` and ``--saturate`` are not combined: the slot refill is timed from the runner's finish.
 """
 
 from __future__ import annotations
@@ -324,15 +384,14 @@ def writes_of(counts: dict[str, float]) -> float:
 
 
 def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) -> dict[str, Any]:
-    from testenv.cluster import LocalCluster
-
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"kq-bench-kueue-{cfg.jobs}x{cfg.quotas}-"))
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"kq-bench-kueue-{cfg.tag}-"))
     (workdir / "logs").mkdir(parents=True)
-    cluster = LocalCluster(profile="integration", workdir=workdir / "cp")
+    cluster, nodes = ba.make_cluster(cfg, workdir)
     total_slots = sum(cfg.slots)
     print(
-        f"== kueue {KUEUE_VERSION} (qps {qps}, burst {burst}): {cfg.jobs} jobs over {cfg.quotas} quotas,"
-        f" {total_slots} slots, runtime {cfg.runtime}s",
+        f"== kueue {KUEUE_VERSION} (qps {qps}, burst {burst}), {cfg.mode}: {cfg.jobs} jobs over"
+        f" {cfg.quotas} quotas, {total_slots} slots, runtime {cfg.runtime}s"
+        f" (quota bound {total_slots / cfg.runtime:.1f}/s)" + (f", {nodes} kwok nodes" if nodes else ""),
         flush=True,
     )
     started = time.monotonic()
@@ -345,10 +404,11 @@ def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) 
             "system": "kueue",
             "kueue": {"version": KUEUE_VERSION, "build": str(build), "qps": qps, "burst": burst},
             "config": {
-                "jobs": cfg.jobs,
-                "quotas": cfg.quotas,
+                **{k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("keep_logs",)},
                 "runtime_s": cfg.runtime,
                 "slots_total": total_slots,
+                "quota_bound_rate": round(total_slots / cfg.runtime, 2),
+                "kwok_nodes": nodes,
             },
             "machine": ba.machine(),
             "versions": ba.versions(cluster),
@@ -390,6 +450,8 @@ def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) 
                 cpu_load = ba.component_cpu(procs)
                 self_cpu_load = time.process_time() - self_cpu0
                 machine1 = ba.machine_cpu()
+                if cfg.watch_events:
+                    await runner.count_events()
                 await settle_writes(cluster)
                 api1 = await asyncio.to_thread(ba.scrape_apiserver, cluster)
                 summary = runner.summary()
@@ -447,6 +509,38 @@ def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) 
 # --- the comparison --------------------------------------------------------------------------------
 
 
+def by_kind_group(api: dict[str, float]) -> Counter[tuple[str, str, str]]:
+    """Writes the apiserver counted, by (verb, group, resource[/subresource])."""
+    out: Counter[tuple[str, str, str]] = Counter()
+    for key, value in api.items():
+        verb, group, resource, sub, _code = key.split("|")
+        if verb in WRITE_VERBS:
+            out[(verb, group, f"{resource}{'/' + sub if sub else ''}")] += value
+    return out
+
+
+def kueue_writes(run: dict[str, Any], writes: Counter[tuple[str, str, str]]) -> Counter[str]:
+    """Kueue's own writes, by kind (see the module doc): ``apiserver_request_total`` has no user or
+    user-agent label, and Kueue's client-go request counter is not served (its metrics endpoint
+    serves controller-runtime's registry, while the client-go hooks are taken by the
+    component-base registry its visibility server imports), so they are attributed by what only
+    Kueue writes: every write in its API group and to the Job itself (``jobs`` without subresource:
+    the resume; the Job controller writes ``jobs/status``), plus the event writes about the load's
+    Jobs and Workloads from Kueue's reporting components (``kueue-admission``,
+    ``batch/job-kueue-controller``; ``Runner.count_events``); the runner's own Job creates are
+    taken off."""
+    out: Counter[str] = Counter()
+    for (verb, group, resource), value in writes.items():
+        if group == GROUP or (group == "batch" and resource == "jobs"):
+            out[f"{verb} {resource}"] += value
+    sources: dict[str, float] = (run.get("waiting_units") or {}).get("event_writes_by_source") or {}
+    for key, value in sources.items():
+        if key.startswith("kueue") or key.startswith("batch/job-kueue"):
+            out["events"] += value
+    out["POST jobs"] -= run["runner_requests"].get("POST", 0)  # the runner's creates
+    return +out
+
+
 def common_figures(result: dict[str, Any]) -> dict[str, Any]:
     """The figures compared, by one definition for both systems (see the module doc)."""
     run = result["run"]
@@ -467,6 +561,35 @@ def common_figures(result: dict[str, Any]) -> dict[str, Any]:
     rss = (run.get("reconciler_rss_mib") if ours else run.get("controller_rss_mib")) or {}
     total_ms = sum(cpu.values()) * 1e3 / admitted
     idle: dict[str, float] = run.get("idle_cpu_cores") or {}
+    runner: dict[str, float] = run["runner_requests"]
+    # the cluster's writes less the runner's: its creates are POST jobs, its finishes PATCH jobs/status
+    less_runner = Counter(by_kind)
+    less_runner["POST jobs"] -= runner.get("POST", 0)
+    less_runner["PATCH jobs/status"] -= runner.get("PATCH", 0)
+    if ours:
+        own = run.get("reconciler_requests") or {}
+        own_writes = ba.writes_of(own)
+        own_by_kind: Counter[str] = Counter()
+        for key, value in own.items():
+            verb, resource, sub = key.split("|")
+            if verb in ba.WRITE_VERBS:
+                own_by_kind[f"{verb} {resource}{'/' + sub if sub else ''}"] += value
+    elif result["config"].get("mode", "comparable") == "comparable":
+        # only the runner, Kueue and the apiserver (its lease) write: the rest is Kueue's, exactly
+        own_by_kind = Counter({k: v for k, v in less_runner.items() if v > 0 and "leases" not in k})
+        own_writes = sum(own_by_kind.values())
+    else:
+        own_by_kind = kueue_writes(run, by_kind_group(api))
+        # without the events counted Kueue's event writes cannot be told from others': no total
+        own_writes = sum(own_by_kind.values()) if result["config"].get("watch_events") else None
+    event_writes_api = sum(v for (_verb, _group, res), v in by_kind_group(api).items() if res == "events")
+    sources: dict[str, float] = (run.get("waiting_units") or {}).get("event_writes_by_source") or {}
+    refill: dict[str, Any] = run.get("slot_refill") or {}
+    waited: dict[str, Any] = (run.get("waiting_units") or {}).get("waited") or {}
+    waited_writes = waited.get("status_writes_before_admission") or {}
+    # events are counted only when the runner watched them (saturated runs)
+    watched = (run.get("waiting_units") or {}).get("events_watched")
+    waited_events = (waited.get("events") or {}) if watched else {}
 
     def net_ms(names: tuple[str, ...]) -> float | None:
         """CPU ms per job less what these processes burn idle over the load's duration."""
@@ -478,6 +601,8 @@ def common_figures(result: dict[str, Any]) -> dict[str, Any]:
 
     out: dict[str, Any] = {
         "system": "ours" if ours else "kueue",
+        "mode": result["config"].get("mode", "comparable"),
+        "quota_bound_rate": result["config"].get("quota_bound_rate"),
         "admitted": run["admitted"],
         "all_admitted_s": run.get("all_admitted_s"),
         "overall_rate": run.get("overall_rate"),
@@ -500,6 +625,30 @@ def common_figures(result: dict[str, Any]) -> dict[str, Any]:
         "writes_per_job": round((writes_of(api) - runner_writes) / admitted, 2),
         "write_conflicts_per_job": round(conflicts / admitted, 3),
         "apiserver_writes_per_job_by_kind": {k: round(v / admitted, 3) for k, v in by_kind.most_common()},
+        "writes_per_job_by_kind_less_runner": {
+            k: round(v / admitted, 3) for k, v in less_runner.most_common() if v > 0
+        },
+        "controller_writes_per_job": round(own_writes / admitted, 2) if own_writes is not None else None,
+        "controller_writes_per_job_by_kind": {
+            k: round(v / admitted, 3) for k, v in own_by_kind.most_common()
+        },
+        "slot_refill_count": refill.get("count"),
+        "slot_refill_unpaired": refill.get("finishes_unpaired"),
+        "slot_refill_p50_s": refill.get("p50_s"),
+        "slot_refill_p99_s": refill.get("p99_s"),
+        "slot_refill_max_s": refill.get("max_s"),
+        "waited_units": waited.get("units"),
+        "waited_status_writes_mean": waited_writes.get("mean"),
+        "waited_status_writes_max": waited_writes.get("max"),
+        "waited_status_writes_histogram": waited_writes.get("histogram"),
+        "waited_events_mean": waited_events.get("mean"),
+        "waited_events_max": waited_events.get("max"),
+        "waited_events_by_reason": waited_events.get("mean_by_reason"),
+        "watch_gone": run.get("watch_gone"),
+        # event writes about the load's jobs and units / all those the apiserver counted
+        "events_coverage": round(sum(sources.values()) / event_writes_api, 3)
+        if sources and event_writes_api
+        else None,
         "controller_peak_rss_mib": rss.get("VmHWM"),
         "apiserver_peak_rss_mib": (run.get("peak_rss_mib") or {}).get("kube-apiserver"),
         "other_cores": run["machine_during_load"]["other_cores"],
@@ -519,8 +668,14 @@ RATIO_KEYS: Final = (
     "apiserver_etcd_net_cpu_ms_per_job",
     "controller_net_cpu_ms_per_job",
     "writes_per_job",
+    "controller_writes_per_job",
     "controller_peak_rss_mib",
     "probe_p50_s",
+    "slot_refill_p50_s",
+    "slot_refill_p99_s",
+    "slot_refill_max_s",
+    "waited_status_writes_mean",
+    "waited_events_mean",
 )
 
 
@@ -552,7 +707,28 @@ def print_row(row: dict[str, Any]) -> None:
         f" | other load {row['other_cores']} cores",
         flush=True,
     )
-    print(f"         writes/job by kind: {row['apiserver_writes_per_job_by_kind']}", flush=True)
+    print(f"         writes/job by kind, less the runner's: {row['writes_per_job_by_kind_less_runner']}")
+    print(
+        f"         controller's own writes/job {row['controller_writes_per_job']}:"
+        f" {row['controller_writes_per_job_by_kind']}",
+        flush=True,
+    )
+    if row["slot_refill_count"]:
+        print(
+            f"         slot refill (finish written -> next admission in its quota): p50"
+            f" {row['slot_refill_p50_s']}s p99 {row['slot_refill_p99_s']}s max {row['slot_refill_max_s']}s"
+            f" (n={row['slot_refill_count']}, {row['slot_refill_unpaired']} finishes unpaired)",
+            flush=True,
+        )
+    if row["waited_units"]:
+        print(
+            f"         per unit that waited (n={row['waited_units']}): status writes before admission"
+            f" mean {row['waited_status_writes_mean']} max {row['waited_status_writes_max']}"
+            f" {row['waited_status_writes_histogram']}; events mean {row['waited_events_mean']}"
+            f" max {row['waited_events_max']} {row['waited_events_by_reason']}"
+            f" (events coverage {row['events_coverage']})",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -560,6 +736,31 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--quotas", type=int, default=10)
     parser.add_argument("--order", default="ours,kueue,kueue,ours", help="the runs, in order")
+    parser.add_argument(
+        "--mode",
+        choices=("comparable", "full"),
+        default="comparable",
+        help="full: + controller-manager, scheduler and kwok nodes (pods run)",
+    )
+    parser.add_argument(
+        "--saturate",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="saturated run: the quotas admit only RATE jobs/s in all (comparable mode)",
+    )
+    parser.add_argument(
+        "--saturate-runtime",
+        type=float,
+        default=10.0,
+        help="saturated run: the mean run time (s) the slots are sized for (default %(default)s)",
+    )
+    parser.add_argument(
+        "--runtime-jitter",
+        type=float,
+        default=None,
+        help="run time x uniform [1-j, 1+j] per job (default: 0.5 saturated, else 0)",
+    )
     parser.add_argument("--kueue-qps", type=float, default=50.0, help="Kueue's client QPS (shipped: 50)")
     parser.add_argument("--kueue-burst", type=int, default=100, help="Kueue's client burst (shipped: 100)")
     parser.add_argument(
@@ -573,20 +774,39 @@ def main() -> None:
     order = [s.strip() for s in args.order.split(",") if s.strip()]
     if set(order) - {"ours", "kueue"}:
         parser.error("--order takes ours and kueue")
+    if args.saturate and args.mode != "comparable":
+        parser.error("--saturate needs --mode comparable: the runner finishes the jobs")
     base = RunConfig(
-        mode="comparable",
+        mode=args.mode,
         jobs=args.jobs,
         quotas=args.quotas,
         probe_jobs=args.probe_jobs,
         idle_s=args.idle_seconds,
+        runtime_jitter=args.runtime_jitter or 0.0,
+        # full mode: Kueue's own event writes are told apart by counting events (see kueue_writes)
+        watch_events=args.mode == "full",
     )
+    if args.saturate:
+        slots = max(1, round(args.saturate * args.saturate_runtime / args.quotas))
+        jitter = 0.5 if args.runtime_jitter is None else args.runtime_jitter
+        base = dataclasses.replace(
+            base,
+            slots_per_quota=slots,
+            quota_rate=args.saturate,
+            runtime_jitter=jitter,
+            watch_events=True,
+        )
     # Kueue's shipped client limit may make it slower than ours: give both the same, longer deadline
-    cfg = dataclasses.replace(base, timeout_s=args.timeout or round(60 + args.jobs / 4 + 2 * base.runtime))
+    derived = 60 + args.jobs / 4 + 2 * base.runtime
+    if args.saturate:
+        derived = max(derived, 60 + 1.25 * args.jobs / args.saturate + 3 * base.runtime)
+    cfg = dataclasses.replace(base, timeout_s=args.timeout or round(derived))
     build_started = time.monotonic()
     build = build_kueue() if "kueue" in order else None
     build_s = round(time.monotonic() - build_started, 1)
     suffix = "" if (args.kueue_qps, args.kueue_burst) == (50.0, 100) else f"-kqps{args.kueue_qps:g}"
-    out_path = ba.RESULTS / f"kueue-vs-ours-{args.jobs}x{args.quotas}{suffix}.json"
+    kind = f"sat{args.saturate:g}-" if args.saturate else ("full-" if args.mode == "full" else "")
+    out_path = ba.RESULTS / f"kueue-vs-ours-{kind}{args.jobs}x{args.quotas}{suffix}.json"
     rows: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     for system in order:
@@ -606,8 +826,12 @@ def main() -> None:
         runs.append(result)
         summary = {
             "order": order,
+            "mode": args.mode,
+            "saturate_rate": args.saturate or None,
             "jobs": args.jobs,
             "quotas": args.quotas,
+            "slots_total": sum(cfg.slots),
+            "runtime_s": cfg.runtime,
             "kueue": {
                 "version": KUEUE_VERSION,
                 "qps": args.kueue_qps,
