@@ -73,6 +73,10 @@ bench: venv testenv ## Benchmarks (core, webhook, end-to-end admission, Kueue as
 	$(PY) bench/bench_kueue.py
 	$(PY) bench/plot.py
 
+.PHONY: bench-soak
+bench-soak: venv testenv ## Churn soak: Jobs created, finished, deleted at a steady rate (MINUTES=30 RATE=25); bench/results/soak-*.json
+	$(PY) bench/bench_soak.py --minutes $(or $(MINUTES),30) --rate $(or $(RATE),25)
+
 .PHONY: chaos
 chaos: venv testenv ## Fault injection under load with an independent invariant observer (QUICK=1 for a short run); see RELIABILITY.md
 	$(PY) -m chaos.run $(if $(QUICK),--quick,)

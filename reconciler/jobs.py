@@ -38,7 +38,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from reconciler import job_lifecycle, job_pods, job_units
+from reconciler import job_lifecycle, job_pods, job_units, workloads
 from reconciler.events import EventRecorder
 from reconciler.informer import Informer, key_of, slim
 from reconciler.job_units import JobKey
@@ -443,6 +443,7 @@ class JobExtensions:
             # No event here: the scheduler records Reclaimed when it sees the reclaim done and
             # replicas taken back (shared.core.scheduling.reclaim_took_back), for bare units too.
             return  # the unit's update brings us back
+        await workloads.before_ungate(self.client, job, adapter, unit, plan.ungate)  # native gangs
         await asyncio.gather(*(job_pods.ungate(self.client, self.pods.objects, p) for p in plan.ungate))
         running_once_bound = (adapter.api_version, adapter.kind) in _RUNNING_ONCE_BOUND
         if running_once_bound and status == JobStatus.RUNNING and not any(p.bound for p in pods):

@@ -29,7 +29,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from certs.manager import VisibilityCertManager, WebhookCertManager
-from reconciler import metrics, visibility
+from reconciler import metrics, visibility, workloads
 from reconciler.events import EventRecorder
 from reconciler.informer import Handler, Informer
 from reconciler.job_units import QUEUE_UNITS
@@ -265,6 +265,8 @@ async def run(args: argparse.Namespace) -> None:
     client.on_request = metrics.count_api_request
     runners: list[web.AppRunner] = []
     try:
+        # docs/compatibility.md#native-gang-hand-off: refused (with an error) without the API.
+        handoff = await workloads.detect(client, enabled=settings.native_gang_handoff)
         events = EventRecorder(client, instance=socket.gethostname(), leadership=leadership)
         priority_classes: dict[str, int] = {}
 
@@ -355,6 +357,9 @@ async def run(args: argparse.Namespace) -> None:
             quota_handlers.append(figures.on_quota)
         quotas = Informer(client, QUOTAS, handler=_fanout(*quota_handlers))
         informers = [pcs, units, queues, quotas, *jobs.informers()]
+        components = {"scheduler": scheduler, "jobs": jobs, "events": events, "quota_sync": quota_sync}
+        components |= {"bindings": bindings, "figures": figures, "priority_classes": priority_classes}
+        metrics.watch_stores(informers, components, skip=(client, leadership, settings))
 
         def ready() -> bool:
             return all(i.synced.is_set() for i in informers)
@@ -393,6 +398,7 @@ async def run(args: argparse.Namespace) -> None:
                 acting.create_task(jobs.run(), name="job-extensions")
                 acting.create_task(quota_sync.run(), name="quota-queues")
                 acting.create_task(bindings.run(), name="quota-bindings")
+                acting.create_task(workloads.publish(client, handoff), name="native-gangs")
                 if figures is not None:
                     acting.create_task(figures.run(), name="quota-figures")
                 if args.manage_webhook_certs:

@@ -6,9 +6,17 @@ Upstream's names are kept so existing dashboards work, and every metric declared
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import enum
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -93,3 +101,158 @@ def count_api_request(verb: str) -> None:
     if child is None:
         child = _api_request_children[verb] = API_REQUESTS.labels(verb)
     child.inc()
+
+
+# --- sizes of the stores and of the per-object maps, for leak hunting (bench/bench_soak.py) ---------
+
+#: how deep :class:`StoreSizes` follows our objects from a root (scheduler → cache → state → queues)
+_MAX_DEPTH = 5
+_OURS = ("reconciler", "shared")
+
+
+def _is_component(value: object, packages: tuple[str, ...], *, element: bool = False) -> bool:
+    """One of our objects, worth looking inside: not a container (those are measured, not
+    entered), an enum or a class. A container's elements are entered only if they are components
+    themselves (one state per queue), not records (dataclasses: one per unit)."""
+    return (
+        type(value).__module__.split(".", 1)[0] in packages
+        and not isinstance(value, enum.Enum | Sized | type)
+        and not (element and dataclasses.is_dataclass(value))
+    )
+
+
+def _attributes(obj: object) -> Iterator[tuple[str, object]]:
+    """An object's instance attributes, from ``__dict__`` and ``__slots__``."""
+    yield from getattr(obj, "__dict__", {}).items()
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if hasattr(obj, name):
+                yield name, getattr(obj, name)
+
+
+def _size(value: object, packages: tuple[str, ...] = _OURS) -> int | None:
+    """The number of entries of a container (an asyncio queue's backlog), None for anything else."""
+    if isinstance(value, asyncio.Queue):
+        return value.qsize()
+    if isinstance(value, str | bytes | bytearray):
+        return None
+    if isinstance(value, tuple):
+        # a record (an epoch pair, a name path) is not state that grows; a tuple of lanes is
+        return len(value) if value and _size(value[0], packages) is not None else None
+    if isinstance(value, Sized) and (
+        isinstance(value, Mapping | AbstractSet | list | collections.deque)
+        or type(value).__module__.split(".", 1)[0] in packages
+    ):
+        return len(value)
+    return None
+
+
+class StoreSizes:
+    """A collector of ``koord_queue_store_objects{store=...}``: the size of every informer store and
+    of every container held by the reconciler's components, measured when Prometheus scrapes.
+
+    Why measured this way: the maps that outlive a deleted job are exactly the ones nobody thought
+    of, so instead of a list of known maps (which a new map would silently escape) every container
+    attribute of the components is measured, following our own objects down (the scheduler's cache,
+    its state, each queue's state: ``scheduler.cache.state.queues[*].entries`` sums over queues).
+    Values (enums, and dataclasses held in containers: one record per unit) are not entered, so a
+    scrape costs a few hundred ``len`` calls whatever the number of jobs. Each container is counted
+    once, under the first name it is met by; reads only, no side effect. ``asyncio:tasks`` and
+    ``asyncio:timers`` count the event loop's tasks and scheduled callbacks (the ``call_later``
+    retries), which hold per-job work too.
+    """
+
+    def __init__(
+        self,
+        informers: Iterable[Any],
+        components: Mapping[str, object],
+        *,
+        skip: Iterable[object] = (),
+        packages: tuple[str, ...] = _OURS,
+    ) -> None:
+        self.informers = list(informers)
+        #: the top-level packages whose objects are entered
+        self.packages = packages
+        self.components = dict(components)
+        #: shared objects that are not state (the API client, the leadership gate): never entered
+        self.skip = list(skip)
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(STORE_OBJECTS, _STORE_HELP, labels=["store"])
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(STORE_OBJECTS, _STORE_HELP, labels=["store"])
+        for name, value in sorted(self.sizes().items()):
+            family.add_metric([name], value)
+        yield family
+
+    def sizes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        seen = {id(o) for o in (*self.skip, *self.informers, *self.components.values())}
+        for inf in self.informers:
+            res = inf.resource
+            name = f"informer:{res.plural}.{res.group}" if res.group else f"informer:{res.plural}"
+            out[name] = out.get(name, 0) + len(inf.objects)
+            seen.add(id(inf.objects))
+        for name, component in self.components.items():
+            if component is not None:
+                self._measure(name, component, 0, seen, out)
+        with contextlib.suppress(RuntimeError):  # no running loop: a test, or a scrape off-loop
+            loop = asyncio.get_running_loop()
+            out["asyncio:tasks"] = len(asyncio.all_tasks(loop))
+            out["asyncio:timers"] = len(getattr(loop, "_scheduled", ()))
+        return out
+
+    def _measure(self, name: str, value: object, depth: int, seen: set[int], out: dict[str, int]) -> None:
+        size = _size(value, self.packages)
+        if size is not None:
+            if id(value) in seen and depth > 0:
+                return  # an alias of a container already counted
+            seen.add(id(value))
+            out[name] = out.get(name, 0) + size
+            if isinstance(value, asyncio.Queue) or not size or depth >= _MAX_DEPTH:
+                return
+            items: Iterable[object] = ()
+            if isinstance(value, dict):  # not other mappings: a view may compute its values
+                items = value.values()
+            elif isinstance(value, list | tuple):
+                items = value
+            first = next(iter(items), None)
+            if first is not None and _is_component(first, self.packages, element=True):
+                for item in items:
+                    if id(item) not in seen:
+                        seen.add(id(item))
+                        for attr, inner in _attributes(item):
+                            self._measure(f"{name}[*].{attr}", inner, depth + 1, seen, out)
+            elif isinstance(value, list | tuple) and _size(first, self.packages) is not None:
+                # a tuple of lanes, a list of queues: the entries they hold, summed
+                inner = sum(_size(i, self.packages) or 0 for i in value)
+                out[f"{name}[*]"] = out.get(f"{name}[*]", 0) + inner
+            return
+        if depth == 0 or (_is_component(value, self.packages) and id(value) not in seen):
+            seen.add(id(value))
+            if depth >= _MAX_DEPTH:
+                return
+            for attr, inner in _attributes(value):
+                self._measure(f"{name}.{attr}", inner, depth + 1, seen, out)
+
+
+STORE_OBJECTS = "koord_queue_store_objects"
+_STORE_HELP = (
+    "Entries of each informer store and of each map, set, list or queue the reconciler keeps "
+    "(by attribute path), measured at scrape time; per-job state must return to its idle size "
+    "once the jobs are gone."
+)
+_store_sizes: StoreSizes | None = None
+
+
+def watch_stores(
+    informers: Iterable[Any], components: Mapping[str, object], *, skip: Iterable[object] = ()
+) -> StoreSizes:
+    """Register (or replace, for a second ``run`` in one process) the store-size collector."""
+    global _store_sizes
+    if _store_sizes is not None:
+        REGISTRY.unregister(_store_sizes)
+    _store_sizes = StoreSizes(informers, components, skip=skip)
+    REGISTRY.register(_store_sizes)
+    return _store_sizes

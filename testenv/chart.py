@@ -15,7 +15,8 @@ What the values reach (everything else is the manifests, verbatim):
   ``defaultReclaimProtectTime``, ``quotaNamespaceBinding``, ``quotaGuarantees``,
   ``publishQuotaStatus``, ``maxUserPriority`` (also given to the
   webhook as ``--max-user-priority``, so both refuse and clamp alike), ``jobRunningTimeout``,
-  ``plugins``; ``config.enabledExtensions`` (the job kinds, ``--enabled-extensions`` of both
+  ``nativeGangHandoff``, ``plugins``;
+  ``config.enabledExtensions`` (the job kinds, ``--enabled-extensions`` of both
   processes; empty: their default);
 * ``reconciler.extraArgs`` / ``webhook.extraArgs``;
 * ``namespace.create``: the Namespace object (off when something else owns ``koord-queue``);
@@ -167,6 +168,7 @@ maxUserPriority: {{ int64 .Values.config.maxUserPriority }}
 jobRunningTimeout:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+nativeGangHandoff: {{ .Values.config.nativeGangHandoff }}
 {{- with .Values.config.plugins }}
 plugins:
   {{- toYaml . | nindent 2 }}
@@ -279,6 +281,10 @@ config:
   # Running timeout with backoff per job extension (a "default" entry and per-kind overrides).
   jobRunningTimeout:
 {block(config.get("jobRunningTimeout") or {}, 4)}
+  # Native gang hand-off to kube-scheduler's gang scheduling (docs/compatibility.md#native-gang-hand-off):
+  # needs the alpha Workload API scheduling.k8s.io/v1alpha1 and the feature gates GenericWorkload
+  # and GangScheduling; refused with an error (and no effect) on a cluster without them.
+  nativeGangHandoff: {str(config.get("nativeGangHandoff", False)).lower()}
   # Accepted for compatibility with upstream configuration files.
   plugins:
 {block(config.get("plugins") or [], 4)}

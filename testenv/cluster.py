@@ -125,6 +125,11 @@ class LocalCluster:
     node_cpu: str = "8"
     node_memory: str = "32Gi"
     pod_duration_s: float = 30.0
+    #: extra ``--feature-gates`` entries (``GangScheduling=true``) for the apiserver, the
+    #: controller-manager and the scheduler (docs/compatibility.md#native-gang-hand-off)
+    feature_gates: tuple[str, ...] = ()
+    #: extra ``--runtime-config`` entries for the apiserver (``scheduling.k8s.io/v1alpha1=true``)
+    runtime_config: tuple[str, ...] = ()
     components: list[Component] = field(default_factory=list)
     apiserver_port: int = 0
     kubeconfig: Path = field(default_factory=Path)
@@ -314,6 +319,9 @@ class LocalCluster:
                 )
             time.sleep(0.1)
 
+    def _gate_flags(self) -> list[str]:
+        return [f"--feature-gates={','.join(self.feature_gates)}"] if self.feature_gates else []
+
     def _start_etcd(self, bins: binaries.Binaries) -> None:
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
@@ -369,6 +377,9 @@ class LocalCluster:
         ]
         if self.profile == "integration":
             argv.append("--disable-admission-plugins=ServiceAccount")
+        if self.runtime_config:
+            argv.append(f"--runtime-config={','.join(self.runtime_config)}")
+        argv += self._gate_flags()
         apiserver = self._spawn("kube-apiserver", argv)
         self._write_kubeconfig()
         self._await(apiserver, lambda: self.request("GET", "/readyz") == "ok", "kube-apiserver /readyz")
@@ -403,6 +414,7 @@ class LocalCluster:
                 "--concurrent-job-syncs=20",
                 "--profiling=false",
                 "--v=1",
+                *self._gate_flags(),
             ],
         )
         self._await(
@@ -426,6 +438,7 @@ class LocalCluster:
                 "--kube-api-burst=300",
                 "--profiling=false",
                 "--v=1",
+                *self._gate_flags(),
             ],
         )
         self._await(sched, lambda: _https_ok(f"https://127.0.0.1:{port}/healthz"), "kube-scheduler /healthz")

@@ -20,7 +20,7 @@ from pathlib import Path
 from shared.admission import decisions as admission
 from shared.api.goparse import INT32_MAX, INT32_MIN
 from shared.jobs import registry
-from webhook import server
+from webhook import nativegangs, server
 
 #: Young-generation threshold of the cyclic garbage collector (Python's default is 700). A review
 #: allocates a few hundred containers (the parsed body, the patch) and frees all of them by
@@ -94,6 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
         "equal to maxUserPriority in the reconciler's KoordQueueConfiguration (default: no cap)",
     )
     parser.add_argument(
+        "--native-gang-handoff-file",
+        type=Path,
+        default=None,
+        help="native gang hand-off (docs/compatibility.md#native-gang-hand-off): the mounted key "
+        "workloadAPI of the ConfigMap koord-queue-native-gangs the reconciler publishes; workloadRef "
+        "is stamped on gang pod templates only while it says scheduling.k8s.io/v1alpha1 "
+        "(default: off)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=_port,
         default=8080,
@@ -130,6 +139,9 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[server.ServerConfig
             reconciler_username=args.reconciler_username,
             status_writers=frozenset(u.strip() for u in args.status_writers.split(",") if u.strip()),
             max_user_priority=args.max_user_priority,
+            native_gangs=nativegangs.PublishedState(args.native_gang_handoff_file)
+            if args.native_gang_handoff_file is not None
+            else None,
         )
     except registry.UnknownExtensionError as err:
         parser.error(str(err))

@@ -39,6 +39,7 @@ import orjson
 from shared.admission import validation
 from shared.admission.validation import FieldError
 from shared.api import names
+from shared.core import workloadref
 from shared.jobs import base, patches, registry
 from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
 
@@ -84,6 +85,8 @@ class AdmissionConfig:
     status_writers: frozenset[str] = DEFAULT_STATUS_WRITERS
     #: The cluster's cap on the priority annotation (``maxUserPriority``); None: no cap.
     max_user_priority: int | None = None
+    #: Native gang hand-off (``shared.core.workloadref``): whether the Workload API is served; None: off.
+    native_gangs: workloadref.ServedProbe | None = None
 
     def __post_init__(self) -> None:
         registry.enabled_adapters(self.enabled_extensions)
@@ -265,6 +268,8 @@ def _mutate(request: AdmissionRequest, *, config: AdmissionConfig, now_text: str
         ops = adapter.suspend_patch(job, now_text=now_text)
     except JobSpecError as err:
         return deny(request.uid, [validation.from_spec_error(err)])
+    if config.native_gangs is not None:  # docs/compatibility.md#native-gang-hand-off
+        ops = [*ops, *workloadref.stamp_ops(adapter, job, ops, config.native_gangs)]
     if not adapter.status_subresource and job.get("status") is not None:
         ops = [*ops, {"op": "remove", "path": "/status"}]
     if request.username != config.reconciler_username:

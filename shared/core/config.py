@@ -20,7 +20,12 @@ behaviour:
 * ``jobRunningTimeout`` (default: all off): per job extension, ``runningTimeout``,
   ``backoffTimeout`` and ``partialRunningTimeout`` (upstream's per-extension argument names), with
   a ``default`` entry whose fields an extension's entry overrides one by one
-  (docs/compatibility.md#running-timeout, ``shared.jobs.running_timeout``).
+  (docs/compatibility.md#running-timeout, ``shared.jobs.running_timeout``);
+* ``nativeGangHandoff`` (default false): hand the all-or-nothing placement of gang pod sets to
+  kube-scheduler's own gang scheduling through the alpha Workload API (``scheduling.k8s.io/v1alpha1``,
+  feature gates ``GenericWorkload`` and ``GangScheduling``); refused with an error at start-up when
+  the cluster does not serve it (docs/compatibility.md#native-gang-hand-off,
+  ``shared.core.workloadref``).
 
 ``plugins`` and ``pluginConfigs`` are accepted for compatibility with upstream files and otherwise
 ignored. Unknown keys are reported, not ignored silently, so a typo does not turn protection off
@@ -56,6 +61,7 @@ _KNOWN: Final = frozenset(
         "publishQuotaStatus",
         "maxUserPriority",
         "jobRunningTimeout",
+        "nativeGangHandoff",
     }
 )
 #: ``jobRunningTimeout`` entries: field name in the file -> ``RunningTimeout`` attribute.
@@ -87,13 +93,15 @@ class Settings:
     max_user_priority: int | None = None
     #: Per job extension running, backoff and partial running timeouts (``jobRunningTimeout``).
     running_timeouts: RunningTimeouts = field(default_factory=RunningTimeouts)
+    #: Hand gangs to kube-scheduler through the Workload API (``nativeGangHandoff``, default off).
+    native_gang_handoff: bool = False
 
 
-def _switch(doc: dict[str, Any], key: str, source: str) -> bool:
-    """A boolean field that defaults to true."""
+def _switch(doc: dict[str, Any], key: str, source: str, *, default: bool = True) -> bool:
+    """A boolean field (true unless ``default`` says otherwise)."""
     value = doc.get(key)
     if value is None:
-        return True
+        return default
     if not isinstance(value, bool):
         raise ConfigError(f"{source}: {key}: expected true or false, got {value!r}")
     return value
@@ -130,6 +138,7 @@ def parse(text: str, *, source: str = "config") -> Settings:
     binding = _switch(doc, "quotaNamespaceBinding", source)
     guarantees = _switch(doc, "quotaGuarantees", source)
     publish = _switch(doc, "publishQuotaStatus", source)
+    native_gangs = _switch(doc, "nativeGangHandoff", source, default=False)
     cap = doc.get("maxUserPriority")
     if cap is not None and (
         isinstance(cap, bool) or not isinstance(cap, int) or not INT32_MIN <= cap <= INT32_MAX
@@ -146,6 +155,7 @@ def parse(text: str, *, source: str = "config") -> Settings:
         publish_quota_status=publish,
         max_user_priority=cap,
         running_timeouts=timeouts,
+        native_gang_handoff=native_gangs,
     )
 
 

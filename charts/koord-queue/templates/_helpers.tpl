@@ -14,6 +14,7 @@ maxUserPriority: {{ int64 .Values.config.maxUserPriority }}
 jobRunningTimeout:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+nativeGangHandoff: {{ .Values.config.nativeGangHandoff }}
 {{- with .Values.config.plugins }}
 plugins:
   {{- toYaml . | nindent 2 }}
