@@ -33,7 +33,6 @@ Pure: standard library and sibling modules only.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -42,7 +41,7 @@ from typing import Any, Final, Protocol
 from shared.api import names
 from shared.api.model import PodSet, Unit
 from shared.core import gangs
-from shared.jobs import base
+from shared.jobs import base, patches
 from shared.jobs.base import Job, JobAdapter, JobSpecError, JsonPatchOp
 from shared.jobs.patches import escape
 
@@ -165,7 +164,7 @@ def stamp_ops(
     groups = gang_pod_groups(unit) if unit is not None else None
     if not groups:
         return []
-    patched = _apply(job, ops)
+    patched = patches.applied(job, ops)
     stamps: list[JsonPatchOp] = []
     for pointer, pod_set in _gated_templates(patched, ()):
         wanted = groups.get(pod_set)
@@ -213,28 +212,6 @@ def workload_for(
 # --- finding the gated templates ------------------------------------------------------------------
 
 _MAX_DEPTH: Final = 12
-
-
-def _apply(doc: Job, ops: Sequence[JsonPatchOp]) -> Any:
-    """``doc`` with ``ops`` applied (the ``add``/``remove`` operations a ``PatchBuilder`` emits)."""
-    result: Any = copy.deepcopy(dict(doc))
-    for op in ops:
-        tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]]
-        if not tokens:
-            continue
-        parent = _at(result, tokens[:-1])
-        last = tokens[-1]
-        if isinstance(parent, list):
-            if op["op"] == "add":
-                parent.append(copy.deepcopy(op.get("value")))
-            elif last.isdigit() and int(last) < len(parent):
-                del parent[int(last)]
-        elif isinstance(parent, dict):
-            if op["op"] == "add":
-                parent[last] = copy.deepcopy(op.get("value"))
-            else:
-                parent.pop(last, None)
-    return result
 
 
 def _at(doc: Any, tokens: Sequence[str | int]) -> Any:

@@ -32,7 +32,7 @@ from reconciler import visibility as reconciler_visibility
 from shared.admission import decisions as admission
 from shared.api import names
 from shared.core import config as component_config
-from shared.core import visibility
+from shared.core import visibility, workloadref
 from testenv import binaries, system
 from testenv.cluster import LocalCluster, wait_until
 from tests import kube
@@ -94,6 +94,8 @@ RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", "sparkoperator.k8s.io", "sparkapplications", (), ("get", "list", "watch", "patch")),
     ("", "", "pods", (), ("get", "list", "watch", "patch", "delete")),
     ("", "", "events", (), ("create", "patch")),
+    # docs/compatibility.md#native-gang-hand-off: a gang's Workload, created before its pods are ungated
+    ("", "scheduling.k8s.io", "workloads", (), ("create", "get")),
     (
         "",
         "admissionregistration.k8s.io",
@@ -117,6 +119,8 @@ RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     (NAMESPACE, "", "secrets", (CERT_SECRET, VISIBILITY_SECRET), ("get", "update")),
     (NAMESPACE, "", "configmaps", (), ("create",)),
     (NAMESPACE, "", "configmaps", (BINDINGS_CONFIGMAP,), ("get", "update")),
+    # where the webhook learns whether gang pod templates are stamped (the native gang hand-off)
+    (NAMESPACE, "", "configmaps", (workloadref.STATE_CONFIGMAP,), ("delete", "get", "update")),
     (AUTH_NAMESPACE, "", "configmaps", (AUTH_CONFIGMAP,), ("get",)),
 )
 CLUSTER_SCOPED = {
@@ -443,6 +447,7 @@ def test_reconciler_rbac_is_explicit_and_matches_the_table(rendered: list[Doc]) 
                 (AUTH_NAMESPACE, (AUTH_CONFIGMAP,), ("get",)),
                 (NAMESPACE, (), ("create",)),
                 (NAMESPACE, (BINDINGS_CONFIGMAP,), ("get", "update")),
+                (NAMESPACE, (workloadref.STATE_CONFIGMAP,), ("delete", "get", "update")),
             )
 
 
