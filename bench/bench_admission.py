@@ -102,6 +102,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -653,6 +654,36 @@ async def ceiling(cluster: Any, seconds: float, concurrency: int = CEILING_CONCU
 
 
 # --- the load --------------------------------------------------------------------------------------
+
+
+async def runner_client(cluster: Any) -> kube.Kube:
+    """The runner's client: no client-side rate limit (the apiserver and the systems under test
+    are what is measured), a large pool, and :func:`lighten`."""
+    client = await kube.Kube.connect(
+        kubeconfig=str(cluster.kubeconfig), qps=0, burst=1, pool_size=64, user_agent="koord-queue-bench"
+    )
+    lighten(client)
+    return client
+
+
+def report_failure(cluster: Any, components: Sequence[Any]) -> None:
+    """A run failed: print the control plane's logs and the end of each component's."""
+    print(cluster.logs())
+    for comp in components:
+        if comp is not None:
+            print(f"--- {comp.name} ---\n{comp.tail(40)}")
+
+
+def tear_down(cluster: Any, components: Sequence[Any], workdir: pathlib.Path, *, keep_logs: bool) -> None:
+    """Stop the components and the control plane; remove the run's directory unless kept."""
+    for comp in components:
+        if comp is not None:
+            comp.stop()
+    cluster.stop()
+    if not keep_logs:
+        subprocess.run(["rm", "-rf", str(workdir)], check=False)
+    else:
+        print(f"  logs kept in {workdir}")
 
 
 def lighten(client: kube.Kube) -> None:
@@ -1293,14 +1324,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
 
         async def load() -> dict[str, Any]:
             assert reconciler is not None  # started above; stopped only after the load
-            client = await kube.Kube.connect(
-                kubeconfig=str(cluster.kubeconfig),
-                qps=0,
-                burst=1,
-                pool_size=64,
-                user_agent="koord-queue-bench",
-            )
-            lighten(client)
+            client = await runner_client(cluster)
             try:
                 await wait_queues(client, cfg)
                 await settle(reconciler.ports["metrics"], timeout=10, quiet=1.0)
@@ -1385,20 +1409,10 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
         result["reconciler_log_tail"] = reconciler_log
         return result
     except BaseException:
-        print(cluster.logs())
-        for comp in (reconciler, webhook):
-            if comp is not None:
-                print(f"--- {comp.name} ---\n{comp.tail(40)}")
+        report_failure(cluster, (reconciler, webhook))
         raise
     finally:
-        for comp in (reconciler, webhook):
-            if comp is not None:
-                comp.stop()
-        cluster.stop()
-        if not cfg.keep_logs:
-            subprocess.run(["rm", "-rf", str(workdir)], check=False)
-        else:
-            print(f"  logs kept in {workdir}")
+        tear_down(cluster, (reconciler, webhook), workdir, keep_logs=cfg.keep_logs)
 
 
 def figures(result: dict[str, Any]) -> dict[str, Any]:

@@ -35,7 +35,8 @@ module by ``hack/kueue/build.sh``) in place of ours:
 * no webhook is registered with the apiserver (no Mutating/ValidatingWebhookConfiguration is
   applied): the benchmark creates each Job already suspended with the ``kueue.x-k8s.io/queue-name``
   and ``kueue.x-k8s.io/priority-class`` labels, which is what Kueue's Job webhook would have made of it.
-  The apiserver therefore never calls Kueue, while ours pays two webhook calls per Job create;
+  The apiserver therefore never calls Kueue, while ours pays one webhook call per Job create (two
+  until session 5);
 * internal certificate management stays on (Kueue's default). It cannot be turned off here: with
   ``internalCertManagement.enable: false`` the v0.17.0 manager reads the metrics server's certificate
   from the fixed path ``/etc/kueue/metrics/certs`` and exits when it is missing. Left on, it needs the
@@ -417,14 +418,7 @@ def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) 
         print(f"  control plane and Kueue up in {result['start_s']}s", flush=True)
 
         async def load() -> dict[str, Any]:
-            client = await kube.Kube.connect(
-                kubeconfig=str(cluster.kubeconfig),
-                qps=0,
-                burst=1,
-                pool_size=64,
-                user_agent="koord-queue-bench",
-            )
-            ba.lighten(client)
+            client = await ba.runner_client(cluster)
             try:
                 await setup_queues(client, cfg)
                 await wait_active(client, cfg.quotas + (1 if cfg.probe_jobs else 0))

@@ -45,7 +45,6 @@ import json
 import math
 import pathlib
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -441,14 +440,7 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
 
         async def soak() -> None:
             assert reconciler is not None and webhook is not None
-            client = await kube.Kube.connect(
-                kubeconfig=str(cluster.kubeconfig),
-                qps=0,
-                burst=1,
-                pool_size=64,
-                user_agent="koord-queue-bench",
-            )
-            ba.lighten(client)
+            client = await ba.runner_client(cluster)
             try:
                 await ba.wait_queues(client, run_cfg)
                 result["prime"] = await cycle_once(cfg, run_cfg, client)
@@ -507,20 +499,10 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         result["gc_alive"] = gc.alive()
         return result
     except BaseException:
-        print(cluster.logs())
-        for comp in (reconciler, webhook):
-            if comp is not None:
-                print(f"--- {comp.name} ---\n{comp.tail(40)}")
+        ba.report_failure(cluster, (reconciler, webhook))
         raise
     finally:
-        for comp in (reconciler, webhook):
-            if comp is not None:
-                comp.stop()
-        cluster.stop()
-        if not cfg.keep_logs:
-            subprocess.run(["rm", "-rf", str(workdir)], check=False)
-        else:
-            print(f"  logs kept in {workdir}")
+        ba.tear_down(cluster, (reconciler, webhook), workdir, keep_logs=cfg.keep_logs)
 
 
 def print_summary(result: dict[str, Any]) -> None:

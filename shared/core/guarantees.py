@@ -120,6 +120,21 @@ def _merge_smallest(a: Resources | None, b: Resources) -> Resources:
     return {r: min(a[r], b[r]) for r in a.keys() & b.keys()}
 
 
+def _borrowing(ledger: QuotaLedger) -> frozenset[str]:
+    """The parents below which some child may borrow (cached until the tree changes)."""
+    if not ledger.children():
+        return frozenset()
+    found = ledger.per_tree("guarantees.borrowing", lambda: _borrowing_parents(ledger))
+    assert isinstance(found, frozenset)
+    return found
+
+
+def anyone_borrows(ledger: QuotaLedger) -> bool:
+    """Whether :func:`compute` can return anything for this tree: the caller skips gathering the
+    queues' demand when it cannot (most trees: nothing is oversubscribed)."""
+    return bool(_borrowing(ledger))
+
+
 def compute(
     ledger: QuotaLedger, pending: Mapping[str, Resources], smallest: Mapping[str, Resources]
 ) -> Shares:
@@ -128,10 +143,7 @@ def compute(
     ``pending`` is, per quota, the sum of its active waiting units' requests; ``smallest`` the
     smallest such request per resource (both from the queues' demand). Cost: O(quotas x depth)."""
     children = ledger.children()
-    if not children:
-        return Shares()
-    borrowing = ledger.per_tree("guarantees.borrowing", lambda: _borrowing_parents(ledger))
-    assert isinstance(borrowing, frozenset)
+    borrowing = _borrowing(ledger)
     if not borrowing:
         return Shares()  # nobody can borrow anywhere: upstream's admission, at no cost
     quotas = ledger.quotas

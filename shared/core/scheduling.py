@@ -88,7 +88,13 @@ def refresh_shares(snapshot: Snapshot, state: SchedulerState) -> None:
     """Compute this cycle's guarantee figures (``shared.core.guarantees``) and wake the queues
     below any quota whose runtime grew since the last cycle (their parked units may fit now)."""
     ledger = snapshot.ledger
-    if not snapshot.guarantees or not ledger.has_subquotas:
+    settled = not any(state.runtime.values()) and not any(state.gaps.values())
+    if (
+        not snapshot.guarantees
+        or not ledger.has_subquotas
+        or (settled and not guarantees.anyone_borrows(ledger))
+    ):
+        # Nothing to divide, and nothing divided last cycle that could wake a queue now.
         state.runtime, state.requests, state.guaranteed, state.gaps = {}, {}, {}, {}
         return
     busy = [(name, qs.demand) for name, qs in state.queues.items() if qs.demand.count]
