@@ -423,7 +423,7 @@ def _accepts(flag: str) -> bool:
 def start_reconciler(cluster: Any, logdir: pathlib.Path, cfg: RunConfig, profile_out: str) -> Any:
     """Like ``testenv.system.start_reconciler`` (its ServiceAccount, impersonated), but counted."""
     from testenv import system
-    from testenv.cluster import Component, free_port, wait_until
+    from testenv.cluster import free_port, spawn, wait_until
 
     system.install_rbac(cluster)
     health, metrics_port = free_port(), free_port()
@@ -441,18 +441,9 @@ def start_reconciler(cluster: Any, logdir: pathlib.Path, cfg: RunConfig, profile
         *cfg.reconciler_args,
     ]
     log = logdir / "reconciler.log"
-    with log.open("ab") as handle:
-        process = subprocess.Popen(
-            argv,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            cwd=str(ROOT),
-        )
-    component = Component(name="reconciler", process=process, log=log)
-    component.ports = {"health": health, "metrics": metrics_port}
+    ports = {"health": health, "metrics": metrics_port}
+    env = {"PYTHONUNBUFFERED": "1"}
+    component = spawn("reconciler", argv, log, env=env, cwd=ROOT, ports=ports)
 
     def ready() -> bool:
         with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2) as resp:

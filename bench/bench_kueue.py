@@ -252,7 +252,7 @@ def kueue_config(
 
 
 def start_kueue(cluster: Any, build: pathlib.Path, workdir: pathlib.Path, qps: float, burst: int) -> Any:
-    from testenv.cluster import Component, free_port, wait_until
+    from testenv.cluster import free_port, spawn, wait_until
 
     ports = {"health": free_port(), "metrics": free_port(), "webhook": free_port()}
     cfg = kueue_config(build / "controller_manager_config.yaml", workdir, ports, qps, burst)
@@ -260,17 +260,8 @@ def start_kueue(cluster: Any, build: pathlib.Path, workdir: pathlib.Path, qps: f
     config_path.write_text(yaml.safe_dump(cfg))
     log = workdir / "logs" / "kueue.log"
     argv = [str(build / "kueue"), f"--config={config_path}", "--feature-gates=VisibilityOnDemand=false"]
-    with log.open("ab") as handle:
-        process = subprocess.Popen(
-            argv,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
-            cwd=str(workdir),
-        )
-    component = Component(name="kueue", process=process, log=log, ports=ports)
+    env = {"KUBECONFIG": str(cluster.kubeconfig)}
+    component = spawn("kueue", argv, log, env=env, cwd=workdir, ports=ports)
 
     certs = workdir / "kueue-certs"
 

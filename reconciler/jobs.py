@@ -470,12 +470,7 @@ class JobExtensions:
         if left <= 0:
             return False
         if key not in self._report_checks:
-
-            def due() -> None:
-                self._report_checks.pop(key, None)
-                self.mark(key)
-
-            self._report_checks[key] = loop.call_later(left + 0.05, due)
+            self._recheck(self._report_checks, key, left)
         return True
 
     def _forget_report(self, key: JobKey) -> None:
@@ -491,12 +486,17 @@ class JobExtensions:
         if pending is not None:
             pending.cancel()
         if delay is not None:
+            self._recheck(self._timeout_checks, key, delay)
 
-            def due() -> None:
-                self._timeout_checks.pop(key, None)
-                self.mark(key)
+    def _recheck(self, timers: dict[JobKey, asyncio.TimerHandle], key: JobKey, delay: float) -> None:
+        """Mark the job in ``delay`` seconds (a little after, so the deadline has passed), keeping
+        the timer in ``timers`` until it fires."""
 
-            self._timeout_checks[key] = asyncio.get_running_loop().call_later(delay + 0.05, due)
+        def due() -> None:
+            timers.pop(key, None)
+            self.mark(key)
+
+        timers[key] = asyncio.get_running_loop().call_later(delay + 0.05, due)
 
     async def _release_orphan(self, unit: kube.Obj, unit_key: str, job: kube.Obj | None) -> None:
         """Release an orphaned unit (``job_units.release_orphan``) unless one of its pods runs."""

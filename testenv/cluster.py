@@ -25,7 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -113,6 +113,30 @@ class Component:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=timeout)
+
+
+def spawn(
+    name: str,
+    argv: list[str],
+    log: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    ports: dict[str, int] | None = None,
+) -> Component:
+    """Start ``argv`` with its output appended to ``log``, in a session of its own so that
+    :meth:`Component.stop` takes its children down too; ``env`` is added to this process's."""
+    with log.open("ab") as handle:
+        process = subprocess.Popen(
+            argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+            cwd=str(cwd) if cwd is not None else None,
+        )
+    return Component(name=name, process=process, log=log, ports=ports or {})
 
 
 @dataclass
@@ -282,20 +306,7 @@ class LocalCluster:
     # --- processes ---------------------------------------------------------------------------
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
-        log = self._path("logs", f"{name}.log")
-        handle = log.open("ab")
-        try:
-            process = subprocess.Popen(
-                argv,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env={**os.environ, **(env or {})},
-            )
-        finally:
-            handle.close()
-        component = Component(name=name, process=process, log=log)
+        component = spawn(name, argv, self._path("logs", f"{name}.log"), env=env)
         self.components.append(component)
         return component
 

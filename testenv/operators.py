@@ -16,8 +16,6 @@ It runs in its own session and is stopped by PID, like every control-plane proce
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +26,7 @@ import yaml
 
 from certs import pki
 from testenv import binaries
-from testenv.cluster import Component, LocalCluster, free_port, http_ok, wait_until
+from testenv.cluster import Component, LocalCluster, free_port, http_ok, spawn, wait_until
 
 START_TIMEOUT_S = 60.0
 
@@ -215,17 +213,9 @@ def start(cluster: LocalCluster, operator: binaries.Operator, *, logdir: Path) -
     kubeconfig = cluster.kubeconfig
     if launch.user is not None:
         kubeconfig = cluster.kubeconfig_for(operator.name, user=launch.user, groups=("system:masters",))
+    argv = launch.argv(operator.binary, kubeconfig, ports)
     log = logdir / f"{operator.name}.log"
-    with log.open("ab") as handle:
-        process = subprocess.Popen(
-            launch.argv(operator.binary, kubeconfig, ports),
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, **launch.env},
-        )
-    component = Component(name=operator.name, process=process, log=log, ports=ports)
+    component = spawn(operator.name, argv, log, env=launch.env, ports=ports)
     try:
         wait_until(
             lambda: _ready(f"http://127.0.0.1:{ports[launch.ready_port]}{launch.ready_path}"),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import urllib.error
@@ -24,7 +23,7 @@ import yaml
 from certs import pki
 from shared.api import names
 from testenv import binaries
-from testenv.cluster import ClusterError, Component, LocalCluster, free_port, http_ok, wait_until
+from testenv.cluster import ClusterError, Component, LocalCluster, free_port, http_ok, spawn, wait_until
 
 ROOT = binaries.PROJECT_ROOT
 CRD_DIRS = (ROOT / "manifests" / "crds", ROOT / "tests" / "crds")
@@ -82,17 +81,7 @@ class Processes:
 
 
 def _spawn(name: str, argv: list[str], logdir: Path) -> Component:
-    log = logdir / f"{name}.log"
-    with log.open("ab") as handle:
-        process = subprocess.Popen(
-            argv,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    return Component(name=name, process=process, log=log)
+    return spawn(name, argv, logdir / f"{name}.log", env={"PYTHONUNBUFFERED": "1"})
 
 
 def start_webhook(
