@@ -40,7 +40,7 @@ from shared.api import admission_checks, names
 from shared.api.model import Unit
 from shared.api.names import EventReason, Message, Phase
 from shared.api.parsing import parse_queue, parse_quota, parse_unit
-from shared.core.config import Settings
+from shared.core.config import ScheduledEvents, Settings
 from shared.core.policies import unlabelled_message
 from shared.core.preemption import MarkVictims
 from shared.core.scheduling import Admit, Cache, Park
@@ -81,6 +81,8 @@ class SchedulerLoop:
         #: closed while following: watch events only fill the cache, nothing is queued to write
         #: (docs/architecture.md#decision-12-leadership-and-high-availability)
         self.leadership = leadership if leadership is not None else kube.Leadership()
+        #: ``scheduledEvents: Always``: every admission gets ``Scheduled``, not only those that waited
+        self.scheduled_event_always = settings.scheduled_events == ScheduledEvents.ALWAYS
         self.cache = Cache(
             reclaim_protect_seconds=settings.reclaim_protect_seconds,
             quota_namespace_binding=settings.quota_namespace_binding,

@@ -27,6 +27,7 @@ from shared.api.model import Unit
 from shared.api.names import EventReason, Message, Phase
 from shared.api.parsing import parse_unit
 from shared.core import explain
+from shared.core.plan import announces_admission
 from shared.core.preemption import MarkVictims
 from shared.core.scheduling import Admit, Park
 
@@ -118,9 +119,10 @@ class Writer:
         finally:
             self._settled(admit.key, written)
         if written is not None and admit.phase == Phase.DEQUEUED:
-            self.loop.events.record(
-                written, type_="Normal", reason=EventReason.SCHEDULED, message=Message.SCHEDULED_EVENT
-            )
+            if announces_admission(before.phase, always=self.loop.scheduled_event_always):
+                self.loop.events.record(
+                    written, type_="Normal", reason=EventReason.SCHEDULED, message=Message.SCHEDULED_EVENT
+                )
             if before.phase == Phase.ENQUEUED:  # it waited: tell the job (none on the fast path)
                 waited = now - before.created if before.created else None
                 job_events.record_admitted(self.loop.events, written, admit.queue, waited)

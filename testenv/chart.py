@@ -15,7 +15,7 @@ What the values reach (everything else is the manifests, verbatim):
   ``defaultReclaimProtectTime``, ``quotaNamespaceBinding``, ``quotaGuarantees``,
   ``publishQuotaStatus``, ``maxUserPriority`` (also given to the
   webhook as ``--max-user-priority``, so both refuse and clamp alike), ``jobRunningTimeout``,
-  ``nativeGangHandoff``, ``plugins``;
+  ``nativeGangHandoff``, ``scheduledEvents``, ``plugins``;
   ``config.enabledExtensions`` (the job kinds, ``--enabled-extensions`` of both
   processes; empty: their default);
 * ``reconciler.extraArgs`` / ``webhook.extraArgs``;
@@ -169,6 +169,7 @@ jobRunningTimeout:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 nativeGangHandoff: {{ .Values.config.nativeGangHandoff }}
+scheduledEvents: {{ .Values.config.scheduledEvents }}
 {{- with .Values.config.plugins }}
 plugins:
   {{- toYaml . | nindent 2 }}
@@ -285,6 +286,9 @@ config:
   # needs the alpha Workload API scheduling.k8s.io/v1alpha1 and the feature gates GenericWorkload
   # and GangScheduling; refused with an error (and no effect) on a cluster without them.
   nativeGangHandoff: {str(config.get("nativeGangHandoff", False)).lower()}
+  # The QueueUnit event Scheduled "dequeue success" (docs/compatibility.md#events): AfterWait only
+  # for units that waited first; Always on every admission, as upstream.
+  scheduledEvents: {config.get("scheduledEvents", "AfterWait")}
   # Accepted for compatibility with upstream configuration files.
   plugins:
 {block(config.get("plugins") or [], 4)}

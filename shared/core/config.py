@@ -26,6 +26,12 @@ behaviour:
   feature gates ``GenericWorkload`` and ``GangScheduling``); refused with an error at start-up when
   the cluster does not serve it (docs/compatibility.md#native-gang-hand-off,
   ``shared.core.workloadref``).
+* ``scheduledEvents`` (default ``AfterWait``): when a QueueUnit gets the Normal event ``Scheduled``
+  "dequeue success". ``AfterWait`` records it only for a unit that waited first (it was parked with a
+  reason, requeued, or went through admission checks), so its ``FailedScheduling`` history ends with
+  the admission; a unit admitted by the first cycle that sees it gets none, because its status already
+  says so and the event is one apiserver write per job. ``Always`` restores upstream's event on every
+  admission (docs/compatibility.md#events).
 
 ``plugins`` and ``pluginConfigs`` are accepted for compatibility with upstream files and otherwise
 ignored. Unknown keys are reported, not ignored silently, so a typo does not turn protection off
@@ -35,6 +41,7 @@ without a word.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +69,7 @@ _KNOWN: Final = frozenset(
         "maxUserPriority",
         "jobRunningTimeout",
         "nativeGangHandoff",
+        "scheduledEvents",
     }
 )
 #: ``jobRunningTimeout`` entries: field name in the file -> ``RunningTimeout`` attribute.
@@ -72,6 +80,13 @@ _TIMEOUT_FIELDS: Final = {
 }
 #: The ``jobRunningTimeout`` entry every extension inherits from.
 DEFAULT_TIMEOUTS: Final = "default"
+
+
+class ScheduledEvents(enum.StrEnum):
+    """Which admissions get the unit event ``Scheduled`` (``scheduledEvents``)."""
+
+    AFTER_WAIT = "AfterWait"
+    ALWAYS = "Always"
 
 
 class ConfigError(ValueError):
@@ -95,6 +110,8 @@ class Settings:
     running_timeouts: RunningTimeouts = field(default_factory=RunningTimeouts)
     #: Hand gangs to kube-scheduler through the Workload API (``nativeGangHandoff``, default off).
     native_gang_handoff: bool = False
+    #: Which admissions get the unit event ``Scheduled`` (``scheduledEvents``, default ``AfterWait``).
+    scheduled_events: ScheduledEvents = ScheduledEvents.AFTER_WAIT
 
 
 def _switch(doc: dict[str, Any], key: str, source: str, *, default: bool = True) -> bool:
@@ -139,6 +156,10 @@ def parse(text: str, *, source: str = "config") -> Settings:
     guarantees = _switch(doc, "quotaGuarantees", source)
     publish = _switch(doc, "publishQuotaStatus", source)
     native_gangs = _switch(doc, "nativeGangHandoff", source, default=False)
+    raw_events = doc.get("scheduledEvents", ScheduledEvents.AFTER_WAIT.value)
+    if not isinstance(raw_events, str) or raw_events not in {member.value for member in ScheduledEvents}:
+        choices = " or ".join(member.value for member in ScheduledEvents)
+        raise ConfigError(f"{source}: scheduledEvents: expected {choices}, got {raw_events!r}")
     cap = doc.get("maxUserPriority")
     if cap is not None and (
         isinstance(cap, bool) or not isinstance(cap, int) or not INT32_MIN <= cap <= INT32_MAX
@@ -156,6 +177,7 @@ def parse(text: str, *, source: str = "config") -> Settings:
         max_user_priority=cap,
         running_timeouts=timeouts,
         native_gang_handoff=native_gangs,
+        scheduled_events=ScheduledEvents(raw_events),
     )
 
 

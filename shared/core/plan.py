@@ -18,7 +18,7 @@ from shared.api.quantities import Resources
 from shared.core.preemption import MarkVictims
 from shared.core.quota import QuotaLedger
 
-__all__ = ["Admit", "Decision", "Park", "Plan", "Snapshot"]
+__all__ = ["Admit", "Decision", "Park", "Plan", "Snapshot", "announces_admission"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,18 @@ class Admit:
     admission_checks: tuple[str, ...]
     request: Resources
     reason: EventReason = EventReason.SCHEDULED
+
+
+def announces_admission(phase_before: str, *, always: bool) -> bool:
+    """Whether an admission to ``Dequeued`` gets the unit event ``Scheduled`` "dequeue success".
+
+    A unit that was ``Enqueued`` before (parked with a reason, or requeued after a backoff) waited,
+    and its event history would otherwise end at the last ``FailedScheduling``; it gets the event. A
+    unit admitted by the first cycle that sees it (no phase yet) has nothing to close: its status
+    says ``Dequeued`` and the event would only cost the apiserver one write per job. ``always``
+    (``scheduledEvents: Always``) is upstream's behaviour (docs/compatibility.md#events).
+    """
+    return always or phase_before == Phase.ENQUEUED
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ Pods finish after ``KWOK_POD_DURATION`` (3s) unless the template sets the kwok a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -25,7 +26,9 @@ import yaml
 
 from shared import kube as kq
 from shared.api import names
+from shared.api.durations import parse_time
 from shared.api.names import Message
+from shared.jobs import podplan
 from testenv import system
 from testenv.cluster import LocalCluster
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION
@@ -195,6 +198,12 @@ async def test_running_pods_are_reported_and_a_finished_job_releases_its_quota(e
     assert second["metadata"]["annotations"].get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
 
 
+def written_at(unit_status: Obj) -> float:
+    at = parse_time(unit_status.get("lastUpdateTime"))
+    assert at is not None, unit_status
+    return at
+
+
 async def test_a_single_pod_job_costs_three_unit_status_writes(env: Scenario) -> None:
     """docs/compatibility.md#coalesced-pod-reports: admitted, Running, finished. The counts of a
     created pod and of a finished one ride with the next write instead of costing their own (five
@@ -212,9 +221,14 @@ async def test_a_single_pod_job_costs_three_unit_status_writes(env: Scenario) ->
         "Running",
         "Succeed",
     ], writes
-    # Three when the Job controller marks the Job complete within 2 s of its pod finishing (it
-    # does in milliseconds on a quiet machine); a fourth only if it lags behind that.
-    assert len(writes) <= 4, writes
+    # Three when the kubelet and the Job controller report within 2 s (milliseconds on a quiet
+    # machine). Under load a report of counts alone may be forced out after waiting its full window;
+    # such a write repeats the phase and comes at least COALESCE_SECONDS after the write before it
+    # (less one second for lastUpdateTime's precision). A count written at once would come sooner.
+    for before, now in itertools.pairwise(writes):
+        if now.get("phase") == before.get("phase"):
+            gap = written_at(now) - written_at(before)
+            assert gap >= podplan.COALESCE_SECONDS - 1, ("a count that did not wait its window", writes)
     running = next(w for w in writes if w.get("phase") == "Running")
     assert running["podState"] == {"running": 1, "pending": 0}, writes
 

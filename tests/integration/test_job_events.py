@@ -121,12 +121,12 @@ async def test_a_job_that_waits_is_told_queued_and_one_admitted_at_once_costs_no
     done = await until(
         sc, lambda ev: any(r == "Queued" for _, r, _ in about(ev, "Job", "third")), "Queued on job third"
     )
-    # The cost: a job admitted at once writes only its unit's Scheduled event (the admission path
-    # keeps its 4 writes); a Job that waited writes one event on the job besides its unit's: its
-    # release is the Job controller's Resumed, not a second event of ours.
+    # The cost: a job admitted at once writes no event at all (scheduledEvents: AfterWait, the
+    # default: the admission path keeps its 4 writes); a Job that waited writes one event on the job
+    # besides its unit's: its release is the Job controller's Resumed, not a second event of ours.
     assert [r for _, r, _ in about(done, "Job", "second")] == ["Queued"]
     assert about(done, "Job", "first") == []
-    assert [r for _, r, _ in about(done, "QueueUnit", "first")] == ["Scheduled"]
+    assert about(done, "QueueUnit", "first") == []
     assert [r for _, r, _ in about(done, "QueueUnit", "second")] == ["FailedScheduling", "Scheduled"]
 
 

@@ -15,6 +15,7 @@ jobRunningTimeout:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 nativeGangHandoff: {{ .Values.config.nativeGangHandoff }}
+scheduledEvents: {{ .Values.config.scheduledEvents }}
 {{- with .Values.config.plugins }}
 plugins:
   {{- toYaml . | nindent 2 }}
