@@ -299,13 +299,6 @@ class QuotaBindingSync:
             return
 
 
-def _rv(obj: Mapping[str, Any]) -> int | None:
-    try:
-        return int(str((obj.get("metadata") or {}).get("resourceVersion")))
-    except (TypeError, ValueError):
-        return None
-
-
 class QuotaStatusSync:
     """Publish each quota's figures on the quota (docs/compatibility.md#quota-guarantees, "Published
     figures"): ``status.used`` and the annotations ``quota.scheduling.koordinator.sh/runtime``,
@@ -386,7 +379,7 @@ class QuotaStatusSync:
             obj = store.get(key)
             if obj is None:
                 continue
-            rv, ours = _rv(obj), self._written_rv.get(key)
+            rv, ours = kube.resource_version(obj), self._written_rv.get(key)
             if ours is not None and rv is not None and rv < ours:
                 continue  # the watch has not caught up with our last write yet
             writes = quotastatus.changes(obj, fig)
@@ -455,6 +448,6 @@ class QuotaStatusSync:
                 self._last.pop(key, None)  # the status was dropped: write it through /status next
 
     def _note(self, key: str, done: kube.Obj) -> None:
-        rv = _rv(done) if isinstance(done, Mapping) else None
+        rv = kube.resource_version(done) if isinstance(done, Mapping) else None
         if rv is not None:
             self._written_rv[key] = rv

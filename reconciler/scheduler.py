@@ -49,14 +49,6 @@ from shared.jobs import adoption
 log = logging.getLogger(__name__)
 
 
-def _rv(obj: Mapping[str, Any]) -> int | None:
-    raw = (obj.get("metadata") or {}).get("resourceVersion")
-    try:
-        return int(str(raw))
-    except (TypeError, ValueError):
-        return None
-
-
 def _key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
@@ -120,7 +112,7 @@ class SchedulerLoop:
             return  # applied from the informer store once our write settles
         if new is not None:
             written = self._written_rv.get(key)
-            rv = _rv(new)
+            rv = kube.resource_version(new)
             if written is not None and rv is not None:
                 if rv < written:
                     return  # older than what we wrote: the watch is catching up
@@ -184,12 +176,12 @@ class SchedulerLoop:
             # previous reason was being written): what the cache holds is decided when the last
             # one settles, with all results known. Deciding now from a failed or dropped write
             # could erase an admission that lands a moment later.
-            if written is not None and (written_rv := _rv(written)) is not None:
+            if written is not None and (written_rv := kube.resource_version(written)) is not None:
                 self._written_rv[key] = max(written_rv, self._written_rv.get(key, 0))
             return
         latest = self.unit_store.get(key)
         if written is None and latest is not None:
-            known, latest_rv = self._written_rv.get(key), _rv(latest)
+            known, latest_rv = self._written_rv.get(key), kube.resource_version(latest)
             if known is not None and latest_rv is not None and latest_rv < known:
                 # This write failed (or was dropped), but an earlier one of ours landed and the
                 # watch has not delivered it yet: the store is older than the cache, which holds
@@ -200,7 +192,7 @@ class SchedulerLoop:
         if written is None or latest is None:
             self._apply_unit(key, latest)
             return
-        written_rv, latest_rv = _rv(written), _rv(latest)
+        written_rv, latest_rv = kube.resource_version(written), kube.resource_version(latest)
         if written_rv is not None and latest_rv is not None and latest_rv > written_rv:
             self._apply_unit(key, latest)
             return

@@ -137,6 +137,18 @@ _ERRORS: dict[int, type[KubeError]] = {
 }
 
 
+def resource_version(obj: Mapping[str, Any]) -> int | None:
+    """An object's ``metadata.resourceVersion`` as a number (etcd's revision), None if it has none.
+
+    Kubernetes calls the value opaque; the reconciler compares it only between versions of one
+    object it read or wrote itself, to tell a watch that lags behind its own write.
+    """
+    try:
+        return int(str((obj.get("metadata") or {}).get("resourceVersion")))
+    except (TypeError, ValueError):
+        return None
+
+
 def error_for(status: int, body: bytes) -> KubeError:
     """Build the typed error from an API ``Status`` body (or whatever the server sent)."""
     reason, message = "", body[:500].decode(errors="replace")

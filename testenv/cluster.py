@@ -383,7 +383,9 @@ class LocalCluster:
             # No --enable-aggregator-routing: the endpoint resolver it selects refuses ExternalName
             # Services, and an ExternalName Service pointing at localhost is how the tests reach
             # an aggregated server here (no pod network; Endpoints may not be loopback).
-            "--profiling=false",
+            # KQ_APISERVER_PROFILING=1 serves /debug/pprof (to see where a benchmark's apiserver
+            # CPU goes: `kubectl get --raw "/debug/pprof/profile?seconds=20"`).
+            f"--profiling={'true' if os.environ.get('KQ_APISERVER_PROFILING') == '1' else 'false'}",
             "--v=1",
         ]
         if self.profile == "integration":

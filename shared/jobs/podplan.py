@@ -297,8 +297,10 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
 
 
 #: How long a report that only changes pod counts waits for a write that matters
-#: (docs/compatibility.md#coalesced-pod-reports).
-COALESCE_SECONDS = 2.0
+#: (docs/compatibility.md#coalesced-pod-reports). 5 s, the cadence of the quota figures: at 2 s,
+#: a loaded cluster (binding or the Job controller's completion more than 2 s behind) forced
+#: about one job in four into a write of counts alone.
+COALESCE_SECONDS = 5.0
 
 
 def can_wait(unit: Obj, patch: Obj) -> bool:

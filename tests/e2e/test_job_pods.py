@@ -221,7 +221,7 @@ async def test_a_single_pod_job_costs_three_unit_status_writes(env: Scenario) ->
         "Running",
         "Succeed",
     ], writes
-    # Three when the kubelet and the Job controller report within 2 s (milliseconds on a quiet
+    # Three when the kubelet and the Job controller report within 5 s (milliseconds on a quiet
     # machine). Under load a report of counts alone may be forced out after waiting its full window;
     # such a write repeats the phase and comes at least COALESCE_SECONDS after the write before it
     # (less one second for lastUpdateTime's precision). A count written at once would come sooner.

@@ -584,3 +584,60 @@ async def test_a_jobsets_pods_are_released_through_its_child_job_and_no_other() 
     assert "early" in ungated  # counted now, and released into the admission's free replica
     [report] = status_writes(client)
     assert report["status"]["phase"] == "Running" and report["status"]["podState"]["running"] == 1
+
+
+class VersioningClient(FakeClient):
+    """Answers each status write with the unit at the next resourceVersion, as the apiserver does."""
+
+    def __init__(self, rv: int) -> None:
+        super().__init__()
+        self.rv = rv
+
+    async def patch(self, res: kube.Resource, name: str, patch: Any, **kwargs: Any) -> kube.Obj:
+        await super().patch(res, name, patch, **kwargs)
+        self.rv += 1
+        return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": str(self.rv)}}
+
+
+async def test_a_report_waits_for_the_watch_to_deliver_our_own_write() -> None:
+    """A pod event right after our report (kwok or the kubelet marking the bound pod Running) finds
+    the store still holding the unit before that report; planning on it would write the same report
+    again, conditional on the old resourceVersion: a 409. The job waits for the watch instead."""
+    job = released_job()
+    unit = jobext.build_queue_unit(job, registry.by_extension("job"), {})
+    unit["metadata"].update(resourceVersion="5", creationTimestamp=NOW)
+    unit["status"] = {"phase": "Dequeued", "admissions": [{"name": "first", "replicas": 2, "running": 0}]}
+    units = {"ns/first": unit}
+    client = VersioningClient(rv=5)
+    jobs = JobExtensions(
+        client,  # type: ignore[arg-type]
+        adapters=registry.enabled_adapters(("job",)),
+        units=lambda: units,
+        priority_classes=dict,
+        events=FakeEvents(),  # type: ignore[arg-type]
+    )
+    job["status"] = {"active": 2}
+    jobs.job_informers[("batch/v1", "Job")].objects["ns/first"] = job
+    for name in ("first-a", "first-b"):
+        obj = pod(name)
+        obj["metadata"]["annotations"][names.RELATED_PODSET_ANNOTATION] = "first"
+        obj["metadata"]["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "first", "uid": "u-1", "controller": True}
+        ]
+        add_pod(jobs, obj)
+
+    await jobs.reconcile(FIRST)
+    [report] = status_writes(client)
+    assert report["status"]["phase"] == "Running" and report["metadata"]["resourceVersion"] == "5"
+    assert jobs._unit_written == {"ns/first": 6}
+
+    await jobs.reconcile(FIRST)  # a pod event; the unit's watch has not delivered rv 6 yet
+    assert len(status_writes(client)) == 1, "a report planned on the unit before our own write"
+
+    delivered = {**unit, "metadata": {**unit["metadata"], "resourceVersion": "6"}}
+    delivered["status"] = {**unit["status"], **report["status"]}
+    units["ns/first"] = delivered
+    jobs.on_unit(unit, delivered)
+    assert jobs._unit_written == {}, "forgotten once the watch delivered it"
+    await jobs.reconcile(FIRST)
+    assert len(status_writes(client)) == 1, "nothing new to report"
