@@ -120,6 +120,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -835,4 +836,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # SIGTERM unwinds like Ctrl-C, so each run's control plane and controllers are torn down.
+    with contextlib.suppress(KeyboardInterrupt):
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        main()
