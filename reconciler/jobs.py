@@ -49,11 +49,11 @@ from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeu
 log = logging.getLogger(__name__)
 
 _BATCH_JOB: Final = (batch_job.BatchJobAdapter.api_version, batch_job.BatchJobAdapter.kind)
-#: Kinds whose ``job_status`` is Running as soon as pods are active, gated or unbound ones included
-#: (a Job's ``status.active``, a JobSet's active child Jobs): reported Pending until one is bound.
 #: After a 409 the watch event of the write we lost to marks the job again; this is only the net
 #: for a watch that never delivers it.
 CONFLICT_RECHECK_SECONDS: Final = 1.0
+#: Kinds whose ``job_status`` is Running as soon as pods are active, gated or unbound ones included
+#: (a Job's ``status.active``, a JobSet's active child Jobs): reported Pending until one is bound.
 _RUNNING_ONCE_BOUND: Final = frozenset(
     {_BATCH_JOB, (jobset.JobSetAdapter.api_version, jobset.JobSetAdapter.kind)}
 )
@@ -95,9 +95,9 @@ class JobExtensions:
         #: jobs whose pod-count report is waiting (``podplan.can_wait``): since when, and the re-check
         self._report_since: dict[JobKey, float] = {}
         self._report_checks: dict[JobKey, asyncio.TimerHandle] = {}
-        #: unit key -> resourceVersion of our last status write of it, until the watch delivers it
-        #: (``_behind``: a report planned on the older copy would only earn a 409)
-        self._unit_written: dict[str, int] = {}
+        #: our last status write of each unit, until the watch delivers it: a report planned on the
+        #: older copy would repeat one already written and only earn a 409
+        self._unit_written = kube.OwnWrites()
         self.job_informers = {
             (a.api_version, a.kind): Informer(
                 client,
@@ -262,10 +262,10 @@ class JobExtensions:
         obj = new or old or {}
         if new is None:
             self._short_since.pop(key_of(obj), None)  # running-timeout memory of a deleted unit
-            self._unit_written.pop(key_of(obj), None)
+            self._unit_written.forget(key_of(obj))
             job_pods.prune_index(self._pods_by_unit, key_of(obj), self.pods.objects)
         else:
-            self._behind(key_of(obj), new)  # forgets our write once the watch has delivered it
+            self._unit_written.behind(key_of(obj), new)  # forgets our write once the watch delivered it
         ref = (obj.get("spec") or {}).get("consumerRef") or {}
         api_version, kind = ref.get("apiVersion"), ref.get("kind")
         if (api_version, kind) not in self.adapters:
@@ -368,7 +368,7 @@ class JobExtensions:
             return  # a predecessor's unit: its deletion brings us back to create this job's own
         if unit is not None and job_units.owned_by_another(unit, key, job):
             return  # a predecessor's unit, which garbage collection deletes: that brings us back
-        if unit is not None and self._behind(unit_key, unit):
+        if unit is not None and self._unit_written.behind(unit_key, unit):
             return  # our own status write is not in the store yet; its watch event brings us back
         live = self._live_cluster(adapter, job)
         status = ray.hold_while_cluster_lives(adapter.job_status(job), live)
@@ -451,7 +451,7 @@ class JobExtensions:
                 **plan.status,
                 "metadata": {"resourceVersion": (unit.get("metadata") or {}).get("resourceVersion")},
             }
-            self._wrote(
+            self._unit_written.wrote(
                 unit_key,
                 await self.client.patch(
                     job_units.QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
@@ -474,35 +474,12 @@ class JobExtensions:
                 **patch,
                 "metadata": {"resourceVersion": (unit.get("metadata") or {}).get("resourceVersion")},
             }
-            self._wrote(
+            self._unit_written.wrote(
                 unit_key,
                 await self.client.patch(
                     job_units.QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
                 ),
             )
-
-    def _wrote(self, unit_key: str, written: kube.Obj) -> None:
-        """Remember the version our status write made, until the unit's watch delivers it."""
-        rv = kube.resource_version(written)
-        if rv is not None:
-            self._unit_written[unit_key] = rv
-
-    def _behind(self, unit_key: str, unit: kube.Obj) -> bool:
-        """Whether the stored ``unit`` is older than our last status write of it.
-
-        Planning on the older copy would repeat a report already written (a pod's phase changing
-        right after the write that counted it bound) and the write, conditional on the old
-        resourceVersion, would only earn a 409 and a retry. The watch event of our write marks the
-        job again, so nothing is lost by waiting for it.
-        """
-        written = self._unit_written.get(unit_key)
-        if written is None:
-            return False
-        rv = kube.resource_version(unit)
-        if rv is not None and rv < written:
-            return True
-        del self._unit_written[unit_key]
-        return False
 
     def _report_waits(self, key: JobKey) -> bool:
         """True while a pod-count report may still wait (docs/compatibility.md#coalesced-pod-reports);

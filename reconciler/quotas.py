@@ -346,7 +346,7 @@ class QuotaStatusSync:
         self.writes = 0
         self._wake = asyncio.Event()
         self._last: dict[str, float] = {}
-        self._written_rv: dict[str, int] = {}
+        self._written = kube.OwnWrites()
         self._complaints: dict[str, str] = {}
 
     def on_quota(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
@@ -379,8 +379,7 @@ class QuotaStatusSync:
             obj = store.get(key)
             if obj is None:
                 continue
-            rv, ours = kube.resource_version(obj), self._written_rv.get(key)
-            if ours is not None and rv is not None and rv < ours:
+            if self._written.behind(key, obj):
                 continue  # the watch has not caught up with our last write yet
             writes = quotastatus.changes(obj, fig)
             if writes.empty:
@@ -391,7 +390,7 @@ class QuotaStatusSync:
             self._last[key] = now
             if await self._write(quota.namespace, name, key, fig, writes):
                 written += 1
-        for table in (self._last, self._written_rv, self._complaints):
+        for table in (self._last, self._written.versions, self._complaints):
             for key in [k for k in table if k not in seen]:
                 del table[key]
         return written
@@ -431,13 +430,13 @@ class QuotaStatusSync:
                 main.update(writes.status)  # no subresource (or the quota is gone: the patch says)
             else:
                 self.status_subresource = True
-                self._note(key, done)
+                self._written.wrote(key, done)
         elif writes.status is not None:
             main.update(writes.status)
         if not main:
             return
         done = await self.client.patch(QUOTAS, name, main, namespace=namespace)
-        self._note(key, done)
+        self._written.wrote(key, done)
         if "status" in main:
             used = ((done.get("status") or {}) if isinstance(done, Mapping) else {}).get("used")
             shown = quotastatus.status_shows(used, fig.used)
@@ -446,8 +445,3 @@ class QuotaStatusSync:
             self.status_subresource = False if shown else None
             if not shown:
                 self._last.pop(key, None)  # the status was dropped: write it through /status next
-
-    def _note(self, key: str, done: kube.Obj) -> None:
-        rv = kube.resource_version(done) if isinstance(done, Mapping) else None
-        if rv is not None:
-            self._written_rv[key] = rv

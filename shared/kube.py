@@ -149,6 +149,39 @@ def resource_version(obj: Mapping[str, Any]) -> int | None:
         return None
 
 
+class OwnWrites:
+    """The resourceVersion our last write of each object made, kept until the watch delivers it.
+
+    A writer that plans from an informer store and writes conditionally on the version it read
+    would, while the store still holds the copy from before its own write, plan the same write again
+    and earn a 409 (or, unconditional, undo nothing but waste a write). :meth:`behind` tells it to
+    wait for the watch event instead; the entry is dropped once the store has caught up.
+    """
+
+    def __init__(self) -> None:
+        self.versions: dict[str, int] = {}
+
+    def wrote(self, key: str, written: object) -> None:
+        """Remember the version ``written`` (a write's answer) made, if it carries one."""
+        rv = resource_version(written) if isinstance(written, Mapping) else None
+        if rv is not None:
+            self.versions[key] = max(rv, self.versions.get(key, 0))
+
+    def behind(self, key: str, stored: Mapping[str, Any]) -> bool:
+        """Whether ``stored`` is older than our last write of ``key`` (forgotten once it is not)."""
+        ours = self.versions.get(key)
+        if ours is None:
+            return False
+        rv = resource_version(stored)
+        if rv is not None and rv < ours:
+            return True
+        del self.versions[key]
+        return False
+
+    def forget(self, key: str) -> None:
+        self.versions.pop(key, None)
+
+
 def error_for(status: int, body: bytes) -> KubeError:
     """Build the typed error from an API ``Status`` body (or whatever the server sent)."""
     reason, message = "", body[:500].decode(errors="replace")

@@ -629,7 +629,7 @@ async def test_a_report_waits_for_the_watch_to_deliver_our_own_write() -> None:
     await jobs.reconcile(FIRST)
     [report] = status_writes(client)
     assert report["status"]["phase"] == "Running" and report["metadata"]["resourceVersion"] == "5"
-    assert jobs._unit_written == {"ns/first": 6}
+    assert jobs._unit_written.versions == {"ns/first": 6}
 
     await jobs.reconcile(FIRST)  # a pod event; the unit's watch has not delivered rv 6 yet
     assert len(status_writes(client)) == 1, "a report planned on the unit before our own write"
@@ -638,6 +638,6 @@ async def test_a_report_waits_for_the_watch_to_deliver_our_own_write() -> None:
     delivered["status"] = {**unit["status"], **report["status"]}
     units["ns/first"] = delivered
     jobs.on_unit(unit, delivered)
-    assert jobs._unit_written == {}, "forgotten once the watch delivered it"
+    assert jobs._unit_written.versions == {}, "forgotten once the watch delivered it"
     await jobs.reconcile(FIRST)
     assert len(status_writes(client)) == 1, "nothing new to report"
