@@ -87,7 +87,8 @@ class SchedulerLoop:
         self._writing = InFlight()
         #: parks decided while another write of the same unit was on its way (the newest only)
         self._deferred_parks: dict[str, Park] = {}
-        self._written_rv: dict[str, int] = {}
+        #: our last write of each unit, until the watch delivers it (the store may be older)
+        self._written = kube.OwnWrites()
         self._queue_not_found: set[str] = set()
         self._queue_failures: dict[str, str] = {}
         self._reserved: set[str] = set()
@@ -110,13 +111,8 @@ class SchedulerLoop:
         key = _key(obj)
         if key in self._writing:
             return  # applied from the informer store once our write settles
-        if new is not None:
-            written = self._written_rv.get(key)
-            rv = kube.resource_version(new)
-            if written is not None and rv is not None:
-                if rv < written:
-                    return  # older than what we wrote: the watch is catching up
-                del self._written_rv[key]
+        if new is not None and self._written.behind(key, new):
+            return  # older than what we wrote: the watch is catching up
         self._apply_unit(key, new)
 
     def _apply_unit(self, key: str, raw: kube.Obj | None) -> None:
@@ -132,7 +128,7 @@ class SchedulerLoop:
             self.cache.delete_unit(key)
             self._queue_not_found.discard(key)
             self._reserved.discard(key)
-            self._written_rv.pop(key, None)
+            self._written.forget(key)
             self._deferred_parks.pop(key, None)
         else:
             unit = parse_unit(raw)
@@ -176,19 +172,17 @@ class SchedulerLoop:
             # previous reason was being written): what the cache holds is decided when the last
             # one settles, with all results known. Deciding now from a failed or dropped write
             # could erase an admission that lands a moment later.
-            if written is not None and (written_rv := kube.resource_version(written)) is not None:
-                self._written_rv[key] = max(written_rv, self._written_rv.get(key, 0))
+            if written is not None:
+                self._written.wrote(key, written)
             return
         latest = self.unit_store.get(key)
-        if written is None and latest is not None:
-            known, latest_rv = self._written_rv.get(key), kube.resource_version(latest)
-            if known is not None and latest_rv is not None and latest_rv < known:
-                # This write failed (or was dropped), but an earlier one of ours landed and the
-                # watch has not delivered it yet: the store is older than the cache, which holds
-                # what we wrote. Applying the store would erase, say, an admission that is in etcd
-                # (the chaos-c overrun: a park dropped on 409 after the same unit's admission).
-                self.wake()
-                return
+        if written is None and latest is not None and self._written.behind(key, latest):
+            # This write failed (or was dropped), but an earlier one of ours landed and the
+            # watch has not delivered it yet: the store is older than the cache, which holds
+            # what we wrote. Applying the store would erase, say, an admission that is in etcd
+            # (the chaos-c overrun: a park dropped on 409 after the same unit's admission).
+            self.wake()
+            return
         if written is None or latest is None:
             self._apply_unit(key, latest)
             return
@@ -196,8 +190,7 @@ class SchedulerLoop:
         if written_rv is not None and latest_rv is not None and latest_rv > written_rv:
             self._apply_unit(key, latest)
             return
-        if written_rv is not None:
-            self._written_rv[key] = written_rv
+        self._written.wrote(key, written)
         self._apply_unit(key, written)
 
     def on_queue(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
