@@ -355,8 +355,9 @@ async def wait_active(client: kube.Kube, count: int, timeout: float = 60.0) -> N
     raise RuntimeError(f"Kueue's LocalQueues not Active within {timeout}s")
 
 
-async def settle_writes(cluster: Any, timeout: float = 15.0, quiet: float = 1.5) -> None:
-    """Wait (bounded) until the apiserver has counted no write for ``quiet`` seconds."""
+async def settle_writes(cluster: Any, timeout: float = 15.0, quiet: float = 1.5) -> bool:
+    """Wait (bounded) until the apiserver has counted no write for ``quiet`` seconds; False if the
+    deadline came first."""
     deadline = time.monotonic() + timeout
     last, last_change = -1.0, time.monotonic()
     while time.monotonic() < deadline:
@@ -365,8 +366,9 @@ async def settle_writes(cluster: Any, timeout: float = 15.0, quiet: float = 1.5)
         if writes != last:
             last, last_change = writes, time.monotonic()
         elif time.monotonic() - last_change >= quiet:
-            return
+            return True
         await asyncio.sleep(0.5)
+    return False
 
 
 def writes_of(counts: dict[str, float]) -> float:
@@ -414,7 +416,7 @@ def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) 
             try:
                 await setup_queues(client, cfg)
                 await wait_active(client, cfg.quotas + (1 if cfg.probe_jobs else 0))
-                await settle_writes(cluster, timeout=10, quiet=1.0)
+                settled = await settle_writes(cluster, timeout=ba.setup_settle_seconds(cfg.quotas), quiet=1.0)
                 idle = await ba.idle_cpu([*cluster.components, manager], cfg.idle_s)
                 probe: dict[str, Any] = {}
                 if cfg.probe_jobs:
@@ -462,6 +464,7 @@ def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) 
                 summary["runner_requests"] = dict(client.requests - requests0)
                 summary["probe"] = probe
                 summary["idle_cpu_cores"] = idle
+                summary["idle_after_quiet_setup"] = settled  # False: the idle figures include set-up
                 return summary
             finally:
                 await client.close()
@@ -604,6 +607,8 @@ def common_figures(result: dict[str, Any]) -> dict[str, Any]:
         "apiserver_etcd_net_cpu_ms_per_job": net_ms(("kube-apiserver", "etcd")),
         "controller_net_cpu_ms_per_job": net_ms(controller),
         "idle_cpu_cores": idle,
+        # False: the set-up had not gone quiet, so the idle figures (and the net ones) hold some of it
+        "idle_after_quiet_setup": run.get("idle_after_quiet_setup"),
         "cpu_ms_per_job": {k: round(v * 1e3 / admitted, 2) for k, v in cpu.items()},
         "cpu_bound_rate_estimate": round((result["machine"]["nproc"] or 1) * 1e3 / total_ms, 1)
         if total_ms
@@ -693,6 +698,8 @@ def print_row(row: dict[str, Any]) -> None:
         f" | other load {row['other_cores']} cores",
         flush=True,
     )
+    if row.get("idle_after_quiet_setup") is False:
+        print("         the set-up was still writing when idle CPU was measured: read the gross CPU figures")
     print(f"         writes/job by kind, less the runner's: {row['writes_per_job_by_kind_less_runner']}")
     print(
         f"         controller's own writes/job {row['controller_writes_per_job']}:"
