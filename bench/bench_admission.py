@@ -102,7 +102,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -1215,20 +1215,28 @@ async def wait_queues(client: kube.Kube, cfg: RunConfig, timeout: float = 60.0) 
     raise RuntimeError(f"Queues not created from the quotas within {timeout}s")
 
 
-async def settle(port: int, timeout: float = 15.0, quiet: float = 1.5) -> bool:
-    """Wait (bounded) until the reconciler has written nothing for ``quiet`` seconds; False if the
-    deadline came first."""
+async def until_quiet(
+    count: Callable[[], float], timeout: float, quiet: float, interval: float = 0.25
+) -> bool:
+    """Wait (bounded) until ``count`` (a blocking scrape of a write counter) has not moved for
+    ``quiet`` seconds; False if the deadline came first."""
     deadline = time.monotonic() + timeout
     last = -1.0
     last_change = time.monotonic()
     while time.monotonic() < deadline:
-        writes = writes_of(diff(await asyncio.to_thread(scrape_reconciler, port), Counter()))
+        writes = await asyncio.to_thread(count)
         if writes != last:
             last, last_change = writes, time.monotonic()
         elif time.monotonic() - last_change >= quiet:
             return True
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(interval)
     return False
+
+
+async def settle(port: int, timeout: float = 15.0, quiet: float = 1.5) -> bool:
+    """Wait (bounded) until the reconciler has written nothing for ``quiet`` seconds; False if the
+    deadline came first."""
+    return await until_quiet(lambda: writes_of(diff(scrape_reconciler(port), Counter())), timeout, quiet)
 
 
 def setup_settle_seconds(quotas: int) -> float:

@@ -358,17 +358,9 @@ async def wait_active(client: kube.Kube, count: int, timeout: float = 60.0) -> N
 async def settle_writes(cluster: Any, timeout: float = 15.0, quiet: float = 1.5) -> bool:
     """Wait (bounded) until the apiserver has counted no write for ``quiet`` seconds; False if the
     deadline came first."""
-    deadline = time.monotonic() + timeout
-    last, last_change = -1.0, time.monotonic()
-    while time.monotonic() < deadline:
-        counts = ba.diff(await asyncio.to_thread(ba.scrape_apiserver, cluster), Counter())
-        writes = writes_of(counts)
-        if writes != last:
-            last, last_change = writes, time.monotonic()
-        elif time.monotonic() - last_change >= quiet:
-            return True
-        await asyncio.sleep(0.5)
-    return False
+    return await ba.until_quiet(
+        lambda: writes_of(ba.diff(ba.scrape_apiserver(cluster), Counter())), timeout, quiet, interval=0.5
+    )
 
 
 def writes_of(counts: dict[str, float]) -> float:
