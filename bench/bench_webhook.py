@@ -55,7 +55,6 @@ import os
 import pathlib
 import platform
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -74,6 +73,7 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 from certs import pki
 from shared.admission import decisions as admission
 from shared.api import names
+from testenv.cluster import free_port
 from webhook import server
 
 ROOT: Final = pathlib.Path(__file__).resolve().parents[1]
@@ -296,13 +296,6 @@ async def _serve_trivial(port: int, cert_file: pathlib.Path, key_file: pathlib.P
         await stop.wait()
     finally:
         await runner.cleanup()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -821,7 +814,7 @@ def run(settings: Settings, *, quick: bool) -> dict[str, Any]:
         pki.write_pem(ca_file, ca.cert_pem, private=False)
         pki.write_pem(cert_file, serving.cert_pem, private=False)
         pki.write_pem(key_file, serving.key_pem, private=True)
-        webhook_port, trivial_port = _free_port(), _free_port()
+        webhook_port, trivial_port = free_port(), free_port()
         tls_files = [f"--cert-file={cert_file}", f"--key-file={key_file}"]
         webhook_argv = [
             sys.executable,

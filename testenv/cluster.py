@@ -15,13 +15,16 @@ same code that issues the webhook's certificates in a real cluster.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import random
 import signal
 import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 
@@ -47,11 +50,86 @@ class ClusterError(RuntimeError):
     """The control plane failed to start; the message carries the tail of the failing log."""
 
 
-def free_port() -> int:
-    """An ephemeral loopback port that is free right now."""
+class PortTaken(ClusterError):
+    """A process exited because a port it was given was bound by someone else first.
+
+    :func:`free_port` can only say a port is free *now*; between that and the child's bind another
+    process may take it. The start is worth one more try with fresh ports (:func:`retry_port_clash`).
+    """
+
+
+#: Where :func:`free_port` picks from when the kernel's ephemeral range cannot be read.
+_DEFAULT_EPHEMERAL = (32768, 60999)
+#: The lowest port handed out: below it sit well-known and registered services.
+_LOWEST_PORT = 10000
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return _DEFAULT_EPHEMERAL
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A loopback port that is free right now and that nothing else is likely to take next.
+
+    Asking the kernel for port 0 returns one from its ephemeral range, the same range it draws
+    the source port of every outgoing connection from; on a busy test run one of those
+    connections can take the port before the child process binds it (etcd then exits with
+    "address already in use"). So the port is drawn at random from outside that range, skipping
+    ports this process has already handed out, and checked by binding it once.
+    """
+    low, high = _ephemeral_range()
+    pools = [r for r in (range(_LOWEST_PORT, low), range(high + 1, 65536)) if len(r)]
+    size = sum(len(r) for r in pools)
+    with _handed_out_lock:
+        if len(_handed_out) > size // 2:
+            _handed_out.clear()  # a very long run: start over rather than run dry
+        for _ in range(200 if pools else 0):
+            pool = random.choices(pools, weights=[len(r) for r in pools])[0]
+            port = random.choice(pool)
+            if port not in _handed_out and _bindable(port):
+                _handed_out.add(port)
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no range outside: the kernel's
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_T = TypeVar("_T")
+
+
+def retry_port_clash(start: Callable[[], _T], *, attempts: int = 3) -> _T:
+    """Run ``start`` (which picks its own ports) again while it fails with :class:`PortTaken`."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return start()
+        except PortTaken:
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+def exited_error(process: Component, what: str) -> ClusterError:
+    """The error for ``process`` having exited while waiting for ``what``: :class:`PortTaken` when
+    its log (from this start on) says a port was taken, :class:`ClusterError` otherwise."""
+    kind = PortTaken if process.port_clash() else ClusterError
+    return kind(
+        f"{process.name} exited with {process.process.returncode} while waiting for {what}:\n{process.tail()}"
+    )
 
 
 def wait_until(
@@ -69,10 +147,7 @@ def wait_until(
     deadline = time.monotonic() + timeout
     while True:
         if process is not None and not process.alive():
-            raise ClusterError(
-                f"{process.name} exited with {process.process.returncode} while waiting "
-                f"for {what}:\n{process.tail()}"
-            )
+            raise exited_error(process, what)
         try:
             if check():
                 return
@@ -91,6 +166,8 @@ class Component:
     process: subprocess.Popen[bytes]
     log: Path
     ports: dict[str, int] = field(default_factory=dict)
+    #: where this process's output starts in ``log`` (a retried start appends to the same file)
+    log_offset: int = 0
 
     def tail(self, lines: int = 30) -> str:
         try:
@@ -98,6 +175,17 @@ class Component:
         except OSError:
             return "(no log)"
         return "\n".join(text[-lines:])
+
+    def port_clash(self) -> bool:
+        """Whether this process's own output says it could not bind a port (Go and Python alike
+        say "address already in use")."""
+        try:
+            with self.log.open("rb") as handle:
+                handle.seek(self.log_offset)
+                own = handle.read().decode(errors="replace")
+        except OSError:
+            return False
+        return "address already in use" in own.lower()
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -127,6 +215,7 @@ def spawn(
     """Start ``argv`` with its output appended to ``log``, in a session of its own so that
     :meth:`Component.stop` takes its children down too; ``env`` is added to this process's."""
     with log.open("ab") as handle:
+        offset = handle.seek(0, os.SEEK_END)
         process = subprocess.Popen(
             argv,
             stdout=handle,
@@ -136,7 +225,7 @@ def spawn(
             env={**os.environ, **(env or {})},
             cwd=str(cwd) if cwd is not None else None,
         )
-    return Component(name=name, process=process, log=log, ports=ports or {})
+    return Component(name=name, process=process, log=log, ports=ports or {}, log_offset=offset)
 
 
 @dataclass
@@ -185,12 +274,12 @@ class LocalCluster:
         (self.workdir / "logs").mkdir(exist_ok=True)
         try:
             self._write_pki()
-            self._start_etcd(bins)
-            self._start_apiserver(bins)
+            steps = [self._start_etcd, self._start_apiserver]
             if self.profile == "e2e":
-                self._start_controller_manager(bins)
-                self._start_scheduler(bins)
-                self._start_kwok(bins)
+                steps += [self._start_controller_manager, self._start_scheduler, self._start_kwok]
+            for step in steps:
+                retry_port_clash(functools.partial(step, bins))
+            if self.profile == "e2e":
                 self._create_nodes()
         except BaseException:
             self.stop()
@@ -315,10 +404,10 @@ class LocalCluster:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if not component.alive():
-                raise ClusterError(
-                    f"{component.name} exited with {component.process.returncode} "
-                    f"while waiting for {what}:\n{component.tail()}"
-                )
+                error = exited_error(component, what)
+                if isinstance(error, PortTaken) and component in self.components:
+                    self.components.remove(component)  # the retried start spawns a new one
+                raise error
             try:
                 if check():
                     return
@@ -462,7 +551,7 @@ class LocalCluster:
         home = self._path("kwok-home")
         home.mkdir(exist_ok=True)
         self.kwok_port = free_port()
-        self._spawn(
+        kwok_process = self._spawn(
             "kwok",
             [
                 str(bins["kwok"]),
@@ -477,6 +566,9 @@ class LocalCluster:
             ],
             env={"HOME": str(home)},
         )
+        # Its server answers /healthz once it has bound the port (a taken port is retried).
+        url = f"http://127.0.0.1:{self.kwok_port}/healthz"
+        self._await(kwok_process, lambda: http_ok(url), "kwok /healthz")
 
     def _create_nodes(self) -> None:
         for i in range(self.nodes):

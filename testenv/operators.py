@@ -26,7 +26,7 @@ import yaml
 
 from certs import pki
 from testenv import binaries
-from testenv.cluster import Component, LocalCluster, free_port, http_ok, spawn, wait_until
+from testenv.cluster import Component, LocalCluster, free_port, http_ok, retry_port_clash, spawn, wait_until
 
 START_TIMEOUT_S = 60.0
 
@@ -154,23 +154,25 @@ def _argo_prepare(cluster: LocalCluster, ports: dict[str, int]) -> None:
     # Metrics on a free port, without TLS: the readiness probe. (The controller's own /healthz is
     # fixed at :6060 in the binary, so it is not used.)
     config = yaml.safe_dump({"port": ports["metrics"], "secure": False, "enabled": True})
-    for path, body in (
-        (
+    with contextlib.suppress(urllib.error.HTTPError):  # 409: there already
+        cluster.request(
+            "POST",
             "/api/v1/namespaces",
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ARGO_NAMESPACE}},
-        ),
-        (
-            f"/api/v1/namespaces/{ARGO_NAMESPACE}/configmaps",
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": ARGO_CONFIGMAP},
-                "data": {"metricsConfig": config, "telemetryConfig": config},
-            },
-        ),
-    ):
-        with contextlib.suppress(urllib.error.HTTPError):  # 409: there already
-            cluster.request("POST", path, body)
+        )
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": ARGO_CONFIGMAP},
+        "data": {"metricsConfig": config, "telemetryConfig": config},
+    }
+    collection = f"/api/v1/namespaces/{ARGO_NAMESPACE}/configmaps"
+    try:
+        cluster.request("POST", collection, configmap)
+    except urllib.error.HTTPError as error:  # there already (a retried start): this start's port
+        if error.code != 409:
+            raise
+        cluster.request("PUT", f"{collection}/{ARGO_CONFIGMAP}", configmap)
 
 
 LAUNCHES: dict[str, Launch] = {
@@ -207,26 +209,30 @@ def start(cluster: LocalCluster, operator: binaries.Operator, *, logdir: Path) -
 
     Its caches sync after that; callers wait for what the operator does, never for time."""
     launch = LAUNCHES[operator.name]
-    ports = {"probe": free_port(), "metrics": free_port(), "webhook": free_port()}
-    if launch.prepare is not None:
-        launch.prepare(cluster, ports)
     kubeconfig = cluster.kubeconfig
     if launch.user is not None:
         kubeconfig = cluster.kubeconfig_for(operator.name, user=launch.user, groups=("system:masters",))
-    argv = launch.argv(operator.binary, kubeconfig, ports)
     log = logdir / f"{operator.name}.log"
-    component = spawn(operator.name, argv, log, env=launch.env, ports=ports)
-    try:
-        wait_until(
-            lambda: _ready(f"http://127.0.0.1:{ports[launch.ready_port]}{launch.ready_path}"),
-            timeout=START_TIMEOUT_S,
-            what=f"{operator.name} {launch.ready_path}",
-            process=component,
-        )
-    except BaseException:
-        component.stop()
-        raise
-    return component
+
+    def attempt() -> Component:
+        ports = {"probe": free_port(), "metrics": free_port(), "webhook": free_port()}
+        if launch.prepare is not None:
+            launch.prepare(cluster, ports)
+        argv = launch.argv(operator.binary, kubeconfig, ports)
+        component = spawn(operator.name, argv, log, env=launch.env, ports=ports)
+        try:
+            wait_until(
+                lambda: _ready(f"http://127.0.0.1:{ports[launch.ready_port]}{launch.ready_path}"),
+                timeout=START_TIMEOUT_S,
+                what=f"{operator.name} {launch.ready_path}",
+                process=component,
+            )
+        except BaseException:
+            component.stop()
+            raise
+        return component
+
+    return retry_port_clash(attempt)
 
 
 def _ready(url: str) -> bool:

@@ -23,7 +23,16 @@ import yaml
 from certs import pki
 from shared.api import names
 from testenv import binaries
-from testenv.cluster import ClusterError, Component, LocalCluster, free_port, http_ok, spawn, wait_until
+from testenv.cluster import (
+    ClusterError,
+    Component,
+    LocalCluster,
+    free_port,
+    http_ok,
+    retry_port_clash,
+    spawn,
+    wait_until,
+)
 
 ROOT = binaries.PROJECT_ROOT
 CRD_DIRS = (ROOT / "manifests" / "crds", ROOT / "tests" / "crds")
@@ -100,26 +109,31 @@ def start_webhook(
     certdir.mkdir(parents=True, exist_ok=True)
     pki.write_pem(certdir / "tls.crt", serving.cert_pem, private=False)
     pki.write_pem(certdir / "tls.key", serving.key_pem, private=True)
-    port, metrics_port = free_port(), free_port()
-    component = _spawn(
-        "webhook",
-        [
-            sys.executable,
-            "-m",
-            "webhook.main",
-            f"--port={port}",
-            f"--cert-file={certdir / 'tls.crt'}",
-            f"--key-file={certdir / 'tls.key'}",
-            f"--metrics-port={metrics_port}",
-            f"--reconciler-username={RECONCILER_USER}",
-            *(extra_args or []),
-        ],
-        logdir,
-    )
-    wait_until(
-        lambda: _webhook_healthy(cluster, port), timeout=30, what="webhook /healthz", process=component
-    )
-    component.ports = {"https": port, "metrics": metrics_port}
+
+    def launch() -> tuple[Component, int]:
+        port, metrics_port = free_port(), free_port()
+        component = _spawn(
+            "webhook",
+            [
+                sys.executable,
+                "-m",
+                "webhook.main",
+                f"--port={port}",
+                f"--cert-file={certdir / 'tls.crt'}",
+                f"--key-file={certdir / 'tls.key'}",
+                f"--metrics-port={metrics_port}",
+                f"--reconciler-username={RECONCILER_USER}",
+                *(extra_args or []),
+            ],
+            logdir,
+        )
+        wait_until(
+            lambda: _webhook_healthy(cluster, port), timeout=30, what="webhook /healthz", process=component
+        )
+        component.ports = {"https": port, "metrics": metrics_port}
+        return component, port
+
+    component, port = retry_port_clash(launch)
     if register:
         register_webhook(cluster, port=port)
     return component, port
@@ -425,31 +439,35 @@ def start_reconciler(
     else:
         kubeconfig = cluster.kubeconfig_for(name, user=RECONCILER_USER, groups=("system:masters",))
         identity = []
-    health, metrics_port, visibility_port = free_port(), free_port(), free_port()
-    component = _spawn(
-        name,
-        [
-            sys.executable,
-            "-m",
-            "reconciler.main",
-            f"--kubeconfig={kubeconfig}",
-            *identity,
-            f"--health-port={health}",
-            f"--metrics-port={metrics_port}",
-            f"--visibility-port={visibility_port}",
-            "--bind-address=127.0.0.1",
-            *(extra_args or []),
-        ],
-        logdir,
-    )
-    component.ports = {"health": health, "metrics": metrics_port, "visibility": visibility_port}
-    wait_until(
-        lambda: http_ok(f"http://127.0.0.1:{health}/readyz"),
-        timeout=60,
-        what=f"{name} /readyz",
-        process=component,
-    )
-    return component
+
+    def launch() -> Component:
+        health, metrics_port, visibility_port = free_port(), free_port(), free_port()
+        component = _spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "reconciler.main",
+                f"--kubeconfig={kubeconfig}",
+                *identity,
+                f"--health-port={health}",
+                f"--metrics-port={metrics_port}",
+                f"--visibility-port={visibility_port}",
+                "--bind-address=127.0.0.1",
+                *(extra_args or []),
+            ],
+            logdir,
+        )
+        component.ports = {"health": health, "metrics": metrics_port, "visibility": visibility_port}
+        wait_until(
+            lambda: http_ok(f"http://127.0.0.1:{health}/readyz"),
+            timeout=60,
+            what=f"{name} /readyz",
+            process=component,
+        )
+        return component
+
+    return retry_port_clash(launch)
 
 
 def dump(obj: Any) -> str:

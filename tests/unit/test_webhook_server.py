@@ -13,7 +13,6 @@ import contextlib
 import datetime as dt
 import ipaddress
 import json
-import socket
 import ssl
 import warnings
 from collections.abc import AsyncIterator
@@ -31,6 +30,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from shared.admission import decisions as admission
 from shared.admission import podgate
 from shared.api import names
+from testenv.cluster import free_port
 from tests.unit import test_podgate as pod_gate
 from tests.unit.test_admission import review_body
 from tests.unit.test_job_adapters import batch_job
@@ -383,16 +383,9 @@ async def test_certificates_are_reloaded_without_dropping_connections(
 # --- run() and the command line -------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def test_run_serves_metrics_and_drains_on_stop(ca: ThrowawayCA, tmp_path: Path) -> None:
     cert, key = ca.issue(tmp_path, serial=7)
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     config = ServerConfig(
         host="127.0.0.1",
         port=port,
