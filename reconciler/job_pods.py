@@ -96,6 +96,31 @@ def pods_of(
     return views
 
 
+def escaped_of(
+    pods: Store, pod_keys: Iterable[str], parents: Parents, unit_key: str, job: kube.Obj
+) -> list[podplan.PodView]:
+    """Pods that name the unit, live in its namespace and are out of the admission gate, but that
+    its job, alive and not being deleted, provably does not own (``podlinks.left_job``): they left
+    the job (a label its controller selects by, or the owner reference, was changed) or never were
+    its own. Either way nothing accounts for them, so they are deleted
+    (docs/architecture.md#trust-boundaries)."""
+    meta = job.get("metadata") or {}
+    job_uid = str(meta.get("uid") or "")
+    if not job_uid or meta.get("deletionTimestamp") is not None:
+        return []  # a job deleted with --cascade=orphan lets go of its pods on purpose
+    namespace = unit_key.partition("/")[0]
+    parent = parent_lookup(pods, parents, namespace)
+    found = []
+    for pod_key in sorted(pod_keys):
+        pod = pods.get(pod_key)
+        if pod is None or (pod.get("metadata") or {}).get("namespace") != namespace:
+            continue
+        view = podplan.pod_view(pod, "")
+        if view.live and not view.gated and podlinks.left_job(pod, job_uid, parent):
+            found.append(view)
+    return found
+
+
 def parent_lookup(pods: Store, parents: Parents, namespace: str) -> podlinks.ParentLookup:
     """Owners that stand between a job and its pods: a RayJob's RayCluster, a Spark driver pod, the
     ``batch/v1`` Job an MPIJob's launcher or a JobSet's replicated job runs in."""
@@ -138,14 +163,28 @@ async def delete_planned(
     job: kube.Obj,
     unit_key: str,
 ) -> bool:
-    """Delete the plan's pods: a reclaim's, then those released beyond the admission (a Warning
-    event on the job for each). True when one could not be deleted but is still in the store: it
-    changed since the plan was made, so the caller plans again before reporting the reclaim."""
+    """Delete the plan's pods: a reclaim's, then those that left the job, then those released
+    beyond the admission (a Warning event on the job for each of the last two). True when one
+    could not be deleted but is still in the store: it changed since the plan was made, so the
+    caller plans again before reporting the reclaim."""
     stale = False
     for pod in plan.delete:
         if await reclaim_pod(client, pods, pod):
             metrics.RECLAIMED_PODS.inc()
             log.info("reclaim: deleted unbound pod %s/%s of %s", pod.namespace, pod.name, unit_key)
+        elif pod_key_of(pod) in pods:
+            stale = True
+    for pod in plan.escaped:
+        if await reclaim_pod(client, pods, pod):
+            log.warning(
+                "deleted pod %s/%s naming %s: its job does not own it", pod.namespace, pod.name, unit_key
+            )
+            events.record(
+                job,
+                type_="Warning",
+                reason=names.EventReason.ESCAPED_POD_DELETED,
+                message=names.Message.escaped_pod_deleted(pod.name),
+            )
         elif pod_key_of(pod) in pods:
             stale = True
     for pod in plan.unadmitted:

@@ -439,6 +439,9 @@ class JobExtensions:
             return  # the job's update brings us back with fresh objects
         pods = self._pods_of(unit_key, adapter, job)
         plan = podplan.plan_pods(unit, pods, now_text=job_units.now_text())
+        plan.escaped = job_pods.escaped_of(
+            self.pods.objects, self._pods_by_unit.get(unit_key, ()), self._parents(), unit_key, job
+        )
         stale = await job_pods.delete_planned(
             self.client, self.events, self.pods.objects, plan, job, unit_key
         )

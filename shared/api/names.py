@@ -135,6 +135,8 @@ class EventReason(enum.StrEnum):
     HELD_UNADMITTED = "HeldUnadmitted"
     #: Ours: a pod of a managed job lost its scheduling gate without admission and was deleted.
     UNADMITTED_POD_DELETED = "UnadmittedPodDeleted"
+    #: Ours, on the job: a released pod naming its unit that the job does not own was deleted.
+    ESCAPED_POD_DELETED = "EscapedPodDeleted"
     #: Ours, on the job: it waits in its queue (quota, position when it first had to wait).
     QUEUED = "Queued"
     #: Ours, on the job: admitted after it waited (``Preempted`` is recorded on the job too).
@@ -193,6 +195,14 @@ class Message:
             f"deleted unbound pod {pod}: it was out of its scheduling gate {ADMISSION_GATE} but the "
             "job holds no admission for it (the admission was given back, or the gate was removed "
             "past the queue); its controller creates a gated replacement"
+        )
+
+    @staticmethod
+    def escaped_pod_deleted(pod: str) -> str:
+        return (
+            f"deleted pod {pod}: it names this job's QueueUnit and was out of its scheduling gate "
+            f"{ADMISSION_GATE}, but the job does not own it (a label its controller selects pods by, "
+            "or its owner reference, was changed); outside its job it would run outside the quota"
         )
 
     @staticmethod

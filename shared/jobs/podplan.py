@@ -102,12 +102,15 @@ class PodPlan:
     """What to do with a unit's pods; ``status`` is a merge patch for the unit (or None).
 
     ``delete`` holds the pods of a reclaim; ``unadmitted`` the pods released beyond the admission
-    (their gate was removed by someone else), deleted the same careful way but reported apart.
+    (their gate was removed by someone else), deleted the same careful way but reported apart;
+    ``escaped`` the released pods that name the unit but that its job does not own (the caller
+    adds them: ``shared.jobs.podlinks.left_job``).
     """
 
     ungate: list[PodView] = field(default_factory=list)
     delete: list[PodView] = field(default_factory=list)
     unadmitted: list[PodView] = field(default_factory=list)
+    escaped: list[PodView] = field(default_factory=list)
     status: Obj | None = None
 
 

@@ -1,12 +1,17 @@
-"""A namespace user cannot start the gated replacement of a preempted pod (full control plane).
+"""A namespace user cannot start the gated replacement of a preempted pod, nor take a released pod
+out of its job (full control plane).
 
-The case only a real Job controller produces: a low-priority Job is admitted, its pod is released
+The first case only a real Job controller produces: a low-priority Job is admitted, its pod is released
 but cannot be placed (its node selector matches no node), a high-priority Job takes the quota back,
 and reclaim deletes the unbound pod. The Job controller creates a replacement from the template,
 gated. Its owner ``alice``, bound in her namespace to the built-in ``edit`` role (aggregated by the
 controller-manager as in a real cluster; ``tests/tenancy.py``), tries to remove the gate: the
 admission policy refuses it, the pod stays gated and unbound, and the victim's unit holds nothing
 (docs/architecture.md#trust-boundaries).
+
+The second: alice relabels her released pod so that the Job controller lets go of it and makes a
+gated replacement; the reconciler deletes the pod that left its job, so one admission never runs
+two pods.
 """
 
 from __future__ import annotations
@@ -149,3 +154,72 @@ async def test_the_gated_replacement_of_a_preempted_pod_cannot_be_released_by_it
     finally:
         kube.kubectl(cluster, "delete", "jobs", "--all", "-n", ns, "--wait=false")
         kube.kubectl(cluster, "delete", "elasticquota", quota_name, "-n", ns, "--wait=false")
+
+
+async def test_a_released_pod_relabelled_out_of_its_job_is_deleted_and_replaced_behind_the_gate(
+    e2e_cluster: LocalCluster, system_e2e: system.Processes, namespace_in: str
+) -> None:
+    """alice changes the label her Job selects its pods by: the real Job controller lets go of the
+    released pod and makes a gated replacement. Left alone, both would be out of the gate for an
+    admission of one; the reconciler deletes the pod that left its job
+    (docs/architecture.md#trust-boundaries)."""
+    cluster, ns = e2e_cluster, namespace_in
+    tenancy.grant(cluster, ns, ALICE)
+    quota_name = f"{ns}-q"
+    kube.kubectl(cluster, "apply", "-f", "-", input_text=yaml.safe_dump(quota(quota_name, ns)))
+
+    async def queue_ready() -> bool:
+        found = kube.kubectl(
+            cluster, "get", "queue", quota_name, "-n", names.COMPONENT_NAMESPACE, check=False
+        )
+        return found.returncode == 0
+
+    await kube.eventually(queue_ready, what="the quota's Queue")
+    submit = tenancy.as_user
+    try:
+        # Unplaceable, so its pod stays released but unbound: the state a pod waits in for room.
+        mover = job("mover", quota_name, "", placeable=False)
+        del mover["spec"]["template"]["spec"]["priorityClassName"]
+        done = submit(cluster, ALICE, "-n", ns, "create", "-f", "-", input_text=yaml.safe_dump(mover))
+        assert done.returncode == 0, done.stderr
+
+        async def released() -> dict[str, Any] | None:
+            live = pods_of(cluster, ns, "mover")
+            return next((p for p in live if not gated(p)), None)
+
+        first = await kube.eventually(released, timeout=60, what="the mover's pod released")
+        name = first["metadata"]["name"]
+        relabel = ["label", "pod", name, "--overwrite", "batch.kubernetes.io/controller-uid=mine"]
+        done = submit(cluster, ALICE, "-n", ns, *relabel)
+        assert done.returncode == 0, done.stderr
+
+        async def replaced() -> list[dict[str, Any]] | None:
+            live = pods_of(cluster, ns, "mover")
+            names_now = {p["metadata"]["name"] for p in live}
+            if name in names_now or len(live) != 1 or gated(live[0]):
+                return None
+            return live
+
+        await kube.eventually(
+            replaced, timeout=90, what="the relabelled pod deleted, its replacement released"
+        )
+        events = json.loads(
+            kube.kubectl(
+                cluster,
+                "get",
+                "events",
+                "-n",
+                ns,
+                "--field-selector",
+                "involvedObject.name=mover",
+                "-o",
+                "json",
+            ).stdout
+        )["items"]
+        escaped = [e for e in events if e["reason"] == names.EventReason.ESCAPED_POD_DELETED]
+        assert escaped and name in escaped[0]["message"], [(e["reason"], e["message"]) for e in events]
+        unit = json.loads(kube.kubectl(cluster, "get", "queueunit", "mover", "-n", ns, "-o", "json").stdout)
+        assert [a.get("replicas") for a in unit["status"]["admissions"]] == [1], unit["status"]
+    finally:
+        kube.kubectl(cluster, "delete", "jobs", "--all", "-n", ns, "--wait=false")
+        kube.kubectl(cluster, "delete", "elasticquota", quota_name, "-n", ns, "--ignore-not-found")

@@ -65,6 +65,8 @@ QUOTA_POLICIES = (
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 #: Only the reconciler removes a pod's admission gate (manifests/admission-gate-policy.yaml).
 GATE_POLICY = "koord-queue-admission-gate"
+#: A pod's unit annotations are frozen, its requests cannot grow in place (pod-links-policy.yaml).
+POD_LINKS_POLICY = "koord-queue-pod-links"
 WEBHOOK_CONFIGURATION = "koord-queue"
 
 Doc = dict[str, Any]
@@ -288,7 +290,11 @@ def test_kustomize_renders_every_component(integration_cluster: LocalCluster) ->
         ("PodDisruptionBudget", "koord-queue-webhook"),
         ("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
         ("ValidatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
-        *((kind, policy) for kind in POLICY_KINDS for policy in (*QUOTA_POLICIES, GATE_POLICY)),
+        *(
+            (kind, policy)
+            for kind in POLICY_KINDS
+            for policy in (*QUOTA_POLICIES, GATE_POLICY, POD_LINKS_POLICY)
+        ),
         ("ValidatingAdmissionPolicyBinding", "koord-queue-quota-binding-fallback"),
     }
     assert present == expected, f"missing {expected - present}, unexpected {present - expected}"

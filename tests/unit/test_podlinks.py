@@ -68,3 +68,27 @@ def test_a_pod_counts_only_in_the_units_namespace_and_owned_by_its_job(
 def test_a_job_without_a_uid_owns_nothing() -> None:
     pod = obj("p", ("Job", "train", ""))
     assert not podlinks.owned_by(pod, "", lookup)
+
+
+@pytest.mark.parametrize(
+    ("pod", "left"),
+    [
+        (obj("p", ("Job", "train", JOB_UID)), False),  # its job's own pod
+        (obj("p", ("RayCluster", "rc", "rc-uid")), False),  # the job's own, through its RayCluster
+        (obj("p"), True),  # no owner: what a controller leaves when it lets go of a pod
+        (obj("p", ("ConfigMap", "mine", "cm-uid")), True),  # given to an object that is no job's
+        (obj("p", ("Job", "plain", "plain-uid")), True),  # given to another Job we know
+        (obj("p", ("RayCluster", "other-rc", "other-rc-uid")), True),  # another job's cluster
+        # Owners that could stand between the job and the pod but are not known yet: open.
+        (obj("p", ("RayCluster", "new-rc", "new-rc-uid")), False),
+        (obj("p", ("Job", "new-child", "new-child-uid")), False),
+        (obj("p", ("Pod", "new-driver", "new-driver-uid")), False),
+        (obj("p", ("ConfigMap", "mine", "cm-uid"), ("RayCluster", "new-rc", "x")), False),
+    ],
+)
+def test_a_pod_has_left_its_job_only_when_that_is_certain(pod: dict[str, Any], left: bool) -> None:
+    assert podlinks.left_job(pod, JOB_UID, lookup) is left
+
+
+def test_nothing_leaves_a_job_without_a_uid() -> None:
+    assert not podlinks.left_job(obj("p"), "", lookup)

@@ -1,0 +1,197 @@
+"""A released pod stays tied to its job's admission: its links cannot be cut, it cannot grow in
+place, and a pod that leaves its job anyway is deleted (docs/architecture.md#trust-boundaries).
+
+``alice`` holds only a namespace user's rights (``tests/tenancy.py``); the attacks go through the
+real kube-apiserver with the admission policies, the webhook and the reconciler running. There is
+no Job controller in this tier: the test creates the job's pods as it would (owned, from the
+gated template) and, where the Job controller would let go of a relabelled pod, removes the owner
+reference itself (the e2e tier has the real Job controller do it:
+``tests/e2e/test_tenant_pods.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import yaml
+
+from shared.api import names
+from testenv import system
+from testenv.cluster import LocalCluster
+from tests import kube, tenancy
+from tests.integration.test_tenant_hold import ALICE, ROOM, alice, batch_job, owned_pod
+from tests.scenario import Scenario, scenario
+
+pytestmark = pytest.mark.integration
+
+POLICY = "koord-queue-pod-links"
+
+
+@pytest.fixture
+async def env(
+    integration_cluster: LocalCluster, system_integration: system.Processes, namespace_in: str
+) -> AsyncIterator[Scenario]:
+    tenancy.grant(integration_cluster, namespace_in, ALICE)
+    async with scenario(integration_cluster, namespace_in) as it:
+        yield it
+
+
+def get_pod(env: Scenario, name: str) -> dict[str, Any] | None:
+    found = kube.kubectl(env.cluster, "get", "pod", "-n", env.ns, name, "--ignore-not-found", "-o", "json")
+    return json.loads(found.stdout) if found.stdout.strip() else None
+
+
+def create_pod(env: Scenario, pod: dict[str, Any]) -> None:
+    kube.kubectl(env.cluster, "create", "-n", env.ns, "-f", "-", input_text=yaml.safe_dump(pod))
+
+
+async def admitted_with_released_pod(env: Scenario, name: str = "admitted") -> tuple[dict[str, Any], str]:
+    """A one-pod Job alice submitted into a quota with room: admitted, resumed, and its pod (made
+    as the Job controller would, gated) released by the reconciler."""
+    quota = env.name("q")
+    await env.add_quota(quota, ROOM)
+    job = batch_job(name, quota)
+    code, out = alice(env, "create", "-f", "-", obj=job)
+    assert code == 0, out
+    env.remember(job)
+    stored = await env.wait_job(job, lambda j: j["spec"].get("suspend") is False, what="job resumed")
+    pod = f"{name}-pod"
+    create_pod(env, owned_pod(pod, stored, gate=True))
+
+    async def released() -> bool:
+        found = get_pod(env, pod)
+        return found is not None and not found["spec"].get("schedulingGates")
+
+    await kube.eventually(released, what=f"pod {pod} released by the reconciler")
+    return stored, pod
+
+
+async def test_a_released_pods_unit_annotations_cannot_be_changed_or_removed(env: Scenario) -> None:
+    job, pod = await admitted_with_released_pod(env)
+    links = {
+        k: job["spec"]["template"]["metadata"]["annotations"][k]
+        for k in (names.RELATED_QUEUEUNIT_ANNOTATION, names.RELATED_PODSET_ANNOTATION)
+    }
+    assert links[names.RELATED_QUEUEUNIT_ANNOTATION] == f"{env.ns}/admitted"
+    for attack in (
+        [f"{names.RELATED_QUEUEUNIT_ANNOTATION}-"],
+        ["--overwrite", f"{names.RELATED_QUEUEUNIT_ANNOTATION}={env.ns}/someone-else"],
+        [f"{names.RELATED_PODSET_ANNOTATION}-"],
+        ["--overwrite", f"{names.RELATED_PODSET_ANNOTATION}=other"],
+    ):
+        code, out = alice(env, "annotate", "pod", pod, *attack)
+        assert code != 0 and POLICY in out and "cannot be changed or removed" in out, (attack, out)
+    # The same through a plain update of the whole object.
+    stored = get_pod(env, pod)
+    assert stored is not None
+    del stored["metadata"]["annotations"][names.RELATED_QUEUEUNIT_ANNOTATION]
+    code, out = alice(env, "replace", "-f", "-", obj=stored)
+    assert code != 0 and POLICY in out, out
+
+    after = get_pod(env, pod)
+    assert after is not None
+    assert {k: after["metadata"]["annotations"].get(k) for k in links} == links
+    # Her own annotations are hers to change.
+    code, out = alice(env, "annotate", "pod", pod, "example.com/note=mine")
+    assert code == 0, out
+
+
+async def test_a_released_pod_may_shrink_in_place_but_not_grow(env: Scenario) -> None:
+    _, pod = await admitted_with_released_pod(env)
+    # An admin granted alice in-place resize (the built-in edit role does not include it).
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "alice-resize", "namespace": env.ns},
+        "rules": [{"apiGroups": [""], "resources": ["pods/resize"], "verbs": ["get", "patch", "update"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "alice-resize", "namespace": env.ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "alice-resize"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": ALICE}],
+    }
+    kube.kubectl(env.cluster, "apply", "-f", "-", input_text=yaml.safe_dump_all([role, binding]))
+
+    def resize(cpu: str) -> tuple[int, str]:
+        body = {"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": cpu}}}]}}
+        return alice(
+            env, "patch", "pod", pod, "--subresource=resize", "--type=strategic", "-p", json.dumps(body)
+        )
+
+    async def resize_allowed_by_rbac() -> bool:
+        code, out = resize("2")
+        assert code != 0, f"alice grew an admitted pod in place: {out}"
+        return "forbidden: User" not in out  # the RoleBinding has reached the authorizer cache
+
+    await kube.eventually(resize_allowed_by_rbac, what="alice's resize right in effect")
+    code, out = resize("2")
+    assert code != 0 and POLICY in out and "may shrink in place but not grow" in out, out
+    stored = get_pod(env, pod)
+    assert stored is not None
+    assert stored["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
+
+    code, out = resize("500m")
+    assert code == 0, out
+    stored = get_pod(env, pod)
+    assert stored is not None
+    assert stored["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "500m"
+    # Back to the admitted size is growth from where it stands now: refused too.
+    code, out = resize("1")
+    assert code != 0 and POLICY in out, out
+
+
+async def test_a_released_pod_that_leaves_its_job_is_deleted(env: Scenario) -> None:
+    job, pod = await admitted_with_released_pod(env)
+    # A gated pod naming the unit that the job does not own stays: it never runs.
+    stray_gated = owned_pod("stray-gated", job, gate=True)
+    stray_gated["metadata"]["ownerReferences"] = []
+    code, out = alice(env, "create", "-f", "-", obj=stray_gated)
+    assert code == 0, out
+    # alice's own pod naming no unit is none of the queue's business.
+    own = owned_pod("own", job, gate=False)
+    own["metadata"]["ownerReferences"] = []
+    own["metadata"]["annotations"] = {}
+    code, out = alice(env, "create", "-f", "-", obj=own)
+    assert code == 0, out
+
+    # What the Job controller does when alice changes a label it selects pods by: it lets go.
+    kube.kubectl(
+        env.cluster,
+        "patch",
+        "pod",
+        pod,
+        "-n",
+        env.ns,
+        "--type=json",
+        "-p",
+        '[{"op": "remove", "path": "/metadata/ownerReferences"}]',
+    )
+
+    async def deleted() -> bool:
+        return get_pod(env, pod) is None
+
+    await kube.eventually(deleted, what=f"the escaped pod {pod} deleted")
+    event = await env.wait_event(
+        "admitted", names.EventReason.ESCAPED_POD_DELETED, kind="Job", type_="Warning"
+    )
+    assert pod in event.message, event.message
+
+    # A bare pod of alice's that claims the unit and is out of the gate goes the same way.
+    bare = owned_pod("bare", job, gate=False)
+    bare["metadata"]["ownerReferences"] = []
+    code, out = alice(env, "create", "-f", "-", obj=bare)
+    assert code == 0, out
+
+    async def bare_deleted() -> bool:
+        return get_pod(env, "bare") is None
+
+    await kube.eventually(bare_deleted, what="alice's bare pod naming the unit deleted")
+    assert get_pod(env, "stray-gated") is not None
+    assert get_pod(env, "own") is not None
+    unit = await env.get_unit("admitted")
+    assert [a.get("replicas") for a in unit["status"]["admissions"]] == [1], unit["status"]
