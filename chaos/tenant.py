@@ -101,10 +101,15 @@ ATTACKS: Final[dict[str, str]] = {
     "remove-quota-label": "validating webhook: the quota label cannot be removed while unfinished",
     "ungate-pod-of-queued-job": "ValidatingAdmissionPolicy koord-queue-admission-gate; reconciler "
     "deletes a released unbound pod beyond the admission (UnadmittedPodDeleted)",
+    "strip-pod-unit-annotation": "ValidatingAdmissionPolicy koord-queue-pod-links: a pod's unit "
+    "annotations cannot be changed or removed",
+    "relabel-released-pod-out-of-job": "the Job controller lets go of the pod and makes a gated "
+    "replacement; reconciler deletes a released pod its job does not own (EscapedPodDeleted)",
     "bound-pod-in-own-namespace-claiming-job": "reconciler counts a pod only in the unit's namespace "
     "and owned by its job's UID (shared/jobs/podlinks.py)",
     "bare-bound-pod-naming-unit": "reconciler counts a pod only if owned by the unit's job "
-    "(owner UID), never by the related-queueunit annotation alone",
+    "(owner UID), never by the related-queueunit annotation alone; out of the gate it is deleted "
+    "(EscapedPodDeleted)",
     "label-running-job-into-quota": "validating webhook: a job joining a queue must arrive held; "
     "reconciler: a managed job running without a dequeue stamp is held and queued, not adopted",
     "job-naming-unbound-quota": "ValidatingAdmissionPolicy koord-queue-quota-binding; the "
@@ -388,6 +393,17 @@ class Tenant:
             and not str(_meta(p).get("name", "")).startswith("mallory-")
         ]
         self.rng.shuffle(gated_pods)
+        # Released, never-bound pods of the sentinels (their jobs stay admitted, their pods unbound).
+        released_pods = [
+            p
+            for p in pods
+            if str(_meta(p).get("name", "")).startswith(SENTINELS)
+            and not gated(p.get("spec"))
+            and not _meta(p).get("deletionTimestamp")
+            and not (p.get("spec") or {}).get("nodeName")
+            and _annotations(p).get(names.RELATED_QUEUEUNIT_ANNOTATION)
+        ]
+        self.rng.shuffle(released_pods)
 
         def pick(pool: list[kube.Obj], i: int) -> kube.Obj | None:
             return pool[i % len(pool)] if pool else None
@@ -401,6 +417,8 @@ class Tenant:
             self.relabel(r, pick(queued_jobs, 4), remove=False),
             self.relabel(r, pick(queued_jobs, 5), remove=True),
             self.ungate_pod(r, pick(gated_pods, 0)),
+            self.strip_pod_link(r, pick(released_pods, 0)),
+            self.relabel_released_pod(r, pick(released_pods, 1)),
             self.forged_pod(r, pick(victims, 0), own_namespace=True),
             self.forged_pod(r, pick(victims, 1), own_namespace=False),
             self.label_running_job(r),
@@ -518,30 +536,45 @@ class Tenant:
     async def _patch_job(
         self, attack: str, r: int, job: kube.Obj | None, patch: dict[str, Any]
     ) -> tuple[Sent, str] | None:
-        """Patch a load job as mallory, conditional on the version she read (a job that changed
-        meanwhile is read again, once, and attacked again only if it is still queued)."""
+        """Patch a load job as mallory (:meth:`_patch`); a job read again is attacked again only
+        while it is still queued."""
+        return await self._patch(attack, r, JOBS, job, patch, "no queued job of the load", queued)
+
+    async def _patch(
+        self,
+        attack: str,
+        r: int,
+        res: kube.Resource,
+        obj: kube.Obj | None,
+        patch: dict[str, Any],
+        none: str,
+        still: Callable[[kube.Obj], bool],
+    ) -> tuple[Sent, str] | None:
+        """Patch a load object as mallory, conditional on the version she read (one that changed
+        meanwhile is read again and attacked again while ``still`` holds, at most twice more).
+        Records a skip or a refusal; returns the answer and the target only when accepted."""
         m = self.mallory
         assert m is not None
-        if job is None:
-            self.record(attack, r, "-", "skipped", "no queued job of the load at this moment")
+        if obj is None:
+            self.record(attack, r, "-", "skipped", f"{none} at this moment")
             return None
-        name = str(_meta(job).get("name"))
+        name = str(_meta(obj).get("name"))
         target = f"{load.NAMESPACE}/{name}"
         for _ in range(3):
             body = {
                 **patch,
                 "metadata": {
                     **patch.get("metadata", {}),
-                    "resourceVersion": _meta(job).get("resourceVersion"),
+                    "resourceVersion": _meta(obj).get("resourceVersion"),
                 },
             }
-            sent = await self.send(functools.partial(m.patch, JOBS, name, body, namespace=load.NAMESPACE))
+            sent = await self.send(functools.partial(m.patch, res, name, body, namespace=load.NAMESPACE))
             if sent.status != "changed":
                 break
-            fresh = await self._read(lambda: m.get(JOBS, name, namespace=load.NAMESPACE))
-            if fresh is None or not queued(fresh):
+            fresh = await self._read(lambda: m.get(res, name, namespace=load.NAMESPACE))
+            if fresh is None or not still(fresh):
                 break
-            job = fresh
+            obj = fresh
         if sent.status in ("gone", "changed"):
             self.record(attack, r, target, "skipped", f"target changed or vanished: {sent.message}")
             return None
@@ -561,6 +594,24 @@ class Tenant:
                     return time.monotonic() - begun
             await asyncio.sleep(interval)
         return None
+
+    async def _pod_now(self, name: str) -> kube.Obj | None:
+        """The load namespace's pod ``name`` as stored now (the admin reads it); None once gone."""
+        try:
+            return await self.admin.get(kube.PODS, name, namespace=load.NAMESPACE)
+        except kube.NotFound:
+            return None
+
+    async def _patch_released_pod(
+        self, attack: str, r: int, pod: kube.Obj | None, metadata: dict[str, Any]
+    ) -> tuple[Sent, str] | None:
+        """Patch a released sentinel pod's metadata as mallory (:meth:`_patch`)."""
+
+        def released(p: kube.Obj) -> bool:
+            return not gated(p.get("spec")) and not _meta(p).get("deletionTimestamp")
+
+        patch = {"metadata": metadata}
+        return await self._patch(attack, r, kube.PODS, pod, patch, "no released sentinel pod", released)
 
     async def _job_held_again(self, namespace: str, name: str) -> bool:
         job = await self.admin.get(JOBS, name, namespace=namespace)
@@ -750,11 +801,8 @@ class Tenant:
             return
 
         async def repaired() -> bool:
-            try:
-                now = await self.admin.get(kube.PODS, name, namespace=load.NAMESPACE)
-            except kube.NotFound:
-                return True
-            return bool(_meta(now).get("deletionTimestamp")) or gated(now.get("spec"))
+            now = await self._pod_now(name)
+            return now is None or bool(_meta(now).get("deletionTimestamp")) or gated(now.get("spec"))
 
         seconds = await self._until(repaired, UNDO_S)
         if seconds is not None:
@@ -763,6 +811,45 @@ class Tenant:
             )
         else:
             self.record(attack, r, target, "SUCCEEDED", f"accepted: the pod stayed ungated for {UNDO_S:.0f}s")
+
+    async def strip_pod_link(self, r: int, pod: kube.Obj | None) -> None:
+        """Take the unit annotation off a released pod: the reconciler would lose sight of it, and a
+        reclaim would hand its quota on while the pod can still be scheduled."""
+        attack = "strip-pod-unit-annotation"
+        change = {"annotations": {names.RELATED_QUEUEUNIT_ANNOTATION: None}}
+        done = await self._patch_released_pod(attack, r, pod, change)
+        if done is not None:
+            self.record(attack, r, done[1], "SUCCEEDED", "accepted: the pod no longer names its unit")
+
+    async def relabel_released_pod(self, r: int, pod: kube.Obj | None) -> None:
+        """Change the label the Job selects its pods by on a released pod: the Job controller lets
+        go of it and makes a gated replacement, which the admission releases too. The pod that left
+        its job must be deleted before it could run beside its replacement."""
+        attack = "relabel-released-pod-out-of-job"
+        change = {"labels": {"batch.kubernetes.io/controller-uid": f"mallory-{r}"}}
+        done = await self._patch_released_pod(attack, r, pod, change)
+        if done is None:
+            return
+        sent, target = done
+        name, uid = str(_meta(sent.obj).get("name")), _meta(sent.obj).get("uid")
+
+        async def gone() -> bool:
+            now = await self._pod_now(name)
+            return now is None or _meta(now).get("uid") != uid or bool(_meta(now).get("deletionTimestamp"))
+
+        seconds = await self._until(gone, UNDO_S)
+        if seconds is not None:
+            self.record(
+                attack, r, target, "undone", "accepted; the pod that left its job was deleted", seconds
+            )
+        else:
+            self.record(
+                attack,
+                r,
+                target,
+                "SUCCEEDED",
+                f"accepted: the pod outside its job lived on for {UNDO_S:.0f}s",
+            )
 
     async def forged_pod(self, r: int, victim: kube.Obj | None, *, own_namespace: bool) -> None:
         """A pod bound to a node (``nodeName``), naming a victim's unit in its annotation: in her own

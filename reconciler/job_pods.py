@@ -174,32 +174,26 @@ async def delete_planned(
             log.info("reclaim: deleted unbound pod %s/%s of %s", pod.namespace, pod.name, unit_key)
         elif pod_key_of(pod) in pods:
             stale = True
-    for pod in plan.escaped:
-        if await reclaim_pod(client, pods, pod):
-            log.warning(
-                "deleted pod %s/%s naming %s: its job does not own it", pod.namespace, pod.name, unit_key
-            )
-            events.record(
-                job,
-                type_="Warning",
-                reason=names.EventReason.ESCAPED_POD_DELETED,
-                message=names.Message.escaped_pod_deleted(pod.name),
-            )
-        elif pod_key_of(pod) in pods:
-            stale = True
-    for pod in plan.unadmitted:
-        if await reclaim_pod(client, pods, pod):
-            log.warning(
-                "deleted pod %s/%s of %s: released without admission", pod.namespace, pod.name, unit_key
-            )
-            events.record(
-                job,
-                type_="Warning",
-                reason=names.EventReason.UNADMITTED_POD_DELETED,
-                message=names.Message.unadmitted_pod_deleted(pod.name),
-            )
-        elif pod_key_of(pod) in pods:
-            stale = True
+    for victims, reason, message, why in (
+        (
+            plan.escaped,
+            names.EventReason.ESCAPED_POD_DELETED,
+            names.Message.escaped_pod_deleted,
+            "its job does not own it",
+        ),
+        (
+            plan.unadmitted,
+            names.EventReason.UNADMITTED_POD_DELETED,
+            names.Message.unadmitted_pod_deleted,
+            "released without admission",
+        ),
+    ):
+        for pod in victims:
+            if await reclaim_pod(client, pods, pod):
+                log.warning("deleted pod %s/%s of %s: %s", pod.namespace, pod.name, unit_key, why)
+                events.record(job, type_="Warning", reason=reason, message=message(pod.name))
+            elif pod_key_of(pod) in pods:
+                stale = True
     return stale
 
 

@@ -17,7 +17,8 @@ import pytest
 
 from testenv import system
 from testenv.cluster import LocalCluster
-from tests import kube
+from tests import kube, tenancy
+from tests.scenario import Scenario, scenario
 
 
 def _start(profile: str, tmp: Path) -> Iterator[LocalCluster]:
@@ -88,3 +89,14 @@ def system_integration(
 ) -> Iterator[system.Processes]:
     """The webhook and the reconciler running against the integration control plane."""
     yield from _system(integration_cluster, tmp_path_factory.mktemp("system-integration"))
+
+
+@pytest.fixture
+async def alice_in(
+    integration_cluster: LocalCluster, system_integration: system.Processes, namespace_in: str
+) -> AsyncIterator[Scenario]:
+    """A scenario in a fresh namespace where ``alice`` holds a namespace user's rights
+    (``tests/tenancy.py``), with the system running: the stage of the hostile-tenant tests."""
+    tenancy.grant(integration_cluster, namespace_in, tenancy.ALICE)
+    async with scenario(integration_cluster, namespace_in) as it:
+        yield it

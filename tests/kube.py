@@ -167,6 +167,14 @@ async def unit_versions(cluster: LocalCluster, namespace: str) -> AsyncIterator[
         await api.close()
 
 
+def events_of(cluster: LocalCluster, namespace: str, name: str, *, kind: str = "Job") -> list[dict[str, Any]]:
+    """The events about one object (``kind``/``name`` in ``namespace``), through the real kubectl."""
+    selector = f"involvedObject.name={name},involvedObject.kind={kind}"
+    out = kubectl(cluster, "get", "events", "-n", namespace, "--field-selector", selector, "-o", "json")
+    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    return items
+
+
 def apply_quota(cluster: LocalCluster, name: str, namespace: str, *, cpu: str) -> None:
     """``kubectl apply`` an ElasticQuota with ``min == max == cpu`` (the shape most tests want)."""
     quota = {

@@ -17,6 +17,8 @@ import yaml
 from testenv.cluster import LocalCluster
 from tests import kube
 
+#: The namespace user of the hostile-tenant tests.
+ALICE = "alice"
 #: What ``edit`` lets a namespace user do with workloads (read and write, not RBAC).
 WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
 RULES: list[dict[str, Any]] = [

@@ -74,18 +74,7 @@ def condition(unit: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def job_events(cluster: LocalCluster, ns: str, name: str) -> list[tuple[str, str]]:
-    out = kube.kubectl(
-        cluster,
-        "get",
-        "events",
-        "-n",
-        ns,
-        "--field-selector",
-        f"involvedObject.name={name},involvedObject.kind=Job",
-        "-o",
-        "json",
-    ).stdout
-    return [(e["type"], e["reason"]) for e in json.loads(out)["items"]]
+    return [(e["type"], e["reason"]) for e in kube.events_of(cluster, ns, name)]
 
 
 async def running(cluster: LocalCluster, ns: str, name: str) -> None:

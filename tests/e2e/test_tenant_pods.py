@@ -92,14 +92,8 @@ def gated(pod: dict[str, Any]) -> bool:
     return {"name": names.ADMISSION_GATE} in (pod["spec"].get("schedulingGates") or [])
 
 
-async def test_the_gated_replacement_of_a_preempted_pod_cannot_be_released_by_its_owner(
-    e2e_cluster: LocalCluster,
-    system_e2e: system.Processes,
-    namespace_in: str,
-    priorities: tuple[str, str],
-) -> None:
-    cluster, ns = e2e_cluster, namespace_in
-    low_class, high_class = priorities
+async def alices_quota(cluster: LocalCluster, ns: str) -> str:
+    """alice's namespace rights, and her team's quota (2 CPU) with its Queue ready."""
     tenancy.grant(cluster, ns, ALICE)
     quota_name = f"{ns}-q"
     kube.kubectl(cluster, "apply", "-f", "-", input_text=yaml.safe_dump(quota(quota_name, ns)))
@@ -111,6 +105,18 @@ async def test_the_gated_replacement_of_a_preempted_pod_cannot_be_released_by_it
         return found.returncode == 0
 
     await kube.eventually(queue_ready, what="the quota's Queue")
+    return quota_name
+
+
+async def test_the_gated_replacement_of_a_preempted_pod_cannot_be_released_by_its_owner(
+    e2e_cluster: LocalCluster,
+    system_e2e: system.Processes,
+    namespace_in: str,
+    priorities: tuple[str, str],
+) -> None:
+    cluster, ns = e2e_cluster, namespace_in
+    low_class, high_class = priorities
+    quota_name = await alices_quota(cluster, ns)
     try:
         submit = tenancy.as_user
         low = job("low", quota_name, low_class, placeable=False)
@@ -164,17 +170,7 @@ async def test_a_released_pod_relabelled_out_of_its_job_is_deleted_and_replaced_
     admission of one; the reconciler deletes the pod that left its job
     (docs/architecture.md#trust-boundaries)."""
     cluster, ns = e2e_cluster, namespace_in
-    tenancy.grant(cluster, ns, ALICE)
-    quota_name = f"{ns}-q"
-    kube.kubectl(cluster, "apply", "-f", "-", input_text=yaml.safe_dump(quota(quota_name, ns)))
-
-    async def queue_ready() -> bool:
-        found = kube.kubectl(
-            cluster, "get", "queue", quota_name, "-n", names.COMPONENT_NAMESPACE, check=False
-        )
-        return found.returncode == 0
-
-    await kube.eventually(queue_ready, what="the quota's Queue")
+    quota_name = await alices_quota(cluster, ns)
     submit = tenancy.as_user
     try:
         # Unplaceable, so its pod stays released but unbound: the state a pod waits in for room.
@@ -203,19 +199,7 @@ async def test_a_released_pod_relabelled_out_of_its_job_is_deleted_and_replaced_
         await kube.eventually(
             replaced, timeout=90, what="the relabelled pod deleted, its replacement released"
         )
-        events = json.loads(
-            kube.kubectl(
-                cluster,
-                "get",
-                "events",
-                "-n",
-                ns,
-                "--field-selector",
-                "involvedObject.name=mover",
-                "-o",
-                "json",
-            ).stdout
-        )["items"]
+        events = kube.events_of(cluster, ns, "mover")
         escaped = [e for e in events if e["reason"] == names.EventReason.ESCAPED_POD_DELETED]
         assert escaped and name in escaped[0]["message"], [(e["reason"], e["message"]) for e in events]
         unit = json.loads(kube.kubectl(cluster, "get", "queueunit", "mover", "-n", ns, "-o", "json").stdout)

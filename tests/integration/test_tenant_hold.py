@@ -21,7 +21,6 @@ webhook, the admission policies and the reconciler running (docs/architecture.md
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -32,21 +31,17 @@ from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube, tenancy
 from tests.integration.test_job_kinds import TOO_SMALL
-from tests.scenario import Scenario, scenario
+from tests.scenario import Scenario
 
 pytestmark = pytest.mark.integration
 
-ALICE = "alice"
+ALICE = tenancy.ALICE
 ROOM = {"cpu": "4", "memory": "16Gi"}
 
 
 @pytest.fixture
-async def env(
-    integration_cluster: LocalCluster, system_integration: system.Processes, namespace_in: str
-) -> AsyncIterator[Scenario]:
-    tenancy.grant(integration_cluster, namespace_in, ALICE)
-    async with scenario(integration_cluster, namespace_in) as it:
-        yield it
+def env(alice_in: Scenario) -> Scenario:
+    return alice_in
 
 
 def batch_job(name: str, quota: str | None, **extra: Any) -> dict[str, Any]:

@@ -12,18 +12,15 @@ reference itself (the e2e tier has the real Job controller do it:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import yaml
 
 from shared.api import names
-from testenv import system
-from testenv.cluster import LocalCluster
-from tests import kube, tenancy
+from tests import kube
 from tests.integration.test_tenant_hold import ALICE, ROOM, alice, batch_job, owned_pod
-from tests.scenario import Scenario, scenario
+from tests.scenario import Scenario
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +28,8 @@ POLICY = "koord-queue-pod-links"
 
 
 @pytest.fixture
-async def env(
-    integration_cluster: LocalCluster, system_integration: system.Processes, namespace_in: str
-) -> AsyncIterator[Scenario]:
-    tenancy.grant(integration_cluster, namespace_in, ALICE)
-    async with scenario(integration_cluster, namespace_in) as it:
-        yield it
+def env(alice_in: Scenario) -> Scenario:
+    return alice_in
 
 
 def get_pod(env: Scenario, name: str) -> dict[str, Any] | None:
