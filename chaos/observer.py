@@ -71,7 +71,9 @@ window):
     :func:`unit_accounting`): ``charged-below-running`` (replicas >= bound pods),
     ``charged-for-unneeded`` (replicas <= max(needed, bound pods): no over-admission after pods
     completed or parallelism was lowered), ``charged-below-pod-size`` (the template's per-pod
-    request >= each bound pod's request: a template that grew while queued is charged its new size).
+    request >= each bound pod's request: a template that grew while queued is charged its new size),
+    ``released-pod-outside-its-job`` (no live pod out of the gate names the unit in its namespace
+    unless the Job owns it: one its controller let go of after a relabel is charged by nothing).
     Per quota (``quota-usage-drift``, :func:`quota_accounting`): the usage the observer accumulated
     admission by admission (what ``quota-overrun`` judges) equals the sum over the quota's
     unfinished units of replicas x per-pod request, recomputed from scratch.
@@ -1242,11 +1244,27 @@ class Observer:
                 self.stats["usage-mismatch: bound pods with no readable request"] += 1
             self.checks["usage charged = held: units judged"] += 1
             out += unit_accounting(unit, job, bound)
+            out += self._outside_its_job(unit.key, job)
         for quota in sorted(self._self_used.keys() | {u.quota for u in self.units.values() if u.quota}):
             self.checks["usage charged = held: quota sums judged"] += 1
             units = (u for u in self.units.values() if u.quota == quota)
             out += quota_accounting(quota, self._self_used.get(quota, {}), units)
         return out
+
+    def _outside_its_job(self, unit_key: str, job: JobView) -> list[Mismatch]:
+        """``released-pod-outside-its-job``: a live pod out of the admission gate, in the unit's
+        namespace and naming the unit, that the live Job does not own (its controller let go of it
+        after a relabel, or it was made by hand). Nothing charges what it holds, and the Job's
+        replacement takes its place in the admission."""
+        outside = [
+            p.key
+            for p in self.pods_of(unit_key)
+            if p.live and not p.gated and p.namespace == job.namespace and job.uid not in p.owner_uids
+        ]
+        if not outside:
+            return []
+        detail = f"{unit_key}: released pods naming it that its Job does not own: {', '.join(outside[:4])}"
+        return [Mismatch("released-pod-outside-its-job", unit_key, detail)]
 
     def dump(self, path: Path) -> None:
         """Write :attr:`history` as JSON lines (post-mortem of a violation)."""

@@ -362,12 +362,33 @@ def test_accounting_mismatches_reads_owned_bound_pods_only(clock: Clock) -> None
     assert o.accounting_mismatches() == []
     feed_pod(o, pod("p2", node="n1"), f"{NS}/p2")
     assert {m.rule for m in o.accounting_mismatches()} == {"charged-below-running"}
-    # A forged pod (another namespace, or no owner) is not the job's: it changes nothing.
+    # A forged pod is not the job's: in another namespace it changes nothing; in the job's own,
+    # out of the gate, it holds what nothing charges (the product deletes it: EscapedPodDeleted).
     feed_pod(o, None, f"{NS}/p2")
     o._pod_event("mallory/claim", pod("claim", namespace="mallory", node="n1"), o.revision + 1)
-    feed_pod(o, pod("bare", owner_uid=None, node="n1"), f"{NS}/bare")
     assert o.accounting_mismatches() == []
-    assert o.checks["usage charged = held: units judged"] == 3
+    feed_pod(o, pod("bare", owner_uid=None, node="n1"), f"{NS}/bare")
+    found = o.accounting_mismatches()
+    assert [(m.rule, m.subject) for m in found] == [("released-pod-outside-its-job", f"{NS}/j")]
+    assert f"{NS}/bare" in found[0].detail
+    feed_pod(o, pod("bare", owner_uid=None, gated=True), f"{NS}/bare")  # behind the gate: harmless
+    assert o.accounting_mismatches() == []
+    assert o.checks["usage charged = held: units judged"] == 5
+
+
+def test_a_released_pod_its_job_let_go_of_is_held_outside_any_charge(clock: Clock) -> None:
+    """What the Job controller leaves after a relabel: the pod, released and still naming the unit,
+    without the owner reference; the replacement it makes is the job's own."""
+    o = observer()
+    feed_unit(o, unit(replicas=1))
+    feed_job(o, job())
+    feed_pod(o, pod("p1"), f"{NS}/p1")
+    assert o.accounting_mismatches() == []
+    feed_pod(o, pod("p1", owner_uid=None), f"{NS}/p1")
+    feed_pod(o, pod("p2", gated=True), f"{NS}/p2")
+    assert {m.rule for m in o.accounting_mismatches()} == {"released-pod-outside-its-job"}
+    feed_pod(o, None, f"{NS}/p1")  # deleted by the reconciler
+    assert o.accounting_mismatches() == []
 
 
 def test_accounting_skips_jobs_being_deleted_or_suspended(clock: Clock) -> None:
