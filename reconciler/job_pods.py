@@ -174,22 +174,25 @@ async def delete_planned(
             log.info("reclaim: deleted unbound pod %s/%s of %s", pod.namespace, pod.name, unit_key)
         elif pod_key_of(pod) in pods:
             stale = True
-    for victims, reason, message, why in (
+    for victims, reason, message, why, counted in (
         (
             plan.escaped,
             names.EventReason.ESCAPED_POD_DELETED,
             names.Message.escaped_pod_deleted,
             "its job does not own it",
+            "escaped",
         ),
         (
             plan.unadmitted,
             names.EventReason.UNADMITTED_POD_DELETED,
             names.Message.unadmitted_pod_deleted,
             "released without admission",
+            "unadmitted",
         ),
     ):
         for pod in victims:
             if await reclaim_pod(client, pods, pod):
+                metrics.UNQUEUED_PODS_DELETED.labels(counted).inc()
                 log.warning("deleted pod %s/%s of %s: %s", pod.namespace, pod.name, unit_key, why)
                 events.record(job, type_="Warning", reason=reason, message=message(pod.name))
             elif pod_key_of(pod) in pods:

@@ -80,6 +80,17 @@ RECLAIMED_PODS = Counter(
     "Unbound pods deleted to reclaim quota.",
     registry=REGISTRY,
 )
+#: Released pods deleted because nothing accounted for them: ``unadmitted`` (out of the gate
+#: beyond the admission, UnadmittedPodDeleted) or ``escaped`` (naming a unit, not its job's,
+#: EscapedPodDeleted). Either means something got past the queue's door: worth an alert.
+UNQUEUED_PODS_DELETED = Counter(
+    "koord_queue_unqueued_pods_deleted_total",
+    "Released pods deleted because no admission accounted for them, by reason (unadmitted, escaped).",
+    ["reason"],
+    registry=REGISTRY,
+)
+for _reason in ("unadmitted", "escaped"):
+    UNQUEUED_PODS_DELETED.labels(_reason)  # exported at 0 from the start, so alerts see the series
 PROTECTION_SKIPS = Counter(
     "koord_queue_preemption_protected_skips_total",
     "Candidate victims skipped because they were admitted within the reclaim protect time.",

@@ -32,6 +32,7 @@ RECONCILER_METRICS = (
     "koord_queue_preemption_rounds",
     "koord_queue_preemption_victims",
     "koord_queue_reclaimed_pods",
+    "koord_queue_unqueued_pods_deleted",
     "koord_queue_api_requests",
 )
 WEBHOOK_METRICS = ("koord_queue_webhook_request_duration_seconds", "koord_queue_webhook_requests")

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from shared.api import names
+from testenv import system
 from tests import kube
 from tests.integration.test_tenant_hold import ALICE, ROOM, alice, batch_job, owned_pod
 from tests.scenario import Scenario
@@ -138,7 +139,12 @@ async def test_a_released_pod_may_shrink_in_place_but_not_grow(env: Scenario) ->
     assert code != 0 and POLICY in out, out
 
 
-async def test_a_released_pod_that_leaves_its_job_is_deleted(env: Scenario) -> None:
+async def test_a_released_pod_that_leaves_its_job_is_deleted(
+    env: Scenario, system_integration: system.Processes
+) -> None:
+    metrics_port = next(c.ports["metrics"] for c in system_integration.components if c.name == "reconciler")
+    escaped_total = ("koord_queue_unqueued_pods_deleted_total", {"reason": "escaped"})
+    before = env.metric(metrics_port, *escaped_total)
     job, pod = await admitted_with_released_pod(env)
     # A gated pod naming the unit that the job does not own stays: it never runs.
     stray_gated = owned_pod("stray-gated", job, gate=True)
@@ -186,5 +192,6 @@ async def test_a_released_pod_that_leaves_its_job_is_deleted(env: Scenario) -> N
     await kube.eventually(bare_deleted, what="alice's bare pod naming the unit deleted")
     assert get_pod(env, "stray-gated") is not None
     assert get_pod(env, "own") is not None
+    assert env.metric(metrics_port, *escaped_total) >= before + 2  # the pod let go of, and the bare one
     unit = await env.get_unit("admitted")
     assert [a.get("replicas") for a in unit["status"]["admissions"]] == [1], unit["status"]
