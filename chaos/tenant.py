@@ -105,11 +105,12 @@ ATTACKS: Final[dict[str, str]] = {
     "annotations cannot be changed or removed",
     "relabel-released-pod-out-of-job": "the Job controller lets go of the pod and makes a gated "
     "replacement; reconciler deletes a released pod its job does not own (EscapedPodDeleted)",
-    "bound-pod-in-own-namespace-claiming-job": "reconciler counts a pod only in the unit's namespace "
-    "and owned by its job's UID (shared/jobs/podlinks.py)",
-    "bare-bound-pod-naming-unit": "reconciler counts a pod only if owned by the unit's job "
-    "(owner UID), never by the related-queueunit annotation alone; out of the gate it is deleted "
-    "(EscapedPodDeleted)",
+    "bound-pod-in-own-namespace-claiming-job": "ValidatingAdmissionPolicy koord-queue-pod-birth (a pod "
+    "naming a unit is born gated); reconciler counts a pod only in the unit's namespace and owned by "
+    "its job's UID (shared/jobs/podlinks.py)",
+    "bare-bound-pod-naming-unit": "ValidatingAdmissionPolicy koord-queue-pod-birth; reconciler counts "
+    "a pod only if owned by the unit's job (owner UID), never by the related-queueunit annotation "
+    "alone; out of the gate it is deleted (EscapedPodDeleted)",
     "label-running-job-into-quota": "validating webhook: a job joining a queue must arrive held; "
     "reconciler: a managed job running without a dequeue stamp is held and queued, not adopted",
     "job-naming-unbound-quota": "ValidatingAdmissionPolicy koord-queue-quota-binding; the "

@@ -67,6 +67,8 @@ POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 GATE_POLICY = "koord-queue-admission-gate"
 #: A pod's unit annotations are frozen, its requests cannot grow in place (pod-links-policy.yaml).
 POD_LINKS_POLICY = "koord-queue-pod-links"
+#: ... and is born behind the admission gate (the same file).
+POD_BIRTH_POLICY = "koord-queue-pod-birth"
 WEBHOOK_CONFIGURATION = "koord-queue"
 
 Doc = dict[str, Any]
@@ -293,7 +295,7 @@ def test_kustomize_renders_every_component(integration_cluster: LocalCluster) ->
         *(
             (kind, policy)
             for kind in POLICY_KINDS
-            for policy in (*QUOTA_POLICIES, GATE_POLICY, POD_LINKS_POLICY)
+            for policy in (*QUOTA_POLICIES, GATE_POLICY, POD_LINKS_POLICY, POD_BIRTH_POLICY)
         ),
         ("ValidatingAdmissionPolicyBinding", "koord-queue-quota-binding-fallback"),
     }

@@ -289,9 +289,14 @@ async def test_pods_naming_another_teams_unit_never_count_for_it(
             forged = owned_pod("forged", stored, gate=False, node="node-x")
             ref = forged["metadata"]["annotations"][names.RELATED_QUEUEUNIT_ANNOTATION]
             assert ref == f"{victim_ns}/train"
-            # alice, from her namespace: a bound pod naming the victim's unit, claiming its job.
+            # alice, from her namespace: a bound pod naming the victim's unit, claiming its job. The
+            # door refuses a pod naming a unit that is not born gated; created anyway (the admin
+            # stands for a way past the door), it still counts for nothing.
             code, out = alice(env, "create", "-f", "-", obj=forged)
-            assert code == 0, out
+            assert code != 0 and "koord-queue-pod-birth" in out, out
+            kube.kubectl(
+                integration_cluster, "create", "-n", env.ns, "-f", "-", input_text=yaml.safe_dump(forged)
+            )
             # ... and a bare bound pod in the victim's namespace, made by its own user, not the job's.
             bare = owned_pod("bare", stored, gate=False, node="node-x")
             bare["metadata"]["ownerReferences"] = []

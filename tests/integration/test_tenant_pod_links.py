@@ -180,18 +180,33 @@ async def test_a_released_pod_that_leaves_its_job_is_deleted(
     )
     assert pod in event.message, event.message
 
-    # A bare pod of alice's that claims the unit and is out of the gate goes the same way.
+    # A bare pod that claims the unit out of the gate (alice cannot create one: see below; the
+    # admin stands for a way past the door) goes the same way.
     bare = owned_pod("bare", job, gate=False)
     bare["metadata"]["ownerReferences"] = []
-    code, out = alice(env, "create", "-f", "-", obj=bare)
-    assert code == 0, out
+    create_pod(env, bare)
 
     async def bare_deleted() -> bool:
         return get_pod(env, "bare") is None
 
-    await kube.eventually(bare_deleted, what="alice's bare pod naming the unit deleted")
+    await kube.eventually(bare_deleted, what="a bare pod naming the unit deleted")
     assert get_pod(env, "stray-gated") is not None
     assert get_pod(env, "own") is not None
     assert env.metric(metrics_port, *escaped_total) >= before + 2  # the pod let go of, and the bare one
     unit = await env.get_unit("admitted")
     assert [a.get("replicas") for a in unit["status"]["admissions"]] == [1], unit["status"]
+
+
+async def test_a_pod_naming_a_unit_is_born_behind_the_gate(env: Scenario) -> None:
+    """Created by alice already released (or bound to a node) and owned by her admitted job, a pod
+    would run beside the ones the admission counts; the door refuses it. Born gated, as the job's
+    controller makes it, it is accepted and waits for the reconciler like any other."""
+    job, _ = await admitted_with_released_pod(env)
+    for name, node in (("released", None), ("bound", "node-x")):
+        code, out = alice(env, "create", "-f", "-", obj=owned_pod(name, job, gate=False, node=node))
+        assert code != 0 and "koord-queue-pod-birth" in out and names.ADMISSION_GATE in out, out
+        assert get_pod(env, name) is None
+    code, out = alice(env, "create", "-f", "-", obj=owned_pod("gated", job, gate=True))
+    assert code == 0, out
+    stored = get_pod(env, "gated")
+    assert stored is not None and stored["spec"]["schedulingGates"] == [{"name": names.ADMISSION_GATE}]
