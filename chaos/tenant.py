@@ -73,6 +73,9 @@ SENTINEL_QUOTA: Final = "chaos-sentinel"
 #: How long an accepted attack is watched for its harm (or its repair).
 WATCH_S: Final = 6.0
 UNDO_S: Final = 30.0
+#: How long the relabel attack waits for the Job controller to let go of the relabelled pod (it
+#: may be relisting after a fault); the reconciler's UNDO_S starts only then.
+LET_GO_S: Final = 90.0
 #: How long a round looks for a gated pod when its listing had none.
 HUNT_S: Final = 20.0
 
@@ -833,24 +836,50 @@ class Tenant:
             return
         sent, target = done
         name, uid = str(_meta(sent.obj).get("name")), _meta(sent.obj).get("uid")
-
-        async def gone() -> bool:
-            now = await self._pod_now(name)
-            return now is None or _meta(now).get("uid") != uid or bool(_meta(now).get("deletionTimestamp"))
-
-        seconds = await self._until(gone, UNDO_S)
-        if seconds is not None:
-            self.record(
-                attack, r, target, "undone", "accepted; the pod that left its job was deleted", seconds
-            )
-        else:
-            self.record(
-                attack,
-                r,
-                target,
-                "SUCCEEDED",
-                f"accepted: the pod outside its job lived on for {UNDO_S:.0f}s",
-            )
+        job_uids = {str(ref.get("uid")) for ref in _meta(sent.obj).get("ownerReferences") or []}
+        # The harm starts when the Job controller lets go of the pod (its owner reference goes);
+        # until then it is still the job's pod, counted in its admission. Under faults the
+        # controller may take a while: its clock is LET_GO_S, the reconciler's UNDO_S from there.
+        begun = time.monotonic()
+        let_go: float | None = None
+        while True:
+            with contextlib.suppress(kube.KubeError):
+                now = await self._pod_now(name)
+                if now is None or _meta(now).get("uid") != uid or _meta(now).get("deletionTimestamp"):
+                    waited = time.monotonic() - (let_go if let_go is not None else begun)
+                    self.record(
+                        attack,
+                        r,
+                        target,
+                        "undone",
+                        "accepted; the pod that left its job was deleted"
+                        + (f" {waited:.1f}s after its controller let go" if let_go is not None else ""),
+                        time.monotonic() - begun,
+                    )
+                    return
+                owners = {str(ref.get("uid")) for ref in _meta(now).get("ownerReferences") or []}
+                if let_go is None and not owners & job_uids:
+                    let_go = time.monotonic()
+            if let_go is not None and time.monotonic() - let_go > UNDO_S:
+                self.record(
+                    attack,
+                    r,
+                    target,
+                    "SUCCEEDED",
+                    f"accepted: the pod lived on outside its job {UNDO_S:.0f}s after its controller let go",
+                )
+                return
+            if let_go is None and time.monotonic() - begun > LET_GO_S:
+                self.record(
+                    attack,
+                    r,
+                    target,
+                    "neutralised",
+                    f"accepted; the Job controller did not let go of the pod within {LET_GO_S:.0f}s, "
+                    "so it stayed its job's pod, counted in the admission",
+                )
+                return
+            await asyncio.sleep(0.5)
 
     async def forged_pod(self, r: int, victim: kube.Obj | None, *, own_namespace: bool) -> None:
         """A pod bound to a node (``nodeName``), naming a victim's unit in its annotation: in her own
