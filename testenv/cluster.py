@@ -114,13 +114,10 @@ _T = TypeVar("_T")
 
 def retry_port_clash(start: Callable[[], _T], *, attempts: int = 3) -> _T:
     """Run ``start`` (which picks its own ports) again while it fails with :class:`PortTaken`."""
-    for attempt in range(1, attempts + 1):
-        try:
+    for _ in range(attempts - 1):
+        with contextlib.suppress(PortTaken):
             return start()
-        except PortTaken:
-            if attempt == attempts:
-                raise
-    raise AssertionError("unreachable")
+    return start()
 
 
 def exited_error(process: Component, what: str) -> ClusterError:
@@ -142,7 +139,8 @@ def wait_until(
 ) -> None:
     """Poll ``check`` until it is true or the deadline passes (then raise).
 
-    With ``process``, fail at once (with its log tail) if that process exits while waiting.
+    With ``process``, fail at once (with its log tail) if that process exits while waiting, and
+    give its log tail on a timeout too.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -154,7 +152,8 @@ def wait_until(
         except Exception:  # a failed probe is just "not yet"
             pass
         if time.monotonic() > deadline:
-            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
+            tail = f":\n{process.tail()}" if process is not None else ""
+            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}{tail}")
         time.sleep(interval)
 
 
@@ -400,24 +399,14 @@ class LocalCluster:
         return component
 
     def _await(self, component: Component, check: Callable[[], bool], what: str) -> None:
-        """Poll ``check`` until true; fail at once with the log tail if the component dies."""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if not component.alive():
-                error = exited_error(component, what)
-                if isinstance(error, PortTaken) and component in self.components:
-                    self.components.remove(component)  # the retried start spawns a new one
-                raise error
-            try:
-                if check():
-                    return
-            except Exception:  # a failed probe is just "not yet"
-                pass
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"timed out after {START_TIMEOUT_S:.0f}s waiting for {what}:\n{component.tail()}"
-                )
-            time.sleep(0.1)
+        """:func:`wait_until` for a control-plane component; one that lost its port leaves
+        :attr:`components`, since the retried start spawns a new one."""
+        try:
+            wait_until(check, timeout=START_TIMEOUT_S, what=what, process=component)
+        except PortTaken:
+            if component in self.components:
+                self.components.remove(component)
+            raise
 
     def _gate_flags(self) -> list[str]:
         return [f"--feature-gates={','.join(self.feature_gates)}"] if self.feature_gates else []
