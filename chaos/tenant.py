@@ -837,49 +837,60 @@ class Tenant:
         sent, target = done
         name, uid = str(_meta(sent.obj).get("name")), _meta(sent.obj).get("uid")
         job_uids = {str(ref.get("uid")) for ref in _meta(sent.obj).get("ownerReferences") or []}
+        seen_let_go = False
+
+        async def still_there() -> kube.Obj | None:
+            now = await self._pod_now(name)
+            if now is None or _meta(now).get("uid") != uid or _meta(now).get("deletionTimestamp"):
+                return None
+            return now
+
+        async def gone() -> bool:
+            return await still_there() is None
+
+        async def gone_or_let_go() -> bool:
+            nonlocal seen_let_go
+            now = await still_there()
+            if now is None:
+                return True
+            seen_let_go = (
+                not {str(ref.get("uid")) for ref in _meta(now).get("ownerReferences") or []} & job_uids
+            )
+            return seen_let_go
+
         # The harm starts when the Job controller lets go of the pod (its owner reference goes);
         # until then it is still the job's pod, counted in its admission. Under faults the
         # controller may take a while: its clock is LET_GO_S, the reconciler's UNDO_S from there.
-        begun = time.monotonic()
-        let_go: float | None = None
-        while True:
-            with contextlib.suppress(kube.KubeError):
-                now = await self._pod_now(name)
-                if now is None or _meta(now).get("uid") != uid or _meta(now).get("deletionTimestamp"):
-                    waited = time.monotonic() - (let_go if let_go is not None else begun)
-                    self.record(
-                        attack,
-                        r,
-                        target,
-                        "undone",
-                        "accepted; the pod that left its job was deleted"
-                        + (f" {waited:.1f}s after its controller let go" if let_go is not None else ""),
-                        time.monotonic() - begun,
-                    )
-                    return
-                owners = {str(ref.get("uid")) for ref in _meta(now).get("ownerReferences") or []}
-                if let_go is None and not owners & job_uids:
-                    let_go = time.monotonic()
-            if let_go is not None and time.monotonic() - let_go > UNDO_S:
-                self.record(
-                    attack,
-                    r,
-                    target,
-                    "SUCCEEDED",
-                    f"accepted: the pod lived on outside its job {UNDO_S:.0f}s after its controller let go",
-                )
-                return
-            if let_go is None and time.monotonic() - begun > LET_GO_S:
-                self.record(
-                    attack,
-                    r,
-                    target,
-                    "neutralised",
-                    f"accepted; the Job controller did not let go of the pod within {LET_GO_S:.0f}s, "
-                    "so it stayed its job's pod, counted in the admission",
-                )
-                return
-            await asyncio.sleep(0.5)
+        let_go = await self._until(gone_or_let_go, LET_GO_S)
+        if let_go is None:
+            self.record(
+                attack,
+                r,
+                target,
+                "neutralised",
+                f"accepted; the Job controller did not let go of the pod within {LET_GO_S:.0f}s, "
+                "so it stayed its job's pod, counted in the admission",
+            )
+            return
+        deleted = await self._until(gone, UNDO_S)
+        if deleted is None:
+            self.record(
+                attack,
+                r,
+                target,
+                "SUCCEEDED",
+                f"accepted: the pod lived on outside its job {UNDO_S:.0f}s after its controller let go",
+            )
+            return
+        after = f" {deleted:.1f}s after its controller let go" if seen_let_go else ""
+        self.record(
+            attack,
+            r,
+            target,
+            "undone",
+            f"accepted; the pod that left its job was deleted{after}",
+            let_go + deleted,
+        )
 
     async def forged_pod(self, r: int, victim: kube.Obj | None, *, own_namespace: bool) -> None:
         """A pod bound to a node (``nodeName``), naming a victim's unit in its annotation: in her own
