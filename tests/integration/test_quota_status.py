@@ -170,7 +170,14 @@ async def test_the_visibility_api_answers_the_same_figures_per_namespace_only_fo
     )
     await sc.create_unit(s.unit("a", quota=mine, cpu="1"))
     await sc.wait_phase("a")
-    published = await shows(sc, mine, lambda f: f["used"] == {"cpu": "1"}, "usage published")
+    # status.used and the annotations are two writes (the status subresource, then the metadata):
+    # wait for both, or a reader between them sees the new usage beside the old request.
+    published = await shows(
+        sc,
+        mine,
+        lambda f: f["used"] == f["runtime"] == f["request"] == {"cpu": "1"},
+        "usage published in the status and the annotations",
+    )
     vis = await serving_visibility(integration_cluster, system_integration)
 
     status, body = await vis.get("/quotas")
