@@ -1,5 +1,6 @@
 """The job extension's steps on an admitted job's life: execution budget and deactivation
-(docs/compatibility.md#activation-and-execution-budget), the running timeout
+(docs/compatibility.md#activation-and-execution-budget), queueing again a job whose admitted pods
+changed size (docs/compatibility.md#admitted-pod-size), the running timeout
 (docs/compatibility.md#running-timeout), and holding a job that escaped the queue.
 
 Each step carries out what a pure decision says (``shared.jobs.lifecycle``,
@@ -22,7 +23,7 @@ from reconciler.events import EventRecorder
 from reconciler.job_units import JobKey
 from shared import kube
 from shared.api import names
-from shared.jobs import lifecycle, podplan, running_timeout
+from shared.jobs import jobext, lifecycle, podplan, running_timeout
 from shared.jobs.base import JobAdapter
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,75 @@ async def budget_and_activation(
         reason=names.EventReason.DEACTIVATED,
         message="Job is suspended and its resources are reclaimed because the queue unit is deactivated",
     )
+    return True
+
+
+async def requeue_resized(
+    client: kube.Kube,
+    events: EventRecorder,
+    key: JobKey,
+    adapter: JobAdapter,
+    job: kube.Obj,
+    unit: kube.Obj,
+    unit_name: str,
+    pod_sets: Sequence[str],
+    desired: Mapping[str, object],
+) -> bool:
+    """Queue a job again whose admitted pods changed size (``shared.jobs.jobext.admitted_resize``,
+    docs/compatibility.md#admitted-pod-size); True when something was written. ``desired`` is
+    the unit spec the job asks for now.
+
+    The webhook refuses such an edit from users, so this runs only where the door was bypassed.
+    Three writes, in an order that never lets the job run at a size nobody admitted:
+
+    1. the job is suspended (its controller deletes the pods made at either size);
+    2. the unit's status: queued again, admissions cleared; this frees the quota, so it comes after
+       the hold, as in a running-timeout backoff;
+    3. the unit's pod sets follow the job, conditional on the version the second write made.
+
+    The scheduler may admit the unit between 2 and 3 at its old size. Then the third write fails
+    (its version is gone) and the next pass finds an admitted unit whose pod sets differ from the
+    job again, and starts over from 2; had the third write been unconditional, the next pass would
+    have seen an admitted unit in step with its job and released it at a size admitted for less.
+    A failure after 1 likewise leaves the job held and the change found again (this step runs
+    before the resume step).
+    """
+    now_text = job_units.now_text()
+    patch = lifecycle.requeue_resized(unit, pod_sets, now=time.time(), now_text=now_text)
+    if patch is None:
+        return False
+    if not adapter.is_suspended(job):
+        await client.patch(
+            job_units.resource_of(adapter),
+            key.name,
+            adapter.suspend_merge_patch(job),
+            namespace=key.namespace,
+        )
+    rv = (unit.get("metadata") or {}).get("resourceVersion")
+    queued = await client.patch(
+        job_units.QUEUE_UNITS,
+        unit_name,
+        {**patch, "metadata": {"resourceVersion": rv}},
+        namespace=key.namespace,
+        subresource="status",
+    )
+    message = (
+        f"the resource requests of pod set(s) {', '.join(pod_sets)} changed after the job was admitted; "
+        "it is suspended and queued again at its new size"
+    )
+    log.warning("%s %s/%s: %s", adapter.kind, key.namespace, key.name, message)
+    events.record(job, type_="Warning", reason=names.EventReason.ADMITTED_JOB_RESIZED, message=message)
+    drift = jobext.spec_drift(
+        {**unit, "status": {**(unit.get("status") or {}), **patch["status"]}}, dict(desired)
+    )
+    if drift is not None:
+        after = (queued.get("metadata") or {}).get("resourceVersion") if isinstance(queued, Mapping) else None
+        await client.patch(
+            job_units.QUEUE_UNITS,
+            unit_name,
+            {**drift, "metadata": {"resourceVersion": after or rv}},
+            namespace=key.namespace,
+        )
     return True
 
 

@@ -403,10 +403,22 @@ class JobExtensions:
                     live_cluster=live,
                     max_user_priority=self.priority_cap(job),
                 )
-        if desired is not None:
+        resized = jobext.admitted_resize(unit, desired) if desired is not None else ()
+        if resized and desired is not None:
+            if await job_lifecycle.requeue_resized(
+                self.client, self.events, key, adapter, job, unit, unit_name, resized, desired
+            ):
+                return  # the unit's update brings us back, queued at its new size
+        elif desired is not None:
             drift = jobext.spec_drift(unit, desired)
             if drift is not None:
-                await self.client.patch(job_units.QUEUE_UNITS, unit_name, drift, namespace=key.namespace)
+                # Conditional on the version seen: had the scheduler admitted the unit meanwhile
+                # (at its old pod sets), following the job now would leave it admitted for less
+                # than it asks; the 409 brings the next pass, which finds the admitted pod sets
+                # changed (docs/compatibility.md#admitted-pod-size).
+                rv = (unit.get("metadata") or {}).get("resourceVersion")
+                body = {**drift, "metadata": {"resourceVersion": rv}}
+                await self.client.patch(job_units.QUEUE_UNITS, unit_name, body, namespace=key.namespace)
         if not finished and await job_lifecycle.budget_and_activation(
             self.client, self.events, key, adapter, job, unit, unit_name, mark=self.mark
         ):

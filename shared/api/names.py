@@ -137,6 +137,8 @@ class EventReason(enum.StrEnum):
     UNADMITTED_POD_DELETED = "UnadmittedPodDeleted"
     #: Ours, on the job: a released pod naming its unit that the job does not own was deleted.
     ESCAPED_POD_DELETED = "EscapedPodDeleted"
+    #: Ours, on the job: pods it was admitted with changed size; held and queued again.
+    ADMITTED_JOB_RESIZED = "AdmittedJobResized"
     #: Ours, on the job: it waits in its queue (quota, position when it first had to wait).
     QUEUED = "Queued"
     #: Ours, on the job: admitted after it waited (``Preempted`` is recorded on the job too).
@@ -171,6 +173,9 @@ class Message:
     FAILED: Final = "Failed"
     DEACTIVATED: Final = "Evicted because the queue unit is deactivated"
     MAX_EXEC_EXCEEDED: Final = "Evicted because the maximum execution time was exceeded"
+    #: Ours: a unit queued again because its job changed the size of pods it was admitted with
+    #: (docs/compatibility.md#admitted-pod-size); the pod sets' names follow.
+    RESIZED_PREFIX: Final = "Evicted because the job changed the resource requests of its admitted pod set(s)"
     NO_MORE_IN_QUEUE: Final = "no more queueUnit allowed to schedule in this queue"
     PREEMPT_FAILED_SUFFIX: Final = "; preempt failed"
     PREEMPT_SUCCEED_SUFFIX: Final = "; preempt succeed"
@@ -339,6 +344,8 @@ def duplicate_quota_message(namespace: str, name: str, winner_namespace: str) ->
 # --- Running timeout (docs/compatibility.md#running-timeout) -------------------------------------
 
 #: Ours: Warning on the unit and its job when the pods did not all run within ``runningTimeout``.
+#: ``Evicted`` condition reason of a unit queued again after its admitted pods changed size.
+EVICTED_RESIZED_REASON: Final = "PodSetsResized"
 RUNNING_TIMEOUT_REASON: Final = "RunningTimeout"
 #: Ours: Warning on the unit when ``partialRunningTimeout`` shrinks its admission.
 PARTIAL_RUNNING_TIMEOUT_REASON: Final = "PartialRunningTimeout"

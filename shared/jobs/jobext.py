@@ -7,7 +7,8 @@ plain values so they can be table-tested; this module answers the first one:
 * :func:`build_queue_unit` / :func:`spec_drift`: what QueueUnit a job should have
   (docs/compatibility.md#queueunit-construction), including a RayJob's pod sets raised to its live
   RayCluster (docs/compatibility.md#rayjob) and the unit re-created for a released job
-  (docs/compatibility.md#adoption-of-released-jobs, see ``shared.jobs.adoption``);
+  (docs/compatibility.md#adoption-of-released-jobs, see ``shared.jobs.adoption``), except where an
+  admitted pod set changed size (:func:`admitted_resize`, docs/compatibility.md#admitted-pod-size);
 * :func:`slim_batch_job`: what the Job informer keeps, the same scheduling view the unit is built from.
 
 The others live apart: the unit's pods (release, reclaim, usage report) in ``shared.jobs.podplan``,
@@ -23,7 +24,7 @@ from typing import Any
 from shared.api import names, quantities
 from shared.api import podtemplates as podspec
 from shared.api.goparse import parse_go_bool, parse_lenient_int
-from shared.jobs import adoption, ray
+from shared.jobs import adoption, podplan, ray
 from shared.jobs.base import Job, JobAdapter, JobSpecError, annotations_of, dig, labels_of, text
 from shared.jobs.podspec import template_requests
 
@@ -183,6 +184,37 @@ def spec_drift(unit: Obj, desired: Obj) -> Obj | None:
                 continue  # an absent annotation leaves a hand-set spec.active alone
             patch[key] = desired.get(key)
     return {"spec": patch} if patch else None
+
+
+def admitted_resize(unit: Obj, desired: Obj) -> tuple[str, ...]:
+    """The pod sets the unit holds an admission for whose per-pod requests the job has changed
+    since, sorted; empty when none (docs/compatibility.md#admitted-pod-size).
+
+    The quota is charged per pod as admitted and the pods already made keep their size, so such a
+    change is not followed like other drift: the reconciler queues the job again at its new size.
+    The webhook refuses the edit from users (``_guard_admitted_size``); this is the same rule
+    where the door was bypassed. Both sides are read with the same code from the same template
+    view (:func:`_pod_set_shape`), so a change in how requests are computed changes neither. A
+    unit with a ``dequeued`` phase and no admissions (the pre-admissions API) holds every pod set.
+    """
+    status = unit.get("status") or {}
+    phase = status.get("phase")
+    if phase in (names.Phase.SUCCEED, names.Phase.FAILED):
+        return ()
+    entries = [a for a in status.get("admissions") or [] if isinstance(a, Mapping)]
+    held = {a.get("name") for a in entries if isinstance(a.get("replicas"), int) and a["replicas"] > 0}
+    current = {
+        name: per_pod
+        for name, _, per_pod in map(_pod_set_shape, (unit.get("spec") or {}).get("podSet") or [])
+    }
+    if not entries and phase in podplan.ADMITTED_PHASES:
+        held = set(current)
+    changed = set()
+    for name, _, per_pod in map(_pod_set_shape, desired.get("podSet") or []):
+        before = current.get(name)
+        if name in held and before is not None and per_pod is not None and per_pod != before:
+            changed.add(str(name))
+    return tuple(sorted(changed))
 
 
 # --- what the Job informer keeps ----------------------------------------------------------------

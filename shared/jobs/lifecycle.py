@@ -2,7 +2,9 @@
 (docs/compatibility.md#activation-and-execution-budget).
 
 * :func:`deactivation`: the status patch that parks a unit whose ``spec.active`` is false;
-* :func:`execution_budget`: how long an active unit may still run, or the patches that end it.
+* :func:`execution_budget`: how long an active unit may still run, or the patches that end it;
+* :func:`requeue_resized`: the status patch that queues a unit again once its job changed the size
+  of the pods it was admitted with.
 
 Apart from the pod decisions (``shared.jobs.podplan``) because they look at time, not at pods: the
 clock is a parameter (``now``), so they stay table-testable. The caller writes what they return.
@@ -10,6 +12,7 @@ clock is a parameter (``now``), so they stay table-testable. The caller writes w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,11 +56,33 @@ def deactivation(unit: Obj, *, now: float, now_text: str) -> Obj | None:
     holds = any(a.replicas > 0 for a in admissions)
     if not holds and phase in ("", names.Phase.ENQUEUED):
         return None
-    message = names.Message.DEACTIVATED
+    return _requeued(
+        unit, reason="Deactivated", message=names.Message.DEACTIVATED, now=now, now_text=now_text
+    )
+
+
+def requeue_resized(unit: Obj, pod_sets: Sequence[str], *, now: float, now_text: str) -> Obj | None:
+    """The status patch that queues a unit again because its job changed the size of pods it was
+    admitted with (``shared.jobs.jobext.admitted_resize``,
+    docs/compatibility.md#admitted-pod-size), or None while a reclaim of it is in progress (the
+    reclaim finishes first; the pod sets are not followed meanwhile).
+
+    As :func:`deactivation`: Enqueued, quota released, the time run kept for the execution budget,
+    ``Evicted=True/PodSetsResized``. The caller suspends the job first and records the event.
+    """
+    if not pod_sets or any(a.reclaim for a in podplan.admissions_of(unit)):
+        return None
+    message = f"{names.Message.RESIZED_PREFIX} {', '.join(pod_sets)}"
+    return _requeued(unit, reason=names.EVICTED_RESIZED_REASON, message=message, now=now, now_text=now_text)
+
+
+def _requeued(unit: Obj, *, reason: str, message: str, now: float, now_text: str) -> Obj:
+    """Back to Enqueued with nothing admitted and ``Evicted=True/<reason>``; the time its pods ran
+    is added to ``accumulatedPastExecutionTimeSeconds``."""
     conds, _ = conditions.sync_conditions(
         podplan.conditions_of(unit), phase=names.Phase.ENQUEUED, message=message, now=now_text
     )
-    conds = conditions.evicted(conds, reason="Deactivated", message=message, now=now_text)
+    conds = conditions.evicted(conds, reason=reason, message=message, now=now_text)
     patch: Obj = {
         "phase": names.Phase.ENQUEUED.value,
         "message": message,

@@ -1,0 +1,155 @@
+"""An admitted job keeps the pod size it was admitted with (docs/compatibility.md#admitted-pod-size),
+attacked on the real apiserver with the webhook, the admission policies and the reconciler running.
+
+A TFJob stands for every kind whose templates stay editable after admission (the operators' CRDs
+allow any spec change; a ``batch/v1`` Job's template is immutable anyway). ``alice`` holds a
+namespace user's rights (``tests/tenancy.py``):
+
+* scaling her admitted TFJob is allowed: the unit follows the count and the scheduler admits the
+  difference;
+* raising its workers' requests is refused at the door, naming the pod set;
+* the same edit written anyway (as the reconciler's identity, which the webhook does not check,
+  standing for a write past the webhook) is caught by the reconciler: the TFJob is held, its unit
+  queued again with its quota released and ``Evicted=True/PodSetsResized``, a Warning
+  ``AdmittedJobResized`` on the job; the unit then follows the new size and, with room for it, the
+  job is admitted and released again at that size.
+
+No training operator runs here: the test reads the hold and the units, not pods.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from shared.api import names
+from testenv import system
+from tests import kube, tenancy
+from tests.integration.test_job_kinds import metadata, milli, template
+from tests.scenario import Scenario, phase, status
+
+pytestmark = pytest.mark.integration
+
+Obj = dict[str, Any]
+
+
+def tf_job(name: str, quota: str) -> Obj:
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": metadata(name, quota),
+        "spec": {"tfReplicaSpecs": {"Worker": {"replicas": 1, "template": template()}}},
+    }
+
+
+def alice(env: Scenario, *args: str, obj: Obj | None = None) -> tuple[int, str]:
+    text = yaml.safe_dump(obj) if obj is not None else None
+    done = tenancy.as_user(env.cluster, tenancy.ALICE, "-n", env.ns, *args, input_text=text)
+    return done.returncode, done.stdout + done.stderr
+
+
+def held(job: Obj) -> bool:
+    return ((job.get("spec") or {}).get("runPolicy") or {}).get("suspend") is True
+
+
+def released(job: Obj) -> bool:
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    return not held(job) and bool(annotations.get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION))
+
+
+def worker_cpu(cpu: str) -> str:
+    container = {"name": "main", "resources": {"requests": {"cpu": cpu}}}
+    return json.dumps(
+        {"spec": {"tfReplicaSpecs": {"Worker": {"template": {"spec": {"containers": [container]}}}}}}
+    )
+
+
+def admitted_replicas(unit: Obj) -> int:
+    return sum(a.get("replicas", 0) for a in status(unit).get("admissions") or [])
+
+
+async def test_an_admitted_job_is_scaled_but_not_resized_and_one_resized_anyway_is_queued_again(
+    alice_in: Scenario,
+) -> None:
+    env = alice_in
+    quota = env.name("q")
+    await env.add_quota(quota, {"cpu": "4", "memory": "64Gi"})
+    job = tf_job("train", quota)
+    code, out = alice(env, "create", "-f", "-", obj=job)
+    assert code == 0, out
+    env.remember(job)
+    unit_name = "train-tf-qu"
+    await env.wait_unit(unit_name, lambda u: phase(u) == "Dequeued", what="admitted")
+    await env.wait_job(job, released, what="released")
+
+    # Scaling is allowed: the unit follows the count, the scheduler admits the second worker.
+    code, out = alice(
+        env,
+        "patch",
+        "tfjob",
+        "train",
+        "--type=merge",
+        "-p",
+        '{"spec":{"tfReplicaSpecs":{"Worker":{"replicas":2}}}}',
+    )
+    assert code == 0, out
+    await env.wait_unit(unit_name, lambda u: admitted_replicas(u) == 2, what="the second worker admitted")
+
+    # Raising the requests of admitted pods is refused, naming the pod set.
+    code, out = alice(env, "patch", "tfjob", "train", "--type=merge", "-p", worker_cpu("2"))
+    assert code != 0 and "the job is admitted with pods of the size it was queued with" in out, out
+    assert "worker" in out, out
+    unit = await env.wait_unit(unit_name)
+    assert milli(unit["spec"]["resource"])["cpu"] == 2000, unit["spec"]
+
+    # Written past the webhook: the reconciler holds the job and queues it again at its new size,
+    # 2 x 3 cpu, which the quota of 4 cannot hold: it stays held and waits.
+    kube.kubectl(
+        env.cluster,
+        f"--as={system.RECONCILER_USER}",
+        "patch",
+        "tfjob",
+        "train",
+        "-n",
+        env.ns,
+        "--type=merge",
+        "-p",
+        worker_cpu("3"),
+    )
+    event = await env.wait_event(
+        "train", names.EventReason.ADMITTED_JOB_RESIZED, kind="TFJob", type_="Warning"
+    )
+    assert "worker" in event.message, event.message
+    await env.wait_job(job, held, what="held again")
+    # (Evicted=True/PodSetsResized is set by the requeue and turned to False/Requeued by the
+    # scheduler's first look at the queued unit: tests/unit/test_admitted_resize.py reads it.)
+    requeued = await env.wait_unit(
+        unit_name,
+        lambda u: phase(u) == "Enqueued" and milli(u["spec"]["resource"]).get("cpu") == 6000,
+        what="queued again, following the new size",
+    )
+    assert not status(requeued).get("admissions"), status(requeued)
+    assert "limited quotaName" in status(requeued).get("message", ""), status(requeued)
+    assert held(await env.get_job(job))
+
+    # Queued, the job may be changed again: one worker of 3 cpu fits, is admitted and released.
+    code, out = alice(
+        env,
+        "patch",
+        "tfjob",
+        "train",
+        "--type=merge",
+        "-p",
+        '{"spec":{"tfReplicaSpecs":{"Worker":{"replicas":1}}}}',
+    )
+    assert code == 0, out
+    admitted = await env.wait_unit(
+        unit_name,
+        lambda u: phase(u) == "Dequeued" and milli(u["spec"]["resource"]).get("cpu") == 3000,
+        what="admitted at the new size",
+    )
+    assert admitted_replicas(admitted) == 1, status(admitted)
+    await env.wait_job(job, released, what="released again")
