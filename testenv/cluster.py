@@ -490,12 +490,13 @@ class LocalCluster:
                 f"--secure-port={port}",
                 f"--cert-dir={self._path('cm-certs')}",
                 # clusterrole-aggregation-controller: as in a real cluster, the built-in view, edit
-                # and admin ClusterRoles take in manifests/rbac/user-roles.yaml.
+                # and admin ClusterRoles take in manifests/rbac/user-roles.yaml;
+                # validatingadmissionpolicy-status-controller type-checks our admission policies.
                 "--controllers=job-controller,garbage-collector-controller,namespace-controller,"
                 "serviceaccount-controller,serviceaccount-token-controller,pod-garbage-collector-controller,"
                 "ttl-after-finished-controller,node-lifecycle-controller,"
                 "root-ca-certificate-publisher-controller,replicaset-controller,deployment-controller,"
-                "clusterrole-aggregation-controller",
+                "clusterrole-aggregation-controller,validatingadmissionpolicy-status-controller",
                 f"--root-ca-file={p / 'ca.crt'}",
                 f"--service-account-private-key-file={p / 'sa.key'}",
                 "--use-service-account-credentials=false",

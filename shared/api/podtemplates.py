@@ -12,7 +12,15 @@ kube-scheduler will later account for the same pods:
 * init containers run one at a time before them, so the pod needs the maximum of that sum and each
   init container; restartable init containers (sidecars, ``restartPolicy: Always``) keep running,
   so they are added to the sum and to every later init container;
+* pod-level resources (``spec.resources``, the ``PodLevelResources`` feature, on by default since
+  Kubernetes 1.34): a pod-level request of cpu, memory or a ``hugepages-*`` resource replaces what
+  the containers add up to (the API requires it to be at least that much). A pod-level limit
+  without a request stands for the request the apiserver defaults from it: the containers' sum
+  where they ask for that resource (cpu and memory only), else the limit;
 * ``overhead`` (RuntimeClass) is added last.
+
+Ignoring the pod level would charge the containers' sum while the kube-scheduler reserves the
+pod-level request: a namespace user could then run pods far larger than their quota charge.
 
 Pure: standard library and ``shared.api.quantities`` only. Bad quantities raise
 :class:`~shared.api.quantities.QuantityError` naming the field path; ``shared.api.parsing`` turns that into a
@@ -97,10 +105,48 @@ def pod_requests(spec: Mapping[str, object] | None, *, path: str = "spec") -> Re
             during = quantities.add(own, sidecars)
         init_peak = _max(init_peak, during)
     result = _max(total, init_peak)
+    result.update(_pod_level_requests(spec, result, path))
     overhead = _mapping(spec.get("overhead"), f"{path}.overhead")
     if overhead:
         result = quantities.add(result, quantities.parse_resource_list(overhead, path=f"{path}.overhead"))
     return {name: value for name, value in result.items() if value != 0}
+
+
+#: Resources a pod-level request may name (``resourcehelper.IsSupportedPodLevelResource``):
+#: these, and every ``hugepages-<size>``.
+_POD_LEVEL_RESOURCES = frozenset({"cpu", "memory"})
+_HUGEPAGES_PREFIX = "hugepages-"
+
+
+def _pod_level(name: str) -> bool:
+    return name in _POD_LEVEL_RESOURCES or name.startswith(_HUGEPAGES_PREFIX)
+
+
+def _pod_level_requests(spec: Mapping[str, object], containers: Mapping[str, int], path: str) -> Resources:
+    """What the pod level asks for, per resource it names (see the module docstring): its request,
+    else the request the apiserver defaults from its limit (``SetDefaults_Pod``'s
+    ``defaultPodRequests``). Resources the pod level may not name are left to the containers."""
+    where = f"{path}.resources"
+    resources = _mapping(spec.get("resources"), where)
+    if not resources:
+        return {}
+    requests = quantities.parse_resource_list(
+        _mapping(resources.get("requests"), f"{where}.requests"), path=f"{where}.requests"
+    )
+    limits = quantities.parse_resource_list(
+        _mapping(resources.get("limits"), f"{where}.limits"), path=f"{where}.limits"
+    )
+    out: dict[str, int] = {}
+    for name, value in limits.items():
+        if not _pod_level(name) or name in requests:
+            continue
+        overcommitted = not name.startswith(_HUGEPAGES_PREFIX)
+        out[name] = containers[name] if overcommitted and name in containers else value
+    out.update((name, value) for name, value in requests.items() if _pod_level(name))
+    for name, value in out.items():
+        if value < 0:
+            raise QuantityError(f"{where}.requests[{name}]: must be greater than or equal to 0")
+    return dict(sorted(out.items()))
 
 
 #: Pod-spec fields that decide where and whether a pod can be placed: what a QueueUnit's pod-set
@@ -115,6 +161,7 @@ SCHEDULING_FIELDS = (
     "priority",
     "priorityClassName",
     "resourceClaims",
+    "resources",
     "runtimeClassName",
     "schedulerName",
     "schedulingGates",

@@ -5,7 +5,7 @@ status it writes (``lifecycle.requeue_resized``).
 The webhook refuses the edit from users; these are the reconciler's side, for when the door was
 bypassed. At the end, the loop's writes with a fake API (the job held before the unit gives its
 quota back, a failed second write finished on the next pass); the real apiserver case is in
-tests/integration/test_tenant_resize.py.
+tests/integration/test_tenant_pod_size.py.
 """
 
 from __future__ import annotations

@@ -343,6 +343,75 @@ def test_pod_requests_follow_kubernetes_rules(spec: dict[str, Any], expected: di
     assert podspec.pod_requests(spec) == expected
 
 
+GI = 1024**3 * 1000
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected", "why"),
+    [
+        (
+            {
+                "containers": [_c({"cpu": "100m"}), _c({"cpu": "100m"})],
+                "resources": {"requests": {"cpu": "8"}},
+            },
+            {"cpu": 8000},
+            "a pod-level request replaces the containers' sum",
+        ),
+        (
+            {"containers": [_c({"cpu": "1", "memory": "1Gi"})], "resources": {"requests": {"memory": "4Gi"}}},
+            {"cpu": 1000, "memory": 4 * GI},
+            "only for the resources it names",
+        ),
+        (
+            {"containers": [_c()], "resources": {"limits": {"cpu": "4", "memory": "2Gi"}}},
+            {"cpu": 4000, "memory": 2 * GI},
+            "a pod-level limit alone: the apiserver defaults the request from it",
+        ),
+        (
+            {"containers": [_c({"cpu": "1"})], "resources": {"limits": {"cpu": "4"}}},
+            {"cpu": 1000},
+            "... unless the containers ask for that resource: then their sum",
+        ),
+        (
+            {
+                "containers": [_c({"hugepages-2Mi": "2Mi"})],
+                "resources": {"limits": {"hugepages-2Mi": "8Mi"}},
+            },
+            {"hugepages-2Mi": 8 * 1024**2 * 1000},
+            "hugepages are not overcommitted: the limit, whatever the containers ask",
+        ),
+        (
+            {
+                "containers": [_c({"cpu": "1", "nvidia.com/gpu": "1"})],
+                "resources": {"requests": {"nvidia.com/gpu": "4", "cpu": "2"}},
+            },
+            {"cpu": 2000, "nvidia.com/gpu": 1000},
+            "a resource the pod level may not name stays the containers'",
+        ),
+        (
+            {
+                "containers": [_c({"cpu": "1"})],
+                "resources": {"requests": {"cpu": "3"}},
+                "overhead": {"cpu": "250m"},
+            },
+            {"cpu": 3250},
+            "the overhead on top",
+        ),
+    ],
+)
+def test_pod_level_resources_count_as_the_kube_scheduler_counts_them(
+    spec: dict[str, Any], expected: dict[str, int], why: str
+) -> None:
+    assert podspec.pod_requests(spec) == expected, why
+    template = podspec.scheduling_template({"spec": spec})
+    assert podspec.pod_requests(template["spec"]) == expected, "the unit's scheduling view keeps them"  # type: ignore[arg-type]
+
+
+def test_a_bad_pod_level_quantity_names_its_field() -> None:
+    with pytest.raises(QuantityError, match=r"spec\.resources\.requests"):
+        podspec.pod_requests({"containers": [_c({"cpu": "1"})], "resources": {"requests": {"cpu": "lots"}}})
+
+
 def test_pod_requests_name_the_bad_field() -> None:
     with pytest.raises(QuantityError, match=r"containers\[0\]\.resources\.requests"):
         podspec.pod_requests({"containers": [_c({"cpu": "x"})]})

@@ -26,6 +26,7 @@ SPEC = st.fixed_dictionaries(
     optional={
         "initContainers": st.lists(CONTAINER, max_size=2),
         "overhead": RESOURCES,
+        "resources": st.fixed_dictionaries({}, optional={"requests": RESOURCES, "limits": RESOURCES}),
         "nodeSelector": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2),
         "volumes": st.lists(st.just({"name": "v", "emptyDir": {}}), max_size=2),
         "priorityClassName": st.text(max_size=5),

@@ -1,5 +1,12 @@
-"""An admitted job keeps the pod size it was admitted with (docs/compatibility.md#admitted-pod-size),
+"""A job is charged the size its pods really take, and keeps the size it was admitted with,
 attacked on the real apiserver with the webhook, the admission policies and the reconciler running.
+
+Pod-level resources (``spec.resources`` of a pod template, on by default since Kubernetes 1.34): the
+kube-scheduler reserves the pod-level request, whatever the containers ask, so the unit charges it
+(docs/compatibility.md#queueunit-construction); a Job whose containers ask for 100m under a
+pod-level request of 3 CPUs waits in a 2-CPU quota, one of 1 CPU is admitted and charged 1.
+
+Admitted pod size (docs/compatibility.md#admitted-pod-size):
 
 A TFJob stands for every kind whose templates stay editable after admission (the operators' CRDs
 allow any spec change; a ``batch/v1`` Job's template is immutable anyway). ``alice`` holds a
@@ -28,7 +35,7 @@ import yaml
 from shared.api import names
 from testenv import system
 from tests import kube, tenancy
-from tests.integration.test_job_kinds import metadata, milli, template
+from tests.integration.test_job_kinds import batch_job, metadata, milli, template
 from tests.scenario import Scenario, phase, status
 
 pytestmark = pytest.mark.integration
@@ -153,3 +160,27 @@ async def test_an_admitted_job_is_scaled_but_not_resized_and_one_resized_anyway_
     )
     assert admitted_replicas(admitted) == 1, status(admitted)
     await env.wait_job(job, released, what="released again")
+
+
+async def test_a_job_is_charged_its_pod_level_request_not_its_containers_sum(alice_in: Scenario) -> None:
+    env = alice_in
+    quota = env.name("q")
+    await env.add_quota(quota, {"cpu": "2", "memory": "64Gi"})
+    jobs = {}
+    for name, pod_cpu in (("big", "3"), ("fits", "1")):
+        job = batch_job(name, quota, parallelism=1)
+        spec = job["spec"]["template"]["spec"]
+        spec["containers"][0]["resources"] = {"requests": {"cpu": "100m", "memory": "64Mi"}}
+        spec["resources"] = {"requests": {"cpu": pod_cpu}}
+        code, out = alice(env, "create", "-f", "-", obj=job)
+        assert code == 0, out
+        env.remember(job)
+        jobs[name] = job
+    fits = await env.wait_unit("fits", lambda u: phase(u) == "Dequeued", what="admitted")
+    assert milli(fits["spec"]["resource"])["cpu"] == 1000, fits["spec"]
+    big = await env.wait_unit(
+        "big", lambda u: "limited quotaName" in str(status(u).get("message")), what="waits for room"
+    )
+    assert milli(big["spec"]["resource"])["cpu"] == 3000, big["spec"]
+    assert phase(big) == "Enqueued" and not status(big).get("admissions"), status(big)
+    assert (await env.get_job(jobs["big"]))["spec"]["suspend"] is True
