@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from reconciler.events import EventRecorder
 from shared import kube
 from shared.api import names
-from shared.jobs import adoption, base, jobext
+from shared.jobs import adoption, base, jobext, poddefaults
 from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, is_enqueued
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ async def create_unit(
     max_user_priority: int | None,
     live_cluster: Job | None,
     adopt: bool,
+    defaults: poddefaults.PodDefaults | None = None,
 ) -> None:
     """Create the job's unit; for a released job (``adopt``) finish its adoption at once."""
     meta = job.get("metadata") or {}
@@ -68,6 +69,7 @@ async def create_unit(
             live_cluster=live_cluster,
             adopted=adopt,
             max_user_priority=max_user_priority,
+            defaults=defaults,
         )
     except JobSpecError as err:
         events.record(

@@ -43,7 +43,17 @@ from reconciler.events import EventRecorder
 from reconciler.informer import Informer, key_of, slim
 from reconciler.job_units import JobKey
 from shared import kube
-from shared.jobs import adoption, batch_job, jobext, jobset, podplan, ray, registry, running_timeout
+from shared.jobs import (
+    adoption,
+    batch_job,
+    jobext,
+    jobset,
+    poddefaults,
+    podplan,
+    ray,
+    registry,
+    running_timeout,
+)
 from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, owner_kinds
 
 log = logging.getLogger(__name__)
@@ -118,6 +128,11 @@ class JobExtensions:
         self.pods = Informer(
             client, kube.PODS, handler=self._on_pod, transform=job_pods.slim_pod, packed=True
         )
+        #: what the apiserver fills into pods (docs/compatibility.md#requests-the-apiserver-fills-in)
+        self.limit_ranges = Informer(client, kube.LIMIT_RANGES, handler=self._on_limit_range)
+        self.runtime_classes = Informer(client, kube.RUNTIME_CLASSES, handler=self._on_runtime_class)
+        #: namespace → its fill-ins, computed on first use after a change
+        self._defaults: dict[str, poddefaults.PodDefaults] = {}
         #: unit key ("ns/name") → pod keys, from the related-queueunit annotation
         self._pods_by_unit: dict[str, set[str]] = {}
         self._dirty: dict[JobKey, None] = {}
@@ -132,7 +147,39 @@ class JobExtensions:
     def informers(self) -> list[Informer]:
         shared = list(self.job_informers.values())
         own = [i for i in (self.clusters, self.child_jobs) if i is not None and i not in shared]
-        return [*shared, *own, self.pods]
+        return [*shared, *own, self.pods, self.limit_ranges, self.runtime_classes]
+
+    def pod_defaults(self, namespace: str) -> poddefaults.PodDefaults:
+        """What the apiserver fills into the pods of ``namespace``: its LimitRanges' default
+        requests and every RuntimeClass's overhead (``shared.jobs.poddefaults``)."""
+        found = self._defaults.get(namespace)
+        if found is None:
+            ranges = [lr for key, lr in self.limit_ranges.objects.items() if key.startswith(f"{namespace}/")]
+            overheads = {
+                str((rc.get("metadata") or {}).get("name")): poddefaults.runtime_class_overhead(rc)
+                for rc in self.runtime_classes.objects.values()
+            }
+            found = poddefaults.PodDefaults(
+                requests=poddefaults.limit_range_requests(ranges),
+                overheads={name: o for name, o in overheads.items() if o},
+            )
+            self._defaults[namespace] = found
+        return found
+
+    def _on_limit_range(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
+        """A LimitRange changed: its namespace's queued jobs follow (admitted ones keep theirs)."""
+        namespace = str(((new or old or {}).get("metadata") or {}).get("namespace", ""))
+        self._defaults.pop(namespace, None)
+        for (api_version, kind), informer in self.job_informers.items():
+            adapter = self.adapters[(api_version, kind)]
+            for key, job in informer.objects.items():
+                if key.startswith(f"{namespace}/") and adapter.is_managed(job):
+                    self.mark(JobKey(api_version, kind, namespace, key.partition("/")[2]))
+
+    def _on_runtime_class(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
+        """A RuntimeClass changed (rare): every queued job may name it."""
+        self._defaults.clear()
+        self.mark_all()
 
     def _ray_job_adapter(self) -> JobAdapter | None:
         """The enabled RayJob adapter (one served version at most, see ``registry``)."""
@@ -389,6 +436,7 @@ class JobExtensions:
                     max_user_priority=self.priority_cap(job),
                     live_cluster=live,
                     adopt=adopt,
+                    defaults=self.pod_defaults(key.namespace),
                 )
             return
         if await job_units.finish_adoption(self.client, unit, status, suspended=suspended, stamped=stamped):
@@ -402,6 +450,8 @@ class JobExtensions:
                     self.priority_classes(),
                     live_cluster=live,
                     max_user_priority=self.priority_cap(job),
+                    defaults=self.pod_defaults(key.namespace),
+                    admitted=unit if jobext.holds_admission(unit) else None,
                 )
         resized = jobext.admitted_resize(unit, desired) if desired is not None else ()
         if resized and desired is not None:

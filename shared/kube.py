@@ -226,6 +226,8 @@ PRIORITY_CLASSES: Final = Resource(
     "scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False
 )
 LEASES: Final = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+LIMIT_RANGES: Final = Resource("", "v1", "limitranges", "LimitRange")
+RUNTIME_CLASSES: Final = Resource("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", namespaced=False)
 
 
 class RateLimiter:

@@ -18,14 +18,15 @@ when nothing needs writing, so the I/O side writes only on change.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from shared.api import names, quantities
 from shared.api import podtemplates as podspec
 from shared.api.goparse import parse_go_bool, parse_lenient_int
-from shared.jobs import adoption, podplan, ray
-from shared.jobs.base import Job, JobAdapter, JobSpecError, annotations_of, dig, labels_of, text
+from shared.jobs import adoption, poddefaults, podplan, ray
+from shared.jobs.base import Job, JobAdapter, JobPodSet, JobSpecError, annotations_of, dig, labels_of, text
 from shared.jobs.podspec import template_requests
 
 Obj = dict[str, Any]
@@ -66,10 +67,17 @@ def desired_spec(
     *,
     live_cluster: Job | None = None,
     max_user_priority: int | None = None,
+    defaults: poddefaults.PodDefaults | None = None,
+    admitted: Obj | None = None,
 ) -> Obj:
     """The QueueUnit ``spec`` the job implies. Raises ``JobSpecError`` for an unreadable job.
 
     ``max_user_priority`` caps the priority annotation (:func:`resolve_priority`).
+
+    ``defaults`` are what the apiserver fills into the namespace's pods (LimitRange requests,
+    RuntimeClass overhead, ``shared.jobs.poddefaults``); each pod set's template and per-pod
+    requests include them. ``admitted`` is the unit when it holds an admission: then a pod set
+    keeps what its template on the unit already carries, not the current defaults.
 
     ``live_cluster`` is a RayJob's running RayCluster (``ray.live_cluster``): KubeRay's autoscaler
     scales it, not the RayJob, so its replicas raise the pod set counts
@@ -78,6 +86,11 @@ def desired_spec(
     pod_sets = adapter.pod_sets(job)
     if live_cluster is not None:
         pod_sets = ray.follow_cluster(pod_sets, live_cluster)
+    templates = [podspec.scheduling_template(ps.template) for ps in pod_sets]
+    if defaults or admitted is not None:
+        pod_sets, templates = _with_defaults(
+            pod_sets, templates, defaults or poddefaults.PodDefaults(), admitted
+        )
     total: dict[str, int] = {}
     for ps in pod_sets:
         total = quantities.add(total, quantities.scale(ps.per_pod, ps.count))
@@ -93,9 +106,9 @@ def desired_spec(
         "resource": resource,
         "request": dict(resource),
         "podSet": [
-            {"name": ps.name, "count": ps.count, "template": podspec.scheduling_template(ps.template)}
+            {"name": ps.name, "count": ps.count, "template": template}
             | ({"minCount": ps.min_count} if ps.min_count is not None else {})
-            for ps in pod_sets
+            for ps, template in zip(pod_sets, templates, strict=True)
         ],
     }
     quota = adapter.quota_name(job)
@@ -124,10 +137,12 @@ def build_queue_unit(
     live_cluster: Job | None = None,
     adopted: bool = False,
     max_user_priority: int | None = None,
+    defaults: poddefaults.PodDefaults | None = None,
 ) -> Obj:
     """The QueueUnit to create for a job: owned by it (garbage-collected with it), labels and
-    annotations copied, spec from :func:`desired_spec`. The status is written by the scheduler,
-    or, for a unit ``adopted`` by a released job, by the job extension (``shared.jobs.adoption``)."""
+    annotations copied, spec from :func:`desired_spec` (with the namespace's ``defaults``). The
+    status is written by the scheduler, or, for a unit ``adopted`` by a released job, by the job
+    extension (``shared.jobs.adoption``)."""
     meta = job.get("metadata") or {}
     annotations = {k: v for k, v in annotations_of(job).items() if k not in _SKIPPED_ANNOTATIONS}
     if adopted:
@@ -150,9 +165,52 @@ def build_queue_unit(
             ],
         },
         "spec": desired_spec(
-            job, adapter, priority_classes, live_cluster=live_cluster, max_user_priority=max_user_priority
+            job,
+            adapter,
+            priority_classes,
+            live_cluster=live_cluster,
+            max_user_priority=max_user_priority,
+            defaults=defaults,
         ),
     }
+
+
+def _with_defaults(
+    pod_sets: list[JobPodSet],
+    templates: list[dict[str, object]],
+    defaults: poddefaults.PodDefaults,
+    admitted: Obj | None,
+) -> tuple[list[JobPodSet], list[dict[str, object]]]:
+    """Each template with the apiserver's fill-ins, and its pod set's per-pod requests read again
+    where something was filled in (``shared.jobs.poddefaults.apply``)."""
+    frozen: dict[object, Any] = {}
+    if admitted is not None:
+        for entry in (admitted.get("spec") or {}).get("podSet") or []:
+            if isinstance(entry, Mapping):
+                frozen[entry.get("name")] = entry.get("template") or {}
+    out_sets: list[JobPodSet] = []
+    out_templates: list[dict[str, object]] = []
+    for ps, template in zip(pod_sets, templates, strict=True):
+        sticky = frozen.get(ps.name, {}) if admitted is not None else None
+        filled = poddefaults.apply(template, defaults, frozen=sticky)
+        if filled != template:
+            ps = dataclasses.replace(ps, per_pod=template_requests(filled, f"podSet[{ps.name}].template"))
+        out_sets.append(ps)
+        out_templates.append(filled)
+    return out_sets, out_templates
+
+
+def holds_admission(unit: Obj) -> bool:
+    """Whether the unit holds quota for its job: an admission with replicas, or a ``dequeued``
+    phase without admissions (the pre-admissions API); never once finished."""
+    status = unit.get("status") or {}
+    phase = status.get("phase")
+    if phase in (names.Phase.SUCCEED, names.Phase.FAILED):
+        return False
+    entries = [a for a in status.get("admissions") or [] if isinstance(a, Mapping)]
+    if not entries:
+        return phase in podplan.ADMITTED_PHASES
+    return any(isinstance(a.get("replicas"), int) and a["replicas"] > 0 for a in entries)
 
 
 def _pod_set_shape(pod_set: object) -> tuple[object, object, dict[str, int] | None]:
@@ -197,17 +255,15 @@ def admitted_resize(unit: Obj, desired: Obj) -> tuple[str, ...]:
     view (:func:`_pod_set_shape`), so a change in how requests are computed changes neither. A
     unit with a ``dequeued`` phase and no admissions (the pre-admissions API) holds every pod set.
     """
-    status = unit.get("status") or {}
-    phase = status.get("phase")
-    if phase in (names.Phase.SUCCEED, names.Phase.FAILED):
+    if not holds_admission(unit):
         return ()
-    entries = [a for a in status.get("admissions") or [] if isinstance(a, Mapping)]
+    entries = [a for a in (unit.get("status") or {}).get("admissions") or [] if isinstance(a, Mapping)]
     held = {a.get("name") for a in entries if isinstance(a.get("replicas"), int) and a["replicas"] > 0}
     current = {
         name: per_pod
         for name, _, per_pod in map(_pod_set_shape, (unit.get("spec") or {}).get("podSet") or [])
     }
-    if not entries and phase in podplan.ADMITTED_PHASES:
+    if not entries:
         held = set(current)
     changed = set()
     for name, _, per_pod in map(_pod_set_shape, desired.get("podSet") or []):

@@ -84,6 +84,9 @@ RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", "scheduling.sigs.k8s.io", "elasticquotas", (), ("get", "list", "watch", "patch")),
     ("", "scheduling.sigs.k8s.io", "elasticquotas/status", (), ("patch",)),
     ("", "scheduling.k8s.io", "priorityclasses", (), ("get", "list", "watch")),
+    # docs/compatibility.md#requests-the-apiserver-fills-in: what the apiserver adds to pods
+    ("", "", "limitranges", (), ("get", "list", "watch")),
+    ("", "node.k8s.io", "runtimeclasses", (), ("get", "list", "watch")),
     ("", "batch", "jobs", (), ("get", "list", "watch", "patch")),
     ("", "kubeflow.org", "tfjobs", (), ("get", "list", "watch", "patch")),
     ("", "kubeflow.org", "pytorchjobs", (), ("get", "list", "watch", "patch")),
@@ -129,6 +132,7 @@ RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
 )
 CLUSTER_SCOPED = {
     "priorityclasses",
+    "runtimeclasses",
     "mutatingwebhookconfigurations",
     "validatingwebhookconfigurations",
     "apiservices",

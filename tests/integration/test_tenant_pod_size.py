@@ -184,3 +184,82 @@ async def test_a_job_is_charged_its_pod_level_request_not_its_containers_sum(ali
     assert milli(big["spec"]["resource"])["cpu"] == 3000, big["spec"]
     assert phase(big) == "Enqueued" and not status(big).get("admissions"), status(big)
     assert (await env.get_job(jobs["big"]))["spec"]["suspend"] is True
+
+
+async def test_a_job_without_requests_is_charged_the_limit_range_default_and_an_admitted_one_keeps_it(
+    alice_in: Scenario,
+) -> None:
+    env = alice_in
+    quota = env.name("q")
+    await env.add_quota(quota, {"cpu": "2", "memory": "64Gi"})
+    limit_range = {
+        "apiVersion": "v1",
+        "kind": "LimitRange",
+        "metadata": {"name": "defaults", "namespace": env.ns},
+        "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "1"}, "default": {"cpu": "1"}}]},
+    }
+    env.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(limit_range))  # the admin's
+
+    def bare(name: str, parallelism: int) -> Obj:
+        job = batch_job(name, quota, parallelism=parallelism)
+        job["spec"]["template"]["spec"]["containers"][0].pop("resources", None)
+        return job
+
+    small, big = bare("small", 1), bare("big", 3)
+    for job in (small, big):
+        code, out = alice(env, "create", "-f", "-", obj=job)
+        assert code == 0, out
+        env.remember(job)
+    admitted = await env.wait_unit("small", lambda u: phase(u) == "Dequeued", what="admitted at 1 cpu")
+    assert milli(admitted["spec"]["resource"]).get("cpu") == 1000, admitted["spec"]
+    waiting = await env.wait_unit(
+        "big", lambda u: "limited quotaName" in str(status(u).get("message")), what="3 x 1 cpu waits"
+    )
+    assert milli(waiting["spec"]["resource"]).get("cpu") == 3000, waiting["spec"]
+
+    # The admin raises the default: the queued job follows it, the admitted one keeps its charge
+    # (its pods were made with the old default) and is not taken for a resized job.
+    limit_range["spec"]["limits"][0].update(defaultRequest={"cpu": "500m"}, default={"cpu": "500m"})
+    env.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(limit_range))
+    await env.wait_unit(
+        "big", lambda u: milli(u["spec"]["resource"]).get("cpu") == 1500, what="follows the new default"
+    )
+    kept = await env.wait_unit("small")
+    assert phase(kept) in ("Dequeued", "Running") and milli(kept["spec"]["resource"]).get("cpu") == 1000, kept
+    events = kube.events_of(env.cluster, env.ns, "small")
+    assert not [e for e in events if e["reason"] == names.EventReason.ADMITTED_JOB_RESIZED], events
+
+
+async def test_a_runtime_class_overhead_is_charged(alice_in: Scenario) -> None:
+    env = alice_in
+    quota = env.name("q")
+    await env.add_quota(quota, {"cpu": "4", "memory": "64Gi"})
+    runtime_class = env.name("rc")
+    env.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input_text=yaml.safe_dump(
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": runtime_class},
+                "handler": "runc",
+                "overhead": {"podFixed": {"cpu": "250m"}},
+            }
+        ),
+    )
+    try:
+        job = batch_job("sandboxed", quota, parallelism=2)
+        job["spec"]["template"]["spec"]["runtimeClassName"] = runtime_class
+        code, out = alice(env, "create", "-f", "-", obj=job)
+        assert code == 0, out
+        env.remember(job)
+        unit = await env.wait_unit(
+            "sandboxed",
+            lambda u: milli(u["spec"]["resource"]).get("cpu") == 2500,
+            what="charged 2 x (1 + 250m)",
+        )
+        assert unit["spec"]["podSet"][0]["template"]["spec"]["overhead"] == {"cpu": "250m"}
+    finally:
+        env.kubectl("delete", "runtimeclass", runtime_class, "--ignore-not-found")
