@@ -51,7 +51,7 @@ from typing import Any, Final
 from chaos import load
 from chaos.observer import Observer
 from shared import kube
-from shared.api import names
+from shared.api import names, quantities
 from testenv.cluster import LocalCluster
 from tests import tenancy
 
@@ -70,6 +70,8 @@ CAPPED_QUOTA: Final = "chaos-a"
 #: forged pod counted for them would show. Load victims are admitted only now and then.
 SENTINELS: Final = ("sentinel-0", "sentinel-1")
 SENTINEL_QUOTA: Final = "chaos-sentinel"
+#: The default request of the LimitRange in her namespace (milli-CPU).
+LIMIT_RANGE_CPU_MILLI: Final = 1000
 #: How long an accepted attack is watched for its harm (or its repair).
 WATCH_S: Final = 6.0
 UNDO_S: Final = 30.0
@@ -114,6 +116,12 @@ ATTACKS: Final[dict[str, str]] = {
     "bare-bound-pod-naming-unit": "ValidatingAdmissionPolicy koord-queue-pod-birth; reconciler counts "
     "a pod only if owned by the unit's job (owner UID), never by the related-queueunit annotation "
     "alone; out of the gate it is deleted (EscapedPodDeleted)",
+    "pod-level-requests-above-containers": "reconciler charges a template's pod-level requests "
+    "(spec.resources) as the kube-scheduler reserves them, not the containers' sum "
+    "(shared/api/podtemplates.py)",
+    "no-requests-under-limit-range": "reconciler charges a container without requests the "
+    "namespace's LimitRange default request, as the apiserver fills it into the pods "
+    "(shared/jobs/poddefaults.py)",
     "label-running-job-into-quota": "validating webhook: a job joining a queue must arrive held; "
     "reconciler: a managed job running without a dequeue stamp is held and queued, not adopted",
     "job-naming-unbound-quota": "ValidatingAdmissionPolicy koord-queue-quota-binding; the "
@@ -276,6 +284,14 @@ class Tenant:
         )
         cap = {"metadata": {"annotations": {names.MAX_USER_PRIORITY_ANNOTATION: str(QUOTA_PRIORITY_CAP)}}}
         await self.admin.patch(QUOTAS, CAPPED_QUOTA, cap, namespace=load.NAMESPACE)
+        # Her namespace has a LimitRange, as an admin gives one to keep pods from asking for nothing.
+        limit_range = {
+            "metadata": {"name": "defaults", "namespace": NAMESPACE},
+            "spec": {
+                "limits": [{"type": "Container", "defaultRequest": {"cpu": f"{LIMIT_RANGE_CPU_MILLI}m"}}]
+            },
+        }
+        await self.admin.create(kube.LIMIT_RANGES, limit_range, namespace=NAMESPACE)
         sentinels = load.quota(SENTINEL_QUOTA, "1", "", False, load.NAMESPACE)
         await self.admin.create(QUOTAS, sentinels, namespace=load.NAMESPACE)
         for name in SENTINELS:
@@ -427,6 +443,8 @@ class Tenant:
             self.forged_pod(r, pick(victims, 1), own_namespace=False),
             self.label_running_job(r),
             self.job_naming_unbound_quota(r),
+            self.hidden_size(r, pod_level=True),
+            self.hidden_size(r, pod_level=False),
             self.priority(r, priority_target),
             self.rbac(r, pick(queued_jobs, 6)),
         ]
@@ -1050,6 +1068,59 @@ class Tenant:
             message = str((unit.get("status") or {}).get("message") or message)
             await asyncio.sleep(0.5)
         self.record(attack, r, target, "neutralised", f"accepted; not admitted, waits: {message!r}")
+
+    async def hidden_size(self, r: int, *, pod_level: bool) -> None:
+        """A Job in her own namespace whose pods take far more than its containers ask for: 64 CPU
+        of pod-level requests over 100m containers, or 4 pods with no requests at all under the
+        LimitRange :meth:`setup` gives her namespace (1 CPU each). Her quota holds 2 CPU, so
+        charged what its pods take the unit must wait; admitted, it got quota for nothing."""
+        m = self.mallory
+        assert m is not None
+        attack = "pod-level-requests-above-containers" if pod_level else "no-requests-under-limit-range"
+        name = f"mallory-{'podlevel' if pod_level else 'bare'}-{r}"
+        body = load.job(load.JobPlan(name, QUOTA, "single", None, False), "mallory", namespace=NAMESPACE)
+        pod = body["spec"]["template"]["spec"]
+        if pod_level:
+            pod["containers"] = [load.container("100m")]
+            pod["resources"] = {"requests": {"cpu": "64"}}
+            charged = 64_000
+        else:
+            pod["containers"] = [{"name": "c", "image": "busybox"}]
+            body["spec"]["parallelism"] = body["spec"]["completions"] = 4
+            charged = 4 * LIMIT_RANGE_CPU_MILLI
+        target = f"{NAMESPACE}/{name}"
+        sent = await self.send(lambda: m.create(JOBS, body, namespace=NAMESPACE))
+        if sent.status != "accepted":
+            self.record(attack, r, target, "refused", sent.message)
+            return
+        try:
+            shown: object = None
+            begun = time.monotonic()
+            while time.monotonic() - begun < WATCH_S:
+                try:
+                    unit = await self.admin.get(UNITS, name, namespace=NAMESPACE)
+                except kube.KubeError:
+                    unit = {}
+                if unit and is_admitted_unit(unit):
+                    detail = f"admitted in a 2-CPU quota: spec.resource {unit['spec'].get('resource')}"
+                    self.record(attack, r, target, "SUCCEEDED", detail)
+                    return
+                shown = (unit.get("spec") or {}).get("resource") or shown
+                await asyncio.sleep(0.5)
+            cpu = (shown or {}).get("cpu") if isinstance(shown, Mapping) else None
+            try:
+                milli = quantities.parse_milli(cpu) if cpu is not None else None
+            except quantities.QuantityError:
+                milli = None
+            if milli != charged:
+                self.record(attack, r, target, "SUCCEEDED", f"charged {shown}, its pods take {charged}m CPU")
+                return
+            self.record(
+                attack, r, target, "neutralised", f"accepted; charged {shown} and waits, not admitted"
+            )
+        finally:
+            with contextlib.suppress(kube.KubeError):
+                await m.delete(JOBS, name, namespace=NAMESPACE, propagation="Background")
 
     async def priority(self, r: int, job: kube.Obj | None) -> None:
         """``scheduling.x-k8s.io/priority`` raised on a queued job of the capped quota: first to the

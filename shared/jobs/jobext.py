@@ -193,10 +193,10 @@ def _with_defaults(
     for ps, template in zip(pod_sets, templates, strict=True):
         sticky = frozen.get(ps.name, {}) if admitted is not None else None
         filled = poddefaults.apply(template, defaults, frozen=sticky)
-        if filled != template:
+        if filled is not template:
             ps = dataclasses.replace(ps, per_pod=template_requests(filled, f"podSet[{ps.name}].template"))
         out_sets.append(ps)
-        out_templates.append(filled)
+        out_templates.append(dict(filled))
     return out_sets, out_templates
 
 

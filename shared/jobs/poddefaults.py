@@ -114,14 +114,15 @@ def _sticky_requests(frozen: Mapping[str, Any] | None) -> dict[tuple[str, object
 
 def apply(
     template: Mapping[str, Any], defaults: PodDefaults, *, frozen: Mapping[str, Any] | None = None
-) -> Obj:
+) -> Mapping[str, Any]:
     """``template`` (a pod template's scheduling view) with what the apiserver would fill in, or
-    the same object when nothing is. ``frozen`` is the same pod set's template on a unit that holds
-    an admission: then only what it already carries is filled in, never the current defaults.
-    Shapes it cannot read are left alone for the request parser to report."""
+    the very same object when nothing is (callers compare with ``is``). ``frozen`` is the same
+    pod set's template on a unit that holds an admission: then only what it already carries is
+    filled in, never the current defaults. Shapes it cannot read are left alone for the request
+    parser to report."""
     spec = template.get("spec")
     if not isinstance(spec, Mapping):
-        return dict(template)
+        return template
     sticky = _sticky_requests(frozen) if frozen is not None else None
     out: Obj | None = None
 
@@ -155,4 +156,4 @@ def apply(
             overhead = defaults.overheads.get(runtime_class)
         if isinstance(overhead, Mapping) and overhead:
             writable()["spec"]["overhead"] = dict(overhead)
-    return out if out is not None else dict(template)
+    return out if out is not None else template
