@@ -183,11 +183,11 @@ def _with_defaults(
 ) -> tuple[list[JobPodSet], list[dict[str, object]]]:
     """Each template with the apiserver's fill-ins, and its pod set's per-pod requests read again
     where something was filled in (``shared.jobs.poddefaults.apply``)."""
-    frozen: dict[object, Any] = {}
+    frozen: dict[str, Any] = {}
     if admitted is not None:
-        for entry in (admitted.get("spec") or {}).get("podSet") or []:
-            if isinstance(entry, Mapping):
-                frozen[entry.get("name")] = entry.get("template") or {}
+        for entry in _pod_sets_of(admitted):
+            if isinstance(entry.get("name"), str):
+                frozen[entry["name"]] = entry.get("template") or {}
     out_sets: list[JobPodSet] = []
     out_templates: list[dict[str, object]] = []
     for ps, template in zip(pod_sets, templates, strict=True):
@@ -200,17 +200,38 @@ def _with_defaults(
     return out_sets, out_templates
 
 
+def _pod_sets_of(unit: Obj) -> list[Mapping[str, Any]]:
+    """The unit's ``spec.podSet`` entries that are objects (none when unreadable)."""
+    spec = unit.get("spec")
+    listed = spec.get("podSet") if isinstance(spec, Mapping) else None
+    return [p for p in listed if isinstance(p, Mapping)] if isinstance(listed, list) else []
+
+
+def _admissions_of(unit: Obj) -> tuple[str, list[Mapping[str, Any]]]:
+    """``(phase, admission entries)`` of the unit's status, read leniently."""
+    status = unit.get("status")
+    if not isinstance(status, Mapping):
+        return "", []
+    phase = status.get("phase")
+    listed = status.get("admissions")
+    entries = [a for a in listed if isinstance(a, Mapping)] if isinstance(listed, list) else []
+    return (phase if isinstance(phase, str) else ""), entries
+
+
 def holds_admission(unit: Obj) -> bool:
     """Whether the unit holds quota for its job: an admission with replicas, or a ``dequeued``
     phase without admissions (the pre-admissions API); never once finished."""
-    status = unit.get("status") or {}
-    phase = status.get("phase")
+    phase, entries = _admissions_of(unit)
     if phase in (names.Phase.SUCCEED, names.Phase.FAILED):
         return False
-    entries = [a for a in status.get("admissions") or [] if isinstance(a, Mapping)]
     if not entries:
         return phase in podplan.ADMITTED_PHASES
-    return any(isinstance(a.get("replicas"), int) and a["replicas"] > 0 for a in entries)
+    return any(_replicas(a) > 0 for a in entries)
+
+
+def _replicas(admission: Mapping[str, Any]) -> int:
+    value = admission.get("replicas")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _pod_set_shape(pod_set: object) -> tuple[object, object, dict[str, int] | None]:
@@ -228,13 +249,15 @@ def spec_drift(unit: Obj, desired: Obj) -> Obj | None:
     template grows must be charged its new size when admitted, not the size it was queued with.
     ``spec.resource`` follows pod set changes except while Running (docs/compatibility.md#pod-set-drift);
     the whole ``podSet`` list is replaced because merge patches replace lists."""
-    current = unit.get("spec") or {}
+    spec = unit.get("spec")
+    current: Mapping[str, Any] = spec if isinstance(spec, Mapping) else {}
     patch: Obj = {}
-    old_shape = [_pod_set_shape(p) for p in current.get("podSet") or []]
+    listed = current.get("podSet")
+    old_shape = [_pod_set_shape(p) for p in listed] if isinstance(listed, list) else []
     new_shape = [_pod_set_shape(p) for p in desired["podSet"]]
     if old_shape != new_shape:
         patch["podSet"] = desired["podSet"]
-        if (unit.get("status") or {}).get("phase") != names.Phase.RUNNING:
+        if _admissions_of(unit)[0] != names.Phase.RUNNING:
             patch["resource"] = desired["resource"]
     for key in ("priority", "priorityClassName", "active", "maximumExecutionTimeSeconds"):
         if current.get(key) != desired.get(key):
@@ -257,17 +280,17 @@ def admitted_resize(unit: Obj, desired: Obj) -> tuple[str, ...]:
     """
     if not holds_admission(unit):
         return ()
-    entries = [a for a in (unit.get("status") or {}).get("admissions") or [] if isinstance(a, Mapping)]
-    held = {a.get("name") for a in entries if isinstance(a.get("replicas"), int) and a["replicas"] > 0}
-    current = {
-        name: per_pod
-        for name, _, per_pod in map(_pod_set_shape, (unit.get("spec") or {}).get("podSet") or [])
-    }
+    _, entries = _admissions_of(unit)
+    held = {a.get("name") for a in entries if _replicas(a) > 0 and isinstance(a.get("name"), str)}
+    current: dict[str, dict[str, int] | None] = {}
+    for name, _, per_pod in map(_pod_set_shape, _pod_sets_of(unit)):
+        if isinstance(name, str):
+            current[name] = per_pod
     if not entries:
         held = set(current)
     changed = set()
     for name, _, per_pod in map(_pod_set_shape, desired.get("podSet") or []):
-        before = current.get(name)
+        before = current.get(name) if isinstance(name, str) else None
         if name in held and before is not None and per_pod is not None and per_pod != before:
             changed.add(str(name))
     return tuple(sorted(changed))

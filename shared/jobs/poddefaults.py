@@ -101,14 +101,15 @@ def _containers(spec: Mapping[str, Any]) -> Iterable[tuple[str, int, Obj]]:
 
 def _sticky_requests(frozen: Mapping[str, Any] | None) -> dict[tuple[str, object], Mapping[str, Any]]:
     """``(list, container name) -> requests`` of the admitted unit's template."""
-    spec = (frozen or {}).get("spec")
+    spec = frozen.get("spec") if isinstance(frozen, Mapping) else None
     out: dict[tuple[str, object], Mapping[str, Any]] = {}
     if isinstance(spec, Mapping):
         for field_name, _, container in _containers(spec):
             resources = container.get("resources")
             requests = resources.get("requests") if isinstance(resources, Mapping) else None
-            if isinstance(requests, Mapping):
-                out[(field_name, container.get("name"))] = requests
+            name = container.get("name")
+            if isinstance(requests, Mapping) and isinstance(name, str):
+                out[(field_name, name)] = requests
     return out
 
 
@@ -140,8 +141,13 @@ def apply(
         limits = (resources or {}).get("limits") or {}
         if not isinstance(requests, Mapping) or not isinstance(limits, Mapping):
             continue
+        name = container.get("name")
         source: Mapping[str, Any] = (
-            defaults.requests if sticky is None else sticky.get((field_name, container.get("name")), {})
+            defaults.requests
+            if sticky is None
+            else sticky.get((field_name, name), {})
+            if isinstance(name, str)
+            else {}
         )
         missing = {r: v for r, v in source.items() if r not in requests and r not in limits}
         if missing:
@@ -150,7 +156,7 @@ def apply(
     runtime_class = spec.get("runtimeClassName")
     if isinstance(runtime_class, str) and not spec.get("overhead"):
         if frozen is not None:
-            frozen_spec = frozen.get("spec")
+            frozen_spec = frozen.get("spec") if isinstance(frozen, Mapping) else None
             overhead = frozen_spec.get("overhead") if isinstance(frozen_spec, Mapping) else None
         else:
             overhead = defaults.overheads.get(runtime_class)

@@ -6,6 +6,8 @@ What may come out, per parser:
 * ``shared.api.quantities.parse_milli`` / ``parse_resource_list``: a value or ``QuantityError``;
 * ``shared.api.parsing.parse_unit`` / ``parse_queue`` / ``parse_quota``: always a value (bad fields become
   ``problems``; one bad object must never stop the reconcile loop);
+* ``shared.jobs.jobext.desired_spec`` with the apiserver's fill-ins (``shared.jobs.poddefaults``), on a
+  queued unit or a perturbed admitted one: a value or ``JobSpecError``;
 * ``shared.admission.validation``: always a list of field errors, never an exception;
 * every job adapter's ``pod_sets`` / ``priority`` / ``job_status`` (and the suspend patch the
   webhook builds): a value or ``JobSpecError``; the lenient predicates never raise;
@@ -35,7 +37,7 @@ from hypothesis import strategies as st
 from shared.admission import validation
 from shared.api import durations, names, parsing, quantities
 from shared.core import config
-from shared.jobs import podspec, registry
+from shared.jobs import jobext, poddefaults, podspec, registry
 from shared.jobs.base import JobSpecError
 from tests.unit.test_job_adapters import SAMPLES
 
@@ -415,6 +417,45 @@ def test_adapters_raise_only_job_spec_errors(data: st.DataObject, extension: str
             call()
         except JobSpecError as err:
             assert err.path and err.detail
+
+
+@FUZZ
+@given(data=st.data(), extension=st.sampled_from(registry.EXTENSIONS), admitted=st.booleans())
+def test_the_unit_spec_with_the_apiservers_fill_ins_raises_only_job_spec_errors(
+    data: st.DataObject, extension: str, admitted: bool
+) -> None:
+    """``jobext.desired_spec`` with a namespace's LimitRange defaults and RuntimeClass overheads
+    (``shared.jobs.poddefaults``), for a queued unit and for one holding an admission whose own
+    templates are perturbed too: what is filled in never turns a bad template into a crash."""
+    adapter = ADAPTERS[extension]
+    job = data.draw(perturbed(SAMPLES[extension]))
+    defaults = poddefaults.PodDefaults(
+        requests=data.draw(st.dictionaries(resource_names, texts, max_size=3)),
+        overheads={"kata": data.draw(st.dictionaries(resource_names, texts, max_size=2))},
+    )
+    unit: Any = None
+    if admitted:
+        with contextlib.suppress(JobSpecError):
+            unit = {"spec": jobext.desired_spec(job, adapter, {}), "status": {"phase": "Running"}}
+        if unit is not None:
+            unit = data.draw(perturbed(lambda: copy.deepcopy(unit)))
+    try:
+        spec = jobext.desired_spec(job, adapter, {}, defaults=defaults, admitted=unit)
+    except JobSpecError as err:
+        assert err.path and err.detail
+        return
+    if unit is not None:
+        jobext.admitted_resize(unit, spec)
+        jobext.spec_drift(unit, spec)
+
+
+@FEW
+@given(junk=st.lists(json_values, max_size=3))
+def test_limit_ranges_and_runtime_classes_of_any_shape_are_read_without_raising(junk: list[Any]) -> None:
+    objects = [j if isinstance(j, dict) else {"spec": j, "overhead": j} for j in junk]
+    poddefaults.limit_range_requests(objects)
+    for obj in objects:
+        poddefaults.runtime_class_overhead(obj)
 
 
 @FEW
