@@ -170,6 +170,8 @@ class JobExtensions:
         """A LimitRange changed: its namespace's queued jobs follow (admitted ones keep theirs)."""
         namespace = str(((new or old or {}).get("metadata") or {}).get("namespace", ""))
         self._defaults.pop(namespace, None)
+        if not self._marking():
+            return
         for (api_version, kind), informer in self.job_informers.items():
             adapter = self.adapters[(api_version, kind)]
             for key, job in informer.objects.items():
@@ -179,7 +181,14 @@ class JobExtensions:
     def _on_runtime_class(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         """A RuntimeClass changed (rare): every queued job may name it."""
         self._defaults.clear()
-        self.mark_all()
+        if self._marking():
+            self.mark_all()
+
+    def _marking(self) -> bool:
+        """Whether a change of the fill-ins should look at jobs again now: only while leading and
+        once the job stores are full (the first pass, ``_take_over``, looks at every job anyway;
+        without this, each LimitRange listed at start would walk every job listed so far)."""
+        return self.leadership.leading and all(i.synced.is_set() for i in self.job_informers.values())
 
     def _ray_job_adapter(self) -> JobAdapter | None:
         """The enabled RayJob adapter (one served version at most, see ``registry``)."""
