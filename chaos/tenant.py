@@ -1058,16 +1058,21 @@ class Tenant:
         message = ""
         begun = time.monotonic()
         while time.monotonic() - begun < WATCH_S:
-            try:
-                unit = await self.admin.get(UNITS, name, namespace=NAMESPACE)
-            except kube.KubeError:
-                unit = {}
+            unit = await self._own_unit(name)
             if unit and is_admitted_unit(unit):
                 self.record(attack, r, target, "SUCCEEDED", f"admitted under {quota}: {unit.get('status')}")
                 return
             message = str((unit.get("status") or {}).get("message") or message)
             await asyncio.sleep(0.5)
         self.record(attack, r, target, "neutralised", f"accepted; not admitted, waits: {message!r}")
+
+    async def _own_unit(self, name: str) -> kube.Obj:
+        """The unit ``name`` in her namespace as an admin reads it; empty while unreadable."""
+        try:
+            unit: kube.Obj = await self.admin.get(UNITS, name, namespace=NAMESPACE)
+        except kube.KubeError:
+            return {}
+        return unit
 
     async def hidden_size(self, r: int, *, pod_level: bool) -> None:
         """A Job in her own namespace whose pods take far more than its containers ask for: 64 CPU
@@ -1097,10 +1102,7 @@ class Tenant:
             shown: object = None
             begun = time.monotonic()
             while time.monotonic() - begun < WATCH_S:
-                try:
-                    unit = await self.admin.get(UNITS, name, namespace=NAMESPACE)
-                except kube.KubeError:
-                    unit = {}
+                unit = await self._own_unit(name)
                 if unit and is_admitted_unit(unit):
                     detail = f"admitted in a 2-CPU quota: spec.resource {unit['spec'].get('resource')}"
                     self.record(attack, r, target, "SUCCEEDED", detail)

@@ -29,6 +29,43 @@ from shared.jobs.base import JobAdapter
 log = logging.getLogger(__name__)
 
 
+async def hold_then_release(
+    client: kube.Kube,
+    key: JobKey,
+    adapter: JobAdapter,
+    job: kube.Obj,
+    unit: kube.Obj,
+    unit_name: str,
+    status_patch: Mapping[str, object],
+    *,
+    hold: bool = True,
+) -> kube.Obj:
+    """Suspend the job (unless ``hold`` is false or it is held already), then write the unit's
+    ``status_patch``, conditional on the unit's version; returns what the status write answered.
+
+    The order every step that takes an admission back keeps: the status write is what frees the
+    quota, so the quota is never handed to another job while this one can still start pods. If the
+    second write fails, the unit still holds its quota with its job held, and the next pass decides
+    the same again (these steps run before the resume step) and writes only the status.
+    """
+    if hold and not adapter.is_suspended(job):
+        await client.patch(
+            job_units.resource_of(adapter),
+            key.name,
+            adapter.suspend_merge_patch(job),
+            namespace=key.namespace,
+        )
+    rv = (unit.get("metadata") or {}).get("resourceVersion")
+    written: kube.Obj = await client.patch(
+        job_units.QUEUE_UNITS,
+        unit_name,
+        {**status_patch, "metadata": {"resourceVersion": rv}},
+        namespace=key.namespace,
+        subresource="status",
+    )
+    return written
+
+
 async def budget_and_activation(
     client: kube.Kube,
     events: EventRecorder,
@@ -75,20 +112,7 @@ async def budget_and_activation(
     parked = lifecycle.deactivation(unit, now=now, now_text=stamp)
     if parked is None:
         return False
-    if not adapter.is_suspended(job):
-        await client.patch(
-            job_units.resource_of(adapter),
-            key.name,
-            adapter.suspend_merge_patch(job),
-            namespace=key.namespace,
-        )
-    await client.patch(
-        job_units.QUEUE_UNITS,
-        unit_name,
-        {**parked, "metadata": {"resourceVersion": rv}},
-        namespace=key.namespace,
-        subresource="status",
-    )
+    await hold_then_release(client, key, adapter, job, unit, unit_name, parked)
     events.record(
         job,
         type_="Normal",
@@ -132,21 +156,7 @@ async def requeue_resized(
     patch = lifecycle.requeue_resized(unit, pod_sets, now=time.time(), now_text=now_text)
     if patch is None:
         return False
-    if not adapter.is_suspended(job):
-        await client.patch(
-            job_units.resource_of(adapter),
-            key.name,
-            adapter.suspend_merge_patch(job),
-            namespace=key.namespace,
-        )
-    rv = (unit.get("metadata") or {}).get("resourceVersion")
-    queued = await client.patch(
-        job_units.QUEUE_UNITS,
-        unit_name,
-        {**patch, "metadata": {"resourceVersion": rv}},
-        namespace=key.namespace,
-        subresource="status",
-    )
+    queued = await hold_then_release(client, key, adapter, job, unit, unit_name, patch)
     message = (
         f"the resource requests of pod set(s) {', '.join(pod_sets)} changed after the job was admitted; "
         "it is suspended and queued again at its new size"
@@ -157,6 +167,7 @@ async def requeue_resized(
         {**unit, "status": {**(unit.get("status") or {}), **patch["status"]}}, dict(desired)
     )
     if drift is not None:
+        rv = (unit.get("metadata") or {}).get("resourceVersion")
         after = (queued.get("metadata") or {}).get("resourceVersion") if isinstance(queued, Mapping) else None
         await client.patch(
             job_units.QUEUE_UNITS,
@@ -217,20 +228,8 @@ async def enforce_running_timeout(
     check_again(key, decision.recheck_in)
     if decision.status_patch is None:
         return False
-    if decision.suspend and not adapter.is_suspended(job):
-        await client.patch(
-            job_units.resource_of(adapter),
-            key.name,
-            adapter.suspend_merge_patch(job),
-            namespace=key.namespace,
-        )
-    rv = (unit.get("metadata") or {}).get("resourceVersion")
-    await client.patch(
-        job_units.QUEUE_UNITS,
-        unit_name,
-        {**decision.status_patch, "metadata": {"resourceVersion": rv}},
-        namespace=key.namespace,
-        subresource="status",
+    await hold_then_release(
+        client, key, adapter, job, unit, unit_name, decision.status_patch, hold=decision.suspend
     )
     log.info("%s %s: %s", decision.event_reason, unit_key, decision.event_message)
     for obj in (unit, job):

@@ -10,7 +10,7 @@ import contextlib
 import json
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from kubernetes_asyncio import client as k8s
@@ -165,6 +165,36 @@ async def unit_versions(cluster: LocalCluster, namespace: str) -> AsyncIterator[
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await api.close()
+
+
+@contextlib.contextmanager
+def runtime_class(cluster: LocalCluster, name: str, pod_fixed: dict[str, str]) -> Iterator[str]:
+    """A RuntimeClass (cluster-scoped, handler ``runc``) with ``pod_fixed`` overhead, applied as an
+    admin would and deleted afterwards."""
+    body = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": name},
+        "handler": "runc",
+        "overhead": {"podFixed": pod_fixed},
+    }
+    kubectl(cluster, "apply", "-f", "-", input_text=json.dumps(body))
+    try:
+        yield name
+    finally:
+        kubectl(cluster, "delete", "runtimeclass", name, "--ignore-not-found")
+
+
+def limit_range(namespace: str, default_request: dict[str, str]) -> dict[str, Any]:
+    """A LimitRange giving containers of ``namespace`` ``default_request`` and no default limit (a
+    default limit would also cap containers that ask for more than it, and their pods be refused)."""
+    item = {"type": "Container", "defaultRequest": dict(default_request)}
+    return {
+        "apiVersion": "v1",
+        "kind": "LimitRange",
+        "metadata": {"name": "defaults", "namespace": namespace},
+        "spec": {"limits": [item]},
+    }
 
 
 def events_of(cluster: LocalCluster, namespace: str, name: str, *, kind: str = "Job") -> list[dict[str, Any]]:

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import yaml
 
 from shared.api import names, podtemplates
 from testenv import system
@@ -61,44 +60,21 @@ def main(**resources: Any) -> Obj:
 async def test_each_unit_charges_what_its_real_pods_ask_for(env: Scenario) -> None:
     quota = env.name("q")
     await env.add_quota(quota, {"cpu": "40", "memory": "64Gi"})
-    runtime_class = env.name("sandbox")
-    env.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input_text=yaml.safe_dump_all(
-            [
-                {
-                    "apiVersion": "v1",
-                    "kind": "LimitRange",
-                    "metadata": {"name": "defaults", "namespace": env.ns},
-                    "spec": {
-                        "limits": [{"type": "Container", "defaultRequest": {"cpu": "300m", "memory": "96Mi"}}]
-                    },
-                },
-                {
-                    "apiVersion": "node.k8s.io/v1",
-                    "kind": "RuntimeClass",
-                    "metadata": {"name": runtime_class},
-                    "handler": "runc",
-                    "overhead": {"podFixed": {"cpu": "150m", "memory": "32Mi"}},
-                },
-            ]
-        ),
-    )
-    shapes: dict[str, Obj] = {
-        "bare": {"containers": [main()]},
-        "init": {
-            "initContainers": [{**main(requests={"cpu": "2"}), "name": "setup"}],
-            "containers": [main(requests={"cpu": "500m"})],
-        },
-        "podlevel": {
-            "resources": {"requests": {"cpu": "3", "memory": "1Gi"}},
-            "containers": [main(requests={"cpu": "100m"}), {**main(), "name": "side"}],
-        },
-        "sandboxed": {"runtimeClassName": runtime_class, "containers": [main(requests={"cpu": "1"})]},
-    }
-    try:
+    defaults = kube.limit_range(env.ns, {"cpu": "300m", "memory": "96Mi"})
+    env.kubectl("apply", "-f", "-", input_text=json.dumps(defaults))
+    with kube.runtime_class(env.cluster, env.name("sandbox"), {"cpu": "150m", "memory": "32Mi"}) as sandbox:
+        shapes: dict[str, Obj] = {
+            "bare": {"containers": [main()]},
+            "init": {
+                "initContainers": [{**main(requests={"cpu": "2"}), "name": "setup"}],
+                "containers": [main(requests={"cpu": "500m"})],
+            },
+            "podlevel": {
+                "resources": {"requests": {"cpu": "3", "memory": "1Gi"}},
+                "containers": [main(requests={"cpu": "100m"}), {**main(), "name": "side"}],
+            },
+            "sandboxed": {"runtimeClassName": sandbox, "containers": [main(requests={"cpu": "1"})]},
+        }
         for name, pod in shapes.items():
             env.apply(job(name, quota, pod))
         for name in shapes:
@@ -110,8 +86,6 @@ async def test_each_unit_charges_what_its_real_pods_ask_for(env: Scenario) -> No
             for pod in pods:
                 stored = podtemplates.pod_requests(pod["spec"])
                 assert stored == per_pod, (name, pod["spec"], unit["spec"]["podSet"][0]["template"])
-    finally:
-        env.kubectl("delete", "runtimeclass", runtime_class, "--ignore-not-found")
 
 
 async def bound_pods(env: Scenario, job_name: str) -> list[Obj] | None:

@@ -67,6 +67,10 @@ def released(job: Obj) -> bool:
     return not held(job) and bool(annotations.get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION))
 
 
+def workers(replicas: int) -> str:
+    return json.dumps({"spec": {"tfReplicaSpecs": {"Worker": {"replicas": replicas}}}})
+
+
 def worker_cpu(cpu: str) -> str:
     container = {"name": "main", "resources": {"requests": {"cpu": cpu}}}
     return json.dumps(
@@ -93,15 +97,7 @@ async def test_an_admitted_job_is_scaled_but_not_resized_and_one_resized_anyway_
     await env.wait_job(job, released, what="released")
 
     # Scaling is allowed: the unit follows the count, the scheduler admits the second worker.
-    code, out = alice(
-        env,
-        "patch",
-        "tfjob",
-        "train",
-        "--type=merge",
-        "-p",
-        '{"spec":{"tfReplicaSpecs":{"Worker":{"replicas":2}}}}',
-    )
+    code, out = alice(env, "patch", "tfjob", "train", "--type=merge", "-p", workers(2))
     assert code == 0, out
     await env.wait_unit(unit_name, lambda u: admitted_replicas(u) == 2, what="the second worker admitted")
 
@@ -143,15 +139,7 @@ async def test_an_admitted_job_is_scaled_but_not_resized_and_one_resized_anyway_
     assert held(await env.get_job(job))
 
     # Queued, the job may be changed again: one worker of 3 cpu fits, is admitted and released.
-    code, out = alice(
-        env,
-        "patch",
-        "tfjob",
-        "train",
-        "--type=merge",
-        "-p",
-        '{"spec":{"tfReplicaSpecs":{"Worker":{"replicas":1}}}}',
-    )
+    code, out = alice(env, "patch", "tfjob", "train", "--type=merge", "-p", workers(1))
     assert code == 0, out
     admitted = await env.wait_unit(
         unit_name,
@@ -192,12 +180,7 @@ async def test_a_job_without_requests_is_charged_the_limit_range_default_and_an_
     env = alice_in
     quota = env.name("q")
     await env.add_quota(quota, {"cpu": "2", "memory": "64Gi"})
-    limit_range = {
-        "apiVersion": "v1",
-        "kind": "LimitRange",
-        "metadata": {"name": "defaults", "namespace": env.ns},
-        "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "1"}, "default": {"cpu": "1"}}]},
-    }
+    limit_range = kube.limit_range(env.ns, {"cpu": "1"})
     env.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(limit_range))  # the admin's
 
     def bare(name: str, parallelism: int) -> Obj:
@@ -219,7 +202,7 @@ async def test_a_job_without_requests_is_charged_the_limit_range_default_and_an_
 
     # The admin raises the default: the queued job follows it, the admitted one keeps its charge
     # (its pods were made with the old default) and is not taken for a resized job.
-    limit_range["spec"]["limits"][0].update(defaultRequest={"cpu": "500m"}, default={"cpu": "500m"})
+    limit_range["spec"]["limits"][0]["defaultRequest"] = {"cpu": "500m"}
     env.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(limit_range))
     await env.wait_unit(
         "big", lambda u: milli(u["spec"]["resource"]).get("cpu") == 1500, what="follows the new default"
@@ -234,22 +217,7 @@ async def test_a_runtime_class_overhead_is_charged(alice_in: Scenario) -> None:
     env = alice_in
     quota = env.name("q")
     await env.add_quota(quota, {"cpu": "4", "memory": "64Gi"})
-    runtime_class = env.name("rc")
-    env.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input_text=yaml.safe_dump(
-            {
-                "apiVersion": "node.k8s.io/v1",
-                "kind": "RuntimeClass",
-                "metadata": {"name": runtime_class},
-                "handler": "runc",
-                "overhead": {"podFixed": {"cpu": "250m"}},
-            }
-        ),
-    )
-    try:
+    with kube.runtime_class(env.cluster, env.name("rc"), {"cpu": "250m"}) as runtime_class:
         job = batch_job("sandboxed", quota, parallelism=2)
         job["spec"]["template"]["spec"]["runtimeClassName"] = runtime_class
         code, out = alice(env, "create", "-f", "-", obj=job)
@@ -261,5 +229,3 @@ async def test_a_runtime_class_overhead_is_charged(alice_in: Scenario) -> None:
             what="charged 2 x (1 + 250m)",
         )
         assert unit["spec"]["podSet"][0]["template"]["spec"]["overhead"] == {"cpu": "250m"}
-    finally:
-        env.kubectl("delete", "runtimeclass", runtime_class, "--ignore-not-found")

@@ -19,25 +19,11 @@ from shared import kube
 from shared.api import names
 from shared.jobs import jobext, lifecycle, registry
 from shared.jobs.running_timeout import RunningTimeout
+from tests.unit.test_jobext import job
 from tests.unit.test_running_timeout import KEY, FakeClient, admitted_unit, extensions, released_job
 
 JOB = registry.by_extension("job")
 Obj = dict[str, Any]
-
-
-def job(*, cpu: str = "1", parallelism: int = 2) -> Obj:
-    container = {"name": "c", "image": "i", "resources": {"requests": {"cpu": cpu}}}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": "train",
-            "namespace": "ns",
-            "uid": "u-1",
-            "labels": {names.QUOTA_NAME_LABEL: "q"},
-        },
-        "spec": {"parallelism": parallelism, "template": {"spec": {"containers": [container]}}},
-    }
 
 
 def unit_of(
