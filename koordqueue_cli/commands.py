@@ -259,6 +259,16 @@ def render_explanation(e: Explanation, unit: Unit, raw: Obj, style: render.Style
             "  (replaying the scheduler on what you can read gives a different answer than it last "
             "recorded: something changed since, or holders you cannot see make the difference)"
         )
+    if unit.pod_sets:
+        lines.append("")
+        lines.append(style("Charged per pod:", "bold"))
+        for ps in unit.pod_sets:
+            lines.append(f"  {ps.name}: {ps.count} x {render.resources(ps.per_pod, empty='nothing')}")
+        lines.append(
+            "  what the kube-scheduler reserves for each pod: its containers and init containers, its "
+            "pod-level requests, RuntimeClass overhead and the namespace's LimitRange default requests "
+            "(docs/compatibility.md#requests-the-apiserver-fills-in)."
+        )
     if e.levels:
         lines.append("")
         lines.append(style(f"Quota chain (request {render.resources(e.request)}):", "bold"))

@@ -157,6 +157,7 @@ async def test_explain_quota_full_at_its_own_level(t: Tenant) -> None:
     assert any("other namespaces" in u for u in mine["unknowns"])
     text = t.text("waiter")
     assert "Why: its own quota has no room for cpu: it asks for 1 cpu" in text
+    assert "Charged per pod:\n  waiter: 1 x cpu=1\n" in text
     assert f"{q} has max 1 and at least 1 in use" in text
     assert "What would let it run:" in text and f"{q} must free cpu" in text
 
