@@ -105,6 +105,14 @@ async def test_an_admitted_job_is_scaled_but_not_resized_and_one_resized_anyway_
     code, out = alice(env, "patch", "tfjob", "train", "--type=merge", "-p", worker_cpu("2"))
     assert code != 0 and "the job is admitted with pods of the size it was queued with" in out, out
     assert "worker" in out, out
+    # So is a pod-level request added over the same containers (what the pods would really take).
+    pod_level = {
+        "spec": {
+            "tfReplicaSpecs": {"Worker": {"template": {"spec": {"resources": {"requests": {"cpu": "8"}}}}}}
+        }
+    }
+    code, out = alice(env, "patch", "tfjob", "train", "--type=merge", "-p", json.dumps(pod_level))
+    assert code != 0 and "the job is admitted with pods of the size it was queued with" in out, out
     unit = await env.wait_unit(unit_name)
     assert milli(unit["spec"]["resource"])["cpu"] == 2000, unit["spec"]
 
