@@ -207,31 +207,16 @@ def _pod_sets_of(unit: Obj) -> list[Mapping[str, Any]]:
     return [p for p in listed if isinstance(p, Mapping)] if isinstance(listed, list) else []
 
 
-def _admissions_of(unit: Obj) -> tuple[str, list[Mapping[str, Any]]]:
-    """``(phase, admission entries)`` of the unit's status, read leniently."""
-    status = unit.get("status")
-    if not isinstance(status, Mapping):
-        return "", []
-    phase = status.get("phase")
-    listed = status.get("admissions")
-    entries = [a for a in listed if isinstance(a, Mapping)] if isinstance(listed, list) else []
-    return (phase if isinstance(phase, str) else ""), entries
-
-
 def holds_admission(unit: Obj) -> bool:
     """Whether the unit holds quota for its job: an admission with replicas, or a ``dequeued``
     phase without admissions (the pre-admissions API); never once finished."""
-    phase, entries = _admissions_of(unit)
+    phase = podplan.phase_of(unit)
     if phase in (names.Phase.SUCCEED, names.Phase.FAILED):
         return False
-    if not entries:
+    admissions = podplan.admissions_of(unit)
+    if not admissions:
         return phase in podplan.ADMITTED_PHASES
-    return any(_replicas(a) > 0 for a in entries)
-
-
-def _replicas(admission: Mapping[str, Any]) -> int:
-    value = admission.get("replicas")
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return any(a.replicas > 0 for a in admissions)
 
 
 def _pod_set_shape(pod_set: object) -> tuple[object, object, dict[str, int] | None]:
@@ -257,7 +242,7 @@ def spec_drift(unit: Obj, desired: Obj) -> Obj | None:
     new_shape = [_pod_set_shape(p) for p in desired["podSet"]]
     if old_shape != new_shape:
         patch["podSet"] = desired["podSet"]
-        if _admissions_of(unit)[0] != names.Phase.RUNNING:
+        if podplan.phase_of(unit) != names.Phase.RUNNING:
             patch["resource"] = desired["resource"]
     for key in ("priority", "priorityClassName", "active", "maximumExecutionTimeSeconds"):
         if current.get(key) != desired.get(key):
@@ -280,13 +265,13 @@ def admitted_resize(unit: Obj, desired: Obj) -> tuple[str, ...]:
     """
     if not holds_admission(unit):
         return ()
-    _, entries = _admissions_of(unit)
-    held = {a.get("name") for a in entries if _replicas(a) > 0 and isinstance(a.get("name"), str)}
+    admissions = podplan.admissions_of(unit)
+    held = {a.name for a in admissions if a.replicas > 0}
     current: dict[str, dict[str, int] | None] = {}
     for name, _, per_pod in map(_pod_set_shape, _pod_sets_of(unit)):
         if isinstance(name, str):
             current[name] = per_pod
-    if not entries:
+    if not admissions:
         held = set(current)
     changed = set()
     for name, _, per_pod in map(_pod_set_shape, desired.get("podSet") or []):

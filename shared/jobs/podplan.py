@@ -76,9 +76,23 @@ class AdmissionView:
     reclaim: int | None
 
 
+def _status(unit: Obj) -> Mapping[str, Any]:
+    """The unit's status, empty when it is not an object (the status is read unchecked)."""
+    status = unit.get("status")
+    return status if isinstance(status, Mapping) else {}
+
+
+def phase_of(unit: Obj) -> str:
+    """``status.phase``, or ``""`` when absent or not a string."""
+    phase = _status(unit).get("phase")
+    return phase if isinstance(phase, str) else ""
+
+
 def admissions_of(unit: Obj) -> list[AdmissionView]:
+    """``status.admissions``, skipping entries that are not objects with a name."""
     found: list[AdmissionView] = []
-    for a in (unit.get("status") or {}).get("admissions") or []:
+    listed = _status(unit).get("admissions")
+    for a in listed if isinstance(listed, list) else []:
         if not isinstance(a, Mapping) or not isinstance(a.get("name"), str):
             continue
         reclaim = dig(a, "reclaimState", "replicas")
@@ -359,7 +373,7 @@ def _synthetic_pods(unit: Obj) -> bool:
 
 def conditions_of(unit: Obj) -> list[Mapping[str, object]]:
     """The unit's status conditions, skipping entries that are not objects (the status is read unchecked)."""
-    found = (unit.get("status") or {}).get("conditions")
+    found = _status(unit).get("conditions")
     return [c for c in found if isinstance(c, Mapping)] if isinstance(found, list) else []
 
 
