@@ -450,22 +450,28 @@ class JobExtensions:
             return
         if await job_units.finish_adoption(self.client, unit, status, suspended=suspended, stamped=stamped):
             return  # the unit's update brings us back
+
+        def desired_for(admitted: kube.Obj | None) -> kube.Obj:
+            return jobext.desired_spec(
+                job,
+                adapter,
+                self.priority_classes(),
+                live_cluster=live,
+                max_user_priority=self.priority_cap(job),
+                defaults=self.pod_defaults(key.namespace),
+                admitted=admitted,
+            )
+
         desired = None
         if not finished:  # a finished job's pod sets shrink to 0: nothing left to keep in step
             with contextlib.suppress(JobSpecError):
-                desired = jobext.desired_spec(
-                    job,
-                    adapter,
-                    self.priority_classes(),
-                    live_cluster=live,
-                    max_user_priority=self.priority_cap(job),
-                    defaults=self.pod_defaults(key.namespace),
-                    admitted=unit if jobext.holds_admission(unit) else None,
-                )
+                desired = desired_for(unit if jobext.holds_admission(unit) else None)
         resized = jobext.admitted_resize(unit, desired) if desired is not None else ()
         if resized and desired is not None:
+            # Queued again, the unit is sized like a new one: with the namespace's fill-ins as they
+            # are now, not those frozen at its admission (its next admission is decided on them).
             if await job_lifecycle.requeue_resized(
-                self.client, self.events, key, adapter, job, unit, unit_name, resized, desired
+                self.client, self.events, key, adapter, job, unit, unit_name, resized, desired_for(None)
             ):
                 return  # the unit's update brings us back, queued at its new size
         elif desired is not None:

@@ -213,3 +213,28 @@ async def test_once_queued_again_the_unit_follows_the_new_size() -> None:
     assert (plural, subresource) == ("queueunits", "")
     assert drift["spec"]["resource"] == {"cpu": "6"} and drift["metadata"] == {"resourceVersion": "7"}
     assert events.recorded == []
+
+
+async def test_queued_again_the_pod_sets_take_the_current_limit_range_not_the_frozen_one() -> None:
+    """Admitted when the namespace's LimitRange gave 500m, resized past the webhook after it was
+    raised to 1: the unit is queued at the default its next pods will get."""
+
+    def with_requests(base: Obj, requests: dict[str, str]) -> Obj:
+        out = copy.deepcopy(base)
+        out["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] = requests
+        return out
+
+    job = released_job()
+    unit = admitted_unit(with_requests(job, {"memory": "1Gi", "cpu": "500m"}))  # filled at admission
+    client = FakeClient()
+    jobs, _ = extensions(with_requests(job, {"memory": "2Gi"}), unit, RunningTimeout(), client)
+    jobs.limit_ranges.objects["ns/defaults"] = {
+        "metadata": {"name": "defaults", "namespace": "ns"},
+        "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "1"}}]},
+    }
+    await jobs.reconcile(KEY)
+    [_, (_, _, status), (_, _, drift)] = client.patches
+    assert status["status"]["phase"] == "Enqueued"
+    container = drift["spec"]["podSet"][0]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"] == {"memory": "2Gi", "cpu": "1"}
+    assert drift["spec"]["resource"] == {"cpu": "2", "memory": "4Gi"}
