@@ -159,7 +159,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--leader-election-identity",
         default="",
-        help="this candidate's identity in the Lease (default: <hostname>_<random>)",
+        help="this replica's identity in the Lease and in its user agent (default: <hostname>_<random>)",
     )
     p.add_argument("--lease-duration", type=float, default=15.0, help="seconds (default %(default)s)")
     p.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (default %(default)s)")
@@ -254,11 +254,16 @@ async def run(args: argparse.Namespace) -> None:
     # opens it. The client refuses every write while it is closed; the parts that queue work from
     # watch events get it too, so a follower queues nothing.
     leadership = kube.Leadership(leading=not args.leader_elect)
+    # One identity per replica, in the Lease and in the user agent, so an audit log tells the
+    # replicas apart (docs/operations.md#reconciler-flags).
+    args.leader_election_identity = args.leader_election_identity or (
+        f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    )
     client = await kube.Kube.connect(
         kubeconfig=args.kubeconfig,
         qps=args.qps,
         burst=args.burst,
-        user_agent="koord-queue-reconciler",
+        user_agent=f"koord-queue-reconciler/{args.leader_election_identity}",
         impersonate=args.impersonate or None,
         leadership=leadership,
     )
@@ -491,7 +496,7 @@ async def _supervise(
         for inf in informers:
             tg.create_task(inf.run(), name=f"informer-{inf.resource.plural}")
         if args.leader_elect:
-            identity = args.leader_election_identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+            identity = args.leader_election_identity
             tg.create_task(
                 kube.lead(
                     client,

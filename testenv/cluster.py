@@ -227,6 +227,19 @@ def spawn(
     return Component(name=name, process=process, log=log, ports=ports or {}, log_offset=offset)
 
 
+#: The audit policy of ``LocalCluster(audit_writes=True)``: one record per completed write (who,
+#: with which user agent, what), nothing for reads.
+AUDIT_WRITES_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted", "Panic"],
+    "rules": [
+        {"level": "Metadata", "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+        {"level": "None"},
+    ],
+}
+
+
 @dataclass
 class LocalCluster:
     """Start with :meth:`start`, stop with :meth:`stop` (or use it as a context manager)."""
@@ -242,6 +255,9 @@ class LocalCluster:
     feature_gates: tuple[str, ...] = ()
     #: extra ``--runtime-config`` entries for the apiserver (``scheduling.k8s.io/v1alpha1=true``)
     runtime_config: tuple[str, ...] = ()
+    #: keep the apiserver's audit log of every write (:meth:`audited_writes`): what a test counts
+    #: when it asserts how many writes a client made, rather than the client's own tally
+    audit_writes: bool = False
     components: list[Component] = field(default_factory=list)
     apiserver_port: int = 0
     kubeconfig: Path = field(default_factory=Path)
@@ -470,6 +486,16 @@ class LocalCluster:
             argv.append("--disable-admission-plugins=ServiceAccount")
         if self.runtime_config:
             argv.append(f"--runtime-config={','.join(self.runtime_config)}")
+        if self.audit_writes:
+            policy = self._path("audit-policy.yaml")
+            policy.write_text(yaml.safe_dump(AUDIT_WRITES_POLICY))
+            argv += [
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self._path('logs', 'audit.log')}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",  # written before the response: a reader never trails
+                "--audit-log-maxsize=0",  # one file, never rotated away under a reader
+            ]
         argv += self._gate_flags()
         apiserver = self._spawn("kube-apiserver", argv)
         self._write_kubeconfig()
@@ -583,6 +609,20 @@ class LocalCluster:
         node = json.loads(self.request("GET", f"/api/v1/nodes/{name}"))
         conditions = node.get("status", {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def audited_writes(self, user_agent: str) -> list[dict[str, Any]]:
+        """The apiserver's own record of every completed write whose client sent ``user_agent``,
+        oldest first. Needs ``audit_writes``; the log is written before each response, so it holds
+        every write already answered."""
+        log = self._path("logs", "audit.log")
+        if not self.audit_writes:
+            raise RuntimeError("this cluster keeps no audit log: start it with audit_writes=True")
+        found: list[dict[str, Any]] = []
+        for line in log.read_text().splitlines() if log.exists() else []:
+            event = json.loads(line)
+            if event.get("stage") == "ResponseComplete" and event.get("userAgent") == user_agent:
+                found.append(event)
+        return found
 
     # --- a tiny synchronous client for set-up ------------------------------------------------
 

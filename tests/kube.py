@@ -99,6 +99,12 @@ class Recorder:
     The resourceVersion is taken before the caller creates anything, so the watch replays every
     change from then on, however late its request reaches the apiserver; per-object histories
     (``versions``) and global order (``seen``) are both kept.
+
+    A watch trails the API, and a test that waited on something else (a GET, kubectl, another
+    watch) has no reason to believe this one has caught up. So a test never reads the record
+    after waiting elsewhere: it waits on the record itself (:meth:`until`), or on the versions the
+    record must contain (:meth:`sync`). Leaving the ``async with`` block syncs before the watch
+    stops, so a history read after the block holds everything up to the block's end.
     """
 
     def __init__(self, cluster: LocalCluster, resource: object, namespace: str | None = None) -> None:
@@ -106,6 +112,12 @@ class Recorder:
         self.resource = resource
         self.namespace = namespace
         self.seen: list[tuple[str, dict[str, Any]]] = []
+        #: the objects of ``seen`` that are not deletions, in the same order (what ``unit_versions``
+        #: hands out: a live list the caller may poll)
+        self.objects: list[dict[str, Any]] = []
+        self._versions: set[str] = set()
+        self._last: dict[str, str] = {}  # uid -> the kind of the last event recorded for it
+        self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._client: Any = None
 
@@ -116,24 +128,93 @@ class Recorder:
         _, rv = await self._client.list(self.resource, namespace=self.namespace)
 
         async def follow() -> None:
+            nonlocal rv
             while True:
-                nonlocal rv
                 async for kind, obj in self._client.watch(
                     self.resource, namespace=self.namespace, resource_version=rv
                 ):
-                    rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                    meta = obj.get("metadata") or {}
+                    rv = meta.get("resourceVersion", rv)
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
-                        self.seen.append((kind, obj))
+                        self._record(kind, obj)
 
         self._task = asyncio.create_task(follow())
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    def _record(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.seen.append((kind, obj))
+        if kind != "DELETED":
+            self.objects.append(obj)
+        self._versions.add(str(meta.get("resourceVersion", "")))
+        self._last[str(meta.get("uid", ""))] = kind
+        self._changed.set()
+
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
         assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        await self._client.close()
+        try:
+            if exc_type is None:
+                await self.sync()
+        finally:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            await self._client.close()
+
+    async def _wait(self, check: Callable[[], T | None], *, what: str, timeout: float) -> T:
+        """Wake on every recorded event until ``check`` returns something truthy; fail on the
+        deadline, or at once if the watch itself died (its error, not a timeout, is the cause)."""
+        assert self._task is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            self._changed.clear()
+            found = check()
+            if found:
+                return found
+            if self._task.done():
+                raise AssertionError(f"the watch of {what} stopped: {self._task.exception()!r}")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what} in the watch")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    async def until(
+        self,
+        name: str,
+        probe: Callable[[dict[str, Any]], bool],
+        *,
+        what: str = "a matching version",
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """The first recorded version of ``name`` for which ``probe`` holds, waiting for it."""
+
+        def check() -> dict[str, Any] | None:
+            return next((o for o in self.versions(name) if probe(o)), None)
+
+        try:
+            return await self._wait(check, what=f"{name}: {what}", timeout=timeout)
+        except AssertionError as err:
+            history = [o.get("status") for o in self.versions(name)]
+            raise AssertionError(f"{err}; recorded statuses of {name}: {history}") from None
+
+    async def sync(self, *, timeout: float = 30.0) -> None:
+        """Wait until the record holds the API's present: the exact current version of every
+        object a fresh list returns, and the deletion of every recorded object it no longer has.
+
+        Only versions are compared (resourceVersions are opaque); a watch delivers in etcd order,
+        so holding the newest version of each listed object means holding everything before it.
+        """
+        items, _ = await self._client.list(self.resource, namespace=self.namespace)
+        wanted = {str(o["metadata"]["resourceVersion"]) for o in items}
+        live = {str(o["metadata"]["uid"]) for o in items}
+
+        def caught_up() -> bool:
+            gone = {uid for uid, kind in self._last.items() if kind != "DELETED" and uid not in live}
+            return wanted <= self._versions and not gone
+
+        await self._wait(caught_up, what=f"the {len(wanted)} current version(s)", timeout=timeout)
 
     def versions(self, name: str) -> list[dict[str, Any]]:
         return [obj for _, obj in self.seen if obj["metadata"]["name"] == name]
@@ -141,30 +222,14 @@ class Recorder:
 
 @contextlib.asynccontextmanager
 async def unit_versions(cluster: LocalCluster, namespace: str) -> AsyncIterator[list[dict[str, Any]]]:
-    """Every version of every QueueUnit in ``namespace``, in order, transient states included.
+    """Every version of every QueueUnit in ``namespace``, in order, transient states included: a
+    live list (a :class:`Recorder`'s ``objects``) that a test polls with :func:`eventually`.
 
-    The resourceVersion is taken before the caller creates anything, so the watch replays every
-    change from then on, however late its request reaches the apiserver (a poll could miss a
-    reclaimState or a TimeoutBackoff that lasts a moment).
+    A poll could miss a reclaimState or a TimeoutBackoff that lasts a moment; the watch cannot.
     """
     units = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
-    seen: list[dict[str, Any]] = []
-    api = await kq.Kube.connect(kubeconfig=str(cluster.kubeconfig))
-    _, rv = await api.list(units, namespace=namespace)
-
-    async def follow() -> None:
-        async for kind, obj in api.watch(units, namespace=namespace, resource_version=rv):
-            if kind in ("ADDED", "MODIFIED"):
-                seen.append(obj)
-
-    task = asyncio.create_task(follow())
-    try:
-        yield seen
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await api.close()
+    async with Recorder(cluster, units, namespace=namespace) as recorder:
+        yield recorder.objects
 
 
 @contextlib.contextmanager

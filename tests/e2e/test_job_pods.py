@@ -212,7 +212,8 @@ async def test_a_single_pod_job_costs_three_unit_status_writes(env: Scenario) ->
     await env.add_quota(q, room("1"))
     async with kube.Recorder(env.cluster, QUEUE_UNITS, namespace=env.ns) as units:
         env.apply(job("solo", q, parallelism=1))
-        await env.wait_unit("solo", lambda u: phase(u) == "Succeed", what="solo Succeed", timeout=60)
+        # Waited on the record itself: a GET can see Succeed before this watch has delivered it.
+        await units.until("solo", lambda u: phase(u) == "Succeed", what="Succeed", timeout=60)
     statuses = [status(v) for v in units.versions("solo")]
     writes = [now for before, now in zip([{}, *statuses], statuses, strict=False) if now != before]
     phases = [w.get("phase") for w in writes]

@@ -546,6 +546,9 @@ async def test_rayjob_is_held_admitted_run_by_kuberay_and_ends(
         await kube.eventually(pods_gone, timeout=STEP_S, what="the Ray pods gone")
         await wait_used(cluster, "ray-life", ns, 0)
         # The unit ended only once KubeRay had deleted the cluster: while it lived, its pods did.
+        # Both were polled above, not read from the records: let those catch up first.
+        await clusters_seen.sync()
+        await units_seen.sync()
         deleted = [int(o["metadata"]["resourceVersion"]) for k, o in clusters_seen.seen if k == "DELETED"]
         first_end = next(
             int(o["metadata"]["resourceVersion"])

@@ -84,6 +84,8 @@ async def test_sigkilled_reconciler_never_admits_twice_or_overruns_a_quota(
                         system.start_reconciler(cluster, logdir=logdir, name=f"reconciler-{kills}")
                     )
                 await kube.eventually(all_done, timeout=240, interval=1.0, what=f"all {JOBS} jobs Succeeded")
+                # The jobs were polled, not the record: let it catch up before it is read.
+                await recorder.sync()
             seen = list(recorder.seen)
     finally:
         for r in reconcilers:

@@ -15,7 +15,6 @@ barrier that proves the recorder has caught up with it.
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -230,18 +229,9 @@ class Bench(Scenario):
         return None
 
     async def caught_up(self) -> None:
-        """Barrier: every QueueUnit change made before this call is in the recorder afterwards.
-
-        Creates a unit without a quota label (the scheduler ignores it) and waits until the watch
-        delivers it; etcd order does the rest.
-        """
-        barrier = f"barrier-{uuid.uuid4().hex[:6]}"
-        await self.create(barrier, quota=None, cpu="1", priority=0)
-
-        async def seen() -> bool:
-            return bool(self.history(barrier))
-
-        await kube.eventually(seen, what=f"the recorder to see {barrier}")
+        """Barrier: every QueueUnit change made before this call is in the recorder afterwards
+        (the recorder holds the current version of every unit; etcd order does the rest)."""
+        await self.recorder.sync()
 
     def assert_never_marked(self, name: str) -> None:
         versions = self.history(name)
