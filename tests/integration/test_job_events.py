@@ -137,8 +137,14 @@ async def test_a_preempted_job_is_told_so(sc: Scenario) -> None:
     create(sc, job("low", q, priority=1))
     await sc.wait_phase("low", "Dequeued")
     create(sc, job("high", q, priority=10))
+    # The unit's Preempted and the job's are two events about two objects, written by the event
+    # writers in no particular order: wait for both.
     events = await until(
-        sc, lambda ev: any(r == "Preempted" for _, r, _ in about(ev, "Job", "low")), "Preempted on job low"
+        sc,
+        lambda ev: all(
+            any(r == "Preempted" for _, r, _ in about(ev, kind, "low")) for kind in ("Job", "QueueUnit")
+        ),
+        "Preempted on job low and on its unit",
     )
     ((kind, _, message),) = [e for e in about(events, "Job", "low") if e[1] == "Preempted"]
     assert kind == "Normal"

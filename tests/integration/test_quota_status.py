@@ -142,7 +142,14 @@ async def test_a_namespace_user_cannot_write_the_published_figures(
 ) -> None:
     q = sc.name("q")
     await sc.create_quota(s.quota(q, cpu="4"))
-    await shows(sc, q, lambda f: f["used"] is not None, "published")
+    # status.used and the annotations are two writes: wait for both, or the second one lands
+    # between ``before`` and the comparison below.
+    await shows(
+        sc,
+        q,
+        lambda f: f["used"] == f["runtime"] == f["request"] == {"cpu": "0"},
+        "zero figures published in the status and the annotations",
+    )
     tenancy.grant(integration_cluster, sc.ns)
     before = await get_quota(sc, q)
     fake = json.dumps({"cpu": "100"})

@@ -226,10 +226,13 @@ async def test_a_namespaced_path_answers_only_about_its_namespace_with_positions
 
             async def both_waiting() -> list[tuple[str, int]] | None:
                 status, body = await visibility.get(f"/queues/{quota}/queueunits")
-                found = [(i["metadata"]["name"], i["position"]) for i in body.get("items", [])]
-                return found if status == 200 and len(found) == 2 else None
+                items = body.get("items", [])
+                found = [(i["metadata"]["name"], i["position"]) for i in items]
+                # A unit is listed once queued; its reason only once a cycle has tried it.
+                reasons = all(i.get("message", "").startswith("limited") for i in items)
+                return found if status == 200 and len(found) == 2 and reasons else None
 
-            waiting = await kube.eventually(both_waiting, what="two units waiting")
+            waiting = await kube.eventually(both_waiting, what="two units waiting with a reason")
             assert waiting == [("theirs", 1), ("mine", 2)]
 
             for path in (f"/namespaces/{ns}/queueunits", f"/namespaces/{ns}/queues/{quota}/queueunits"):
