@@ -360,11 +360,17 @@ async def test_a_unit_that_reaches_the_scheduler_anyway_waits_with_the_reason_an
     await w.create_unit(theirs_ns, bare_unit("own", theirs))
     await w.wait_admitted(theirs_ns, "own")
     await w.assert_waiting(w.mine, "smuggled")
-    events = await w.core.list_namespaced_event(w.mine, field_selector="involvedObject.name=smuggled")
-    assert any(
-        e.reason == names.EventReason.FAILED_SCHEDULING and f'quota "{theirs}" is not bound' in e.message
-        for e in events.items
-    ), [(e.reason, e.message) for e in events.items]
+
+    # The event is written after the message, by the asynchronous event writer: wait for it.
+    async def told() -> bool:
+        events = await w.core.list_namespaced_event(w.mine, field_selector="involvedObject.name=smuggled")
+        assert any(
+            e.reason == names.EventReason.FAILED_SCHEDULING and f'quota "{theirs}" is not bound' in e.message
+            for e in events.items
+        ), [(e.reason, e.message) for e in events.items]
+        return True
+
+    await kube.eventually(told, what="FailedScheduling on smuggled naming the unbound quota")
 
     await w.annotate_quota(theirs_ns, theirs, {names.QUOTA_NAMESPACES_ANNOTATION: json.dumps([w.mine])})
     await w.wait_admitted(w.mine, "smuggled")
