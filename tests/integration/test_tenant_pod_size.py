@@ -137,13 +137,18 @@ async def test_an_admitted_job_is_scaled_but_not_resized_and_one_resized_anyway_
     await env.wait_job(job, held, what="held again")
     # (Evicted=True/PodSetsResized is set by the requeue and turned to False/Requeued by the
     # scheduler's first look at the queued unit: tests/unit/test_admitted_resize.py reads it.)
+    # The requeue writes Enqueued with a "resized" message; the scheduler's reason comes in a
+    # later write: wait for that one.
     requeued = await env.wait_unit(
         unit_name,
-        lambda u: phase(u) == "Enqueued" and milli(u["spec"]["resource"]).get("cpu") == 6000,
-        what="queued again, following the new size",
+        lambda u: (
+            phase(u) == "Enqueued"
+            and milli(u["spec"]["resource"]).get("cpu") == 6000
+            and "limited quotaName" in status(u).get("message", "")
+        ),
+        what="queued again, following the new size, and parked for it",
     )
     assert not status(requeued).get("admissions"), status(requeued)
-    assert "limited quotaName" in status(requeued).get("message", ""), status(requeued)
     assert held(await env.get_job(job))
 
     # Queued, the job may be changed again: one worker of 3 cpu fits, is admitted and released.

@@ -126,9 +126,12 @@ async def tenancy(
 
             async def both_waiting() -> bool:
                 status, body = await visibility.get(f"/queues/{queue}/queueunits", user="admin")
-                return status == 200 and len(body.get("items", [])) == 2
+                items = body.get("items", [])
+                # Listed once queued; the reason (asserted on below) only once a cycle tried it.
+                reasons = all(i.get("message", "").startswith("limited") for i in items)
+                return status == 200 and len(items) == 2 and reasons
 
-            await kube.eventually(both_waiting, what=f"two units waiting in {queue}")
+            await kube.eventually(both_waiting, what=f"two units waiting in {queue} with a reason")
             kube.kubectl(cluster, "apply", "-f", "-", input_text=json.dumps(rolebinding(namespace, role)))
             yield Tenancy(cluster=cluster, mine=namespace, theirs=other, queue=queue)
         finally:
