@@ -55,6 +55,7 @@ async def create_unit(
     *,
     priority_classes: Mapping[str, int],
     max_user_priority: int | None,
+    allowed_classes: frozenset[str] | None = None,
     live_cluster: Job | None,
     adopt: bool,
     defaults: poddefaults.PodDefaults | None = None,
@@ -69,6 +70,7 @@ async def create_unit(
             live_cluster=live_cluster,
             adopted=adopt,
             max_user_priority=max_user_priority,
+            allowed_classes=allowed_classes,
             defaults=defaults,
         )
     except JobSpecError as err:
@@ -90,6 +92,7 @@ async def create_unit(
             message=f"cannot create the QueueUnit for this {adapter.kind}: {err.message}",
         )
         return
+    warn_refused_class(events, job, adapter, allowed_classes)
     if adopt:
         log.info(
             "adopted %s/%s: its unit was missing while the job runs",
@@ -103,6 +106,17 @@ async def create_unit(
             suspended=adapter.is_suspended(job),
             stamped=is_dequeued(job),
         )
+
+
+def warn_refused_class(
+    events: EventRecorder, job: kube.Obj, adapter: JobAdapter, allowed_classes: frozenset[str] | None
+) -> None:
+    """A Warning ``PriorityClassNotAllowed`` on a job naming a class its quota does not allow
+    (docs/compatibility.md#priority-cap): its unit is queued as if it named none."""
+    refused = jobext.refused_priority_class(job, adapter, allowed_classes)
+    if refused is not None and allowed_classes is not None:
+        message = jobext.refused_class_message(refused, adapter.quota_name(job) or "", allowed_classes)
+        events.record(job, type_="Warning", reason="PriorityClassNotAllowed", message=message)
 
 
 async def finish_adoption(

@@ -82,6 +82,7 @@ class JobExtensions:
         events: EventRecorder,
         workers: int = 8,
         priority_cap: Callable[[Job], int | None] = lambda job: None,
+        allowed_priority_classes: Callable[[Job], frozenset[str] | None] = lambda job: None,
         running_timeouts: running_timeout.RunningTimeouts | None = None,
         leadership: kube.Leadership | None = None,
     ) -> None:
@@ -96,6 +97,9 @@ class JobExtensions:
         self.workers = workers
         #: the cap on the job's priority annotation (cluster-wide and its quota's), None for none
         self.priority_cap = priority_cap
+        #: the PriorityClasses the job's quota allows, None for every class
+        #: (docs/compatibility.md#priority-cap)
+        self.allowed_priority_classes = allowed_priority_classes
         #: per-extension running, backoff and partial running timeouts (all off by default)
         self.running_timeouts = running_timeouts or running_timeout.RunningTimeouts()
         #: unit key -> pod set -> when its shortfall was first seen (``running_timeout.decide``)
@@ -443,6 +447,7 @@ class JobExtensions:
                     adapter,
                     priority_classes=self.priority_classes(),
                     max_user_priority=self.priority_cap(job),
+                    allowed_classes=self.allowed_priority_classes(job),
                     live_cluster=live,
                     adopt=adopt,
                     defaults=self.pod_defaults(key.namespace),
@@ -458,6 +463,7 @@ class JobExtensions:
                 self.priority_classes(),
                 live_cluster=live,
                 max_user_priority=self.priority_cap(job),
+                allowed_classes=self.allowed_priority_classes(job),
                 defaults=self.pod_defaults(key.namespace),
                 admitted=admitted,
             )
@@ -484,6 +490,10 @@ class JobExtensions:
                 rv = (unit.get("metadata") or {}).get("resourceVersion")
                 body = {**drift, "metadata": {"resourceVersion": rv}}
                 await self.client.patch(job_units.QUEUE_UNITS, unit_name, body, namespace=key.namespace)
+                if "priorityClassName" in drift["spec"]:
+                    job_units.warn_refused_class(
+                        self.events, job, adapter, self.allowed_priority_classes(job)
+                    )
         if not finished and await job_lifecycle.budget_and_activation(
             self.client, self.events, key, adapter, job, unit, unit_name, mark=self.mark
         ):
@@ -519,6 +529,12 @@ class JobExtensions:
         plan.escaped = job_pods.escaped_of(
             self.pods.objects, self._pods_by_unit.get(unit_key, ()), self._parents(), unit_key, job
         )
+        if phase in podplan.ADMITTED_PHASES:
+            plan.withheld.extend(
+                job_pods.withheld_of(
+                    self.pods.objects, self._pods_by_unit.get(unit_key, ()), self._parents(), unit_key, job
+                )
+            )
         stale = await job_pods.delete_planned(
             self.client, self.events, self.pods.objects, plan, job, unit_key
         )
@@ -540,6 +556,7 @@ class JobExtensions:
             # No event here: the scheduler records Reclaimed when it sees the reclaim done and
             # replicas taken back (shared.core.scheduling.reclaim_took_back), for bare units too.
             return  # the unit's update brings us back
+        job_pods.report_withheld(self.events, plan, job)
         await workloads.before_ungate(self.client, job, adapter, unit, plan.ungate)  # native gangs
         await asyncio.gather(*(job_pods.ungate(self.client, self.pods.objects, p) for p in plan.ungate))
         running_once_bound = (adapter.api_version, adapter.kind) in _RUNNING_ONCE_BOUND

@@ -301,15 +301,21 @@ async def run(args: argparse.Namespace) -> None:
                 settings.max_user_priority, ledger.quotas.get(base.quota_name(job) or "")
             )
 
-        caps: dict[str, int | None] = {}
+        def allowed_priority_classes(job: base.Job) -> frozenset[str] | None:
+            """The PriorityClasses the job's quota allows (docs/compatibility.md#priority-cap)."""
+            quota = ledger.quotas.get(base.quota_name(job) or "")
+            return quota.allowed_priority_classes if quota is not None else None
+
+        caps: dict[str, tuple[int | None, frozenset[str] | None]] = {}
 
         def on_quota_cap(old: kube.Obj | None, new: kube.Obj | None) -> None:
-            """A quota's priority cap changed: its jobs' unit priorities follow (after the scheduler
-            has folded the event into the ledger, which decides which same-named quota counts)."""
+            """A quota's priority cap or allowed classes changed: its jobs' unit priorities follow
+            (after the scheduler has folded the event into the ledger, which decides which
+            same-named quota counts)."""
             now = {
-                name: q.max_user_priority
+                name: (q.max_user_priority, q.allowed_priority_classes)
                 for name, q in ledger.quotas.items()
-                if q.max_user_priority is not None
+                if q.max_user_priority is not None or q.allowed_priority_classes is not None
             }
             if now != caps:
                 caps.clear()
@@ -327,6 +333,7 @@ async def run(args: argparse.Namespace) -> None:
             events=events,
             workers=args.workers,
             priority_cap=priority_cap,
+            allowed_priority_classes=allowed_priority_classes,
             running_timeouts=settings.running_timeouts,
             leadership=leadership,
         )

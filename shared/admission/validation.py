@@ -382,6 +382,13 @@ def validate_elastic_quota(obj: Mapping[str, Any]) -> list[FieldError]:
     if (value := annotations.get(key)) is not None and parse_go_int(value, bits=32) is None:
         detail = "must be a 32-bit integer: the highest priority this quota's jobs may ask for"
         errors.append(invalid(_annotation(key), value, detail))
+    key = names.ALLOWED_PRIORITY_CLASSES_ANNOTATION
+    if (value := annotations.get(key)) is not None and parsing.parse_allowed_priority_classes(value)[1]:
+        detail = (
+            'must be a JSON array of PriorityClass names, such as ["batch-low","batch-high"]: the '
+            "classes this quota's jobs may take their priority from"
+        )
+        errors.append(invalid(_annotation(key), value, detail))
     found_labels = base.labels_of(obj)
     errors += _policy(
         found_labels.get(names.QUEUE_POLICY_LABEL), f"metadata.labels[{names.QUEUE_POLICY_LABEL}]"

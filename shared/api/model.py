@@ -119,6 +119,9 @@ class QueueConfig:
     disable_show_items: bool = False
     parent: str = ""
     problems: tuple[str, ...] = ()
+    #: the namespace of the ElasticQuota holding the Queue's name (``koord-queue/quota-namespace``,
+    #: written by the reconciler; empty: none recorded). docs/compatibility.md#same-named-quotas
+    quota_holder: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,9 @@ class Quota:
     is_parent: bool = False
     lends: bool = True
     shared_weight: Resources | None = None
+    #: The PriorityClasses its jobs may take their priority from; None: every class
+    #: (docs/compatibility.md#priority-cap).
+    allowed_priority_classes: frozenset[str] | None = None
 
     @property
     def bound_namespaces(self) -> frozenset[str]:

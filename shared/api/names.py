@@ -137,6 +137,8 @@ class EventReason(enum.StrEnum):
     UNADMITTED_POD_DELETED = "UnadmittedPodDeleted"
     #: Ours, on the job: a released pod naming its unit that the job does not own was deleted.
     ESCAPED_POD_DELETED = "EscapedPodDeleted"
+    #: Ours, on the job: a pod naming its unit stays gated, not proven the job's or too large.
+    POD_KEPT_GATED = "PodKeptGated"
     #: Ours, on the job: pods it was admitted with changed size; held and queued again.
     ADMITTED_JOB_RESIZED = "AdmittedJobResized"
     #: Ours, on the job: it waits in its queue (quota, position when it first had to wait).
@@ -200,6 +202,14 @@ class Message:
             f"deleted unbound pod {pod}: it was out of its scheduling gate {ADMISSION_GATE} but the "
             "job holds no admission for it (the admission was given back, or the gate was removed "
             "past the queue); its controller creates a gated replacement"
+        )
+
+    @staticmethod
+    def pod_kept_gated(pod: str, why: str) -> str:
+        return (
+            f"pod {pod} names this job's QueueUnit but stays behind its scheduling gate "
+            f"{ADMISSION_GATE}: {why}; only a pod controlled by the job (or by its own "
+            "RayCluster, driver or child Job) that fits the admitted per-pod size is released"
         )
 
     @staticmethod
@@ -284,7 +294,10 @@ QUOTA_NAMESPACES_ANNOTATION: Final = "quota.scheduling.koordinator.sh/namespaces
 #: Set by admins on an ElasticQuota: the largest priority its jobs may ask for with
 #: ``scheduling.x-k8s.io/priority`` (a 32-bit integer).
 MAX_USER_PRIORITY_ANNOTATION: Final = "koord-queue/max-user-priority"
-#: Written by the reconciler on an ElasticQuota that is ignored because an older quota has its name.
+#: Set by admins on an ElasticQuota: the PriorityClasses its jobs may take their priority from (a
+#: JSON array of names; absent: every class). docs/compatibility.md#priority-cap
+ALLOWED_PRIORITY_CLASSES_ANNOTATION: Final = "koord-queue/allowed-priority-classes"
+#: Written by the reconciler on an ElasticQuota that is ignored because another quota holds its name.
 IGNORED_REASON_ANNOTATION: Final = "koord-queue/ignored-reason"
 #: The ConfigMap (in ``koord-queue``) the reconciler keeps for the quota-binding admission policy.
 QUOTA_BINDINGS_CONFIGMAP: Final = "koord-queue-quota-bindings"
@@ -295,8 +308,15 @@ QUOTA_BINDING_QUOTA_PREFIX: Final = "q."
 QUOTA_BINDING_NAMESPACE_PREFIX: Final = "ns."
 QUOTA_BINDING_ENFORCE_KEY: Final = "enforce"
 
-#: Warning on an ElasticQuota ignored because an older ElasticQuota elsewhere has the same name.
+#: Warning on an ElasticQuota ignored because another ElasticQuota holds its name.
 DUPLICATE_QUOTA_NAME_REASON: Final = "DuplicateQuotaName"
+#: Written by the reconciler on the Queue of a quota name: the namespace of the ElasticQuota that
+#: holds the name (docs/compatibility.md#same-named-quotas). The first quota to claim a name keeps
+#: it until it is deleted, whatever the creation timestamps say.
+QUOTA_HOLDER_ANNOTATION: Final = "koord-queue/quota-namespace"
+#: Key prefix in the quota-bindings ConfigMap: ``holder.<quota>`` = the namespace holding the name,
+#: read by the quota-name admission policy (manifests/quota-name-policy.yaml).
+QUOTA_BINDING_HOLDER_PREFIX: Final = "holder."
 # --- Quota guarantees: min, borrowing, lending (docs/compatibility.md#quota-guarantees) -------
 
 #: Koordinator's label for a quota that only groups children: it takes no jobs itself.
@@ -332,12 +352,25 @@ def quota_not_bound_message(quota: str, namespace: str, usable: list[str] | tupl
     )
 
 
-def duplicate_quota_message(namespace: str, name: str, winner_namespace: str) -> str:
-    """Why the ElasticQuota ``namespace/name`` is ignored (its event and its annotation)."""
+def duplicate_quota_message(namespace: str, name: str, holder_namespace: str) -> str:
+    """Why the ElasticQuota ``namespace/name`` is ignored (its event and its annotation).
+
+    The quota-name admission policy (manifests/quota-name-policy.yaml) refuses such a quota at the
+    door with the first part of this text; keep the two in step.
+    """
     return (
-        f"ElasticQuota {namespace}/{name} is ignored: ElasticQuota {winner_namespace}/{name} has the "
-        f"same name and is older, and quotas are keyed by name across the cluster, so only the oldest "
-        f"counts (its limits, its Queue, its namespace bindings); rename or delete one of them"
+        f"{quota_name_taken_message(name, holder_namespace)}; ElasticQuota {namespace}/{name} is "
+        f"ignored: it serves no namespace and its limits count for nothing while "
+        f"{holder_namespace}/{name} exists; give it another name, or delete it"
+    )
+
+
+def quota_name_taken_message(name: str, holder_namespace: str) -> str:
+    """The door's refusal of a second ElasticQuota called ``name`` (and the start of the ignored
+    one's reason)."""
+    return (
+        f'quota name "{name}" is already held by ElasticQuota {holder_namespace}/{name}: quota names '
+        f"are unique across the cluster (jobs name their quota by name only)"
     )
 
 

@@ -35,6 +35,10 @@ __all__ = [
 
 _NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _INT32 = re.compile(r"[+-]?[0-9]{1,11}")
+#: A PriorityClass name is a DNS subdomain.
+_PRIORITY_CLASS_NAME = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
 
 
 # --- small tolerant readers -----------------------------------------------------------------------
@@ -302,6 +306,7 @@ def parse_queue(raw: Mapping[str, object]) -> QueueConfig:
         disable_show_items=names.DISABLE_SHOW_QUEUE_ITEMS_ANNOTATION in annotations,
         parent=labels.get(names.QUOTA_PARENT_LABEL, ""),
         problems=tuple(r.problems),
+        quota_holder=annotations.get(names.QUOTA_HOLDER_ANNOTATION, ""),
     )
 
 
@@ -343,6 +348,34 @@ def parse_namespaces_annotation(text: str) -> tuple[frozenset[str], tuple[str, .
             )
             problems.append(f"{key}[{i}]: {shown} is not a namespace name; it is ignored")
     return frozenset(found), tuple(problems)
+
+
+def parse_allowed_priority_classes(text: str | None) -> tuple[frozenset[str] | None, str | None]:
+    """The ``koord-queue/allowed-priority-classes`` annotation: a JSON array of PriorityClass names.
+
+    Absent: every class is allowed. It fails *closed*: a value that cannot be read allows no class
+    (the quota's jobs get no class priority) and an entry that is not a name is skipped, each with
+    a problem saying so (docs/compatibility.md#priority-cap).
+    """
+    if text is None:
+        return None, None
+    key = f"metadata.annotations[{names.ALLOWED_PRIORITY_CLASSES_ANNOTATION}]"
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, list):
+        return frozenset(), (
+            f"{key}: {text[:80]!r} is not a JSON array of PriorityClass names such as "
+            '["batch-low","batch-high"]; no PriorityClass is allowed for this quota until it is fixed'
+        )
+    names_ = [item for item in value if isinstance(item, str) and _PRIORITY_CLASS_NAME.fullmatch(item)]
+    if len(names_) != len(value):
+        skipped = [item for item in value if item not in names_]
+        return frozenset(names_), (
+            f"{key}: {json.dumps(skipped)[:80]} are not PriorityClass names; they are ignored"
+        )
+    return frozenset(names_), None
 
 
 def parse_user_priority_cap(text: str | None) -> tuple[int | None, str | None]:
@@ -400,6 +433,11 @@ def parse_quota(raw: Mapping[str, object]) -> Quota:
     cap, problem = parse_user_priority_cap(annotations.get(names.MAX_USER_PRIORITY_ANNOTATION))
     if problem is not None:
         r.problems.append(problem)
+    allowed, problem = parse_allowed_priority_classes(
+        annotations.get(names.ALLOWED_PRIORITY_CLASSES_ANNOTATION)
+    )
+    if problem is not None:
+        r.problems.append(problem)
     weight = parse_shared_weight(annotations.get(names.QUOTA_SHARED_WEIGHT_ANNOTATION))
     if isinstance(weight, str):
         r.problems.append(weight)
@@ -426,4 +464,5 @@ def parse_quota(raw: Mapping[str, object]) -> Quota:
         is_parent=labels.get(names.QUOTA_IS_PARENT_LABEL, "").strip().lower() == "true",
         lends=labels.get(names.QUOTA_ALLOW_LENT_LABEL, "").strip().lower() != "false",
         shared_weight=weight,
+        allowed_priority_classes=allowed,
     )

@@ -14,7 +14,9 @@ with a Warning ``AddQueueFail`` event on the Queue. And the reconciler marks the
 so deleting a quota never deletes a Queue an admin made by hand.
 
 Same-named ElasticQuotas in several namespaces: only the one that counts (``shared.core.quota.winner``)
-configures the Queue; each ignored one gets :func:`ignored_patch`'s annotation saying why (the
+configures the Queue, and the Queue records its namespace (``koord-queue/quota-namespace``, read
+back by :func:`holder_of`): the claim that keeps the name with that quota until it is deleted,
+across restarts and whatever the timestamps say. Each ignored one gets :func:`ignored_patch`'s annotation saying why (the
 ElasticQuota has no status field for a message: Koordinator's CRD has no status subresource and
 its status holds only ``used``). :func:`binding_data` is what the quota-binding admission policy
 reads (the ConfigMap ``koord-queue-quota-bindings``), from the quotas that count only.
@@ -44,8 +46,10 @@ NOT_SYNCED: Final = frozenset(
     {
         names.QUEUE_POLICY_LABEL,
         names.MAX_USER_PRIORITY_ANNOTATION,
+        names.ALLOWED_PRIORITY_CLASSES_ANNOTATION,
         names.IGNORED_REASON_ANNOTATION,
         names.QUOTA_BORROWED_ANNOTATION,
+        names.QUOTA_HOLDER_ANNOTATION,
     }
 )
 #: Longest ConfigMap key (a DNS subdomain's length).
@@ -99,7 +103,9 @@ def intent(quota: Obj) -> QueueIntent:
             "name": str(meta.get("name", "")),
             "namespace": names.COMPONENT_NAMESPACE,
             "labels": queue_labels,
-            "annotations": synced_annotations(quota),
+            # The claim on the name: this quota holds it (docs/compatibility.md#same-named-quotas).
+            "annotations": synced_annotations(quota)
+            | {names.QUOTA_HOLDER_ANNOTATION: str(meta.get("namespace", ""))},
         },
         "spec": {"queuePolicy": policy, "priority": names.DEFAULT_QUEUE_PRIORITY},
     }
@@ -143,6 +149,14 @@ def created_from_quota(queue: Obj) -> bool:
 # --- same-named quotas and namespace bindings ------------------------------------------------------
 
 
+def holder_of(queue: Obj | None) -> str | None:
+    """The namespace a Queue records as holding its quota name (None: no Queue, or no record)."""
+    if queue is None:
+        return None
+    found = _str_map((queue.get("metadata") or {}).get("annotations"))
+    return found.get(names.QUOTA_HOLDER_ANNOTATION) or None
+
+
 def ignored_patch(quota: Obj, reason: str | None) -> Obj | None:
     """A merge patch giving the ElasticQuota ``reason`` as its ignored-reason annotation (None:
     removing it), or None when it already says so."""
@@ -158,9 +172,11 @@ def binding_data(quotas: Iterable[Quota], *, enforce: bool) -> dict[str, str]:
     Per quota that counts (same-named losers are no binding), ``q.<name>`` = its bound namespaces
     as " ns1 ns2 " (space-delimited, with a leading and trailing space, so CEL tests membership
     with ``contains(' ' + namespace + ' ')``); per namespace, ``ns.<namespace>`` = the quotas usable
-    there ("q1, q2", for the denial message); ``enforce`` = the configuration switch. A quota whose
-    key would exceed a ConfigMap key's length is left out: the door lets its jobs through, and the
-    scheduler still holds them.
+    there ("q1, q2", for the denial message); ``enforce`` = the configuration switch. And per quota
+    name, ``holder.<name>`` = the namespace of the quota holding it, which the quota-name policy
+    reads to refuse a second quota of that name (docs/compatibility.md#same-named-quotas; not
+    subject to the switch). A quota whose key would exceed a ConfigMap key's length is left out: the
+    door lets its jobs through, and the scheduler still holds them.
     """
     by_name: dict[str, list[Quota]] = {}
     for quota in quotas:
@@ -171,6 +187,9 @@ def binding_data(quotas: Iterable[Quota], *, enforce: bool) -> dict[str, str]:
         chosen = winner(by_name[name])
         if chosen is None:
             continue
+        holder_key = names.QUOTA_BINDING_HOLDER_PREFIX + name
+        if len(holder_key) <= MAX_KEY_LENGTH:
+            data[holder_key] = chosen.namespace
         bound = sorted(chosen.bound_namespaces)
         for namespace in bound:
             usable.setdefault(namespace, []).append(name)

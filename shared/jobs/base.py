@@ -151,7 +151,12 @@ class JobAdapter(Protocol):
         """The job's pod sets; raises :class:`JobSpecError` when the spec cannot be read."""
 
     def priority(self, job: Job) -> tuple[str | None, int | None]:
-        """``(priorityClassName, raw priority)`` as written on the job; either may be missing."""
+        """``(priorityClassName, claimed priority)`` as written on the job; either may be missing.
+
+        The claim is a job-level priority field of the kind's own (an Argo Workflow's
+        ``spec.priority``), which the owner writes and the queue caps like the priority annotation.
+        A pod template's ``priority`` is never a claim: the apiserver refuses it on pods, so only
+        a PriorityClass gives a template's priority (docs/compatibility.md#priority-cap)."""
 
     def pod_set_of(self, pod: Job) -> str | None: ...
     def job_status(self, job: Job) -> JobStatus: ...
@@ -304,10 +309,13 @@ def dequeued_in(annotations: Mapping[str, str]) -> bool:
 
 
 def template_priority(template: object) -> tuple[str | None, int | None]:
-    """``(priorityClassName, priority)`` from a pod template's spec."""
-    class_name = text(dig(template, "spec", "priorityClassName")) or None
-    value = dig(template, "spec", "priority")
-    return class_name, value if isinstance(value, int) and not isinstance(value, bool) else None
+    """``(priorityClassName, None)`` from a pod template's spec: its raw ``priority`` is ignored.
+
+    The apiserver refuses a pod whose ``priority`` differs from its class's value, so a raw value
+    in a template is either that value already or a claim no pod will ever run with; taking it
+    would let a namespace user queue above every PriorityClass (docs/compatibility.md#priority-cap).
+    """
+    return text(dig(template, "spec", "priorityClassName")) or None, None
 
 
 # --- strict readers: raise JobSpecError with a field path --------------------------------------

@@ -44,20 +44,55 @@ def resolve_priority(
     priority_classes: Mapping[str, int],
     *,
     max_user_priority: int | None = None,
+    allowed_classes: frozenset[str] | None = None,
 ) -> tuple[str | None, int | None]:
-    """``(className, value)``: the class's value, else the raw priority; the annotation wins, but
-    never above ``max_user_priority``.
+    """``(className, value)`` of the job's unit (docs/compatibility.md#priority-cap).
 
-    The annotation is written by the job's owner, so it is clamped to the admins' cap (the smaller
-    of the cluster's ``maxUserPriority`` and the quota's ``koord-queue/max-user-priority``, chosen
-    by the caller); a PriorityClass value is the admins' own and is never clamped.
+    Only admins' objects give a priority as it stands: a PriorityClass's value, when the class
+    exists and its quota allows it (``allowed_classes``, None: every class). A class the quota
+    does not allow counts as none, and the unit drops its name. What the job's owner writes is a
+    claim clamped to ``max_user_priority`` (the smaller of the cluster's ``maxUserPriority`` and the
+    quota's ``koord-queue/max-user-priority``, chosen by the caller): the kind's own priority field
+    (an Argo Workflow's ``spec.priority``) when no class gives a value, and the priority annotation,
+    which wins over both. A pod template's raw ``priority`` is never read (``base.template_priority``).
     """
-    class_name, raw = adapter.priority(job)
-    value = priority_classes.get(class_name, raw) if class_name else raw
+    class_name, claim = adapter.priority(job)
+    if class_name and refused_class(class_name, allowed_classes):
+        class_name = None
+    value = priority_classes.get(class_name) if class_name else None
+    if value is None and claim is not None:
+        value = _clamp(claim, max_user_priority)
     override = parse_lenient_int(annotations_of(job).get(names.PRIORITY_ANNOTATION), bits=32)
     if override is not None:
-        value = override if max_user_priority is None else min(override, max_user_priority)
+        value = _clamp(override, max_user_priority)
     return class_name, value
+
+
+def refused_class(class_name: str, allowed_classes: frozenset[str] | None) -> bool:
+    """The quota allows only some PriorityClasses, and not this one."""
+    return allowed_classes is not None and class_name not in allowed_classes
+
+
+def refused_priority_class(
+    job: Job, adapter: JobAdapter, allowed_classes: frozenset[str] | None
+) -> str | None:
+    """The PriorityClass the job names that its quota does not allow, None when there is none."""
+    class_name, _ = adapter.priority(job)
+    return class_name if class_name and refused_class(class_name, allowed_classes) else None
+
+
+def refused_class_message(class_name: str, quota: str, allowed: frozenset[str]) -> str:
+    """The Warning on a job whose PriorityClass its quota does not allow: what, why, what next."""
+    listed = ", ".join(sorted(allowed)) or "none"
+    return (
+        f"PriorityClass {class_name!r} is not allowed for quota {quota!r} (allowed: {listed}), so "
+        "this job is queued as if it named no class; use an allowed class, or ask a cluster admin "
+        "to add it to the quota's koord-queue/allowed-priority-classes"
+    )
+
+
+def _clamp(value: int, cap: int | None) -> int:
+    return value if cap is None else min(value, cap)
 
 
 def desired_spec(
@@ -67,12 +102,14 @@ def desired_spec(
     *,
     live_cluster: Job | None = None,
     max_user_priority: int | None = None,
+    allowed_classes: frozenset[str] | None = None,
     defaults: poddefaults.PodDefaults | None = None,
     admitted: Obj | None = None,
 ) -> Obj:
     """The QueueUnit ``spec`` the job implies. Raises ``JobSpecError`` for an unreadable job.
 
-    ``max_user_priority`` caps the priority annotation (:func:`resolve_priority`).
+    ``max_user_priority`` caps the owner's priority claims and ``allowed_classes`` are the
+    PriorityClasses the job's quota allows (:func:`resolve_priority`).
 
     ``defaults`` are what the apiserver fills into the namespace's pods (LimitRange requests,
     RuntimeClass overhead, ``shared.jobs.poddefaults``); each pod set's template and per-pod
@@ -94,7 +131,9 @@ def desired_spec(
     total: dict[str, int] = {}
     for ps in pod_sets:
         total = quantities.add(total, quantities.scale(ps.per_pod, ps.count))
-    class_name, value = resolve_priority(job, adapter, priority_classes, max_user_priority=max_user_priority)
+    class_name, value = resolve_priority(
+        job, adapter, priority_classes, max_user_priority=max_user_priority, allowed_classes=allowed_classes
+    )
     resource = quantities.format_resource_list(total)
     spec: Obj = {
         "consumerRef": {
@@ -137,6 +176,7 @@ def build_queue_unit(
     live_cluster: Job | None = None,
     adopted: bool = False,
     max_user_priority: int | None = None,
+    allowed_classes: frozenset[str] | None = None,
     defaults: poddefaults.PodDefaults | None = None,
 ) -> Obj:
     """The QueueUnit to create for a job: owned by it (garbage-collected with it), labels and
@@ -170,6 +210,7 @@ def build_queue_unit(
             priority_classes,
             live_cluster=live_cluster,
             max_user_priority=max_user_priority,
+            allowed_classes=allowed_classes,
             defaults=defaults,
         ),
     }

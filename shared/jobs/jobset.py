@@ -103,8 +103,8 @@ class JobSetAdapter(AdapterBase):
 
     def priority(self, job: Job) -> tuple[str | None, int | None]:
         """From the first replicated job (in spec order) whose pod template names a priority class
-        or a priority: the replicated jobs of one JobSet rarely differ, and spec order is the only
-        order the JobSet itself gives them."""
+        (a template's raw priority is ignored, ``base.template_priority``): the replicated jobs
+        of one JobSet rarely differ, and spec order is the only order the JobSet itself gives them."""
         for template, _ in self._templates(job):
             found = base.template_priority(base.dig(job, *template))
             if found != (None, None):

@@ -153,14 +153,15 @@ class WorkflowAdapter(AdapterBase):
         if not any(value > 0 for value in per_pod.values()):
             raise JobSpecError(_MIN_RESOURCES_PATH, _EMPTY_MIN_RESOURCES)
         template = synthetic_template(POD_SET, quantities.format_resource_list(per_pod))
-        class_name, value = self.priority(job)
+        class_name, _ = self.priority(job)
         if class_name:
             template["spec"]["priorityClassName"] = class_name
-        if value is not None:
-            template["spec"]["priority"] = value
         return [JobPodSet(name=POD_SET, count=1, template=template, per_pod=per_pod)]
 
     def priority(self, job: Job) -> tuple[str | None, int | None]:
+        """The class from ``spec.podPriorityClassName``, else the entrypoint template's; the claim
+        is ``spec.priority`` (Argo's own ordering field, upstream's unit priority), which the queue
+        caps like the priority annotation (docs/compatibility.md#argo-workflow)."""
         value = base.dig(job, "spec", "priority")
         number = value if isinstance(value, int) and not isinstance(value, bool) else None
         class_name = base.text(base.dig(job, "spec", "podPriorityClassName"))

@@ -1092,7 +1092,8 @@ def test_pod_set_of_uses_annotation_then_kind_labels(
 
 def test_priority_per_kind() -> None:
     job = batch_job(template=template(priorityClassName="high", priority=100))
-    assert ADAPTERS["job"].priority(job) == ("high", 100)
+    # A template's raw priority is no claim (docs/compatibility.md#priority-cap).
+    assert ADAPTERS["job"].priority(job) == ("high", None)
     tf = kubeflow_job("TFJob", "tfReplicaSpecs", {"Master": 1, "Worker": 1})
     tf["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["priorityClassName"] = "w"
     tf["spec"]["tfReplicaSpecs"]["Master"]["template"]["spec"]["priorityClassName"] = "m"
@@ -1112,7 +1113,9 @@ def test_priority_per_kind() -> None:
     js = job_set(replicated_job("driver"), replicated_job("workers", 2))
     assert ADAPTERS["jobset"].priority(js) == (None, None)
     js["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["priority"] = 9
-    assert ADAPTERS["jobset"].priority(js) == (None, 9)  # the first replicated job that names one
+    assert ADAPTERS["jobset"].priority(js) == (None, None)  # a raw template priority is ignored
+    js["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["priorityClassName"] = "w"
+    assert ADAPTERS["jobset"].priority(js) == ("w", None)  # the first replicated job that names one
     js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["priorityClassName"] = "d"
     assert ADAPTERS["jobset"].priority(js) == ("d", None)
     spark = spark_app(batchSchedulerOptions={"priorityClassName": "batch"})
