@@ -327,10 +327,14 @@ async def test_list_shows_positions_wait_and_reason_and_refuses_other_namespaces
     async def positioned() -> list[dict[str, Any]] | None:
         items: list[dict[str, Any]] = json.loads(t.run("list", "-o", "json").stdout)["items"]
         waiting = [i for i in items if i["position"] is not None]
-        return items if len(waiting) == 2 else None
+        # A unit has a position once queued, its phase and reason (read from the unit) only once
+        # the scheduler has parked it: wait for both.
+        parked = all(i["phase"] == "Enqueued" for i in waiting)
+        return items if len(waiting) == 2 and parked else None
 
     items = {
-        i["name"]: i for i in await kube.eventually(positioned, what="positions from the visibility API")
+        i["name"]: i
+        for i in await kube.eventually(positioned, what="positions from the visibility API, both parked")
     }
     assert (items["first"]["position"], items["second"]["position"]) == (1, 2)
     assert items["holder"]["phase"] == "Dequeued" and items["holder"]["position"] is None
