@@ -16,7 +16,6 @@ into that file, as the kubelet does for the Deployment's volume.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -236,7 +235,8 @@ async def test_a_gang_binds_whole_or_not_at_all(cluster: LocalCluster, running_s
     assert get_json(cluster, "workloads.scheduling.k8s.io", "too-big", "-n", NAMESPACE)["spec"][
         "podGroups"
     ] == [{"name": "too-big", "policy": {"gang": {"minCount": 4}}}]
-    await asyncio.sleep(5)  # the scheduler has had every chance to bind a part of the gang
+    # Sampled every 0.5 s until the running timeout (20 s) takes the admission back: the scheduler
+    # has had every chance to bind a part of the gang, and a bound pod stays bound until then.
     await watch_binds("TimeoutBackoff", 90)
     assert ever_bound == set(), f"pods of a gang that cannot fit were bound: {sorted(ever_bound)}"
     assert get_json(cluster, "job", "too-big", "-n", NAMESPACE)["spec"]["suspend"] is True
