@@ -676,8 +676,15 @@ async def test_reclaim_takes_only_unbound_pods_and_deletion_frees_quota(
 
     await kube.eventually(replacements_gated, timeout=STEP_S, what="the operator's replacement pods, gated")
     selector = f"involvedObject.name=stuck-{kind.unit_suffix}"
-    reasons = {e["reason"] for e in items(cluster, "events", "-n", ns, "--field-selector", selector)}
-    assert {"Preempted", "Reclaimed"} <= reasons, reasons
+
+    # The events are written by the reconciler's event writer after the writes they tell of, in
+    # no step with the operator's replacement pods: wait for them.
+    async def told() -> set[str]:
+        reasons = {e["reason"] for e in items(cluster, "events", "-n", ns, "--field-selector", selector)}
+        assert {"Preempted", "Reclaimed"} <= reasons, reasons
+        return reasons
+
+    await kube.eventually(told, what="Preempted and Reclaimed events on stuck's unit")
 
     # Deleting the urgent job frees its quota: stuck is admitted again and its pods released.
     kube.kubectl(cluster, "delete", kind.resource, "urgent", "-n", ns, "--wait=true", "--timeout=60s")
@@ -693,7 +700,14 @@ async def test_reclaim_takes_only_unbound_pods_and_deletion_frees_quota(
 
     await kube.eventually(stuck_readmitted, timeout=STEP_S, what="stuck re-admitted after urgent was deleted")
     await wait_used(cluster, quota_name, ns, 2000)
-    assert not pods_of(cluster, ns, kind, "urgent")
+
+    # The garbage collector deletes urgent's pods after urgent itself, in no step with its unit.
+    async def urgent_pods_gone() -> bool:
+        left = pods_of(cluster, ns, kind, "urgent")
+        assert not left, summary(left)
+        return True
+
+    await kube.eventually(urgent_pods_gone, timeout=STEP_S, what="urgent's pods deleted")
 
 
 async def test_workflow_is_held_admitted_run_by_argo_and_succeeds(
