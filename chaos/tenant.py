@@ -72,6 +72,19 @@ SENTINELS: Final = ("sentinel-0", "sentinel-1")
 SENTINEL_QUOTA: Final = "chaos-sentinel"
 #: The default request of the LimitRange in her namespace (milli-CPU).
 LIMIT_RANGE_CPU_MILLI: Final = 1000
+#: PriorityClasses the harness makes for her: her quota's ``koord-queue/allowed-priority-classes``
+#: lists only the low one, so naming the urgent one must not give her unit its value
+#: (docs/compatibility.md#priority-cap).
+ALLOWED_CLASS: Final = "chaos-mallory-low"
+ALLOWED_CLASS_VALUE: Final = 10
+FORBIDDEN_CLASS: Final = "chaos-mallory-urgent"
+FORBIDDEN_CLASS_VALUE: Final = 1_000_000
+#: The raw ``priority`` she writes into a pod template (the apiserver would refuse it on a pod).
+RAW_TEMPLATE_PRIORITY: Final = 1_000_000
+#: The highest priority a unit of her own namespace may carry, worked out from the run's settings
+#: alone: the annotation is capped at the cluster's cap (her quota has none of its own), and the
+#: only class her quota allows is the low one.
+OWN_PRIORITY_BOUND: Final = max(CLUSTER_PRIORITY_CAP, ALLOWED_CLASS_VALUE)
 #: How long an accepted attack is watched for its harm (or its repair).
 WATCH_S: Final = 6.0
 UNDO_S: Final = 30.0
@@ -129,6 +142,10 @@ ATTACKS: Final[dict[str, str]] = {
     "priority-above-cluster-cap": "validating webhook: scheduling.x-k8s.io/priority <= maxUserPriority",
     "priority-above-quota-cap": "reconciler clamps the unit's priority to the quota's "
     "koord-queue/max-user-priority",
+    "raw-template-priority": "reconciler ignores a pod template's raw priority (the apiserver "
+    "refuses it on pods): only PriorityClasses and the capped annotation give a unit its priority",
+    "disallowed-priority-class": "reconciler: a PriorityClass missing from the quota's "
+    "koord-queue/allowed-priority-classes gives no priority (Warning PriorityClassNotAllowed)",
     "workflow-forged-succeeded": "mutating webhook strips the status of a kind without a status "
     "subresource on CREATE",
     "workflow-status-update": "validating webhook: only the reconciler and --status-writers change "
@@ -221,6 +238,12 @@ def is_admitted_unit(unit: Mapping[str, Any]) -> bool:
     return replicas > 0 and phase not in ("Succeed", "Failed")
 
 
+def priority_above(unit: Mapping[str, Any], bound: int) -> int | None:
+    """The unit's ``spec.priority`` when it is above ``bound`` (an attack got through), else None."""
+    value = (unit.get("spec") or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > bound else None
+
+
 def summarize(attempts: list[Attempt]) -> dict[str, dict[str, Any]]:
     """Per attack: how many tries ended how, the defence, a sample refusal and the repair times."""
     out: dict[str, dict[str, Any]] = {}
@@ -282,6 +305,18 @@ class Tenant:
         await self.admin.create(
             QUOTAS, load.quota(QUOTA, QUOTA_CPU, "", False, NAMESPACE), namespace=NAMESPACE
         )
+        allowed = {
+            "metadata": {"annotations": {names.ALLOWED_PRIORITY_CLASSES_ANNOTATION: f'["{ALLOWED_CLASS}"]'}}
+        }
+        await self.admin.patch(QUOTAS, QUOTA, allowed, namespace=NAMESPACE)
+        for class_name, value in (
+            (ALLOWED_CLASS, ALLOWED_CLASS_VALUE),
+            (FORBIDDEN_CLASS, FORBIDDEN_CLASS_VALUE),
+        ):
+            with contextlib.suppress(kube.Conflict):
+                await self.admin.create(
+                    kube.PRIORITY_CLASSES, {"metadata": {"name": class_name}, "value": value}
+                )
         cap = {"metadata": {"annotations": {names.MAX_USER_PRIORITY_ANNOTATION: str(QUOTA_PRIORITY_CAP)}}}
         await self.admin.patch(QUOTAS, CAPPED_QUOTA, cap, namespace=load.NAMESPACE)
         # Her namespace has a LimitRange, as an admin gives one to keep pods from asking for nothing.
@@ -446,6 +481,8 @@ class Tenant:
             self.hidden_size(r, pod_level=True),
             self.hidden_size(r, pod_level=False),
             self.priority(r, priority_target),
+            self.own_priority(r, forbidden_class=False),
+            self.own_priority(r, forbidden_class=True),
             self.rbac(r, pick(queued_jobs, 6)),
         ]
         if self.workflows:
@@ -1179,6 +1216,53 @@ class Tenant:
             f"(values seen {sorted(set(seen))}, now {final})",
         )
 
+    async def own_priority(self, r: int, *, forbidden_class: bool) -> None:
+        """A Job in her own namespace that asks for a priority no admin gave her: a raw
+        ``priority`` in its pod template, or the PriorityClass her quota does not allow. Judged on
+        the run's settings alone: her unit must never carry more than :data:`OWN_PRIORITY_BOUND`.
+        Its pods could not land anywhere (a node selector no node has), so even a class the
+        kube-scheduler honours preempts no pod of the load."""
+        m = self.mallory
+        assert m is not None
+        attack = "disallowed-priority-class" if forbidden_class else "raw-template-priority"
+        name = f"mallory-{'class' if forbidden_class else 'rawprio'}-{r}"
+        body = load.job(load.JobPlan(name, QUOTA, "victim", None, False), "mallory", namespace=NAMESPACE)
+        pod = body["spec"]["template"]["spec"]
+        pod["containers"] = [load.container("100m")]
+        if forbidden_class:
+            pod["priorityClassName"] = FORBIDDEN_CLASS
+        else:
+            pod["priority"] = RAW_TEMPLATE_PRIORITY
+        target = f"{NAMESPACE}/{name}"
+        sent = await self.send(lambda: m.create(JOBS, body, namespace=NAMESPACE))
+        if sent.status != "accepted":
+            self.record(attack, r, target, "refused", sent.message)
+            return
+        try:
+            seen: set[object] = set()
+            begun = time.monotonic()
+            while time.monotonic() - begun < WATCH_S:
+                unit = await self._own_unit(name)
+                if unit:
+                    high = priority_above(unit, OWN_PRIORITY_BOUND)
+                    if high is not None:
+                        detail = f"the unit's priority became {high} (allowed at most {OWN_PRIORITY_BOUND})"
+                        self.record(attack, r, target, "SUCCEEDED", detail)
+                        return
+                    seen.add((unit.get("spec") or {}).get("priority"))
+                await asyncio.sleep(0.5)
+            shown = sorted(str(v) for v in seen) or ["no unit yet"]
+            self.record(
+                attack,
+                r,
+                target,
+                "neutralised",
+                f"accepted; the unit's priority stayed low ({', '.join(shown)})",
+            )
+        finally:
+            with contextlib.suppress(kube.KubeError):
+                await m.delete(JOBS, name, namespace=NAMESPACE, propagation="Background")
+
     async def workflow(self, r: int) -> None:
         """An Argo Workflow (its CRD has no status subresource) created with a forged
         ``status.phase: Succeeded``, then its status changed to Succeeded by an update."""
@@ -1288,7 +1372,15 @@ class Tenant:
 
     async def final_checks(self, checks: Counter[str]) -> None:
         """After the drain: no unit of hers under an unbound quota was ever admitted; no unit reports
-        more running pods than the pods its job owns and has bound (so no forged pod was counted)."""
+        more running pods than the pods its job owns and has bound (so no forged pod was counted); no
+        unit of her own namespace carries more priority than :data:`OWN_PRIORITY_BOUND`."""
+        own = await self._read(functools.partial(self.admin.list, UNITS, namespace=NAMESPACE)) or []
+        for unit in own:
+            checks["tenant: her units carry no more priority than the admins allow"] += 1
+            high = priority_above(unit, OWN_PRIORITY_BOUND)
+            if high is not None:
+                key = f"{NAMESPACE}/{_meta(unit).get('name')}"
+                self.violate("tenant-bypass", f"{key} has priority {high}, above {OWN_PRIORITY_BOUND}")
         for key in sorted(self._unbound_units):
             checks["tenant: unit under an unbound quota never admitted"] += 1
             if self.observer.cycles.get(key, 0) > 0:

@@ -56,3 +56,24 @@ def test_summary_counts_every_outcome_per_attack_and_keeps_a_refusal() -> None:
     assert row["sample"] == "HTTP 403: denied"
     assert row["undone_s"] == [1.2]
     assert set(tenant.summarize([])) == set(tenant.ATTACKS)
+
+
+def test_her_units_priority_is_judged_on_the_runs_settings_alone() -> None:
+    """docs/compatibility.md#priority-cap: the bound is worked out from the run's caps and the one
+    class her quota allows, not from what the reconciler computes."""
+    assert max(tenant.CLUSTER_PRIORITY_CAP, tenant.ALLOWED_CLASS_VALUE) == tenant.OWN_PRIORITY_BOUND
+    assert tenant.RAW_TEMPLATE_PRIORITY > tenant.OWN_PRIORITY_BOUND
+    assert tenant.FORBIDDEN_CLASS_VALUE > tenant.OWN_PRIORITY_BOUND
+    bound = tenant.OWN_PRIORITY_BOUND
+    assert tenant.priority_above({"spec": {"priority": tenant.RAW_TEMPLATE_PRIORITY}}, bound) == 1_000_000
+    assert tenant.priority_above({"spec": {"priority": bound}}, bound) is None
+    assert tenant.priority_above({"spec": {}}, bound) is None
+    assert tenant.priority_above({}, bound) is None
+    assert tenant.priority_above({"spec": {"priority": True}}, bound) is None
+
+
+def test_the_priority_attacks_are_in_the_report() -> None:
+    for attack in ("raw-template-priority", "disallowed-priority-class"):
+        assert attack in tenant.ATTACKS
+        row = tenant.summarize([tenant.Attempt(attack, 0, "chaos-mallory/j", "neutralised", "stayed low")])
+        assert row[attack]["neutralised"] == 1 and row[attack]["tried"] == 1
