@@ -10,10 +10,16 @@ quota stays: its units would wait for a queue that never comes back. So the work
 stores every :data:`RESYNC_SECONDS` and re-creates the Queue of every quota that has none (a lookup
 per quota, no API call unless one is missing).
 
-Same-named quotas in several namespaces: the Queue follows the one that counts
-(``shared.core.quota.winner``: the oldest); every other one gets a Warning ``DuplicateQuotaName`` event
-and the annotation ``koord-queue/ignored-reason`` saying why (removed once it counts again). A quota
-whose namespaces or priority-cap annotation cannot be read gets a Warning ``InvalidQuotaAnnotation``.
+Same-named quotas in several namespaces (docs/compatibility.md#same-named-quotas): the name belongs
+to the quota that claimed it first. Creating the Queue is the claim: it is atomic (a second create
+fails with AlreadyExists) and the Queue records the holder's namespace (``koord-queue/quota-namespace``),
+so the holder keeps the name across restarts and leader changes whatever the creation timestamps
+say; the scheduler's ledger reads the same record. Without a record (before the Queue exists, or a
+Queue made by hand) the oldest counts, then the first the watch delivered. The holder loses the name
+only once it is gone from the cluster (asked directly: a lagging cache never moves a claim). Every
+other quota of the name gets a Warning ``DuplicateQuotaName`` event and the annotation
+``koord-queue/ignored-reason`` naming the holder (removed once it counts again). A quota whose
+namespaces or priority-cap annotation cannot be read gets a Warning ``InvalidQuotaAnnotation``.
 
 :class:`QuotaBindingSync` keeps the ConfigMap ``koord-queue/koord-queue-quota-bindings`` that the
 quota-binding admission policy (manifests/quota-binding-policy.yaml) reads: which namespaces each
@@ -39,7 +45,7 @@ from shared.api import names
 from shared.api.model import Quota
 from shared.api.parsing import parse_quota
 from shared.core import quotaqueues, quotastatus
-from shared.core.quota import winner_key
+from shared.core.quota import winner, winner_key
 from shared.core.scheduling import Cache
 
 log = logging.getLogger(__name__)
@@ -71,27 +77,61 @@ class QuotaQueueSync:
         #: namespace/name of a quota -> the last duplicate or annotation complaint given about it
         self._ignored: dict[str, str] = {}
         self._unreadable: dict[str, str] = {}
+        #: namespace/name of a quota -> when the watch first delivered it (tells apart quotas
+        #: created in the same second, whose timestamps are equal)
+        self._arrival: dict[str, int] = {}
+        self._arrivals = 0
+        #: quota name -> the namespace holding it, as last written on its Queue (kept for a Queue
+        #: deleted behind our back, so the one re-created names the same holder)
+        self._holders: dict[str, str] = {}
 
     def on_quota(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         obj = new or old or {}
-        name = (obj.get("metadata") or {}).get("name")
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
         if isinstance(name, str) and name:
+            key = f"{meta.get('namespace', '')}/{name}"
+            if new is None:
+                self._arrival.pop(key, None)
+            elif key not in self._arrival:
+                self._arrivals += 1
+                self._arrival[key] = self._arrivals
             self._dirty[name] = None
             self._wake.set()
 
-    def _named(self, name: str) -> list[tuple[Quota, kube.Obj]]:
-        """Every quota called ``name``, the one that counts first (``shared.core.quota.winner_key``)."""
+    def _named(self, name: str, holder: str | None = None) -> list[tuple[Quota, kube.Obj]]:
+        """Every quota called ``name`` in the store, the one that counts first
+        (``shared.core.quota.winner``; ``holder``: the namespace the Queue records)."""
         found = [
             (parse_quota(q), q)
             for q in self.quotas().values()
             if (q.get("metadata") or {}).get("name") == name
         ]
-        return sorted(found, key=lambda pair: winner_key(pair[0]))
+        return self._ordered(name, found, holder)
 
-    def _quota_named(self, name: str) -> kube.Obj | None:
-        # Quotas are keyed by name only (upstream compatibility); the oldest counts on a clash.
-        found = self._named(name)
-        return found[0][1] if found else None
+    def _ordered(
+        self, name: str, found: list[tuple[Quota, kube.Obj]], holder: str | None
+    ) -> list[tuple[Quota, kube.Obj]]:
+        arrival = {q.namespace: self._arrival.get(f"{q.namespace}/{name}", 0) for q, _ in found}
+        first = winner((q for q, _ in found), holder=holder, arrival=arrival)
+        return sorted(
+            found, key=lambda pair: (pair[0] is not first, winner_key(pair[0], arrival[pair[0].namespace]))
+        )
+
+    async def _contenders(self, name: str, queue: kube.Obj | None) -> list[tuple[Quota, kube.Obj]]:
+        """The quotas called ``name``, the holder first. A holder the store does not show is asked
+        for directly: the store may lag behind the cluster, and a claim moves only once its holder
+        is really gone."""
+        holder = quotaqueues.holder_of(queue) or self._holders.get(name)
+        found = self._named(name, holder)
+        if holder is not None and all(q.namespace != holder for q, _ in found):
+            try:
+                raw = await self.client.get(QUOTAS, name, namespace=holder)
+            except kube.NotFound:
+                pass
+            else:
+                found = self._ordered(name, [*found, (parse_quota(raw), raw)], holder)
+        return found
 
     def missing_queues(self) -> list[str]:
         """Names of the quotas whose Queue is not in the store (deleted by someone else)."""
@@ -130,24 +170,32 @@ class QuotaQueueSync:
                 log.exception("queue for quota %s: sync failed", name)
 
     async def sync(self, name: str) -> None:
-        named = self._named(name)
-        await self._report(name, named)
-        quota = named[0][1] if named else None
         existing = self.queues().get(f"{names.COMPONENT_NAMESPACE}/{name}")
+        named = await self._contenders(name, existing)
+        quota = named[0][1] if named else None
         if quota is None:
+            await self._report(name, named)
             if existing is not None and quotaqueues.created_from_quota(existing):
                 with contextlib.suppress(kube.NotFound):
                     await self.client.delete(QUEUES, name, namespace=names.COMPONENT_NAMESPACE)
             self._complained.pop(name, None)
+            self._holders.pop(name, None)
             return
-        intent = quotaqueues.intent(quota)
         if existing is None:
+            # Creating the Queue claims the name for this quota (atomically: only one create wins).
             try:
-                existing = await self.client.create(QUEUES, intent.queue, namespace=names.COMPONENT_NAMESPACE)
+                existing = await self.client.create(
+                    QUEUES, quotaqueues.intent(quota).queue, namespace=names.COMPONENT_NAMESPACE
+                )
             except kube.Conflict as err:
                 if err.reason != "AlreadyExists":
                     raise
                 existing = await self.client.get(QUEUES, name, namespace=names.COMPONENT_NAMESPACE)
+                named = await self._contenders(name, existing)  # its record decides
+                quota = named[0][1]
+        await self._report(name, named)
+        self._holders[name] = named[0][0].namespace
+        intent = quotaqueues.intent(quota)
         patch = quotaqueues.update_patch(existing, intent.queue)
         if patch is not None:
             existing = await self.client.patch(QUEUES, name, patch, namespace=names.COMPONENT_NAMESPACE)

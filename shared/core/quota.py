@@ -23,9 +23,11 @@ no admissions but a "dequeued" phase hold ``spec.resource``.
 **One quota per name.** Quotas are keyed by name (as upstream, whose units name their quota by a
 label), yet ElasticQuotas are namespaced, so two namespaces may hold quotas of the same name. Upstream
 lets the later event silently replace the earlier quota's limits. Here every same-named quota is
-kept, and one deterministic rule picks the one that counts (:func:`winner_key`: the oldest by
-creation time, then namespace, then uid); the others are ignored everywhere (limits, Queue, namespace
-bindings) until the winner is gone, so adding a quota can never change the limits in force.
+kept, and one rule picks the one that counts (:func:`winner`): the quota whose namespace the name's
+Queue records as the holder (``set_holder``; the reconciler writes it when it first creates the
+Queue), else the oldest, the first seen, then by namespace and uid. The others are ignored
+everywhere (limits, Queue, namespace bindings) until the holder is gone, so adding a quota can never
+change the limits in force, even one created in the same second.
 
 **Namespace bindings.** A quota may be used by units of its own namespace and of the namespaces its
 ``quota.scheduling.koordinator.sh/namespaces`` annotation lists (Koordinator's meaning). With the
@@ -144,14 +146,29 @@ class Chain:
         return None
 
 
-def winner_key(quota: Quota) -> tuple[float, str, str]:
-    """Order of same-named quotas: the first counts (oldest, then namespace, then uid)."""
-    return (quota.created, quota.namespace, quota.uid)
+def winner_key(quota: Quota, arrival: int = 0) -> tuple[float, int, str, str]:
+    """Order of same-named quotas when none holds the name yet: the first counts (oldest, then
+    the first seen, then namespace, then uid). Creation times have whole seconds only, so two
+    quotas made in one second are told apart by ``arrival``: the order the watch delivered them,
+    which for quotas created while the reconciler runs is the order they were created in."""
+    return (quota.created, arrival, quota.namespace, quota.uid)
 
 
-def winner(quotas: Iterable[Quota]) -> Quota | None:
-    """The quota that counts among same-named ones (:func:`winner_key`), None for none."""
-    return min(quotas, key=winner_key, default=None)
+def winner(
+    quotas: Iterable[Quota], *, holder: str | None = None, arrival: Mapping[str, int] | None = None
+) -> Quota | None:
+    """The quota that counts among same-named ones, None for none
+    (docs/compatibility.md#same-named-quotas).
+
+    ``holder`` is the namespace recorded on the name's Queue as holding it: that quota counts
+    whatever the timestamps say. When it is not among ``quotas`` (deleted, or no claim yet) the
+    first by :func:`winner_key` counts, ``arrival`` giving each namespace's order of arrival."""
+    found = list(quotas)
+    for quota in found:
+        if holder is not None and quota.namespace == holder:
+            return quota
+    seen = arrival or {}
+    return min(found, key=lambda q: winner_key(q, seen.get(q.namespace, 0)), default=None)
 
 
 def _limits(quota: Quota) -> tuple[object, ...]:
@@ -180,6 +197,11 @@ class QuotaLedger:
     def __init__(self, *, namespace_binding: bool = True) -> None:
         self.namespace_binding = namespace_binding
         self._candidates: dict[str, dict[str, Quota]] = {}
+        #: per quota name, the namespaces of its quotas in order of arrival, and the namespace
+        #: its Queue records as the holder (docs/compatibility.md#same-named-quotas)
+        self._arrival: dict[str, dict[str, int]] = {}
+        self._arrivals = 0
+        self._holders: dict[str, str] = {}
         self._usable: dict[str, set[str]] = {}
         self._changed_quotas: set[str] = set()
         self._changed_namespaces: set[str] = set()
@@ -210,7 +232,22 @@ class QuotaLedger:
         """Add or replace a quota (keyed by namespace and name); returns False when the limits in
         force did not change (a status update, an ignored same-named quota, an annotation)."""
         self._candidates.setdefault(quota.name, {})[quota.namespace] = quota
+        arrival = self._arrival.setdefault(quota.name, {})
+        if quota.namespace not in arrival:
+            self._arrivals += 1
+            arrival[quota.namespace] = self._arrivals
         return self._elect(quota.name)
+
+    def set_holder(self, name: str, namespace: str | None) -> bool:
+        """The namespace the Queue ``name`` records as holding the name (None: no record); returns
+        whether the limits in force changed."""
+        if self._holders.get(name) == namespace:
+            return False
+        if namespace is None:
+            self._holders.pop(name, None)
+        else:
+            self._holders[name] = namespace
+        return self._elect(name)
 
     def delete_quota(self, name: str, namespace: str | None = None) -> bool:
         """Remove the quota ``namespace/name`` (every quota of that name when ``namespace`` is
@@ -218,16 +255,21 @@ class QuotaLedger:
         found = self._candidates.get(name)
         if not found:
             return False
+        arrival = self._arrival.get(name, {})
         if namespace is None:
             found.clear()
+            arrival.clear()
         elif found.pop(namespace, None) is None:
             return False
+        else:
+            arrival.pop(namespace, None)
         if not found:
             del self._candidates[name]
+            self._arrival.pop(name, None)
         return self._elect(name)
 
     def ignored(self) -> list[Quota]:
-        """Quotas that do not count because an older quota has their name (sorted)."""
+        """Quotas that do not count because another quota holds their name (sorted)."""
         out = [
             q
             for name in sorted(self._candidates)
@@ -238,7 +280,11 @@ class QuotaLedger:
 
     def _elect(self, name: str) -> bool:
         old = self._quotas.get(name)
-        new = winner(self._candidates.get(name, {}).values())
+        new = winner(
+            self._candidates.get(name, {}).values(),
+            holder=self._holders.get(name),
+            arrival=self._arrival.get(name),
+        )
         if new is None:
             self._quotas.pop(name, None)
         else:

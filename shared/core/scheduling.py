@@ -228,6 +228,11 @@ class Cache:
 
     def put_queue(self, config: QueueConfig) -> None:
         self.state.put_queue(config, self._queued)
+        # The Queue records which of several same-named quotas holds the name.
+        changed = self.ledger.set_holder(config.name, config.quota_holder or None)
+        self._rebind()
+        if changed:
+            self.state.wake_all()
 
     def delete_queue(self, name: str) -> None:
         self.state.delete_queue(name, self._queued)

@@ -55,12 +55,13 @@ AUTH_READER = "koord-queue-reconciler-authentication-reader"
 LEASE = "koord-queue-reconciler"
 #: The quota-binding admission policy's parameters, kept by the reconciler.
 BINDINGS_CONFIGMAP = names.QUOTA_BINDINGS_CONFIGMAP
-#: manifests/quota-binding-policy.yaml and quota-tree-policy.yaml: each a ValidatingAdmissionPolicy
-#: and its binding.
+#: manifests/quota-binding-policy.yaml, quota-tree-policy.yaml and quota-name-policy.yaml: each a
+#: ValidatingAdmissionPolicy and its binding.
 QUOTA_POLICIES = (
     "koord-queue-quota-binding",
     "koord-queue-reconciler-quota-writes",
     "koord-queue-quota-tree",
+    "koord-queue-quota-name",
 )
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 #: Only the reconciler removes a pod's admission gate (manifests/admission-gate-policy.yaml).

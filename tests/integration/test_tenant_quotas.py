@@ -12,9 +12,10 @@ by the reconciler):
   still be updated after the binding is taken away;
 * a QueueUnit naming another namespace's quota that reaches the scheduler anyway (created by an
   admin) waits with the same text and is never admitted, while that quota admits its own units;
-* a second ElasticQuota of the same name in another namespace, with a bigger ``max``, changes no
-  admission, binds nothing and gets a Warning ``DuplicateQuotaName`` and the annotation
-  ``koord-queue/ignored-reason``; when the older quota goes, it takes over;
+* a second ElasticQuota of the same name in another namespace, with a bigger ``max``, that got
+  past the door (tests/integration/test_quota_names.py covers the door and the same second)
+  changes no admission, binds nothing and gets a Warning ``DuplicateQuotaName`` and the annotation
+  ``koord-queue/ignored-reason``; when the holder goes, it takes over;
 * a priority annotation above the cluster's cap is refused at the door (the webhook's
   ``--max-user-priority``), a quota's ``koord-queue/max-user-priority`` clamps the unit's
   ``spec.priority`` (and a changed cap is followed);
@@ -172,6 +173,28 @@ class World:
         )
         self.quotas.append((namespace, name))
         return created
+
+    async def create_quota_past_the_door(
+        self, namespace: str, name: str, *, cpu: str = "4", annotations: dict[str, str] | None = None
+    ) -> Obj:
+        """A quota whose name another namespace's quota holds, created as if it had slipped past the
+        quota-name policy (made in the same moment as the holder, before the door knew the name):
+        the name is taken out of the policy's ConfigMap until the create goes through. The
+        reconciler puts it back on its next write, so this is tried until it lands."""
+
+        async def attempt() -> Obj:
+            await self.core.patch_namespaced_config_map(
+                names.QUOTA_BINDINGS_CONFIGMAP,
+                names.COMPONENT_NAMESPACE,
+                {"data": {names.QUOTA_BINDING_HOLDER_PREFIX + name: None}},
+            )
+            try:
+                return await self.create_quota(namespace, name, cpu=cpu, annotations=annotations)
+            except k8s.ApiException as err:
+                assert "is already held by" in str(err.body), err.body
+                raise AssertionError("refused at the door") from err
+
+        return await kube.eventually(attempt, what=f"ElasticQuota {namespace}/{name} past the door")
 
     async def get_quota(self, namespace: str, name: str) -> Obj:
         return await kube.get_custom(
@@ -388,7 +411,7 @@ async def test_a_younger_same_named_quota_elsewhere_changes_no_admission_and_is_
     await w.create_unit(w.mine, bare_unit("second", shared))
     await w.wait_message(w.mine, "second", f"limited quotaName:{shared}, limited resKey:cpu,; preempt failed")
 
-    await w.create_quota(other, shared, cpu="10", annotations={names.MAX_DEPTH_ANNOTATION: "7"})
+    await w.create_quota_past_the_door(other, shared, cpu="10", annotations={names.MAX_DEPTH_ANNOTATION: "7"})
     reason = names.duplicate_quota_message(other, shared, w.mine)
     event = await w.wait_event(other, shared, names.DUPLICATE_QUOTA_NAME_REASON)
     assert event.message == reason

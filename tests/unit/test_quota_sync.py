@@ -105,6 +105,7 @@ async def test_the_binding_configmap_is_created_then_replaced_only_when_its_data
     assert body["metadata"]["namespace"] == names.COMPONENT_NAMESPACE
     assert body["data"] == {
         "enforce": "true",
+        "holder.team-a": "ns-a",
         "q.team-a": " ns-a ",
         "ns.ns-a": "team-a",
         "guarantees": "true",

@@ -40,7 +40,10 @@ def test_a_quota_gets_a_queue_of_its_name_with_its_policy_annotations_and_parent
     assert queue["metadata"]["name"] == "team-a"
     assert queue["metadata"]["namespace"] == names.COMPONENT_NAMESPACE
     assert queue["spec"] == {"queuePolicy": "Block", "priority": 1000}
-    assert queue["metadata"]["annotations"] == {names.WAIT_FOR_PODS_RUNNING_ANNOTATION: "true"}
+    assert queue["metadata"]["annotations"] == {
+        names.WAIT_FOR_PODS_RUNNING_ANNOTATION: "true",
+        names.QUOTA_HOLDER_ANNOTATION: "kube-system",  # the claim on the name
+    }
     assert queue["metadata"]["labels"][names.QUOTA_PARENT_LABEL] == "root-a"
     assert quotaqueues.created_from_quota(queue)
 
@@ -69,7 +72,7 @@ def test_an_update_reverts_a_hand_set_policy_and_keeps_other_annotations() -> No
     assert patch == {
         "spec": {"queuePolicy": "Priority"},
         "metadata": {
-            "annotations": {names.MAX_DEPTH_ANNOTATION: "4"},
+            "annotations": {names.MAX_DEPTH_ANNOTATION: "4", names.QUOTA_HOLDER_ANNOTATION: "kube-system"},
             "labels": {names.QUOTA_PARENT_LABEL: None},
         },
     }
