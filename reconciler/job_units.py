@@ -56,6 +56,7 @@ async def create_unit(
     priority_classes: Mapping[str, int],
     max_user_priority: int | None,
     allowed_classes: frozenset[str] | None = None,
+    default_class: str | None = None,
     live_cluster: Job | None,
     adopt: bool,
     defaults: poddefaults.PodDefaults | None = None,
@@ -71,6 +72,7 @@ async def create_unit(
             adopted=adopt,
             max_user_priority=max_user_priority,
             allowed_classes=allowed_classes,
+            default_class=default_class,
             defaults=defaults,
         )
     except JobSpecError as err:

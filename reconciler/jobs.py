@@ -83,6 +83,7 @@ class JobExtensions:
         workers: int = 8,
         priority_cap: Callable[[Job], int | None] = lambda job: None,
         allowed_priority_classes: Callable[[Job], frozenset[str] | None] = lambda job: None,
+        default_priority_class: Callable[[], str | None] = lambda: None,
         running_timeouts: running_timeout.RunningTimeouts | None = None,
         leadership: kube.Leadership | None = None,
     ) -> None:
@@ -100,6 +101,8 @@ class JobExtensions:
         #: the PriorityClasses the job's quota allows, None for every class
         #: (docs/compatibility.md#priority-cap)
         self.allowed_priority_classes = allowed_priority_classes
+        #: the cluster's globalDefault PriorityClass, None for none
+        self.default_priority_class = default_priority_class
         #: per-extension running, backoff and partial running timeouts (all off by default)
         self.running_timeouts = running_timeouts or running_timeout.RunningTimeouts()
         #: unit key -> pod set -> when its shortfall was first seen (``running_timeout.decide``)
@@ -448,6 +451,7 @@ class JobExtensions:
                     priority_classes=self.priority_classes(),
                     max_user_priority=self.priority_cap(job),
                     allowed_classes=self.allowed_priority_classes(job),
+                    default_class=self.default_priority_class(),
                     live_cluster=live,
                     adopt=adopt,
                     defaults=self.pod_defaults(key.namespace),
@@ -464,6 +468,7 @@ class JobExtensions:
                 live_cluster=live,
                 max_user_priority=self.priority_cap(job),
                 allowed_classes=self.allowed_priority_classes(job),
+                default_class=self.default_priority_class(),
                 defaults=self.pod_defaults(key.namespace),
                 admitted=admitted,
             )

@@ -274,20 +274,32 @@ async def run(args: argparse.Namespace) -> None:
         handoff = await workloads.detect(client, enabled=settings.native_gang_handoff)
         events = EventRecorder(client, instance=socket.gethostname(), leadership=leadership)
         priority_classes: dict[str, int] = {}
+        #: the classes marked globalDefault (normally one) and their values
+        default_classes: dict[str, int] = {}
 
         def on_priority_class(old: kube.Obj | None, new: kube.Obj | None) -> None:
             obj = new or old or {}
-            name = (obj.get("metadata") or {}).get("name")
+            name = str((obj.get("metadata") or {}).get("name"))
             value = obj.get("value")
+            default = new is not None and obj.get("globalDefault") is True and isinstance(value, int)
             if new is None:
-                priority_classes.pop(str(name), None)
+                priority_classes.pop(name, None)
             elif isinstance(value, int):
-                if priority_classes.get(str(name)) == value:
+                if priority_classes.get(name) == value and (name in default_classes) == default:
                     return
-                priority_classes[str(name)] = value
+                priority_classes[name] = value
+            if default and isinstance(value, int):
+                default_classes[name] = value
+            else:
+                default_classes.pop(name, None)
             if jobs_ready():
                 # A class created or changed after its jobs: their units' priorities follow.
                 jobs.mark_all()
+
+        def default_priority_class() -> str | None:
+            """The cluster's globalDefault PriorityClass; of several (a race the apiserver allows),
+            the lowest, as the apiserver's priority admission picks it."""
+            return min(default_classes, key=lambda n: (default_classes[n], n), default=None)
 
         def jobs_ready() -> bool:
             return all(i.synced.is_set() for i in jobs.informers())
@@ -334,6 +346,7 @@ async def run(args: argparse.Namespace) -> None:
             workers=args.workers,
             priority_cap=priority_cap,
             allowed_priority_classes=allowed_priority_classes,
+            default_priority_class=default_priority_class,
             running_timeouts=settings.running_timeouts,
             leadership=leadership,
         )

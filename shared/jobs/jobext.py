@@ -45,6 +45,7 @@ def resolve_priority(
     *,
     max_user_priority: int | None = None,
     allowed_classes: frozenset[str] | None = None,
+    default_class: str | None = None,
 ) -> tuple[str | None, int | None]:
     """``(className, value)`` of the job's unit (docs/compatibility.md#priority-cap).
 
@@ -55,8 +56,13 @@ def resolve_priority(
     quota's ``koord-queue/max-user-priority``, chosen by the caller): the kind's own priority field
     (an Argo Workflow's ``spec.priority``) when no class gives a value, and the priority annotation,
     which wins over both. A pod template's raw ``priority`` is never read (``base.template_priority``).
+
+    A job that names no class and claims nothing takes ``default_class``, the cluster's
+    ``globalDefault`` PriorityClass, as its pods will.
     """
     class_name, claim = adapter.priority(job)
+    if not class_name and claim is None:
+        class_name = default_class
     if class_name and refused_class(class_name, allowed_classes):
         class_name = None
     value = priority_classes.get(class_name) if class_name else None
@@ -103,13 +109,15 @@ def desired_spec(
     live_cluster: Job | None = None,
     max_user_priority: int | None = None,
     allowed_classes: frozenset[str] | None = None,
+    default_class: str | None = None,
     defaults: poddefaults.PodDefaults | None = None,
     admitted: Obj | None = None,
 ) -> Obj:
     """The QueueUnit ``spec`` the job implies. Raises ``JobSpecError`` for an unreadable job.
 
     ``max_user_priority`` caps the owner's priority claims and ``allowed_classes`` are the
-    PriorityClasses the job's quota allows (:func:`resolve_priority`).
+    PriorityClasses the job's quota allows; ``default_class`` is the cluster's ``globalDefault``
+    PriorityClass (:func:`resolve_priority`).
 
     ``defaults`` are what the apiserver fills into the namespace's pods (LimitRange requests,
     RuntimeClass overhead, ``shared.jobs.poddefaults``); each pod set's template and per-pod
@@ -132,7 +140,12 @@ def desired_spec(
     for ps in pod_sets:
         total = quantities.add(total, quantities.scale(ps.per_pod, ps.count))
     class_name, value = resolve_priority(
-        job, adapter, priority_classes, max_user_priority=max_user_priority, allowed_classes=allowed_classes
+        job,
+        adapter,
+        priority_classes,
+        max_user_priority=max_user_priority,
+        allowed_classes=allowed_classes,
+        default_class=default_class,
     )
     resource = quantities.format_resource_list(total)
     spec: Obj = {
@@ -177,6 +190,7 @@ def build_queue_unit(
     adopted: bool = False,
     max_user_priority: int | None = None,
     allowed_classes: frozenset[str] | None = None,
+    default_class: str | None = None,
     defaults: poddefaults.PodDefaults | None = None,
 ) -> Obj:
     """The QueueUnit to create for a job: owned by it (garbage-collected with it), labels and
@@ -211,6 +225,7 @@ def build_queue_unit(
             live_cluster=live_cluster,
             max_user_priority=max_user_priority,
             allowed_classes=allowed_classes,
+            default_class=default_class,
             defaults=defaults,
         ),
     }

@@ -168,3 +168,26 @@ def test_a_quota_carries_its_allowed_classes_and_the_webhook_checks_them() -> No
     assert validation.validate_elastic_quota(quota('["low"]')) == []
     errors = validation.validate_elastic_quota(quota("low"))
     assert len(errors) == 1 and names.ALLOWED_PRIORITY_CLASSES_ANNOTATION in str(errors[0])
+
+
+def test_a_job_naming_no_class_takes_the_clusters_default_class_as_its_pods_will() -> None:
+    adapter = registry.by_extension("job")
+    classes = {"standard": 50, "low": 10}
+    raw = with_raw_priority(batch_job())
+    assert jobext.resolve_priority(raw, adapter, classes, default_class="standard") == ("standard", 50)
+    named = with_raw_priority(batch_job(), "low")
+    assert jobext.resolve_priority(named, adapter, classes, default_class="standard") == ("low", 10)
+    # The default is a class like any other: a quota that does not allow it gives nothing.
+    assert jobext.resolve_priority(
+        raw, adapter, classes, default_class="standard", allowed_classes=frozenset({"low"})
+    ) == (None, None)
+    spec = jobext.desired_spec(raw, adapter, classes, default_class="standard")
+    assert (spec["priorityClassName"], spec["priority"]) == ("standard", 50)
+
+
+def test_a_workflows_own_priority_comes_before_the_default_class() -> None:
+    adapter = registry.by_extension("workflow")
+    got = jobext.resolve_priority(
+        _workflow(700), adapter, {"standard": 50}, default_class="standard", max_user_priority=100
+    )
+    assert got == (None, 100)
