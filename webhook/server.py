@@ -2,8 +2,10 @@
 
 Routes: ``/mutate`` and ``/validate`` (optionally ``/<route>/<kind>``) decide job kinds and our own
 objects with ``shared.admission.decisions``; ``/mutate-pod`` gates pods labelled ``koord-queue/gated-pod``
-with ``shared.admission.podgate`` (the pods of kinds without a pod template, such as SparkApplication). All
-share the flow, limits, error handling and metrics below.
+with ``shared.admission.podgate`` (the pods of kinds without a pod template, such as SparkApplication);
+``/mutate-unlabelled`` and ``/validate-unlabelled`` decide jobs of the namespaces where queueing is
+mandatory, unlabelled ones included (docs/operations.md#mandatory-queueing). All share the flow,
+limits, error handling and metrics below.
 
 Flow of one request: refuse a ``Content-Encoding`` (400), read the body (at most
 ``max_body_bytes``, else 413), decode it with orjson (else 400), check the AdmissionReview envelope
@@ -170,6 +172,14 @@ def _decide_job(app: web.Application, parsed: AdmissionRequest, operation: Opera
     return admission.decide(parsed, operation=operation, config=app[CONFIG_KEY].admission, now_text=stamp)
 
 
+def _decide_all_jobs(app: web.Application, parsed: AdmissionRequest, operation: Operation) -> dict[str, Any]:
+    """Jobs of the namespaces where queueing is mandatory: unlabelled ones are managed too
+    (docs/operations.md#mandatory-queueing)."""
+    stamp = now_text() if operation is Operation.MUTATE else ""
+    config = app[CONFIG_KEY].admission
+    return admission.decide(parsed, operation=operation, config=config, now_text=stamp, all_jobs=True)
+
+
 def _decide_pod(app: web.Application, parsed: AdmissionRequest, operation: Operation) -> dict[str, Any]:
     """Pods labelled for the admission gate (``shared.admission.podgate``)."""
     return podgate.decide(parsed)
@@ -238,6 +248,8 @@ async def _review(request: web.Request, operation: Operation, decide: Decision =
 mutate: Final = functools.partial(_review, operation=Operation.MUTATE)
 validate: Final = functools.partial(_review, operation=Operation.VALIDATE)
 mutate_pod: Final = functools.partial(_review, operation=Operation.MUTATE, decide=_decide_pod)
+mutate_unlabelled: Final = functools.partial(_review, operation=Operation.MUTATE, decide=_decide_all_jobs)
+validate_unlabelled: Final = functools.partial(_review, operation=Operation.VALIDATE, decide=_decide_all_jobs)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -289,6 +301,8 @@ def make_app(config: ServerConfig, *, metrics: WebhookMetrics | None = None) -> 
     app.router.add_post("/validate", validate)
     app.router.add_post("/validate/{kind}", validate)
     app.router.add_post("/mutate-pod", mutate_pod)
+    app.router.add_post("/mutate-unlabelled", mutate_unlabelled)
+    app.router.add_post("/validate-unlabelled", validate_unlabelled)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app

@@ -39,7 +39,7 @@ import orjson
 from shared.admission import validation
 from shared.admission.validation import FieldError
 from shared.api import names
-from shared.core import workloadref
+from shared.core import mandatory, workloadref
 from shared.jobs import base, patches, registry
 from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
 
@@ -214,20 +214,33 @@ def patched(uid: str, ops: list[base.JsonPatchOp]) -> dict[str, Any]:
 # --- decisions -----------------------------------------------------------------------------------
 
 
-def review(body: object, *, operation: Operation, config: AdmissionConfig, now_text: str) -> dict[str, Any]:
+def review(
+    body: object, *, operation: Operation, config: AdmissionConfig, now_text: str, all_jobs: bool = False
+) -> dict[str, Any]:
     """A full AdmissionReview answer to ``body``; raises :class:`MalformedReview` only."""
     request = parse_review(body)
-    response = decide(request, operation=operation, config=config, now_text=now_text)
+    response = decide(request, operation=operation, config=config, now_text=now_text, all_jobs=all_jobs)
     return {"apiVersion": REVIEW_API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
 def decide(
-    request: AdmissionRequest, *, operation: Operation, config: AdmissionConfig, now_text: str
+    request: AdmissionRequest,
+    *,
+    operation: Operation,
+    config: AdmissionConfig,
+    now_text: str,
+    all_jobs: bool = False,
 ) -> dict[str, Any]:
-    """The ``response`` part for an already parsed request."""
+    """The ``response`` part for an already parsed request.
+
+    ``all_jobs``: the review came through the webhooks registered for the namespaces where queueing
+    is mandatory (``/mutate-unlabelled``, ``/validate-unlabelled``), so an unlabelled job is managed
+    as if it carried a quota label (docs/operations.md#mandatory-queueing). The webhook cannot read
+    namespace labels; the registration's namespace selector made that choice.
+    """
     if operation is Operation.MUTATE:
-        return _mutate(request, config=config, now_text=now_text)
-    errors = _validate(request, config=config)
+        return _mutate(request, config=config, now_text=now_text, all_jobs=all_jobs)
+    errors = _validate(request, config=config, all_jobs=all_jobs)
     return deny(request.uid, errors) if errors else allow(request.uid)
 
 
@@ -248,7 +261,9 @@ def _with_namespace(job: Mapping[str, Any], namespace: str) -> Mapping[str, Any]
     return {**job, "metadata": {**metadata, "namespace": namespace}}
 
 
-def _mutate(request: AdmissionRequest, *, config: AdmissionConfig, now_text: str) -> dict[str, Any]:
+def _mutate(
+    request: AdmissionRequest, *, config: AdmissionConfig, now_text: str, all_jobs: bool = False
+) -> dict[str, Any]:
     """Hold every managed job on CREATE, whatever else it claims.
 
     Nothing a user sends on CREATE counts as a sign that the job has already started: the
@@ -261,7 +276,7 @@ def _mutate(request: AdmissionRequest, *, config: AdmissionConfig, now_text: str
     job = request.obj
     if request.operation != "CREATE" or request.sub_resource or adapter is None or job is None:
         return allow(request.uid)
-    if not adapter.is_managed(job):
+    if not mandatory.is_managed(adapter, job, mandatory=all_jobs):
         return allow(request.uid)
     job = _with_namespace(job, request.namespace)
     try:
@@ -279,13 +294,15 @@ def _mutate(request: AdmissionRequest, *, config: AdmissionConfig, now_text: str
             held = patches.applied(job, ops)
         except JobSpecError as err:
             return deny(request.uid, [validation.from_spec_error(err)])
-        refused = _validate_job(adapter, held, None, config=config, user=request.username)
+        refused = _validate_job(adapter, held, None, config=config, user=request.username, all_jobs=all_jobs)
         if refused:
             return deny(request.uid, refused)
     return patched(request.uid, ops) if ops else allow(request.uid)
 
 
-def _validate(request: AdmissionRequest, *, config: AdmissionConfig) -> list[FieldError]:
+def _validate(
+    request: AdmissionRequest, *, config: AdmissionConfig, all_jobs: bool = False
+) -> list[FieldError]:
     new = request.obj
     if request.operation not in ("CREATE", "UPDATE") or new is None or request.sub_resource:
         return []
@@ -300,7 +317,7 @@ def _validate(request: AdmissionRequest, *, config: AdmissionConfig) -> list[Fie
     adapter = _adapter(request, config)
     if adapter is None:
         return []
-    return _validate_job(adapter, new, old, config=config, user=request.username)
+    return _validate_job(adapter, new, old, config=config, user=request.username, all_jobs=all_jobs)
 
 
 def _validate_job(
@@ -310,14 +327,15 @@ def _validate_job(
     *,
     config: AdmissionConfig,
     user: str,
+    all_jobs: bool = False,
 ) -> list[FieldError]:
     """Every rule a namespace user's write of a job of a managed kind must pass.
 
     The hold rules are checked whether or not the job is being deleted: a finalizer keeps a
     deleted job in the API, and it must not be released past the queue meanwhile.
     """
-    managed_new = adapter.is_managed(new)
-    managed_old = old is not None and adapter.is_managed(old)
+    managed_new = mandatory.is_managed(adapter, new, mandatory=all_jobs)
+    managed_old = old is not None and mandatory.is_managed(adapter, old, mandatory=all_jobs)
     if not managed_new and not managed_old:
         return []
     errors: list[FieldError] = []
@@ -336,6 +354,8 @@ def _validate_job(
         return errors
     assert old_annotations is not None
     errors += _guard_queue_hold(adapter, new, old, new_annotations, old_annotations, config=config)
+    if not managed_new and adapter.job_status(old) not in _FINISHED:
+        errors += _guard_still_managed(adapter, new, old)
     # Every write: a kind may need a rule after its job finished (the Spark operator re-runs a
     # finished application whose spec changes), and each adapter decides what "finished" frees.
     errors += _kind_rules(adapter, old, new)
@@ -474,6 +494,25 @@ def _guard_queue_hold(
             )
             errors.append(validation.forbidden(f"metadata.labels[{label}]", detail))
     return errors
+
+
+def _guard_still_managed(
+    adapter: JobAdapter, new: Mapping[str, Any], old: Mapping[str, Any]
+) -> list[FieldError]:
+    """Nothing a user writes takes a queued job out of the queue (docs/architecture.md#trust-boundaries).
+
+    A quota label change is refused by its own rule; what else can make a job stop being managed
+    is an owner reference (a batch Job whose controller is a kind we queue is its parent's), so a
+    user adding one to a queued job could release it on the next write, when neither version would
+    count as managed any more.
+    """
+    if adapter.quota_name(old) != adapter.quota_name(new):
+        return []  # the quota label rule reports it
+    detail = (
+        f"the {adapter.kind} is queued by koord-queue; a change that takes it out of the queue (here: "
+        "a controller owner reference) cannot be made until it finishes"
+    )
+    return [validation.forbidden("metadata.ownerReferences", detail)]
 
 
 def _guard_admitted_size(

@@ -145,6 +145,12 @@ class EventReason(enum.StrEnum):
     QUEUED = "Queued"
     #: Ours, on the job: admitted after it waited (``Preempted`` is recorded on the job too).
     ADMITTED = "Admitted"
+    #: Ours, on the job: queueing is mandatory in its namespace and it had no quota label; it was
+    #: labelled with the namespace's default quota (docs/operations.md#mandatory-queueing).
+    DEFAULT_QUOTA = "DefaultQuota"
+    #: Ours, on the job: queueing is mandatory in its namespace, it has no quota label and no quota
+    #: resolves for the namespace; it stays held.
+    NO_DEFAULT_QUOTA = "NoDefaultQuota"
 
 
 class AdmissionCheckState(enum.StrEnum):
@@ -349,6 +355,28 @@ def quota_not_bound_message(quota: str, namespace: str, usable: list[str] | tupl
         f'quota "{quota}" is not bound to namespace "{namespace}"; quotas usable in {namespace}: '
         f"{listed}; use one of those, or ask a cluster admin to add {namespace} to the "
         f"{QUOTA_NAMESPACES_ANNOTATION} annotation of quota {quota}"
+    )
+
+
+def no_default_quota_message(namespace: str) -> str:
+    """Why an unlabelled job of a namespace where queueing is mandatory stays held
+    (docs/operations.md#mandatory-queueing)."""
+    return (
+        f"queueing is mandatory in namespace {namespace} and the job has no quota label, but no quota "
+        f"is the namespace's default: the job stays held. Ask a cluster admin for an ElasticQuota named "
+        f'"{namespace}" in namespace {namespace}, or one listing {namespace} in its '
+        f"{QUOTA_NAMESPACES_ANNOTATION} annotation; or delete the job and create it again with the "
+        f"label {QUOTA_NAME_LABEL}"
+    )
+
+
+def default_quota_ambiguous_message(namespace: str, quotas: list[str] | tuple[str, ...]) -> str:
+    """Why an unlabelled job stays held when several quotas list its namespace."""
+    return (
+        f"queueing is mandatory in namespace {namespace} and the job has no quota label, but several "
+        f"quotas are bound to the namespace ({', '.join(quotas)}) and none is named {namespace}: the "
+        f"job stays held. Delete it and create it again with the label {QUOTA_NAME_LABEL} naming one "
+        "of them"
     )
 
 

@@ -33,6 +33,11 @@ behaviour:
   says so and the event is one apiserver write per job. ``Always`` restores upstream's event on every
   admission (docs/compatibility.md#events).
 
+* ``manageJobsWithoutQuotaName`` (default false) with ``managedJobsNamespaceSelector`` (default:
+  every namespace but ``kube-system`` and ``koord-queue``): every job of an enabled kind in a selected
+  namespace is queued, an unlabelled one on the namespace's default quota
+  (docs/operations.md#mandatory-queueing, ``shared.core.mandatory``).
+
 ``plugins`` and ``pluginConfigs`` are accepted for compatibility with upstream files and otherwise
 ignored. Unknown keys are reported, not ignored silently, so a typo does not turn protection off
 without a word.
@@ -51,6 +56,7 @@ import yaml
 
 from shared.api.durations import DurationError, parse_duration
 from shared.api.goparse import INT32_MAX, INT32_MIN
+from shared.core import mandatory
 from shared.jobs import registry
 from shared.jobs.running_timeout import RunningTimeout, RunningTimeouts
 
@@ -70,6 +76,8 @@ _KNOWN: Final = frozenset(
         "jobRunningTimeout",
         "nativeGangHandoff",
         "scheduledEvents",
+        "manageJobsWithoutQuotaName",
+        "managedJobsNamespaceSelector",
     }
 )
 #: ``jobRunningTimeout`` entries: field name in the file -> ``RunningTimeout`` attribute.
@@ -112,6 +120,9 @@ class Settings:
     native_gang_handoff: bool = False
     #: Which admissions get the unit event ``Scheduled`` (``scheduledEvents``, default ``AfterWait``).
     scheduled_events: ScheduledEvents = ScheduledEvents.AFTER_WAIT
+    #: Namespaces where unlabelled jobs are queued too (``manageJobsWithoutQuotaName``,
+    #: ``managedJobsNamespaceSelector``; docs/operations.md#mandatory-queueing). Off by default.
+    mandatory_queueing: mandatory.MandatoryQueueing = field(default_factory=mandatory.MandatoryQueueing)
 
 
 def _switch(doc: dict[str, Any], key: str, source: str, *, default: bool = True) -> bool:
@@ -168,6 +179,15 @@ def parse(text: str, *, source: str = "config") -> Settings:
             f"{source}: maxUserPriority: expected a 32-bit integer (or no value for no cap), got {cap!r}"
         )
     timeouts, timeout_warnings = _running_timeouts(doc.get("jobRunningTimeout"), source)
+    try:
+        selector = mandatory.parse_selector(
+            doc.get("managedJobsNamespaceSelector"), f"{source}: managedJobsNamespaceSelector"
+        )
+    except mandatory.SelectorError as err:
+        raise ConfigError(str(err)) from None
+    queueing = mandatory.MandatoryQueueing(
+        enabled=_switch(doc, "manageJobsWithoutQuotaName", source, default=False), selector=selector
+    )
     return Settings(
         reclaim_protect_seconds=protect,
         warnings=warnings + timeout_warnings,
@@ -178,6 +198,7 @@ def parse(text: str, *, source: str = "config") -> Settings:
         running_timeouts=timeouts,
         native_gang_handoff=native_gangs,
         scheduled_events=ScheduledEvents(raw_events),
+        mandatory_queueing=queueing,
     )
 
 
