@@ -129,6 +129,14 @@ ATTACKS: Final[dict[str, str]] = {
     "bare-bound-pod-naming-unit": "ValidatingAdmissionPolicy koord-queue-pod-birth; reconciler counts "
     "a pod only if owned by the unit's job (owner UID), never by the related-queueunit annotation "
     "alone; out of the gate it is deleted (EscapedPodDeleted)",
+    "gated-pod-with-plain-owner-reference": "reconciler releases a pod only when its controller "
+    "reference is the job (or an intermediate the job controls); a plain reference carrying the "
+    "job's UID proves nothing and the pod stays gated (PodKeptGated)",
+    "oversized-pod-controlled-by-job": "reconciler releases a pod only when its stored requests fit "
+    "the per-pod size its pod set was admitted with; a larger one stays gated (PodKeptGated)",
+    "annotate-existing-pod-into-unit": "ValidatingAdmissionPolicy koord-queue-pod-links: a unit "
+    "annotation cannot be added to a pod that exists; reconciler counts a pod only when its job "
+    "controls it",
     "pod-level-requests-above-containers": "reconciler charges a template's pod-level requests "
     "(spec.resources) as the kube-scheduler reserves them, not the containers' sum "
     "(shared/api/podtemplates.py)",
@@ -236,6 +244,22 @@ def is_admitted_unit(unit: Mapping[str, Any]) -> bool:
     phase = status.get("phase")
     replicas = sum(int(a.get("replicas") or 0) for a in status.get("admissions") or [])
     return replicas > 0 and phase not in ("Succeed", "Failed")
+
+
+def forged_pod_body(name: str, *, annotations: dict[str, str], owner: dict[str, Any], cpu: str) -> kube.Obj:
+    """A gated pod of hers with one owner reference (a controller one or not, as ``owner`` says)
+    and one container asking for ``cpu``; no label a Job controller selects its pods by, so no
+    controller takes it over or lets go of it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations, "ownerReferences": [owner]},
+        "spec": {
+            "restartPolicy": "Never",
+            "schedulingGates": [{"name": names.ADMISSION_GATE}],
+            "containers": [{"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}],
+        },
+    }
 
 
 def priority_above(unit: Mapping[str, Any], bound: int) -> int | None:
@@ -480,6 +504,9 @@ class Tenant:
             self.job_naming_unbound_quota(r),
             self.hidden_size(r, pod_level=True),
             self.hidden_size(r, pod_level=False),
+            self.unproven_pod(r, oversized=False),
+            self.unproven_pod(r, oversized=True),
+            self.join_unit(r, pick(victims, 2)),
             self.priority(r, priority_target),
             self.own_priority(r, forbidden_class=False),
             self.own_priority(r, forbidden_class=True),
@@ -1160,6 +1187,142 @@ class Tenant:
         finally:
             with contextlib.suppress(kube.KubeError):
                 await m.delete(JOBS, name, namespace=NAMESPACE, propagation="Background")
+
+    async def unproven_pod(self, r: int, *, oversized: bool) -> None:
+        """A pod the admission has room for but that is not provably the job's, or not of the size
+        admitted (docs/compatibility.md#pod-gating). In her own namespace she submits a one-pod Job
+        (its pods never bind) and, once it is admitted, makes a gated pod naming its unit: with a
+        plain owner reference carrying the Job's real UID, or controlled by the Job but asking for
+        ten times the admitted CPU. Then she deletes the Job's own pod, so the admission has room
+        and her pod, older than the controller's replacement, comes first in line. Released, it
+        would run unproven or larger than charged."""
+        m = self.mallory
+        assert m is not None
+        attack = "oversized-pod-controlled-by-job" if oversized else "gated-pod-with-plain-owner-reference"
+        name = f"mallory-{'large' if oversized else 'loose'}-{r}"
+        plan = load.JobPlan(name, QUOTA, "victim", None, False, cpu="100m", memory=False)
+        body = load.job(plan, "mallory", namespace=NAMESPACE)
+        target = f"{NAMESPACE}/{name}"
+        sent = await self.send(lambda: m.create(JOBS, body, namespace=NAMESPACE))
+        if sent.status != "accepted":
+            self.record(attack, r, target, "skipped", f"her job was not accepted: {sent.message}")
+            return
+        job = sent.obj
+        forged = f"{name}-forged"
+        try:
+            begun = time.monotonic()
+            while not is_admitted_unit(await self._own_unit(name)):
+                if time.monotonic() - begun > UNDO_S:
+                    self.record(attack, r, target, "skipped", "her job was not admitted in time")
+                    return
+                await asyncio.sleep(0.5)
+            template = ((job.get("spec") or {}).get("template") or {}).get("metadata") or {}
+            ref = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": str(_meta(job).get("uid"))}
+            pod = forged_pod_body(
+                forged,
+                annotations=dict(template.get("annotations") or {}),
+                owner={**ref, "controller": True} if oversized else ref,
+                cpu="1" if oversized else "100m",
+            )
+            sent = await self.send(lambda: m.create(kube.PODS, pod, namespace=NAMESPACE))
+            if sent.status != "accepted":
+                self.record(attack, r, target, "refused", sent.message)
+                return
+            own = await self._read(
+                lambda: m.list(
+                    kube.PODS, namespace=NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={name}"
+                )
+            )
+            for other in own or []:
+                if _meta(other).get("name") != forged:
+                    with contextlib.suppress(kube.KubeError):
+                        await m.delete(kube.PODS, str(_meta(other).get("name")), namespace=NAMESPACE)
+            begun = time.monotonic()
+            while time.monotonic() - begun < WATCH_S:
+                now = await self._read(lambda: m.get(kube.PODS, forged, namespace=NAMESPACE))
+                if now is not None and not gated(now.get("spec")):
+                    why = (
+                        "asking for 1 CPU where 100m was admitted"
+                        if oversized
+                        else "with a plain owner reference"
+                    )
+                    self.record(attack, r, target, "SUCCEEDED", f"her pod {forged}, {why}, was released")
+                    return
+                await asyncio.sleep(0.5)
+            self.record(
+                attack,
+                r,
+                target,
+                "neutralised",
+                f"accepted; {forged} stayed gated for {WATCH_S:.0f}s with room in the admission",
+            )
+        finally:
+            with contextlib.suppress(kube.KubeError):
+                await m.delete(kube.PODS, forged, namespace=NAMESPACE)
+            with contextlib.suppress(kube.KubeError):
+                await m.delete(JOBS, name, namespace=NAMESPACE, propagation="Background")
+
+    async def join_unit(self, r: int, victim: kube.Obj | None) -> None:
+        """A pod of hers, bound to a node and naming no unit (the birth rule does not apply), that
+        she then annotates into a victim's unit, controlled by the victim Job by its real UID. A
+        victim's pods never bind, so its unit must go on reporting 0 running pods."""
+        m = self.mallory
+        assert m is not None
+        attack = "annotate-existing-pod-into-unit"
+        if victim is None or not self.nodes:
+            self.record(attack, r, "-", "skipped", "no victim job at this moment")
+            return
+        job_name = str(_meta(victim).get("name"))
+        template = ((victim.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        links = {
+            k: v
+            for k, v in (template.get("annotations") or {}).items()
+            if k in (names.RELATED_QUEUEUNIT_ANNOTATION, names.RELATED_PODSET_ANNOTATION)
+        }
+        unit_ref = links.get(names.RELATED_QUEUEUNIT_ANNOTATION) or f"{load.NAMESPACE}/{job_name}"
+        name = f"mallory-join-{r}"
+        owner = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job_name,
+            "uid": str(_meta(victim).get("uid")),
+        }
+        pod = forged_pod_body(name, annotations={}, owner={**owner, "controller": True}, cpu="100m")
+        pod["spec"].pop("schedulingGates")
+        pod["spec"]["nodeName"] = self.nodes[r % len(self.nodes)]
+        target = f"{load.NAMESPACE}/{name} -> {unit_ref}"
+        sent = await self.send(lambda: m.create(kube.PODS, pod, namespace=load.NAMESPACE))
+        if sent.status != "accepted":
+            self.record(attack, r, target, "skipped", f"her own pod was not accepted: {sent.message}")
+            return
+        try:
+            patch = {"metadata": {"annotations": {names.RELATED_QUEUEUNIT_ANNOTATION: unit_ref, **links}}}
+            sent = await self.send(lambda: m.patch(kube.PODS, name, patch, namespace=load.NAMESPACE))
+            if sent.status != "accepted":
+                self.record(attack, r, target, "refused", sent.message)
+                return
+            unit_name = unit_ref.split("/", 1)[-1]
+            worst = 0
+            begun = time.monotonic()
+            while time.monotonic() - begun < WATCH_S:
+                found = await self._read(lambda: self.admin.get(UNITS, unit_name, namespace=load.NAMESPACE))
+                worst = max(worst, running_reported(found) if found is not None else 0)
+                await asyncio.sleep(0.5)
+            if worst > 0:
+                self.record(
+                    attack, r, target, "SUCCEEDED", f"the victim's unit reported {worst} running pods"
+                )
+            else:
+                self.record(
+                    attack, r, target, "neutralised", "accepted; the victim's unit reported 0 running pods"
+                )
+        finally:
+            with contextlib.suppress(kube.KubeError):
+                await m.request(
+                    "DELETE",
+                    kube.PODS.path(load.NAMESPACE, name),
+                    body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+                )
 
     async def priority(self, r: int, job: kube.Obj | None) -> None:
         """``scheduling.x-k8s.io/priority`` raised on a queued job of the capped quota: first to the

@@ -121,6 +121,42 @@ def escaped_of(
     return found
 
 
+def withheld_of(
+    pods: Store, pod_keys: Iterable[str], parents: Parents, unit_key: str, job: kube.Obj
+) -> list[tuple[podplan.PodView, str]]:
+    """Gated, live pods that name the unit and live in its namespace but that are certainly not its
+    job's (``podlinks.left_job``), each with why (``podlinks.ownership_problem``): they stay gated
+    whatever the admission holds (docs/compatibility.md#pod-gating). A pod whose controller is an
+    intermediate not seen yet is left out: that is a watch running behind, not a claim."""
+    job_uid = str((job.get("metadata") or {}).get("uid") or "")
+    if not job_uid:
+        return []
+    namespace = unit_key.partition("/")[0]
+    parent = parent_lookup(pods, parents, namespace)
+    found = []
+    for pod_key in sorted(pod_keys):
+        pod = pods.get(pod_key)
+        if pod is None or (pod.get("metadata") or {}).get("namespace") != namespace:
+            continue
+        view = podplan.pod_view(pod, "")
+        why = podlinks.ownership_problem(pod, job_uid, parent)
+        if view.live and view.gated and why is not None and podlinks.left_job(pod, job_uid, parent):
+            found.append((view, why))
+    return found
+
+
+def report_withheld(events: EventRecorder, plan: podplan.PodPlan, job: kube.Obj) -> None:
+    """A Warning ``PodKeptGated`` on the job for each pod the plan keeps gated, saying why (the
+    recorder folds repeats into one event's count)."""
+    for pod, why in plan.withheld:
+        events.record(
+            job,
+            type_="Warning",
+            reason=names.EventReason.POD_KEPT_GATED,
+            message=names.Message.pod_kept_gated(pod.name, why),
+        )
+
+
 def parent_lookup(pods: Store, parents: Parents, namespace: str) -> podlinks.ParentLookup:
     """Owners that stand between a job and its pods: a RayJob's RayCluster, a Spark driver pod, the
     ``batch/v1`` Job an MPIJob's launcher or a JobSet's replicated job runs in."""

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.api import conditions, names
+from shared.api import conditions, names, podtemplates, quantities
 from shared.jobs import registry
 from shared.jobs.base import Job, JobStatus, dig, text
 
@@ -45,6 +45,9 @@ class PodView:
     terminal: bool
     deleting: bool
     resource_version: str = ""
+    #: The pod's effective requests as stored (``podtemplates.pod_requests``, sorted pairs), or
+    #: None when they cannot be read.
+    requests: tuple[tuple[str, int], ...] | None = ()
 
     @property
     def live(self) -> bool:
@@ -65,7 +68,55 @@ def pod_view(pod: Job, pod_set: str) -> PodView:
         terminal=dig(pod, "status", "phase") in ("Succeeded", "Failed"),
         deleting=dig(pod, "metadata", "deletionTimestamp") is not None,
         resource_version=text(dig(pod, "metadata", "resourceVersion")),
+        requests=_requests_of(dig(pod, "spec")),
     )
+
+
+def _requests_of(spec: object) -> tuple[tuple[str, int], ...] | None:
+    """A pod's effective requests by the one rule the quota uses (``podtemplates.pod_requests``)."""
+    try:
+        return tuple(sorted(podtemplates.pod_requests(spec if isinstance(spec, Mapping) else {}).items()))
+    except quantities.QuantityError:
+        return None
+
+
+def admitted_sizes(unit: Obj) -> dict[str, dict[str, int] | None]:
+    """The per-pod size each pod set of the unit's spec was queued (and so admitted) with, by the
+    same rule as a pod's (None where the template cannot be read: nothing fits it)."""
+    found: dict[str, dict[str, int] | None] = {}
+    pod_sets = dig(unit, "spec", "podSet")
+    for pod_set in pod_sets if isinstance(pod_sets, list) else []:
+        name = dig(pod_set, "name")
+        if not isinstance(name, str) or name in found:
+            continue
+        spec = dig(pod_set, "template", "spec")
+        try:
+            found[name] = podtemplates.pod_requests(spec if isinstance(spec, Mapping) else {})
+        except quantities.QuantityError:
+            found[name] = None
+    return found
+
+
+def _quantity(milli: int, resource: str) -> str:
+    return quantities.format_milli(milli, resource=resource)
+
+
+def size_problem(pod: PodView, admitted: Mapping[str, int] | None) -> str | None:
+    """Why the pod does not fit the per-pod size its pod set was admitted with, or None when it
+    does: each of its effective requests at most what one admitted pod was charged
+    (docs/compatibility.md#pod-gating)."""
+    if pod.requests is None:
+        return "its resource requests cannot be read"
+    if admitted is None:
+        return f"the admitted size of pod set {pod.pod_set} cannot be read"
+    over = [
+        f"{name} {_quantity(value, name)} > {_quantity(admitted.get(name, 0), name)}"
+        for name, value in pod.requests
+        if value > admitted.get(name, 0)
+    ]
+    if over:
+        return f"it asks for more than pod set {pod.pod_set} was admitted with per pod ({', '.join(over)})"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,13 +169,16 @@ class PodPlan:
     ``delete`` holds the pods of a reclaim; ``unadmitted`` the pods released beyond the admission
     (their gate was removed by someone else), deleted the same careful way but reported apart;
     ``escaped`` the released pods that name the unit but that its job does not own (the caller
-    adds them: ``shared.jobs.podlinks.left_job``).
+    adds them: ``shared.jobs.podlinks.left_job``); ``withheld`` the gated pods that stay gated
+    although the admission has room, with why (they do not fit the admitted per-pod size; the
+    caller adds those whose owner is not proven).
     """
 
     ungate: list[PodView] = field(default_factory=list)
     delete: list[PodView] = field(default_factory=list)
     unadmitted: list[PodView] = field(default_factory=list)
     escaped: list[PodView] = field(default_factory=list)
+    withheld: list[tuple[PodView, str]] = field(default_factory=list)
     status: Obj | None = None
 
 
@@ -175,6 +229,7 @@ def plan_pods(unit: Obj, pods: Sequence[PodView], *, now_text: str = "") -> PodP
         return plan
     new_admissions: list[Obj] = []
     reclaimed_any = False
+    sizes = admitted_sizes(unit)
     raw = {
         a.get("name"): a for a in (unit.get("status") or {}).get("admissions") or [] if isinstance(a, Mapping)
     }
@@ -202,7 +257,13 @@ def plan_pods(unit: Obj, pods: Sequence[PodView], *, now_text: str = "") -> PodP
         released = [p for p in live if p.bound or not p.gated]
         missing = replicas - len(released)
         if missing > 0 and releasing:
-            plan.ungate.extend(_order(p for p in live if not p.bound and p.gated)[:missing])
+            for pod in _order(p for p in live if not p.bound and p.gated):
+                why = size_problem(pod, sizes.get(adm.name))
+                if why is not None:
+                    plan.withheld.append((pod, why))
+                elif missing > 0:
+                    plan.ungate.append(pod)
+                    missing -= 1
         new_admissions.append(entry)
     if reclaimed_any:
         plan.status = {"status": _after_reclaim(unit, new_admissions, now_text=now_text)}
@@ -380,18 +441,27 @@ def conditions_of(unit: Obj) -> list[Mapping[str, object]]:
 # --- what the informer keeps -------------------------------------------------------------------
 
 #: Pod fields the extensions read (:func:`pod_view`, the pod-set and unit annotations and labels).
-_POD_SPEC_FIELDS = ("nodeName", "schedulingGates")
+_POD_SPEC_FIELDS = ("nodeName", "schedulingGates", "resources", "overhead")
+#: Of each container, what its effective requests are read from (``podtemplates.pod_requests``).
+_CONTAINER_FIELDS = ("resources", "restartPolicy")
 
 
 def slim_pod(pod: Obj) -> Obj:
-    """A pod reduced to what the job extensions read: metadata, where it is bound, its gates and
-    its phase. The pod informer watches every pod of the cluster; a whole pod is 5-10 KiB in
-    memory, this view well under one."""
+    """A pod reduced to what the job extensions read: metadata, where it is bound, its gates, what
+    its requests are made of and its phase. The pod informer watches every pod of the cluster; a
+    whole pod is 5-10 KiB in memory, this view well under one."""
     spec = pod.get("spec")
     status = pod.get("status")
     out: Obj = {k: v for k, v in pod.items() if k not in ("spec", "status")}
     if isinstance(spec, dict):
         out["spec"] = {k: spec[k] for k in _POD_SPEC_FIELDS if k in spec}
+        for key in ("containers", "initContainers"):
+            listed = spec.get(key)
+            if isinstance(listed, list):
+                out["spec"][key] = [
+                    {k: c[k] for k in _CONTAINER_FIELDS if k in c} if isinstance(c, dict) else c
+                    for c in listed
+                ]
     if isinstance(status, dict) and "phase" in status:
         out["status"] = {"phase": status["phase"]}
     return out

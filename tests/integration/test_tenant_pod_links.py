@@ -210,3 +210,88 @@ async def test_a_pod_naming_a_unit_is_born_behind_the_gate(env: Scenario) -> Non
     assert code == 0, out
     stored = get_pod(env, "gated")
     assert stored is not None and stored["spec"]["schedulingGates"] == [{"name": names.ADMISSION_GATE}]
+
+
+async def admitted_without_pods(env: Scenario, name: str) -> dict[str, Any]:
+    """A one-pod Job alice submitted into a quota with room, admitted and resumed; no pod made yet
+    (there is no Job controller in this tier)."""
+    quota = env.name("q")
+    await env.add_quota(quota, ROOM)
+    job = batch_job(name, quota)
+    code, out = alice(env, "create", "-f", "-", obj=job)
+    assert code == 0, out
+    env.remember(job)
+    return await env.wait_job(job, lambda j: j["spec"].get("suspend") is False, what="job resumed")
+
+
+async def kept_gated_because(env: Scenario, job: str, pod: str) -> str:
+    """The message of the ``PodKeptGated`` event about ``pod`` on the job, once recorded."""
+
+    async def probe() -> str | None:
+        for event in await env.events(job, kind="Job"):
+            if event.reason == names.EventReason.POD_KEPT_GATED and f"pod {pod} " in event.message:
+                assert event.type == "Warning", event
+                return str(event.message)
+        return None
+
+    found: str = await kube.eventually(probe, what=f"PodKeptGated about {pod}")
+    return found
+
+
+async def test_only_a_pod_the_job_controls_and_that_fits_its_admission_is_released(env: Scenario) -> None:
+    """alice can read her job's UID and write it into an owner reference of a pod she makes, and
+    can make that pod ask for more than was admitted. Neither is proof: such a pod stays gated,
+    with an event saying why, while the admission keeps its room for a pod that is proven
+    (docs/compatibility.md#pod-gating)."""
+    job = await admitted_without_pods(env, "proof")
+    # A real reference to the job, but not as its controller.
+    loose = owned_pod("loose", job, gate=True)
+    loose["metadata"]["ownerReferences"][0]["controller"] = False
+    # Controlled by the job, but asking for twice what the pod set was admitted with per pod.
+    large = owned_pod("large", job, gate=True)
+    large["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "2"
+    for pod in (loose, large):
+        code, out = alice(env, "create", "-f", "-", obj=pod)
+        assert code == 0, out
+    assert "it has no controller reference" in await kept_gated_because(env, "proof", "loose")
+    assert "cpu 2 > 1" in await kept_gated_because(env, "proof", "large")
+    for name in ("loose", "large"):
+        stored = get_pod(env, name)
+        assert stored is not None and stored["spec"].get("schedulingGates"), stored
+
+    # The admission still has its room: the job's own pod, made as the Job controller makes it,
+    # is released.
+    code, out = alice(env, "create", "-f", "-", obj=owned_pod("own", job, gate=True))
+    assert code == 0, out
+
+    async def released() -> bool:
+        found = get_pod(env, "own")
+        return found is not None and not found["spec"].get("schedulingGates")
+
+    await kube.eventually(released, what="the proven pod released")
+    for name in ("loose", "large"):
+        stored = get_pod(env, name)
+        assert stored is not None and stored["spec"].get("schedulingGates"), stored
+
+
+async def test_a_unit_annotation_cannot_be_added_to_a_pod_that_exists(env: Scenario) -> None:
+    """alice may run pods of her own outside the queue (naming no unit, out of any gate, bound
+    even); she may not make one of them join her job's unit afterwards, by either annotation."""
+    job = await admitted_without_pods(env, "joined")
+    mine = owned_pod("mine", job, gate=False, node="node-x")
+    mine["metadata"]["annotations"] = {}
+    code, out = alice(env, "create", "-f", "-", obj=mine)
+    assert code == 0, out
+    for link in (
+        f"{names.RELATED_QUEUEUNIT_ANNOTATION}={env.ns}/joined",
+        f"{names.RELATED_PODSET_ANNOTATION}=main",
+    ):
+        code, out = alice(env, "annotate", "pod", "mine", link)
+        assert code != 0 and POLICY in out and "cannot be added" in out, (link, out)
+    stored = get_pod(env, "mine")
+    assert stored is not None
+    stored["metadata"]["annotations"] = dict(job["spec"]["template"]["metadata"]["annotations"])
+    code, out = alice(env, "replace", "-f", "-", obj=stored)
+    assert code != 0 and POLICY in out, out
+    after = get_pod(env, "mine")
+    assert after is not None and not after["metadata"].get("annotations"), after

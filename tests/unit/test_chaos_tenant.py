@@ -58,6 +58,24 @@ def test_summary_counts_every_outcome_per_attack_and_keeps_a_refusal() -> None:
     assert set(tenant.summarize([])) == set(tenant.ATTACKS)
 
 
+def test_her_forged_pods_are_born_gated_and_carry_just_the_reference_given() -> None:
+    plain = {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u"}
+    pod = tenant.forged_pod_body("p", annotations={"a": "b"}, owner=plain, cpu="1")
+    assert tenant.gated(pod["spec"])
+    assert pod["metadata"]["ownerReferences"] == [plain]
+    assert "labels" not in pod["metadata"]  # no Job controller selects it
+    assert pod["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "1"}
+
+
+def test_every_pod_release_attack_has_its_defence_written_down() -> None:
+    for attack in (
+        "gated-pod-with-plain-owner-reference",
+        "oversized-pod-controlled-by-job",
+        "annotate-existing-pod-into-unit",
+    ):
+        assert tenant.ATTACKS[attack]
+
+
 def test_her_units_priority_is_judged_on_the_runs_settings_alone() -> None:
     """docs/compatibility.md#priority-cap: the bound is worked out from the run's caps and the one
     class her quota allows, not from what the reconciler computes."""

@@ -66,5 +66,7 @@ def test_a_job_without_a_uid_condemns_nothing() -> None:
 
 def test_a_pod_under_an_owner_not_yet_seen_is_left_alone() -> None:
     child = pod("through-child")
-    child["metadata"]["ownerReferences"] = [{"kind": "Job", "name": "train-launcher", "uid": "c"}]
+    child["metadata"]["ownerReferences"] = [
+        {"kind": "Job", "name": "train-launcher", "uid": "c", "controller": True}
+    ]
     assert escaped([child]) == []

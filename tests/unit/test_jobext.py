@@ -347,13 +347,29 @@ def test_a_slim_pod_keeps_what_the_pod_view_reads() -> None:
         "spec": {
             "nodeName": "n1",
             "schedulingGates": [{"name": names.ADMISSION_GATE}],
-            "containers": [{"name": "c", "image": "i", "env": [{"name": "A", "value": "b" * 500}]}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "i",
+                    "env": [{"name": "A", "value": "b" * 500}],
+                    "resources": {"requests": {"cpu": "1"}},
+                }
+            ],
+            "initContainers": [{"name": "s", "image": "i", "restartPolicy": "Always"}],
+            "overhead": {"memory": "10Mi"},
         },
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
     }
     slim = podplan.slim_pod(pod)
     assert podplan.pod_view(slim, "main") == podplan.pod_view(pod, "main")
+    assert podplan.pod_view(slim, "main").requests == (("cpu", 1000), ("memory", 10 * 2**20 * 1000))
     assert slim["metadata"] == pod["metadata"]
-    assert slim["spec"] == {"nodeName": "n1", "schedulingGates": [{"name": names.ADMISSION_GATE}]}
+    assert slim["spec"] == {
+        "nodeName": "n1",
+        "schedulingGates": [{"name": names.ADMISSION_GATE}],
+        "containers": [{"resources": {"requests": {"cpu": "1"}}}],
+        "initContainers": [{"restartPolicy": "Always"}],
+        "overhead": {"memory": "10Mi"},
+    }
     assert slim["status"] == {"phase": "Running"}
     assert podplan.slim_pod({"metadata": {"name": "bare"}}) == {"metadata": {"name": "bare"}}
