@@ -1,0 +1,89 @@
+"""A pod is released only when it fits what its pod set was admitted with (``shared.jobs.podplan``),
+and the reasons a pod stays gated (docs/compatibility.md#pod-gating)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.jobs import podplan
+
+ADMITTED = {"cpu": "1", "memory": "1Gi"}
+
+
+def unit(requests: dict[str, str] | None = None, *, replicas: int = 2) -> dict[str, Any]:
+    """An admitted unit of one pod set whose pods were queued asking for ``requests``."""
+    container = {"name": "c", "resources": {"requests": requests or ADMITTED}}
+    return {
+        "metadata": {"name": "u"},
+        "spec": {
+            "podSet": [{"name": "main", "count": replicas, "template": {"spec": {"containers": [container]}}}]
+        },
+        "status": {"phase": "Dequeued", "admissions": [{"name": "main", "replicas": replicas, "running": 0}]},
+    }
+
+
+def gated_pod(name: str, spec: dict[str, Any]) -> podplan.PodView:
+    """A gated, unbound pod as the apiserver stored it."""
+    pod = {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "creationTimestamp": f"2026-01-01T00:00:0{name[-1]}Z",
+        },
+        "spec": {"schedulingGates": [{"name": "koord-queue/admission"}], **spec},
+    }
+    return podplan.pod_view(podplan.slim_pod(pod), "main")
+
+
+def asking(**requests: str) -> dict[str, Any]:
+    return {"containers": [{"name": "c", "resources": {"requests": requests}}]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "released"),
+    [
+        (asking(cpu="1", memory="1Gi"), True),  # exactly what was admitted
+        (asking(cpu="500m"), True),  # smaller fits
+        (asking(cpu="2", memory="1Gi"), False),  # a container larger than admitted
+        (asking(cpu="1", memory="1Gi", **{"nvidia.com/gpu": "1"}), False),  # a resource never admitted
+        ({**asking(cpu="1"), "resources": {"requests": {"cpu": "4"}}}, False),  # pod-level requests win
+        ({**asking(cpu="1"), "overhead": {"cpu": "250m"}}, False),  # RuntimeClass overhead counts
+        (
+            {**asking(cpu="1"), "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "3"}}}]},
+            False,
+        ),  # an init container's peak
+        (asking(cpu="lots"), False),  # unreadable requests prove nothing
+    ],
+)
+def test_a_gated_pod_is_released_only_when_its_stored_requests_fit_the_admitted_size(
+    spec: dict[str, Any], released: bool
+) -> None:
+    pod = gated_pod("p1", spec)
+    plan = podplan.plan_pods(unit(), [pod])
+    assert [p.name for p in plan.ungate] == (["p1"] if released else [])
+    assert [p.name for p, _ in plan.withheld] == ([] if released else ["p1"])
+
+
+def test_a_pod_too_large_does_not_take_the_place_of_one_that_fits() -> None:
+    big = gated_pod("p1", asking(cpu="8"))
+    fits = gated_pod("p2", asking(cpu="1"))
+    plan = podplan.plan_pods(unit(replicas=1), [big, fits])
+    assert [p.name for p in plan.ungate] == ["p2"]
+    [(pod, why)] = plan.withheld
+    assert pod.name == "p1"
+    assert why == "it asks for more than pod set main was admitted with per pod (cpu 8 > 1)"
+
+
+def test_nothing_fits_a_pod_set_whose_admitted_template_cannot_be_read() -> None:
+    broken = unit({"cpu": "many"})
+    plan = podplan.plan_pods(broken, [gated_pod("p1", asking(cpu="1"))])
+    assert plan.ungate == []
+    assert [why for _, why in plan.withheld] == ["the admitted size of pod set main cannot be read"]
+
+
+def test_pods_are_not_judged_while_the_admission_has_no_room() -> None:
+    plan = podplan.plan_pods(unit(replicas=0), [gated_pod("p1", asking(cpu="8"))])
+    assert plan.ungate == [] and plan.withheld == []
