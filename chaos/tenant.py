@@ -161,8 +161,9 @@ ATTACKS: Final[dict[str, str]] = {
     "write-queueunit-status": "RBAC: namespace users may only read QueueUnits (user roles)",
     "create-queueunit": "RBAC: namespace users may only read QueueUnits (user roles)",
     "raise-quota-max": "RBAC: ElasticQuotas are cluster-admin objects",
-    "create-same-named-quota": "RBAC: ElasticQuotas are cluster-admin objects (and of same-named "
-    "quotas the oldest counts)",
+    "create-same-named-quota": "RBAC: ElasticQuotas are cluster-admin objects (and quota names are "
+    "unique: ValidatingAdmissionPolicy koord-queue-quota-name refuses a held name, the reconciler "
+    "keeps it with its first claimant)",
 }
 OUTCOMES: Final = ("refused", "neutralised", "undone", "SUCCEEDED", "skipped", "error")
 

@@ -398,7 +398,7 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
         readable = r.name not in got.unreadable_quotas
         name = ("  " * r.depth + ("└─ " if r.depth else "") + r.name) if args.tree else r.name
         note = (
-            " (ignored: same name as an older quota)" if r.ignored else "" if readable else " (not readable)"
+            " (ignored: another quota holds its name)" if r.ignored else "" if readable else " (not readable)"
         )
         used = ("" if r.used_complete else "≥") + render.resources(r.used, empty="0")
         waiting = f"{r.waiting} ({render.resources(r.waiting_request)})" if r.waiting else "0"
