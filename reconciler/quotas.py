@@ -99,6 +99,14 @@ class QuotaQueueSync:
             self._dirty[name] = None
             self._wake.set()
 
+    def on_queue_gone(self, queue: kube.Obj | None) -> None:
+        """A Queue was deleted: its quota's sync runs again (and creates it again if the quota
+        stays; the holder it recorded is remembered in :attr:`_holders`)."""
+        name = ((queue or {}).get("metadata") or {}).get("name")
+        if isinstance(name, str) and name:
+            self._dirty[name] = None
+            self._wake.set()
+
     def _named(self, name: str, holder: str | None = None) -> list[tuple[Quota, kube.Obj]]:
         """Every quota called ``name`` in the store, the one that counts first
         (``shared.core.quota.winner``; ``holder``: the namespace the Queue records)."""
@@ -165,7 +173,7 @@ class QuotaQueueSync:
                 self._dirty[name] = None
             except kube.KubeError as err:
                 log.warning("queue for quota %s: %s; will retry", name, err)
-                asyncio.get_running_loop().call_later(1.0, self.on_quota, None, {"metadata": {"name": name}})
+                asyncio.get_running_loop().call_later(1.0, self.on_queue_gone, {"metadata": {"name": name}})
             except Exception:
                 log.exception("queue for quota %s: sync failed", name)
 

@@ -234,3 +234,16 @@ async def test_once_the_holder_is_gone_the_next_quota_takes_the_name() -> None:
         ("patch", f"{EARLY}/q", {"metadata": {"annotations": {names.IGNORED_REASON_ANNOTATION: None}}}),
         ("patch", "koord-queue/q", {"metadata": {"annotations": {names.QUOTA_HOLDER_ANNOTATION: EARLY}}}),
     ]
+
+
+async def test_a_queue_deleted_behind_our_back_comes_back_naming_the_same_holder() -> None:
+    w = World()
+    w.add(quota_obj("q", TEAM))
+    w.add(quota_obj("q", EARLY))
+    await w.sync.sync("q")
+    queue = w.api.objects.pop((names.QUEUE_PLURAL, names.COMPONENT_NAMESPACE, "q"))
+    w.sync._arrival.clear()  # as after a restart, nothing of the arrival order is left
+    w.sync.on_queue_gone(queue)
+    assert "q" in w.sync._dirty
+    await w.sync.sync("q")
+    assert w.holder("q") == TEAM
