@@ -157,6 +157,34 @@ def report_withheld(events: EventRecorder, plan: podplan.PodPlan, job: kube.Obj)
         )
 
 
+#: How many pod UIDs :func:`report_beyond` remembers having counted (the oldest are forgotten).
+BEYOND_SEEN_MAX = 10_000
+
+
+def report_beyond(
+    events: EventRecorder, plan: podplan.PodPlan, job: kube.Obj, seen: MutableMapping[str, None]
+) -> None:
+    """A Warning ``PodsBeyondAdmission`` on the job per pod set with bound pods past its admission,
+    and the counter ``koord_queue_pods_beyond_admission_total`` raised once per such pod (``seen``,
+    the controller's memory, bounded by :data:`BEYOND_SEEN_MAX`). Reported, never charged
+    (docs/compatibility.md#reclaim-and-usage-reports)."""
+    by_set: dict[str, list[str]] = {}
+    for pod in plan.beyond:
+        by_set.setdefault(pod.pod_set, []).append(pod.name)
+        if pod.uid not in seen:
+            seen[pod.uid] = None
+            metrics.PODS_BEYOND_ADMISSION.inc()
+            while len(seen) > BEYOND_SEEN_MAX:
+                del seen[next(iter(seen))]
+    for pod_set, pods in sorted(by_set.items()):
+        events.record(
+            job,
+            type_="Warning",
+            reason=names.EventReason.PODS_BEYOND_ADMISSION,
+            message=names.Message.pods_beyond_admission(pod_set, sorted(pods)),
+        )
+
+
 def parent_lookup(pods: Store, parents: Parents, namespace: str) -> podlinks.ParentLookup:
     """Owners that stand between a job and its pods: a RayJob's RayCluster, a Spark driver pod, the
     ``batch/v1`` Job an MPIJob's launcher or a JobSet's replicated job runs in."""

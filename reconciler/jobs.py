@@ -114,6 +114,8 @@ class JobExtensions:
         self._report_checks: dict[JobKey, asyncio.TimerHandle] = {}
         #: our last status write of each unit, until the watch delivers it: a report planned on the
         #: older copy would repeat one already written and only earn a 409
+        #: UIDs of pods counted as running beyond their admission (``job_pods.report_beyond``)
+        self._beyond_seen: dict[str, None] = {}
         self._unit_written = kube.OwnWrites()
         self.job_informers = {
             (a.api_version, a.kind): Informer(
@@ -656,6 +658,7 @@ def _slim_batch_job(job: kube.Obj) -> kube.Obj:
     return jobext.slim_batch_job(slim(job))
 
 
+        job_pods.report_beyond(self.events, plan, job, self._beyond_seen)
 def job_transform(adapter: JobAdapter) -> Callable[[kube.Obj], kube.Obj]:
     """What a job informer keeps: ``batch/v1`` Jobs lose the non-scheduling part of their pod
     template (most of a Job's memory); other kinds keep their whole spec, which their adapters

@@ -91,6 +91,13 @@ UNQUEUED_PODS_DELETED = Counter(
 )
 for _reason in ("unadmitted", "escaped"):
     UNQUEUED_PODS_DELETED.labels(_reason)  # exported at 0 from the start, so alerts see the series
+#: Bound pods seen running past what their unit's admission holds, each counted once
+#: (docs/compatibility.md#reclaim-and-usage-reports): the admission is never grown to fit them.
+PODS_BEYOND_ADMISSION = Counter(
+    "koord_queue_pods_beyond_admission_total",
+    "Bound pods seen running beyond what their QueueUnit's admission holds (each pod counted once).",
+    registry=REGISTRY,
+)
 PROTECTION_SKIPS = Counter(
     "koord_queue_preemption_protected_skips_total",
     "Candidate victims skipped because they were admitted within the reclaim protect time.",

@@ -139,6 +139,8 @@ class EventReason(enum.StrEnum):
     ESCAPED_POD_DELETED = "EscapedPodDeleted"
     #: Ours, on the job: a pod naming its unit stays gated, not proven the job's or too large.
     POD_KEPT_GATED = "PodKeptGated"
+    #: Ours, on the job: bound pods run beyond what its unit's admission holds (not charged).
+    PODS_BEYOND_ADMISSION = "PodsBeyondAdmission"
     #: Ours, on the job: pods it was admitted with changed size; held and queued again.
     ADMITTED_JOB_RESIZED = "AdmittedJobResized"
     #: Ours, on the job: it waits in its queue (quota, position when it first had to wait).
@@ -216,6 +218,15 @@ class Message:
             f"pod {pod} names this job's QueueUnit but stays behind its scheduling gate "
             f"{ADMISSION_GATE}: {why}; only a pod controlled by the job (or by its own "
             "RayCluster, driver or child Job) that fits the admitted per-pod size is released"
+        )
+
+    @staticmethod
+    def pods_beyond_admission(pod_set: str, pods: list[str]) -> str:
+        return (
+            f"pod set {pod_set} has {len(pods)} bound pod(s) beyond what its QueueUnit's admission "
+            f"holds ({', '.join(pods)}); koord-queue never grows an admission to fit pods it finds "
+            "running, so they are not charged to the quota: they got past the queue (a pod bound "
+            "outside the scheduler, or the door bypassed); delete them or the job"
         )
 
     @staticmethod

@@ -171,7 +171,9 @@ class PodPlan:
     ``escaped`` the released pods that name the unit but that its job does not own (the caller
     adds them: ``shared.jobs.podlinks.left_job``); ``withheld`` the gated pods that stay gated
     although the admission has room, with why (they do not fit the admitted per-pod size; the
-    caller adds those whose owner is not proven).
+    caller adds those whose owner is not proven); ``beyond`` the bound pods a pod set runs past what
+    its admission holds (newest first), which are reported, never charged by growing the admission
+    (docs/compatibility.md#reclaim-and-usage-reports).
     """
 
     ungate: list[PodView] = field(default_factory=list)
@@ -179,6 +181,7 @@ class PodPlan:
     unadmitted: list[PodView] = field(default_factory=list)
     escaped: list[PodView] = field(default_factory=list)
     withheld: list[tuple[PodView, str]] = field(default_factory=list)
+    beyond: list[PodView] = field(default_factory=list)
     status: Obj | None = None
 
 
@@ -198,6 +201,14 @@ def _beyond_admission(live: Sequence[PodView], replicas: int) -> list[PodView]:
     released = [p for p in live if not p.bound and not p.gated]
     excess = len(released) - max(0, replicas - bound)
     return list(reversed(_order(released)))[:excess] if excess > 0 else []
+
+
+def _bound_beyond(live: Sequence[PodView], replicas: int) -> list[PodView]:
+    """Bound pods past ``replicas``, newest first. Bound pods are never deleted (they run), and the
+    admission is never grown to fit them: only the scheduler changes what a unit holds."""
+    bound = [p for p in live if p.bound]
+    excess = len(bound) - max(0, replicas)
+    return list(reversed(_order(bound)))[:excess] if excess > 0 else []
 
 
 def plan_pods(unit: Obj, pods: Sequence[PodView], *, now_text: str = "") -> PodPlan:
@@ -225,6 +236,8 @@ def plan_pods(unit: Obj, pods: Sequence[PodView], *, now_text: str = "") -> PodP
     admitted_sets = {a.name for a in admissions}
     for name in sorted(set(by_set) - admitted_sets):
         plan.unadmitted.extend(_beyond_admission(by_set[name], 0))
+        if admissions:
+            plan.beyond.extend(_bound_beyond(by_set[name], 0))
     if not admissions:
         return plan
     new_admissions: list[Obj] = []
@@ -254,6 +267,7 @@ def plan_pods(unit: Obj, pods: Sequence[PodView], *, now_text: str = "") -> PodP
             plan.unadmitted.extend(excess)
             gone = {p.uid for p in excess}
             live = [p for p in live if p.uid not in gone]
+        plan.beyond.extend(_bound_beyond(live, replicas))
         released = [p for p in live if p.bound or not p.gated]
         missing = replicas - len(released)
         if missing > 0 and releasing:
@@ -294,7 +308,9 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
     """The status patch reporting bound pods and the job's life, or None when nothing changed.
 
     ``admissions[i].running`` counts the bound live pods of the pod set; ``podState`` counts bound
-    (running) and unbound (pending) live pods. A finished job's unit moves to Succeed or Failed with
+    (running) and unbound (pending) live pods. ``replicas`` is never raised to the pods seen: what a
+    unit holds is the scheduler's to change (pods beyond it are :attr:`PodPlan.beyond`).
+    A finished job's unit moves to Succeed or Failed with
     ``admissions = []``, which releases its quota (docs/compatibility.md#job-finish-and-deletion). A
     unit that was admitted (Dequeued) moves to Running once the job runs. A kind with ``synthetic_pods``
     (Workflow) reports its admitted replicas as running while the released job runs or is pending.
@@ -341,14 +357,11 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
         if entry.get("running") != running:
             entry["running"] = running
             changed = True
-        if _int(entry.get("replicas")) < running:
-            entry["replicas"] = running
-            changed = True
         wanted = counts.get(name)
         if wanted is not None and _int(entry.get("replicas")) > max(wanted, running):
             # Over-admission: the pod set shrank (completed pods of a Job, lowered parallelism),
             # so the quota of the replicas it no longer needs is given back, and the unit is not
-            # "assumed" for pods that will never run.
+            # "assumed" for pods that will never run. Never below the pods that still run.
             entry["replicas"] = max(wanted, running)
             changed = True
         new_admissions.append(entry)

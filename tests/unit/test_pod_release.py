@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from shared.jobs import podplan
+from shared.jobs.base import JobStatus
 
 ADMITTED = {"cpu": "1", "memory": "1Gi"}
 
@@ -87,3 +88,35 @@ def test_nothing_fits_a_pod_set_whose_admitted_template_cannot_be_read() -> None
 def test_pods_are_not_judged_while_the_admission_has_no_room() -> None:
     plan = podplan.plan_pods(unit(replicas=0), [gated_pod("p1", asking(cpu="8"))])
     assert plan.ungate == [] and plan.withheld == []
+
+
+def bound_pod(name: str, *, deleting: bool = False, pod_set: str = "main") -> podplan.PodView:
+    return podplan.PodView(
+        namespace="ns",
+        name=name,
+        uid=f"uid-{name}",
+        pod_set=pod_set,
+        created=f"2026-01-01T00:00:0{name[-1]}Z",
+        bound=True,
+        gated=False,
+        terminal=False,
+        deleting=deleting,
+    )
+
+
+def test_bound_pods_beyond_the_admission_are_reported_and_never_charged() -> None:
+    """Only the scheduler changes what a unit holds (docs/compatibility.md#reclaim-and-usage-reports):
+    three bound pods under an admission of two leave ``replicas`` at two and are named, newest first."""
+    admitted = unit(replicas=2)
+    pods = [bound_pod("p1"), bound_pod("p2"), bound_pod("p3")]
+    plan = podplan.plan_pods(admitted, pods)
+    assert [p.name for p in plan.beyond] == ["p3"]
+    patch = podplan.report(admitted, pods, JobStatus.RUNNING, now_text="t")
+    assert patch is not None
+    assert [a["replicas"] for a in patch["status"]["admissions"]] == [2]
+    assert [a["running"] for a in patch["status"]["admissions"]] == [3]
+
+
+def test_bound_pods_of_a_pod_set_the_unit_holds_nothing_for_are_beyond_it() -> None:
+    plan = podplan.plan_pods(unit(replicas=1), [bound_pod("p1", pod_set="other")])
+    assert [p.name for p in plan.beyond] == ["p1"]
