@@ -38,14 +38,15 @@ Pure: standard library and sibling modules only.
 from __future__ import annotations
 
 import heapq
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from shared.api import quantities
 from shared.api.model import Quota, Unit
 from shared.api.predicates import expected_pod_sets
 from shared.api.quantities import Resources
+from shared.core import quota
 from shared.core.policies import QueueState
 from shared.core.preemption import Victim, protected_until, reclaimable
 from shared.core.quota import QuotaLedger, UsageView
@@ -104,20 +105,14 @@ def water_fill(cap: int, asks: Iterable[tuple[str, int, int]]) -> dict[str, int]
     return out
 
 
-def weight(quota: Quota, resource: str) -> int:
-    """The quota's ``shared-weight`` for ``resource``, by default its ``max`` (1000 when that is
-    unlimited, so unlimited siblings share equally)."""
-    if quota.shared_weight is not None and resource in quota.shared_weight:
-        return quota.shared_weight[resource]
-    return quota.max.get(resource, 1000)
-
-
-def _merge_smallest(a: Resources | None, b: Resources) -> Resources:
-    """Per resource, the smaller of two "smallest waiting request" figures; a resource missing on
-    one side means a unit there does not ask for it (smallest 0), so it is dropped."""
-    if a is None:
-        return dict(b)
-    return {r: min(a[r], b[r]) for r in a.keys() & b.keys()}
+def weight(spec: Quota, resource: str, *, unlimited: int) -> int:
+    """The quota's ``shared-weight`` for ``resource``, by default its ``max``. A quota whose
+    ``max`` does not name the resource may take all the parent gives there, so it weighs
+    ``unlimited`` (the parent's limit on that resource): the weight stays in the resource's own
+    scale, as if its ``max`` named the parent's limit."""
+    if spec.shared_weight is not None and resource in spec.shared_weight:
+        return spec.shared_weight[resource]
+    return spec.max.get(resource, unlimited)
 
 
 def _borrowing(ledger: QuotaLedger) -> frozenset[str]:
@@ -136,28 +131,36 @@ def anyone_borrows(ledger: QuotaLedger) -> bool:
 
 
 def compute(
-    ledger: QuotaLedger, pending: Mapping[str, Resources], smallest: Mapping[str, Resources]
+    ledger: QuotaLedger, pending: Mapping[str, Resources], smallest: Mapping[str, Sequence[Resources]]
 ) -> Shares:
     """The runtime and request of every quota below a parent quota.
 
     ``pending`` is, per quota, the sum of its active waiting units' requests; ``smallest`` the
-    smallest such request per resource (both from the queues' demand). Cost: O(quotas x depth)."""
+    least requests of those units that no other one is below (``Demand.floors``). Cost:
+    O(quotas x depth) times the size of those lists."""
     children = ledger.children()
     borrowing = _borrowing(ledger)
     if not borrowing:
         return Shares()  # nobody can borrow anywhere: upstream's admission, at no cost
     quotas = ledger.quotas
     sub_pending: dict[str, dict[str, int]] = {}
-    sub_small: dict[str, Resources] = {}
-    for leaf, pend in pending.items():
+    sub_small: dict[str, tuple[Resources, ...]] = {}
+    for leaf, pend in sorted(pending.items()):
         if leaf not in quotas or not pend:
             continue
-        small = smallest.get(leaf, {})
+        small = tuple(smallest.get(leaf, ()))
         for name in ledger.chain(leaf).names:
             acc = sub_pending.setdefault(name, {})
             for r, v in pend.items():
                 acc[r] = acc.get(r, 0) + v
-            sub_small[name] = _merge_smallest(sub_small.get(name), small)
+            # A unit the max of a quota on its way up refuses cannot use a share above it.
+            limit, now = quotas[name].max, ledger.used(name)
+            small = tuple(
+                u
+                for u in small
+                if limit and all(now.get(r, 0) + v <= limit.get(r, now.get(r, 0) + v) for r, v in u.items())
+            )
+            sub_small[name] = quota.smallest_units(sub_small.get(name, ()) + small)
     runtime: dict[str, Resources] = {}
     request: dict[str, Resources] = {}
     held: dict[str, Resources] = {}
@@ -194,18 +197,43 @@ def _may_borrow(ledger: QuotaLedger, parent: str) -> bool:
     return False
 
 
-def _capacity(
-    ledger: QuotaLedger, parent: str, runtime: Mapping[str, Resources], pending: Mapping[str, Resources]
-) -> dict[str, int]:
-    quota = ledger.quotas[parent]
-    cap = dict(quota.max)
+def _limit(ledger: QuotaLedger, parent: str, runtime: Mapping[str, Resources]) -> dict[str, int]:
+    """What ``parent`` may hold per resource: its ``max``, bounded by its own runtime."""
+    cap = dict(ledger.quotas[parent].max)
     for r, v in runtime.get(parent, {}).items():
         cap[r] = min(cap.get(r, v), v)
+    return cap
+
+
+def _capacity(
+    ledger: QuotaLedger, parent: str, limit: Mapping[str, int], pending: Mapping[str, Resources]
+) -> dict[str, int]:
+    """What ``parent`` can give its children: its limit less what its own units use and ask."""
     own_used = ledger.self_used(parent)
     own_pending = pending.get(parent, {})
-    for r in cap:
-        cap[r] = max(0, cap[r] - own_used.get(r, 0) - own_pending.get(r, 0))
-    return cap
+    return {r: max(0, v - own_used.get(r, 0) - own_pending.get(r, 0)) for r, v in limit.items()}
+
+
+def _fits_one(
+    units: Sequence[Resources], room: Mapping[str, int], used: Mapping[str, int], limit: Mapping[str, int]
+) -> bool:
+    """Some unit of ``units`` fits, on every resource ``room`` bounds, within ``room - used``, and
+    under the quota's own ``limit`` (its ``max``, where an empty one refuses every request)."""
+    if not limit:
+        return False
+    return any(
+        all(
+            (r not in room or v <= room[r] - used.get(r, 0))
+            and (r not in limit or v <= limit[r] - used.get(r, 0))
+            for r, v in u.items()
+        )
+        for u in units
+    )
+
+
+def _within(units: Sequence[Resources], floor: Mapping[str, int], used: Mapping[str, int]) -> bool:
+    """Some unit of ``units`` fits within ``floor - used`` (a resource ``floor`` does not name: 0)."""
+    return any(all(used.get(r, 0) + v <= floor.get(r, 0) for r, v in u.items()) for u in units)
 
 
 def _divide(
@@ -216,51 +244,102 @@ def _divide(
     request: dict[str, Resources],
     held: dict[str, Resources],
     sub_pending: Mapping[str, Mapping[str, int]],
-    sub_small: Mapping[str, Resources],
+    sub_small: Mapping[str, tuple[Resources, ...]],
     pending: Mapping[str, Resources],
 ) -> None:
     quotas = ledger.quotas
-    cap = _capacity(ledger, parent, runtime, pending)
+    limit = _limit(ledger, parent, runtime)
+    cap = _capacity(ledger, parent, limit, pending)
     used = {c: ledger.used(c) for c in kids}
     asks: dict[str, dict[str, int]] = {}
     for c in kids:
-        quota = quotas[c]
+        spec = quotas[c]
         want = dict(used[c])
         for r, v in sub_pending.get(c, {}).items():
             want[r] = want.get(r, 0) + v
-        asks[c] = {r: min(v, quota.max[r]) if r in quota.max else v for r, v in want.items()}
-    steps = {c: sub_small[c] for c in kids if sub_pending.get(c) and c in sub_small}
-    split = _Split(quotas, kids, cap, used, steps)
-    shares = split.run(asks)
-    demoted = False
-    for c, small in steps.items():
-        room = shares[c]
-        if any(r in room and small[r] > room[r] - used[c].get(r, 0) for r in small):
-            asks[c] = dict(used[c])  # cannot use its share now: let siblings use it
-            demoted = True
-    if demoted:
-        shares = split.run(asks)
+        asks[c] = {r: min(v, spec.max[r]) if r in spec.max else v for r, v in want.items()}
+        if not sub_small.get(c):
+            # No waiting unit of it passes the max of its quota (or of one below): nothing to ask.
+            asks[c] = dict(used[c])
+    units = {c: sub_small[c] for c in kids if sub_pending.get(c) and sub_small.get(c)}
+    split = _Split(quotas, kids, cap, limit, used, units)
+    full = {c: dict(a) for c, a in asks.items()}
+    shares = _conserve(split, asks, units)
+    # A demoted child keeps its claim on its min while a waiting unit of it fits there: a sibling
+    # may use its share, not the min that unit is about to use.
+    claims = {c: full[c] if _within(units.get(c, ()), quotas[c].min, used[c]) else asks[c] for c in kids}
     for c in kids:
         runtime[c] = shares[c]
         request[c] = {r: v for r, v in sorted(asks[c].items()) if v}
-        quota = quotas[c]
-        claim = {r: min(v, asks[c].get(r, 0)) if quota.lends else v for r, v in quota.min.items()}
+        spec = quotas[c]
+        claim = {r: min(v, claims[c].get(r, 0)) if spec.lends else v for r, v in spec.min.items()}
         held[c] = {r: v for r, v in sorted(claim.items()) if v}
+
+
+def _conserve(
+    split: _Split, asks: dict[str, dict[str, int]], units: Mapping[str, tuple[Resources, ...]]
+) -> dict[str, dict[str, int]]:
+    """Work conservation, judged on whole units: a child none of whose waiting units fits its share
+    cannot use it now, so its request drops to its usage (``asks`` is updated) and the others
+    divide the rest. Returns the final shares.
+
+    A child no unit of which would fit even with everything its siblings do not use is demoted at
+    once, unless a unit fits within its ``min`` (the reclaim across quotas frees room for that).
+    The others are demoted one at a time (a child may lack room only because a sibling holds a
+    share it cannot use), and afterwards a demoted child is given its request back whenever, with
+    it, it and every child still asking would each fit a unit. At most ``2 x children + 1``
+    divisions."""
+    used, limit = split.used, split.cap
+    full = {c: dict(a) for c, a in asks.items()}
+
+    def fits(c: str, room: Mapping[str, int]) -> bool:
+        return _fits_one(units[c], room, used[c], split.quotas[c].max)
+
+    demoted: list[str] = []
+    for c in sorted(units):
+        best = {
+            r: v - sum(used[o].get(r, 0) for o in split.kids if o != c) + used[c].get(r, 0)
+            for r, v in limit.items()
+        }
+        if not fits(c, best) and not _within(units[c], split.quotas[c].min, used[c]):
+            asks[c] = dict(used[c])
+            demoted.append(c)
+    hopeless = set(demoted)
+    shares = split.run(asks)
+    while True:
+        unable = [c for c in sorted(units) if c not in demoted and not fits(c, shares[c])]
+        if not unable:
+            break
+        asks[unable[0]] = dict(used[unable[0]])
+        demoted.append(unable[0])
+        shares = split.run(asks)
+    for c in [d for d in demoted if d not in hopeless]:
+        trial = {**asks, c: full[c]}
+        tried = split.run(trial)
+        asking = [k for k in sorted(units) if k not in demoted or k == c]
+        if all(fits(k, tried[k]) for k in asking):
+            asks[c] = full[c]
+            demoted.remove(c)
+            shares = tried
+    return shares
 
 
 @dataclass(slots=True)
 class _Split:
     """One parent's division of its capacity among its children, resource by resource.
 
-    ``steps`` are the children's smallest waiting requests: a child given only part of what it
-    asks is given whole steps of room (a fraction of a unit admits nothing), and the fractions
-    freed go, a step at a time, to the child with the lowest weighted share that can use one."""
+    ``units`` are, per child, its least waiting requests (none below another on every resource).
+    A child given only part of what it asks is given whole steps of room (a fraction of its
+    smallest unit admits nothing), but never less than its guarantee and never so little that a
+    unit which fitted on that resource no longer does; the fractions freed go, a step at a time,
+    to the child with the lowest weighted share that can use one."""
 
     quotas: Mapping[str, Quota]
     kids: tuple[str, ...]
     cap: Mapping[str, int]
+    limit: Mapping[str, int]
     used: Mapping[str, Resources]
-    steps: Mapping[str, Resources]
+    units: Mapping[str, tuple[Resources, ...]]
 
     def run(self, asks: Mapping[str, Resources]) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {c: {} for c in self.kids}
@@ -272,12 +351,14 @@ class _Split:
     def _resource(self, r: str, asks: Mapping[str, Resources]) -> dict[str, int]:
         cap = self.cap[r]
         want = {c: asks[c].get(r, 0) for c in self.kids}
-        weights = {c: weight(self.quotas[c], r) for c in self.kids}
+        weights = {c: weight(self.quotas[c], r, unlimited=self.limit[r]) for c in self.kids}
+        sizes = {c: [u.get(r, 0) for u in self.units.get(c, ())] for c in self.kids}
+        steps = {c: min(v) if v else 0 for c, v in sizes.items()}
         guaranteed: dict[str, int] = {}
         for c in self.kids:
-            quota = self.quotas[c]
-            floor = quota.min.get(r, 0)
-            guaranteed[c] = min(floor, want[c]) if quota.lends else floor
+            spec = self.quotas[c]
+            floor = spec.min.get(r, 0)
+            guaranteed[c] = min(floor, want[c]) if spec.lends else floor
         total = sum(guaranteed.values())
         if total >= cap:
             # The guarantees alone overrun the parent (an oversubscribed min): share by guarantee.
@@ -287,28 +368,30 @@ class _Split:
             alloc = {c: guaranteed[c] + extra[c] for c in self.kids}
         leftover = cap - sum(alloc.values())
         for c in self.kids:
-            step = self.steps.get(c, {}).get(r, 0)
+            step = steps[c]
             room = alloc[c] - self.used[c].get(r, 0)
             if step > 0 and alloc[c] < want[c] and room > 0:
-                cut = room % step
+                largest_fit = max(v for v in sizes[c] if v <= room) if step <= room else 0
+                cut = min(room % step, room - largest_fit, max(0, alloc[c] - guaranteed[c]))
                 alloc[c] -= cut
                 leftover += cut
-        heap = [
-            (alloc[c] / weights[c] if weights[c] > 0 else math.inf, c)
-            for c in self.kids
-            if self.steps.get(c, {}).get(r, 0) > 0 and want[c] > alloc[c]
-        ]
+        heap = [(_order(alloc[c], weights[c]), c) for c in self.kids if steps[c] > 0 and want[c] > alloc[c]]
         heapq.heapify(heap)
         while heap and leftover > 0:
             _, c = heapq.heappop(heap)
-            give = min(self.steps[c][r], want[c] - alloc[c])
+            give = min(steps[c], want[c] - alloc[c])
             if give > leftover:
                 continue  # the leftover only shrinks: this child cannot take a step any more
             alloc[c] += give
             leftover -= give
             if want[c] > alloc[c]:
-                heapq.heappush(heap, (alloc[c] / weights[c] if weights[c] > 0 else math.inf, c))
+                heapq.heappush(heap, (_order(alloc[c], weights[c]), c))
         return alloc
+
+
+def _order(alloc: int, weight: int) -> tuple[bool, Fraction]:
+    """Who takes the next leftover step: the lowest share per weight (exact), unweighted last."""
+    return (weight <= 0, Fraction(alloc, weight) if weight > 0 else Fraction(alloc))
 
 
 # --- reclaim across quotas -----------------------------------------------------------------------
@@ -341,10 +424,10 @@ def may_claim(view: UsageView, leaf: str) -> bool:
     """Cheap test: could a unit of ``leaf`` be guaranteed (the quota has a parent quota and is
     below its ``min`` on some resource)? Keeps an exhausted queue from being skipped unseen."""
     quotas = view.ledger.quotas
-    quota = quotas.get(leaf)
-    if quota is None or quota.parent not in quotas or not quota.min:
+    spec = quotas.get(leaf)
+    if spec is None or spec.parent not in quotas or not spec.min:
         return False
-    return any(view.used(leaf, r) < v for r, v in quota.min.items())
+    return any(view.used(leaf, r) < v for r, v in spec.min.items())
 
 
 def _subtree(children: Mapping[str, tuple[str, ...]], top: str) -> list[str]:

@@ -68,6 +68,7 @@ __all__ = [
     "remaining_grants",
     "remaining_request",
     "reserved_resources",
+    "smallest_units",
     "winner",
     "winner_key",
 ]
@@ -647,7 +648,7 @@ class Demand:
     resource, kept with ``bisect``): with :meth:`UsageView.exhausted` it lets the scheduler skip a
     whole queue once what is left in its quota is below every pending request."""
 
-    __slots__ = ("_minimums", "count", "empty", "total", "values")
+    __slots__ = ("_floors", "_front", "_minimums", "count", "empty", "total", "values")
 
     def __init__(self) -> None:
         self.count = 0
@@ -656,15 +657,21 @@ class Demand:
         #: the sum of the requests (the queue's waiting demand, for the guarantee model)
         self.total: dict[str, int] = {}
         self._minimums: dict[str, int] | None = None
+        #: how many waiting units have each least acceptable request (sorted items as the key)
+        self._floors: dict[tuple[tuple[str, int], ...], int] = {}
+        self._front: tuple[Resources, ...] | None = None
 
     def add(self, request: Resources, smallest: Resources | None = None) -> None:
         """Count a waiting unit: ``request`` adds to the total, ``smallest`` (the least it would
         accept, its ``minCount`` floor; default ``request``) to the minimums."""
         self._minimums = None
+        self._front = None
         self.count += 1
         small = request if smallest is None else smallest
         if not small:
             self.empty += 1
+        floor = tuple(sorted(small.items()))
+        self._floors[floor] = self._floors.get(floor, 0) + 1
         for r, v in request.items():
             self.total[r] = self.total.get(r, 0) + v
         for r, v in small.items():
@@ -672,10 +679,17 @@ class Demand:
 
     def remove(self, request: Resources, smallest: Resources | None = None) -> None:
         self._minimums = None
+        self._front = None
         self.count -= 1
         small = request if smallest is None else smallest
         if not small:
             self.empty -= 1
+        floor = tuple(sorted(small.items()))
+        left_floor = self._floors[floor] - 1
+        if left_floor:
+            self._floors[floor] = left_floor
+        else:
+            del self._floors[floor]
         for r, v in request.items():
             left = self.total[r] - v
             if left:
@@ -694,3 +708,25 @@ class Demand:
             values = sorted(self.values.items())
             self._minimums = {r: vals[0] for r, vals in values if len(vals) == self.count}
         return self._minimums
+
+    def floors(self) -> tuple[Resources, ...]:
+        """The least requests of the waiting units that no other one is below on every resource
+        (sorted, duplicates dropped; cached, do not modify). Whether *some* unit fits a share is
+        judged on whole units: per-resource minimums can come from different units."""
+        if self._front is None:
+            self._front = smallest_units(dict(f) for f in self._floors)
+        return self._front
+
+
+def smallest_units(requests: Iterable[Mapping[str, int]]) -> tuple[Resources, ...]:
+    """The requests among ``requests`` that no other is at or below on every resource (a resource
+    a request does not name counts as 0), sorted and without duplicates. If any request fits a
+    bound, one of these does: they are all a fit test needs."""
+    distinct = sorted({tuple(sorted((r, v) for r, v in req.items() if v)) for req in requests})
+    front: list[Resources] = []
+    # A request below another on every resource has the smaller sum, so it is met first.
+    for items in sorted(distinct, key=lambda f: (sum(v for _, v in f), f)):
+        req = dict(items)
+        if not any(all(req.get(r, 0) >= v for r, v in b.items()) for b in front):
+            front.append(req)
+    return tuple(sorted(front, key=lambda f: sorted(f.items())))

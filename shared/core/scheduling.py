@@ -98,7 +98,7 @@ def refresh_shares(snapshot: Snapshot, state: SchedulerState) -> None:
         state.runtime, state.requests, state.guaranteed, state.gaps = {}, {}, {}, {}
         return
     busy = [(name, qs.demand) for name, qs in state.queues.items() if qs.demand.count]
-    shares = guarantees.compute(ledger, {n: d.total for n, d in busy}, {n: d.minimums() for n, d in busy})
+    shares = guarantees.compute(ledger, {n: d.total for n, d in busy}, {n: d.floors() for n, d in busy})
     old = state.runtime
     grown = {
         name

@@ -446,3 +446,50 @@ def test_the_guarantee_texts_are_read_back_as_their_own_reasons() -> None:
     waiting = Message.limited("p", "cpu") + Message.guarantee_waiting(["a"])
     assert reasons.classify(waiting, "b") == reasons.Classified(Reason.GUARANTEE, "p", "cpu")
     assert reasons.classify(Message.parent_quota("p"), "p") == reasons.Classified(Reason.PARENT_ONLY, "p")
+
+
+# --- exact guarantees (docs/compatibility.md#quota-guarantees) --------------------------------------
+
+
+def test_rounding_a_share_to_whole_units_never_cuts_it_below_the_min() -> None:
+    """a's smallest waiting unit is 2 cpu, so a share of 5 used to be rounded down to 4 and the
+    3-cpu unit, which fits a's min of 5 together with the 2-cpu one, was refused while b borrowed."""
+    w = tree(eq("a", min_cpu="5"), eq("b", min_cpu="5"))
+    w.add(unit("a-2").quota("a").created(1.0).cpu("2"))
+    w.add(unit("a-3").quota("a").created(2.0).cpu("3"))
+    w.add(unit("a-4").quota("a").created(3.0).cpu("4"))
+    jobs(w, "b", 8, start=10)
+    got = admits(w.cycle())
+    assert "a-2" in got and "a-3" in got
+    assert used(w, "a") == 5 and used(w, "b") == 5
+
+
+def _mem_tree(a_max: dict[str, int], b_max: dict[str, int]) -> World:
+    w = tree(eq("a"), eq("b"))
+    parent = {"cpu": 10_000, "memory": 10 * 2**30 * 1000}
+    w.cache.put_quota(dataclasses.replace(w.cache.ledger.quotas["p"], min=parent, max=parent))
+    w.cache.put_quota(dataclasses.replace(w.cache.ledger.quotas["a"], max=a_max))
+    w.cache.put_quota(dataclasses.replace(w.cache.ledger.quotas["b"], max=b_max))
+    return w
+
+
+def test_a_resource_absent_from_a_child_s_max_is_weighted_in_that_resource_s_scale() -> None:
+    """a names no memory in its max (unlimited there); b's memory weight is 10Gi. a used to be
+    weighted one unit of memory against b's 10Gi, got no memory share, and so no cpu either."""
+    w = _mem_tree({"cpu": 10_000}, {"cpu": 10_000, "memory": 10 * 2**30 * 1000})
+    for q in ("a", "b"):
+        for i in range(10):
+            w.add(unit(f"{q}-{i}").quota(q).created(float(i)).podset(f"{q}-{i}", 1, cpu="1", memory="1Gi"))
+    settle(w)
+    assert used(w, "a") == 5 and used(w, "b") == 5
+
+
+def test_a_child_whose_units_fit_no_share_leaves_it_to_a_sibling_whose_unit_fits() -> None:
+    """a's two units are each small on one resource and large on the other: per resource its
+    smallest request fits its share, yet no unit does. The share must go to b, not idle."""
+    w = _mem_tree({"cpu": 10_000, "memory": 10 * 2**30 * 1000}, {"cpu": 10_000, "memory": 10 * 2**30 * 1000})
+    w.add(unit("a-wide").quota("a").created(1.0).podset("a-wide", 1, cpu="6", memory="1Gi"))
+    w.add(unit("a-tall").quota("a").created(2.0).podset("a-tall", 1, cpu="1", memory="6Gi"))
+    for i in range(2):
+        w.add(unit(f"b-{i}").quota("b").created(3.0 + i).podset(f"b-{i}", 1, cpu="5", memory="5Gi"))
+    assert sorted(settle(w)) == ["b-0", "b-1"]
