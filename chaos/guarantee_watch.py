@@ -17,11 +17,14 @@ shows here even when the scheduler's own arithmetic agrees with itself.
     their ``min`` on a short resource) hold enough capacity that is not running (admitted replicas
     beyond the bound pods and beyond the reported running ones, the larger of the two) or is
     already being reclaimed, taking no sibling below its ``min`` on a short resource, with victims
-    taken in the reclaim order (lowest priority, then newest). Such a state must end, by an
-    admission of one of the quota's units or by the state going away, within
-    :data:`GUARANTEE_ROUND_S` seconds of *quiet* time: the clock stops while a fault that stops
-    or blinds the reconciler is open (:meth:`chaos.observer.Observer.disturb`, from the fault's
-    start until its recovery probe is admitted), since nothing can be served meanwhile.
+    taken in the reclaim order (lowest priority, then newest). Each such unit is judged on its own:
+    its state must end, by its own admission or by the state going away, within
+    :data:`GUARANTEE_ROUND_S` seconds of *quiet* time. The admission of another unit of the quota
+    does not end it: a smaller unit admitted while a within-``min`` one keeps waiting is the very
+    refusal the rule exists to see (docs/compatibility.md#quota-guarantees). The clock stops while
+    a fault that stops or blinds the reconciler is open (:meth:`chaos.observer.Observer.disturb`,
+    from the fault's start until its recovery probe is admitted), since nothing can be served
+    meanwhile.
 ``guarantee-taken``
     At every admission seen in etcd, for each level of the unit's chain that has a parent quota:
     if the admission leaves the quota above its ``min`` on a resource it grew (it *borrows*), the
@@ -117,9 +120,9 @@ class GuaranteeWatch:
     peaks: dict[str, tuple[float, dict[str, int]]] = field(default_factory=dict)
     #: quotas whose children need a fresh ``guarantee-unserved`` judgement
     dirty: set[str] = field(default_factory=set)
-    #: child quota -> (quiet clock when it became unserved, revision, what is waiting and why)
-    unserved: dict[str, tuple[float, int, str]] = field(default_factory=dict)
-    #: children whose current unserved episode is reported already
+    #: waiting unit key -> (quiet clock when it became unserved, revision, why, its quota)
+    unserved: dict[str, tuple[float, int, str, str]] = field(default_factory=dict)
+    #: units whose current unserved episode is reported already
     reported: set[str] = field(default_factory=set)
     #: the longest wait (quiet seconds) that ended with an admission of the waiting quota
     longest_served: float = 0.0
@@ -200,28 +203,29 @@ class GuaranteeWatch:
         parent = o.quotas.get(parent_name)
         now = o.quiet_clock()
         for child in self.children(o, parent_name):
-            reason = self.unserved_reason(o, child, parent) if parent is not None else None
-            if reason is None:
-                self.unserved.pop(child.name, None)
-                self.reported.discard(child.name)
-                continue
-            o.checks["guarantee-unserved: states judged (waiting within min, room or reclaimable)"] += 1
-            current = self.unserved.get(child.name)
-            if current is None:
-                o.stats["guarantee-unserved: episodes (waiting within min, room or reclaimable)"] += 1
-                self.unserved[child.name] = (now, revision, reason)
-            else:
-                self.unserved[child.name] = (current[0], current[1], reason)
+            reasons = self.unserved_reasons(o, child, parent) if parent is not None else {}
+            for key in [k for k, e in self.unserved.items() if e[3] == child.name and k not in reasons]:
+                del self.unserved[key]
+                self.reported.discard(key)
+            for key, reason in sorted(reasons.items()):
+                o.checks["guarantee-unserved: states judged (waiting within min, room or reclaimable)"] += 1
+                current = self.unserved.get(key)
+                if current is None:
+                    o.stats["guarantee-unserved: episodes (waiting within min, room or reclaimable)"] += 1
+                    self.unserved[key] = (now, revision, reason, child.name)
+                else:
+                    self.unserved[key] = (current[0], current[1], reason, child.name)
 
-    def unserved_reason(self, o: Observer, child: QuotaView, parent: QuotaView) -> str | None:
-        """Why ``child`` should be served now (a waiting unit within its ``min`` that fits, or that
-        reclaim could make fit), or None."""
+    def unserved_reasons(self, o: Observer, child: QuotaView, parent: QuotaView) -> dict[str, str]:
+        """Per waiting unit of ``child`` that should be served now (it fits within the ``min`` and
+        fits, or reclaim could make it fit), why."""
+        out: dict[str, str] = {}
         mins = {r: v for r, v in child.min.items() if v > 0}
         if not mins:
-            return None
+            return out
         chain, broken = o.chain(child.name)
         if broken is not None or len(chain) < 2:
-            return None
+            return out
         used = {name: o.usage(name) for name in chain}
         for unit in self.waiting_units(o, child.name):
             request = unit.remaining
@@ -243,14 +247,15 @@ class GuaranteeWatch:
                 f"(uses {fmt(used[child.name])}, min {fmt(mins)})"
             )
             if not short:
-                return f"{within} and every level has room"
+                out[unit.key] = f"{within} and every level has room"
+                continue
             need = short.get(parent.name)
             if set(short) != {parent.name} or need is None or any(r not in mins for r in need):
                 continue  # only a shortfall of guaranteed resources at the parent can be reclaimed
             found = self.reclaimable(o, parent.name, child.name, need)
             if found is not None:
-                return f"{within}; {parent.name} is short {fmt(need)}, {found}"
-        return None
+                out[unit.key] = f"{within}; {parent.name} is short {fmt(need)}, {found}"
+        return out
 
     def reclaimable(self, o: Observer, parent: str, child: str, need: Mapping[str, int]) -> str | None:
         """A description of the borrowed capacity that reclaim can return toward ``need`` when it
@@ -315,11 +320,11 @@ class GuaranteeWatch:
 
     def expire(self, o: Observer, *, final: bool = False) -> None:
         now = o.quiet_clock()
-        for name, (since, revision, reason) in sorted(self.unserved.items()):
+        for key, (since, revision, reason, _) in sorted(self.unserved.items()):
             waited = now - since
-            if name in self.reported or waited <= GUARANTEE_ROUND_S:
+            if key in self.reported or waited <= GUARANTEE_ROUND_S:
                 continue
-            self.reported.add(name)
+            self.reported.add(key)
             o.violate(
                 UNSERVED,
                 revision,
@@ -357,17 +362,17 @@ class GuaranteeWatch:
         return total
 
     def admitted(self, o: Observer, unit: UnitView, grown: list[str], revision: int) -> None:
-        """``unit``'s held resources grew (an admission): the quotas on its chain were served, and
-        ``guarantee-taken`` is judged at every level with a parent quota."""
+        """``unit``'s held resources grew (an admission): its own wait was served (another unit of
+        its quota still waiting stays judged), and ``guarantee-taken`` is judged at every level with
+        a parent quota."""
         assert unit.quota is not None
         chain, broken = o.chain(unit.quota)
         now = o.quiet_clock()
-        for name in chain:
-            episode = self.unserved.pop(name, None)
-            self.reported.discard(name)
-            if episode is not None:
-                o.stats["guarantee-unserved: episodes ended by an admission"] += 1
-                self.longest_served = max(self.longest_served, now - episode[0])
+        episode = self.unserved.pop(unit.key, None)
+        self.reported.discard(unit.key)
+        if episode is not None:
+            o.stats["guarantee-unserved: episodes ended by an admission"] += 1
+            self.longest_served = max(self.longest_served, now - episode[0])
         if broken is not None:
             return
         for name, parent_name in itertools.pairwise(chain):

@@ -576,6 +576,21 @@ def test_a_guaranteed_unit_admitted_within_the_bound_is_served(clock: Clock) -> 
     assert 4.0 <= t.o.guarantees.longest_served <= 6.0
 
 
+def test_a_guaranteed_unit_refused_while_a_smaller_one_of_its_quota_is_admitted_stays_unserved(
+    clock: Clock,
+) -> None:
+    """b's 2-cpu unit fits b's min of 3 and the parent has room the whole time; admitting b's
+    1-cpu units meanwhile does not serve it, so the clock of its wait keeps running."""
+    t = Tree(clock, parent_cpu="6", a=("3", "6", True), b=("3", "6", True))
+    t.put(gunit("b-big", "b", cpu="2"))
+    t.put(gunit("b-small", "b"))
+    t.wait(GUARANTEE_ROUND_S - 5)
+    t.put(gunit("b-small", "b", replicas=1))  # the smaller one goes first
+    t.wait(6)
+    assert t.violations[UNSERVED] == 1
+    assert "b-big" in t.o.violations[0].detail and "every level has room" in t.o.violations[0].detail
+
+
 def test_work_beyond_the_min_or_asking_more_than_min_is_not_guaranteed(clock: Clock) -> None:
     t = Tree(clock, a=("2", "4", True), b=("2", "4", True))
     t.put(gunit("b-0", "b", cpu="2", replicas=1, running=1))
