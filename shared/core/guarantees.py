@@ -12,12 +12,22 @@ meaning of the same objects):
    ``allow-lent-resource: "false"`` keeps its whole ``min`` (nobody may borrow it).
 3. What the parent can give (its ``max``, bounded by its own runtime when it has a parent quota,
    minus what units labelled with the parent itself ask for) goes first to the guarantees; the rest
-   is divided by *water-filling* in proportion to ``shared-weight`` (default: the child's ``max``),
-   never beyond a child's request. So siblings competing for spare capacity get it in proportion
-   to their weights, and none is starved.
-4. *Work conservation*: a child whose smallest waiting unit does not fit in its share cannot use it;
-   its request is lowered to its usage and the parent's division is made again once, so its share
-   goes to siblings that can use it rather than staying idle.
+   is divided by *water-filling* in proportion to ``shared-weight`` (default: the child's ``max``;
+   for a resource that ``max`` leaves out, the parent's limit on it, so the weight is in that
+   resource's own scale), never beyond a child's request. So siblings competing for spare capacity
+   get it in proportion to their weights, and none is starved.
+4. *Whole units*: a share is cut to whole steps of the child's smallest waiting unit, but never
+   below its guarantee, nor so far that a unit which fitted on that resource no longer does.
+5. *Work conservation*, judged on whole units (a unit fits only if it fits on every resource): a
+   child none of whose waiting units fits its share cannot use it; its request is lowered to its
+   usage and the parent's division is made again, one child at a time, so its share goes to
+   siblings that can use it rather than staying idle (:func:`_conserve`). Its claim on its ``min``
+   stands while one of its units fits there.
+
+So the guarantee is exact (docs/compatibility.md#quota-guarantees): a child's runtime is never
+below its guarantee, so a unit within ``min`` at every level below the top is admitted whenever
+every ``max`` on its chain has room; ``tests/unit/test_guarantees_reference.py`` checks this and
+work conservation against a brute-force reference.
 
 The scheduler checks ``used + request <= runtime`` beside ``max`` (``UsageView.check``). When no
 parent is oversubscribed (every child's request fits), every runtime equals the request, which any
