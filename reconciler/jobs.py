@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from reconciler import job_lifecycle, job_pods, job_units, workloads
@@ -43,6 +43,9 @@ from reconciler.events import EventRecorder
 from reconciler.informer import Informer, key_of, slim
 from reconciler.job_units import JobKey
 from shared import kube
+from shared.api import names
+from shared.api.model import Quota
+from shared.core import mandatory
 from shared.jobs import (
     adoption,
     batch_job,
@@ -86,6 +89,8 @@ class JobExtensions:
         default_priority_class: Callable[[], str | None] = lambda: None,
         running_timeouts: running_timeout.RunningTimeouts | None = None,
         leadership: kube.Leadership | None = None,
+        mandatory_queueing: mandatory.MandatoryQueueing | None = None,
+        quotas: Callable[[], Iterable[Quota]] = lambda: (),
     ) -> None:
         self.client = client
         #: closed while following: events of jobs, units and pods only fill the stores and the pod
@@ -140,6 +145,15 @@ class JobExtensions:
         #: what the apiserver fills into pods (docs/compatibility.md#requests-the-apiserver-fills-in)
         self.limit_ranges = Informer(client, kube.LIMIT_RANGES, handler=self._on_limit_range)
         self.runtime_classes = Informer(client, kube.RUNTIME_CLASSES, handler=self._on_runtime_class)
+        #: namespaces where unlabelled jobs are queued too (docs/operations.md#mandatory-queueing);
+        #: their labels are watched only when the switch is on
+        self.mandatory_queueing = mandatory_queueing or mandatory.MandatoryQueueing()
+        self.quotas = quotas
+        self.namespaces = (
+            Informer(client, kube.NAMESPACES, handler=self._on_namespace)
+            if self.mandatory_queueing.enabled
+            else None
+        )
         #: namespace → its fill-ins, computed on first use after a change
         self._defaults: dict[str, poddefaults.PodDefaults] = {}
         #: unit key ("ns/name") → pod keys, from the related-queueunit annotation
@@ -155,7 +169,9 @@ class JobExtensions:
 
     def informers(self) -> list[Informer]:
         shared = list(self.job_informers.values())
-        own = [i for i in (self.clusters, self.child_jobs) if i is not None and i not in shared]
+        own = [
+            i for i in (self.clusters, self.child_jobs, self.namespaces) if i is not None and i not in shared
+        ]
         return [*shared, *own, self.pods, self.limit_ranges, self.runtime_classes]
 
     def pod_defaults(self, namespace: str) -> poddefaults.PodDefaults:
@@ -184,7 +200,7 @@ class JobExtensions:
         for (api_version, kind), informer in self.job_informers.items():
             adapter = self.adapters[(api_version, kind)]
             for key, job in informer.objects.items():
-                if key.startswith(f"{namespace}/") and adapter.is_managed(job):
+                if key.startswith(f"{namespace}/") and self.managed(adapter, job):
                     self.mark(JobKey(api_version, kind, namespace, key.partition("/")[2]))
 
     def _on_runtime_class(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
@@ -192,6 +208,81 @@ class JobExtensions:
         self._defaults.clear()
         if self._marking():
             self.mark_all()
+
+    # --- mandatory queueing (docs/operations.md#mandatory-queueing) -------------------------------
+
+    def mandatory_in(self, namespace: str) -> bool:
+        """Whether every job of ``namespace`` is queued, labelled or not."""
+        if self.namespaces is None:
+            return False
+        found = self.namespaces.objects.get(namespace)
+        labels = (found.get("metadata") or {}).get("labels") if found is not None else None
+        return self.mandatory_queueing.applies(namespace, labels if isinstance(labels, dict) else None)
+
+    def managed(self, adapter: JobAdapter, job: Job) -> bool:
+        """``adapter.is_managed``, or an unlabelled job of a namespace where queueing is mandatory."""
+        if adapter.is_managed(job):
+            return True
+        if self.namespaces is None:
+            return False
+        namespace = str((job.get("metadata") or {}).get("namespace", ""))
+        return mandatory.is_managed(adapter, job, mandatory=self.mandatory_in(namespace))
+
+    async def _default_quota(self, key: JobKey, adapter: JobAdapter, job: kube.Obj) -> None:
+        """An unlabelled job where queueing is mandatory: hold it if it runs past the webhook, then
+        label it with its namespace's default quota, or say why it stays held."""
+        status = adapter.job_status(job)
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+            return
+        meta = job.get("metadata") or {}
+        if meta.get("deletionTimestamp") is not None:
+            return
+        if adoption.escaped_hold(status, suspended=adapter.is_suspended(job), stamped=is_dequeued(job)):
+            await job_lifecycle.hold_escaped(self.client, self.events, key, adapter, job)
+            return
+        found = mandatory.default_quota(key.namespace, self.quotas())
+        if found.name is None:
+            self.events.record(
+                job,
+                type_="Warning",
+                reason=names.EventReason.NO_DEFAULT_QUOTA,
+                message=found.message or names.no_default_quota_message(key.namespace),
+            )
+            return
+        try:
+            await self.client.patch(
+                job_units.resource_of(adapter),
+                key.name,
+                mandatory.label_patch(job, found.name),
+                namespace=key.namespace,
+            )
+        except (kube.NotFound, kube.Conflict):
+            return  # gone, or changed meanwhile: its watch event brings us back
+        message = (
+            f"queueing is mandatory in namespace {key.namespace}: the job had no quota label and is "
+            f"queued on the namespace's default quota {found.name}"
+        )
+        self.events.record(job, type_="Normal", reason=names.EventReason.DEFAULT_QUOTA, message=message)
+
+    def on_quota(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
+        """A quota changed: unlabelled held jobs may have a default quota now."""
+        if self.namespaces is not None and self._marking():
+            self._mark_unlabelled(None)
+
+    def _on_namespace(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
+        """A namespace's labels changed: its unlabelled jobs may be selected now."""
+        if self._marking():
+            self._mark_unlabelled(str(((new or old or {}).get("metadata") or {}).get("name", "")))
+
+    def _mark_unlabelled(self, namespace: str | None) -> None:
+        for (api_version, kind), informer in self.job_informers.items():
+            adapter = self.adapters[(api_version, kind)]
+            for key, job in informer.objects.items():
+                if namespace is not None and not key.startswith(f"{namespace}/"):
+                    continue
+                if adapter.quota_name(job) is None and self.managed(adapter, job):
+                    ns, _, name = key.partition("/")
+                    self.mark(JobKey(api_version, kind, ns, name))
 
     def _marking(self) -> bool:
         """Whether a change of the fill-ins should look at jobs again now: only while leading and
@@ -284,7 +375,7 @@ class JobExtensions:
         for (api_version, kind), informer in self.job_informers.items():
             adapter = self.adapters[(api_version, kind)]
             for job in informer.objects.values():
-                if adapter.is_managed(job):
+                if self.managed(adapter, job):
                     meta = job.get("metadata") or {}
                     self.mark(
                         JobKey(api_version, kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
@@ -305,8 +396,8 @@ class JobExtensions:
             meta = obj.get("metadata") or {}
             if (
                 new is not None
-                and not adapter.is_managed(new)
-                and (old is None or not adapter.is_managed(old))
+                and not self.managed(adapter, new)
+                and (old is None or not self.managed(adapter, old))
             ):
                 return
             finished = new is not None and adapter.job_status(new) in (JobStatus.SUCCEEDED, JobStatus.FAILED)
@@ -423,8 +514,11 @@ class JobExtensions:
             if gone is not None and job_units.orphaned(gone, key, None):
                 await self._release_orphan(gone, gone_key, None)
             return
-        if not adapter.is_managed(job):
+        if not self.managed(adapter, job):
             return
+        if adapter.quota_name(job) is None:
+            await self._default_quota(key, adapter, job)
+            return  # the label's watch event brings us back
         unit_name = adapter.queue_unit_name(job)
         unit_key = f"{key.namespace}/{unit_name}"
         unit = self.units().get(unit_key)

@@ -349,6 +349,8 @@ async def run(args: argparse.Namespace) -> None:
             default_priority_class=default_priority_class,
             running_timeouts=settings.running_timeouts,
             leadership=leadership,
+            mandatory_queueing=settings.mandatory_queueing,
+            quotas=lambda: ledger.quotas.values(),
         )
         units = Informer(client, QUEUE_UNITS, handler=_fanout(scheduler.on_unit, jobs.on_unit), packed=True)
         scheduler.unit_store = units.objects
@@ -377,7 +379,14 @@ async def run(args: argparse.Namespace) -> None:
             quotas=lambda: quotas.objects,
             ready=lambda: scheduler.cycles > 0,
         )
-        quota_handlers = [scheduler.on_quota, quota_sync.on_quota, bindings.on_quota, on_quota_cap]
+        # jobs.on_quota after the scheduler's: it reads the ledger the scheduler's handler updates
+        quota_handlers = [
+            scheduler.on_quota,
+            quota_sync.on_quota,
+            bindings.on_quota,
+            on_quota_cap,
+            jobs.on_quota,
+        ]
         if figures is not None:
             quota_handlers.append(figures.on_quota)
         quotas = Informer(client, QUOTAS, handler=_fanout(*quota_handlers))

@@ -15,7 +15,9 @@ What the values reach (everything else is the manifests, verbatim):
   ``defaultReclaimProtectTime``, ``quotaNamespaceBinding``, ``quotaGuarantees``,
   ``publishQuotaStatus``, ``maxUserPriority`` (also given to the
   webhook as ``--max-user-priority``, so both refuse and clamp alike), ``jobRunningTimeout``,
-  ``nativeGangHandoff``, ``scheduledEvents``, ``plugins``;
+  ``nativeGangHandoff``, ``scheduledEvents``, ``plugins``, ``manageJobsWithoutQuotaName`` and
+  ``managedJobsNamespaceSelector`` (which also add the webhooks for unlabelled jobs in the selected
+  namespaces, docs/operations.md#mandatory-queueing);
   ``config.enabledExtensions`` (the job kinds, ``--enabled-extensions`` of both
   processes; empty: their default);
 * ``reconciler.extraArgs`` / ``webhook.extraArgs``;
@@ -148,7 +150,59 @@ def _template(obj: Obj) -> str:
         text = text.replace("config.yaml:\n", "config.yaml: |\n", 1)
     if kind == "Namespace":
         text = "{{- if .Values.namespace.create }}\n" + text + "{{- end }}\n"
+    if kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        text += _unlabelled_webhook(obj)
     return text
+
+
+#: The namespace selector of the webhook for unlabelled jobs: never kube-system or koord-queue
+#: (docs/architecture.md#decision-6-a-stateless-scoped-webhook), and the namespaces the values select.
+_SELECTED: Final = """\
+  namespaceSelector:
+    matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+      - kube-system
+      - koord-queue
+    {{- with .Values.config.managedJobsNamespaceSelector.matchExpressions }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+    {{- with .Values.config.managedJobsNamespaceSelector.matchLabels }}
+    matchLabels:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+"""
+
+
+def _unlabelled_webhook(obj: Obj) -> str:
+    """With ``config.manageJobsWithoutQuotaName``: one more job webhook, for the unlabelled jobs of
+    the selected namespaces (docs/operations.md#mandatory-queueing). A copy of the configuration's
+    job webhook with the namespace selector of the values, the path ``/mutate-unlabelled`` or
+    ``/validate-unlabelled``, and an object selector for jobs without either quota label (the
+    labelled ones have their webhooks already). ``webhooks`` is the last key of the object."""
+    if list(obj)[-1] != "webhooks":
+        raise ChartError(f"{obj['kind']}: webhooks is not the last key")
+    first = next((w for w in obj["webhooks"] if str(w["name"]).startswith("jobs.")), None)
+    if first is None:
+        raise ChartError(f"{obj['kind']}: no job webhook to copy")
+    entry = dict(first)
+    entry["name"] = "unlabelled-" + str(first["name"])
+    service = dict(first["clientConfig"]["service"])
+    service["path"] = str(service["path"]) + "-unlabelled"
+    entry["clientConfig"] = {**first["clientConfig"], "service": service}
+    entry["namespaceSelector"] = _token("selected")
+    entry["objectSelector"] = {
+        "matchExpressions": [
+            {"key": "quota.scheduling.koordinator.sh/name", "operator": "DoesNotExist"},
+            {"key": "alibabacloud.com/quota-name", "operator": "DoesNotExist"},
+        ]
+    }
+    dumped = _escape(yaml.safe_dump([entry], sort_keys=False, default_flow_style=False, width=1 << 16))
+    dumped = dumped.replace(f"  namespaceSelector: {_token('selected')}\n", _SELECTED)
+    if _token("selected") in dumped:
+        raise ChartError("the namespace selector token was not replaced")
+    return "{{- if .Values.config.manageJobsWithoutQuotaName }}\n" + dumped + "{{- end }}\n"
 
 
 HELPERS: Final = """\
@@ -170,6 +224,11 @@ jobRunningTimeout:
 {{- end }}
 nativeGangHandoff: {{ .Values.config.nativeGangHandoff }}
 scheduledEvents: {{ .Values.config.scheduledEvents }}
+manageJobsWithoutQuotaName: {{ .Values.config.manageJobsWithoutQuotaName }}
+{{- with .Values.config.managedJobsNamespaceSelector }}
+managedJobsNamespaceSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- with .Values.config.plugins }}
 plugins:
   {{- toYaml . | nindent 2 }}
@@ -289,6 +348,12 @@ config:
   # The QueueUnit event Scheduled "dequeue success" (docs/compatibility.md#events): AfterWait only
   # for units that waited first; Always on every admission, as upstream.
   scheduledEvents: {config.get("scheduledEvents", "AfterWait")}
+  # Mandatory queueing (docs/operations.md#mandatory-queueing): every job of an enabled kind in the
+  # namespaces the selector picks is queued, an unlabelled one on the namespace's default quota;
+  # also adds the webhooks for unlabelled jobs there. The selector is a LabelSelector
+  # (matchLabels, matchExpressions); empty: every namespace but kube-system and koord-queue.
+  manageJobsWithoutQuotaName: {str(config.get("manageJobsWithoutQuotaName", False)).lower()}
+  managedJobsNamespaceSelector: {{}}
   # Accepted for compatibility with upstream configuration files.
   plugins:
 {block(config.get("plugins") or [], 4)}

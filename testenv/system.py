@@ -148,8 +148,15 @@ def _webhook_healthy(cluster: LocalCluster, port: int) -> bool:
         return bool(r.status == 200)
 
 
-def webhook_configurations(*, url: str, ca_pem: bytes) -> list[dict[str, Any]]:
-    """The local equivalents of manifests/webhook: same rules and scoping, URL instead of Service."""
+def webhook_configurations(
+    *, url: str, ca_pem: bytes, mandatory_namespaces: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The local equivalents of manifests/webhook: same rules and scoping, URL instead of Service.
+
+    ``mandatory_namespaces``: a label selector of the namespaces where queueing is mandatory
+    (docs/operations.md#mandatory-queueing); it adds the webhooks for their unlabelled jobs, as the
+    chart does with ``config.manageJobsWithoutQuotaName``.
+    """
     ca = base64.b64encode(ca_pem).decode()
     scope = {
         "namespaceSelector": {
@@ -210,7 +217,7 @@ def webhook_configurations(*, url: str, ca_pem: bytes) -> list[dict[str, Any]]:
             **scope,
             **selector,
         }
-        if path == "/validate":
+        if path.startswith("/validate"):
             # The reconciler's own writes skip the call (the webhook allows them anyway), so they
             # keep working while the webhook is down.
             webhook["matchConditions"] = [
@@ -233,7 +240,7 @@ def webhook_configurations(*, url: str, ca_pem: bytes) -> list[dict[str, Any]]:
             "resources": ["elasticquotas"],
         },
     ]
-    mutating = {
+    mutating: dict[str, Any] = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": WEBHOOK_CONFIG_NAME},
@@ -250,7 +257,7 @@ def webhook_configurations(*, url: str, ca_pem: bytes) -> list[dict[str, Any]]:
             },
         ],
     }
-    validating = {
+    validating: dict[str, Any] = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": WEBHOOK_CONFIG_NAME},
@@ -279,12 +286,66 @@ def webhook_configurations(*, url: str, ca_pem: bytes) -> list[dict[str, Any]]:
             ),
         ],
     }
+    if mandatory_namespaces is not None:
+        exclusion = [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["kube-system", "koord-queue"],
+            }
+        ]
+        selected = {
+            "namespaceSelector": {
+                **(
+                    {"matchLabels": mandatory_namespaces["matchLabels"]}
+                    if mandatory_namespaces.get("matchLabels")
+                    else {}
+                ),
+                "matchExpressions": [*exclusion, *(mandatory_namespaces.get("matchExpressions") or [])],
+            },
+            # Labelled jobs have their own webhooks above.
+            "objectSelector": {
+                "matchExpressions": [
+                    {"key": "quota.scheduling.koordinator.sh/name", "operator": "DoesNotExist"},
+                    {"key": "alibabacloud.com/quota-name", "operator": "DoesNotExist"},
+                ]
+            },
+        }
+        mutating["webhooks"].append(
+            {
+                **hook(
+                    "unlabelled-jobs.mutate.koord-queue.x-k8s.io",
+                    "/mutate-unlabelled",
+                    ["CREATE"],
+                    job_rules,
+                    {},
+                ),
+                **selected,
+            }
+        )
+        validating["webhooks"].append(
+            {
+                **hook(
+                    "unlabelled-jobs.validate.koord-queue.x-k8s.io",
+                    "/validate-unlabelled",
+                    ["UPDATE"],
+                    job_rules,
+                    {},
+                ),
+                **selected,
+            }
+        )
     return [mutating, validating]
 
 
-def register_webhook(cluster: LocalCluster, *, port: int) -> None:
+def register_webhook(
+    cluster: LocalCluster, *, port: int, mandatory_namespaces: dict[str, Any] | None = None
+) -> None:
     """Create or replace the webhook configurations, pointing at 127.0.0.1:<port>."""
-    for config in webhook_configurations(url=f"https://127.0.0.1:{port}", ca_pem=cluster.ca_pem):
+    configs = webhook_configurations(
+        url=f"https://127.0.0.1:{port}", ca_pem=cluster.ca_pem, mandatory_namespaces=mandatory_namespaces
+    )
+    for config in configs:
         plural = config["kind"].lower() + "s"
         base = f"/apis/admissionregistration.k8s.io/v1/{plural}"
         with contextlib.suppress(urllib.error.HTTPError):

@@ -88,6 +88,8 @@ RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     # docs/compatibility.md#requests-the-apiserver-fills-in: what the apiserver adds to pods
     ("", "", "limitranges", (), ("get", "list", "watch")),
     ("", "node.k8s.io", "runtimeclasses", (), ("get", "list", "watch")),
+    # docs/operations.md#mandatory-queueing: namespace labels select where queueing is mandatory
+    ("", "", "namespaces", (), ("get", "list", "watch")),
     ("", "batch", "jobs", (), ("get", "list", "watch", "patch")),
     ("", "kubeflow.org", "tfjobs", (), ("get", "list", "watch", "patch")),
     ("", "kubeflow.org", "pytorchjobs", (), ("get", "list", "watch", "patch")),
@@ -134,6 +136,7 @@ RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
 CLUSTER_SCOPED = {
     "priorityclasses",
     "runtimeclasses",
+    "namespaces",
     "mutatingwebhookconfigurations",
     "validatingwebhookconfigurations",
     "apiservices",

@@ -16,6 +16,11 @@ jobRunningTimeout:
 {{- end }}
 nativeGangHandoff: {{ .Values.config.nativeGangHandoff }}
 scheduledEvents: {{ .Values.config.scheduledEvents }}
+manageJobsWithoutQuotaName: {{ .Values.config.manageJobsWithoutQuotaName }}
+{{- with .Values.config.managedJobsNamespaceSelector }}
+managedJobsNamespaceSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- with .Values.config.plugins }}
 plugins:
   {{- toYaml . | nindent 2 }}
