@@ -117,6 +117,9 @@ ATTACKS: Final[dict[str, str]] = {
     "relabel-to-another-quota": "validating webhook: the quota label is frozen while unfinished "
     "(and the quota-binding policy)",
     "remove-quota-label": "validating webhook: the quota label cannot be removed while unfinished",
+    "forged-owner-on-queued-job": "validating webhook: no write takes an unfinished managed job out of "
+    "the queue, so no controller owner reference naming a queued kind can be added to it "
+    "(docs/operations.md#mandatory-queueing)",
     "ungate-pod-of-queued-job": "ValidatingAdmissionPolicy koord-queue-admission-gate; reconciler "
     "deletes a released unbound pod beyond the admission (UnadmittedPodDeleted)",
     "strip-pod-unit-annotation": "ValidatingAdmissionPolicy koord-queue-pod-links: a pod's unit "
@@ -225,6 +228,26 @@ def queued(job: Mapping[str, Any]) -> bool:
         and not _annotations(job).get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
         and not finished(job)
         and not _meta(job).get("deletionTimestamp")
+    )
+
+
+#: A controller owner reference naming a kind of another API group the queue manages (a Kubeflow
+#: TFJob that does not exist): a batch Job controlled by such a kind counts as its parent's child.
+FORGED_OWNER: Final = {
+    "apiVersion": "kubeflow.org/v1",
+    "kind": "TFJob",
+    "name": "mallory-parent",
+    "uid": "00000000-0000-4000-8000-00000000f0f0",
+    "controller": True,
+}
+
+
+def forged_controller(job: Mapping[str, Any]) -> bool:
+    """The stored job carries :data:`FORGED_OWNER` (judged on the object alone)."""
+    refs = _meta(job).get("ownerReferences")
+    return isinstance(refs, list) and any(
+        isinstance(ref, Mapping) and ref.get("uid") == FORGED_OWNER["uid"] and ref.get("controller") is True
+        for ref in refs
     )
 
 
@@ -496,6 +519,7 @@ class Tenant:
             self.remove_template_gate(r, pick(queued_jobs, 3)),
             self.relabel(r, pick(queued_jobs, 4), remove=False),
             self.relabel(r, pick(queued_jobs, 5), remove=True),
+            self.forged_owner(r, pick(queued_jobs, 7)),
             self.ungate_pod(r, pick(gated_pods, 0)),
             self.strip_pod_link(r, pick(released_pods, 0)),
             self.relabel_released_pod(r, pick(released_pods, 1)),
@@ -822,6 +846,31 @@ class Tenant:
         sent, target = done
         now = quota_label(sent.obj)
         self.record(attack, r, target, "SUCCEEDED", f"accepted: quota label {found} -> {now}")
+
+    async def forged_owner(self, r: int, job: kube.Obj | None) -> None:
+        """Add a controller owner reference naming another managed kind to a queued Job, then
+        release it: were the reference kept, the job would no longer count as queued and the
+        release would pass. Judged on the stored objects: the reference stored and the job running
+        without a dequeue stamp is a bypass."""
+        attack = "forged-owner-on-queued-job"
+        refs = list(_meta(job).get("ownerReferences") or []) if job is not None else []
+        done = await self._patch_job(attack, r, job, {"metadata": {"ownerReferences": [*refs, FORGED_OWNER]}})
+        if done is None:
+            return
+        sent, target = done
+        if not forged_controller(sent.obj):
+            self.record(attack, r, target, "neutralised", "accepted, but the owner reference was not stored")
+            return
+        name = target.split("/", 1)[1]
+        released = await self._patch_job(attack, r, sent.obj, {"spec": {"suspend": False}})
+        if released is None:
+            return  # the release was refused (recorded): the job stays held
+        seconds = await self._until(lambda: self._job_held_again(load.NAMESPACE, name), UNDO_S)
+        if seconds is not None:
+            self.record(attack, r, target, "undone", "accepted; suspended again by the reconciler", seconds)
+        else:
+            detail = f"a controller owner reference got in and the job ran released for {UNDO_S:.0f}s"
+            self.record(attack, r, target, "SUCCEEDED", detail)
 
     def _gated_pod_keys(self) -> list[str]:
         """Gated, unbound, live pods of the load as the observer sees them; those whose job's unit

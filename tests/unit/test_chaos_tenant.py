@@ -95,3 +95,16 @@ def test_the_priority_attacks_are_in_the_report() -> None:
         assert attack in tenant.ATTACKS
         row = tenant.summarize([tenant.Attempt(attack, 0, "chaos-mallory/j", "neutralised", "stayed low")])
         assert row[attack]["neutralised"] == 1 and row[attack]["tried"] == 1
+
+
+def test_a_forged_owner_is_judged_on_the_stored_job_alone() -> None:
+    """docs/operations.md#mandatory-queueing: a queued job cannot gain a controller reference that
+    would make it another managed job's child; the judgement reads only the stored object."""
+    assert "forged-owner-on-queued-job" in tenant.ATTACKS
+    job = {"metadata": {"ownerReferences": [dict(tenant.FORGED_OWNER)]}}
+    assert tenant.forged_controller(job)
+    plain = {**tenant.FORGED_OWNER, "controller": False}
+    assert not tenant.forged_controller({"metadata": {"ownerReferences": [plain]}})
+    assert not tenant.forged_controller({"metadata": {}})
+    row = tenant.summarize([tenant.Attempt("forged-owner-on-queued-job", 0, "chaos/j", "refused", "no")])
+    assert row["forged-owner-on-queued-job"]["refused"] == 1
