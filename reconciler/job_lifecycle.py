@@ -38,15 +38,20 @@ async def hold_then_release(
     unit_name: str,
     status_patch: Mapping[str, object],
     *,
+    pods_of: Callable[[], Sequence[podplan.PodView]],
     hold: bool = True,
-) -> kube.Obj:
-    """Suspend the job (unless ``hold`` is false or it is held already), then write the unit's
-    ``status_patch``, conditional on the unit's version; returns what the status write answered.
+) -> kube.Obj | None:
+    """Suspend the job (unless ``hold`` is false or it is held already), then, once none of its
+    pods runs any more, write the unit's ``status_patch``, conditional on the unit's version;
+    returns what the status write answered, or None while pods still run.
 
     The order every step that takes an admission back keeps: the status write is what frees the
-    quota, so the quota is never handed to another job while this one can still start pods. If the
-    second write fails, the unit still holds its quota with its job held, and the next pass decides
-    the same again (these steps run before the resume step) and writes only the status.
+    quota, so the quota is never handed to another job while this one can still start pods, nor
+    while its pods still run: a pod being deleted runs on for its grace period, so the quota stays
+    charged until the job has no active or terminating pod (``podplan.still_running``); each pod's
+    deletion brings the job back. If the second write fails, the unit still holds its quota with
+    its job held, and the next pass decides the same again (these steps run before the resume
+    step) and writes only the status.
     """
     if hold and not adapter.is_suspended(job):
         await client.patch(
@@ -55,6 +60,16 @@ async def hold_then_release(
             adapter.suspend_merge_patch(job),
             namespace=key.namespace,
         )
+    running = podplan.still_running(pods_of()) if hold else []
+    if running:
+        log.info(
+            "%s %s/%s held; the quota is given back once %d pod(s) are gone",
+            adapter.kind,
+            key.namespace,
+            key.name,
+            len(running),
+        )
+        return None
     rv = (unit.get("metadata") or {}).get("resourceVersion")
     written: kube.Obj = await client.patch(
         job_units.QUEUE_UNITS,
@@ -76,6 +91,7 @@ async def budget_and_activation(
     unit_name: str,
     *,
     mark: Callable[[JobKey], None],
+    pods_of: Callable[[], Sequence[podplan.PodView]],
 ) -> bool:
     """Execution budget and deactivation (docs/compatibility.md#activation-and-execution-budget);
     True when something was written. ``mark`` looks at the job again when its budget runs out."""
@@ -112,7 +128,8 @@ async def budget_and_activation(
     parked = lifecycle.deactivation(unit, now=now, now_text=stamp)
     if parked is None:
         return False
-    await hold_then_release(client, key, adapter, job, unit, unit_name, parked)
+    if await hold_then_release(client, key, adapter, job, unit, unit_name, parked, pods_of=pods_of) is None:
+        return True  # held; its pods' deletion brings us back
     events.record(
         job,
         type_="Normal",
@@ -132,6 +149,8 @@ async def requeue_resized(
     unit_name: str,
     pod_sets: Sequence[str],
     desired: Mapping[str, object],
+    *,
+    pods_of: Callable[[], Sequence[podplan.PodView]],
 ) -> bool:
     """Queue a job again whose admitted pods changed size (``shared.jobs.jobext.admitted_resize``,
     docs/compatibility.md#admitted-pod-size); True when something was written. ``desired`` is
@@ -156,7 +175,9 @@ async def requeue_resized(
     patch = lifecycle.requeue_resized(unit, pod_sets, now=time.time(), now_text=now_text)
     if patch is None:
         return False
-    queued = await hold_then_release(client, key, adapter, job, unit, unit_name, patch)
+    queued = await hold_then_release(client, key, adapter, job, unit, unit_name, patch, pods_of=pods_of)
+    if queued is None:
+        return True  # held; its pods' deletion brings us back
     message = (
         f"the resource requests of pod set(s) {', '.join(pod_sets)} changed after the job was admitted; "
         "it is suspended and queued again at its new size"
@@ -228,9 +249,19 @@ async def enforce_running_timeout(
     check_again(key, decision.recheck_in)
     if decision.status_patch is None:
         return False
-    await hold_then_release(
-        client, key, adapter, job, unit, unit_name, decision.status_patch, hold=decision.suspend
+    written = await hold_then_release(
+        client,
+        key,
+        adapter,
+        job,
+        unit,
+        unit_name,
+        decision.status_patch,
+        pods_of=pods_of,
+        hold=decision.suspend,
     )
+    if written is None:
+        return True  # held; its pods' deletion brings us back
     log.info("%s %s: %s", decision.event_reason, unit_key, decision.event_message)
     for obj in (unit, job):
         events.record(obj, type_="Warning", reason=decision.event_reason, message=decision.event_message)

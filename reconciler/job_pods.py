@@ -116,7 +116,8 @@ def escaped_of(
         if pod is None or (pod.get("metadata") or {}).get("namespace") != namespace:
             continue
         view = podplan.pod_view(pod, "")
-        if view.live and not view.gated and podlinks.left_job(pod, job_uid, parent):
+        live = view.live and not view.deleting  # one being deleted is on its way out already
+        if live and not view.gated and podlinks.left_job(pod, job_uid, parent):
             found.append(view)
     return found
 

@@ -114,13 +114,13 @@ class JobExtensions:
         self._short_since: dict[str, Mapping[str, float]] = {}
         #: the pending running-timeout re-check of each job (one at a time)
         self._timeout_checks: dict[JobKey, asyncio.TimerHandle] = {}
+        #: UIDs of pods counted as running beyond their admission (``job_pods.report_beyond``)
+        self._beyond_seen: dict[str, None] = {}
         #: jobs whose pod-count report is waiting (``podplan.can_wait``): since when, and the re-check
         self._report_since: dict[JobKey, float] = {}
         self._report_checks: dict[JobKey, asyncio.TimerHandle] = {}
         #: our last status write of each unit, until the watch delivers it: a report planned on the
         #: older copy would repeat one already written and only earn a 409
-        #: UIDs of pods counted as running beyond their admission (``job_pods.report_beyond``)
-        self._beyond_seen: dict[str, None] = {}
         self._unit_written = kube.OwnWrites()
         self.job_informers = {
             (a.api_version, a.kind): Informer(
@@ -578,7 +578,16 @@ class JobExtensions:
             # Queued again, the unit is sized like a new one: with the namespace's fill-ins as they
             # are now, not those frozen at its admission (its next admission is decided on them).
             if await job_lifecycle.requeue_resized(
-                self.client, self.events, key, adapter, job, unit, unit_name, resized, desired_for(None)
+                self.client,
+                self.events,
+                key,
+                adapter,
+                job,
+                unit,
+                unit_name,
+                resized,
+                desired_for(None),
+                pods_of=lambda: self._pods_of(unit_key, adapter, job),
             ):
                 return  # the unit's update brings us back, queued at its new size
         elif desired is not None:
@@ -596,7 +605,15 @@ class JobExtensions:
                         self.events, job, adapter, self.allowed_priority_classes(job)
                     )
         if not finished and await job_lifecycle.budget_and_activation(
-            self.client, self.events, key, adapter, job, unit, unit_name, mark=self.mark
+            self.client,
+            self.events,
+            key,
+            adapter,
+            job,
+            unit,
+            unit_name,
+            mark=self.mark,
+            pods_of=lambda: self._pods_of(unit_key, adapter, job),
         ):
             return  # the unit's update brings us back
         # Before the resume below: a job held by a running timeout whose unit write failed must be
@@ -658,6 +675,7 @@ class JobExtensions:
             # replicas taken back (shared.core.scheduling.reclaim_took_back), for bare units too.
             return  # the unit's update brings us back
         job_pods.report_withheld(self.events, plan, job)
+        job_pods.report_beyond(self.events, plan, job, self._beyond_seen)
         await workloads.before_ungate(self.client, job, adapter, unit, plan.ungate)  # native gangs
         await asyncio.gather(*(job_pods.ungate(self.client, self.pods.objects, p) for p in plan.ungate))
         running_once_bound = (adapter.api_version, adapter.kind) in _RUNNING_ONCE_BOUND
@@ -752,7 +770,6 @@ def _slim_batch_job(job: kube.Obj) -> kube.Obj:
     return jobext.slim_batch_job(slim(job))
 
 
-        job_pods.report_beyond(self.events, plan, job, self._beyond_seen)
 def job_transform(adapter: JobAdapter) -> Callable[[kube.Obj], kube.Obj]:
     """What a job informer keeps: ``batch/v1`` Jobs lose the non-scheduling part of their pod
     template (most of a Job's memory); other kinds keep their whole spec, which their adapters

@@ -51,7 +51,11 @@ class PodView:
 
     @property
     def live(self) -> bool:
-        return not self.terminal and not self.deleting
+        """The pod holds (or may take) what its pod set was admitted for: not finished, and not
+        being deleted unless it is bound. A bound pod being deleted runs on for its grace period,
+        so it counts until it is gone; an unbound one is never scheduled again
+        (docs/compatibility.md#pod-gating)."""
+        return not self.terminal and (self.bound or not self.deleting)
 
 
 def pod_view(pod: Job, pod_set: str) -> PodView:
@@ -201,6 +205,13 @@ def _beyond_admission(live: Sequence[PodView], replicas: int) -> list[PodView]:
     released = [p for p in live if not p.bound and not p.gated]
     excess = len(released) - max(0, replicas - bound)
     return list(reversed(_order(released)))[:excess] if excess > 0 else []
+
+
+def still_running(pods: Iterable[PodView]) -> list[PodView]:
+    """The pods that run or may start: bound (being deleted or not) or released from the gate and
+    not being deleted. Quota taken back from a held job is freed only once there are none
+    (docs/compatibility.md#activation-and-execution-budget)."""
+    return [p for p in pods if p.live and (p.bound or not p.gated)]
 
 
 def _bound_beyond(live: Sequence[PodView], replicas: int) -> list[PodView]:

@@ -3,6 +3,7 @@ and the reasons a pod stays gated (docs/compatibility.md#pod-gating)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -120,3 +121,41 @@ def test_bound_pods_beyond_the_admission_are_reported_and_never_charged() -> Non
 def test_bound_pods_of_a_pod_set_the_unit_holds_nothing_for_are_beyond_it() -> None:
     plan = podplan.plan_pods(unit(replicas=1), [bound_pod("p1", pod_set="other")])
     assert [p.name for p in plan.beyond] == ["p1"]
+
+
+def test_a_terminating_bound_pod_counts_until_it_is_gone() -> None:
+    """A bound pod being deleted runs on for its grace period (docs/compatibility.md#pod-gating):
+    its replacement stays gated meanwhile, and it is still reported running."""
+    admitted = unit(replicas=1)
+    leaving = bound_pod("p1", deleting=True)
+    replacement = gated_pod("p2", asking(cpu="1"))
+    plan = podplan.plan_pods(admitted, [leaving, replacement])
+    assert plan.ungate == []
+    patch = podplan.report(admitted, [leaving, replacement], JobStatus.RUNNING, now_text="t")
+    assert patch is not None and patch["status"]["admissions"][0]["running"] == 1
+    assert podplan.plan_pods(admitted, [replacement]).ungate == [replacement]
+
+
+def test_an_unbound_pod_being_deleted_counts_for_nothing() -> None:
+    going = dataclasses.replace(gated_pod("p1", asking(cpu="1")), deleting=True)
+    assert not going.live
+    assert podplan.still_running([going]) == []
+    plan = podplan.plan_pods(unit(replicas=1), [going])
+    assert plan.ungate == [] and plan.delete == []
+
+
+@pytest.mark.parametrize(
+    ("pod", "runs"),
+    [
+        (bound_pod("p1"), True),
+        (bound_pod("p1", deleting=True), True),  # terminating: runs for its grace period
+        (dataclasses.replace(bound_pod("p1"), terminal=True), False),
+        (dataclasses.replace(bound_pod("p1"), bound=False), True),  # released, about to be bound
+        (dataclasses.replace(bound_pod("p1"), bound=False, deleting=True), False),
+        (dataclasses.replace(bound_pod("p1"), bound=False, gated=True), False),  # never released
+    ],
+)
+def test_quota_taken_back_from_a_held_job_waits_for_every_pod_that_runs(
+    pod: podplan.PodView, runs: bool
+) -> None:
+    assert podplan.still_running([pod]) == ([pod] if runs else [])
