@@ -140,6 +140,12 @@ ATTACKS: Final[dict[str, str]] = {
     "annotate-existing-pod-into-unit": "ValidatingAdmissionPolicy koord-queue-pod-links: a unit "
     "annotation cannot be added to a pod that exists; reconciler counts a pod only when its job "
     "controls it",
+    "scale-admitted-job-past-quota": "only the scheduler changes what a unit holds: the job "
+    "extension never grows an admission to the pods it finds (PodsBeyondAdmission instead), and "
+    "the scheduler admits the added pods only within the quota",
+    "delete-pod-to-run-replacement-beside-it": "a bound pod being deleted counts against the "
+    "admission until it is gone (its replacement waits gated); managed batch/v1 Jobs run with "
+    "podReplacementPolicy Failed",
     "pod-level-requests-above-containers": "reconciler charges a template's pod-level requests "
     "(spec.resources) as the kube-scheduler reserves them, not the containers' sum "
     "(shared/api/podtemplates.py)",
@@ -268,6 +274,38 @@ def is_admitted_unit(unit: Mapping[str, Any]) -> bool:
     phase = status.get("phase")
     replicas = sum(int(a.get("replicas") or 0) for a in status.get("admissions") or [])
     return replicas > 0 and phase not in ("Succeed", "Failed")
+
+
+#: A finalizer of hers: keeps a deleted pod terminating until she removes it.
+HOLD_FINALIZER: Final = "chaos.koord-queue.io/mallory-hold"
+
+
+def runs(pod: Mapping[str, Any]) -> bool:
+    """The pod runs or may start: not finished, and bound (terminating or not) or out of the
+    admission gate and not being deleted. Read from the pod alone."""
+    spec = pod.get("spec") or {}
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return False
+    if spec.get("nodeName"):
+        return True
+    return not gated(spec) and not _meta(pod).get("deletionTimestamp")
+
+
+def held_cpu_milli(unit: Mapping[str, Any]) -> int:
+    """CPU a unit holds: admitted replicas of each pod set times the CPU its template's containers
+    ask for (the chaos jobs have no init containers, pod-level requests or overhead)."""
+    per_pod: dict[str, int] = {}
+    for pod_set in (unit.get("spec") or {}).get("podSet") or []:
+        milli = 0
+        for c in ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or []:
+            cpu = ((c.get("resources") or {}).get("requests") or {}).get("cpu")
+            with contextlib.suppress(quantities.QuantityError, TypeError):
+                milli += quantities.parse_milli(cpu) if cpu is not None else 0
+        per_pod[str(pod_set.get("name"))] = milli
+    return sum(
+        int((a or {}).get("replicas") or 0) * per_pod.get(str((a or {}).get("name")), 0)
+        for a in (unit.get("status") or {}).get("admissions") or []
+    )
 
 
 def forged_pod_body(name: str, *, annotations: dict[str, str], owner: dict[str, Any], cpu: str) -> kube.Obj:
@@ -532,6 +570,8 @@ class Tenant:
             self.unproven_pod(r, oversized=False),
             self.unproven_pod(r, oversized=True),
             self.join_unit(r, pick(victims, 2)),
+            self.outgrow(r),
+            self.terminate_and_replace(r),
             self.priority(r, priority_target),
             self.own_priority(r, forbidden_class=False),
             self.own_priority(r, forbidden_class=True),
@@ -1309,6 +1349,171 @@ class Tenant:
         finally:
             with contextlib.suppress(kube.KubeError):
                 await m.delete(kube.PODS, forged, namespace=NAMESPACE)
+            with contextlib.suppress(kube.KubeError):
+                await m.delete(JOBS, name, namespace=NAMESPACE, propagation="Background")
+
+    async def _own_job_admitted(self, attack: str, r: int, body: kube.Obj) -> kube.Obj | None:
+        """Submit ``body`` in her namespace and wait for its unit's admission; None (recorded as
+        skipped) when it is not accepted or not admitted in time."""
+        m = self.mallory
+        assert m is not None
+        name = str(body["metadata"]["name"])
+        sent = await self.send(lambda: m.create(JOBS, body, namespace=NAMESPACE))
+        if sent.status != "accepted":
+            self.record(
+                attack, r, f"{NAMESPACE}/{name}", "skipped", f"her job was not accepted: {sent.message}"
+            )
+            return None
+        begun = time.monotonic()
+        while not is_admitted_unit(await self._own_unit(name)):
+            if time.monotonic() - begun > UNDO_S:
+                self.record(attack, r, f"{NAMESPACE}/{name}", "skipped", "her job was not admitted in time")
+                return None
+            await asyncio.sleep(0.5)
+        return sent.obj
+
+    async def _own_pods(self, job: str) -> list[kube.Obj]:
+        m = self.mallory
+        assert m is not None
+        found = await self._read(
+            lambda: m.list(
+                kube.PODS, namespace=NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}"
+            )
+        )
+        return list(found or [])
+
+    async def outgrow(self, r: int) -> None:
+        """Her admitted one-pod Job (500m) raised to eight pods at once (counts may change). The
+        scheduler may admit the added pods only as her 2-CPU quota allows, and nothing else may
+        grow what her units hold: judged on what the API shows, her units never hold more than
+        2 CPU together, and her Job never has more pods running (bound or out of the gate) than
+        its unit holds."""
+        m = self.mallory
+        assert m is not None
+        attack = "scale-admitted-job-past-quota"
+        name = f"mallory-grow-{r}"
+        plan = load.JobPlan(name, QUOTA, "single", None, False, cpu="500m", memory=False)
+        body = load.job(plan, "mallory", namespace=NAMESPACE)
+        target = f"{NAMESPACE}/{name}"
+        try:
+            if await self._own_job_admitted(attack, r, body) is None:
+                return
+            scale = {"spec": {"parallelism": 8, "completions": 8}}
+            sent = await self.send(lambda: m.patch(JOBS, name, scale, namespace=NAMESPACE))
+            if sent.status != "accepted":
+                self.record(attack, r, target, "refused", sent.message)
+                return
+            worst_total, worst_over = 0, 0
+            begun = time.monotonic()
+            while time.monotonic() - begun < 2 * WATCH_S:
+                units = await self._read(lambda: self.admin.list(UNITS, namespace=NAMESPACE)) or []
+                worst_total = max(worst_total, sum(held_cpu_milli(u) for u in units))
+                own = next((u for u in units if _meta(u).get("name") == name), None)
+                running = sum(1 for p in await self._own_pods(name) if runs(p))
+                held = sum(
+                    int((a or {}).get("replicas") or 0)
+                    for a in ((own or {}).get("status") or {}).get("admissions") or []
+                )
+                worst_over = max(worst_over, running - held)
+                await asyncio.sleep(0.5)
+            if worst_total > int(QUOTA_CPU) * 1000 or worst_over > 0:
+                detail = (
+                    f"her units held {worst_total}m CPU together (quota {QUOTA_CPU}), and her job "
+                    f"ran up to {worst_over} pod(s) beyond its admission"
+                )
+                self.record(attack, r, target, "SUCCEEDED", detail)
+                return
+            self.record(
+                attack,
+                r,
+                target,
+                "neutralised",
+                f"accepted; her units held at most {worst_total}m CPU together and her pods never "
+                "outran the admission",
+            )
+        finally:
+            with contextlib.suppress(kube.KubeError):
+                await m.delete(JOBS, name, namespace=NAMESPACE, propagation="Background")
+
+    async def terminate_and_replace(self, r: int) -> None:
+        """Her admitted one-pod Job (1 CPU): she puts a finalizer of her own on its running pod and
+        deletes it, so the pod keeps terminating (and, with a kubelet, running) for as long as she
+        likes; the Job's replacement must not run beside it. Judged on the API alone: her Job
+        never has more pods that run or may run (bound, terminating ones included, or out of the
+        gate) than its unit holds."""
+        m = self.mallory
+        assert m is not None
+        attack = "delete-pod-to-run-replacement-beside-it"
+        name = f"mallory-replace-{r}"
+        plan = load.JobPlan(name, QUOTA, "single", None, False, cpu="1", memory=False)
+        body = load.job(plan, "mallory", namespace=NAMESPACE)
+        target = f"{NAMESPACE}/{name}"
+        held_pod = ""
+        try:
+            if await self._own_job_admitted(attack, r, body) is None:
+                return
+            begun = time.monotonic()
+            first = None
+            while first is None and time.monotonic() - begun < UNDO_S:
+                first = next(
+                    (p for p in await self._own_pods(name) if (p.get("spec") or {}).get("nodeName")), None
+                )
+                await asyncio.sleep(0.5)
+            if first is None:
+                self.record(attack, r, target, "skipped", "her job's pod was not bound in time")
+                return
+            held_pod = str(_meta(first).get("name"))
+            hold = {"metadata": {"finalizers": [HOLD_FINALIZER]}}
+            sent = await self.send(lambda: m.patch(kube.PODS, held_pod, hold, namespace=NAMESPACE))
+            if sent.status != "accepted":
+                self.record(attack, r, target, "skipped", f"her finalizer was not accepted: {sent.message}")
+                return
+            with contextlib.suppress(kube.KubeError):
+                await m.delete(kube.PODS, held_pod, namespace=NAMESPACE)
+            worst_over, terminating_seen = 0, 0
+            begun = time.monotonic()
+            while time.monotonic() - begun < 2 * WATCH_S:
+                pods = await self._own_pods(name)
+                unit = await self._own_unit(name)
+                held = sum(
+                    int((a or {}).get("replicas") or 0)
+                    for a in (unit.get("status") or {}).get("admissions") or []
+                )
+                worst_over = max(worst_over, sum(1 for p in pods if runs(p)) - held)
+                terminating_seen += any(
+                    _meta(p).get("name") == held_pod and _meta(p).get("deletionTimestamp") for p in pods
+                )
+                await asyncio.sleep(0.5)
+            if worst_over > 0:
+                detail = f"her job ran {worst_over} pod(s) beyond its admission while {held_pod} terminated"
+                self.record(attack, r, target, "SUCCEEDED", detail)
+            elif not terminating_seen:
+                self.record(
+                    attack,
+                    r,
+                    target,
+                    "skipped",
+                    f"{held_pod} did not stay terminating (its finalizer was removed)",
+                )
+            else:
+                self.record(
+                    attack,
+                    r,
+                    target,
+                    "neutralised",
+                    f"accepted; while {held_pod} terminated ({terminating_seen} reads) no replacement "
+                    "ran beside it",
+                )
+        finally:
+            if held_pod:
+                with contextlib.suppress(kube.KubeError):
+                    await m.patch(
+                        kube.PODS,
+                        held_pod,
+                        [{"op": "remove", "path": "/metadata/finalizers"}],
+                        namespace=NAMESPACE,
+                        content_type=kube.JSON_PATCH,
+                    )
             with contextlib.suppress(kube.KubeError):
                 await m.delete(JOBS, name, namespace=NAMESPACE, propagation="Background")
 

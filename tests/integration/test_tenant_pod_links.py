@@ -11,7 +11,9 @@ reference itself (the e2e tier has the real Job controller do it:
 
 from __future__ import annotations
 
+import asyncio
 import json
+import urllib.request
 from typing import Any
 
 import pytest
@@ -295,3 +297,84 @@ async def test_a_unit_annotation_cannot_be_added_to_a_pod_that_exists(env: Scena
     assert code != 0 and POLICY in out, out
     after = get_pod(env, "mine")
     assert after is not None and not after["metadata"].get("annotations"), after
+
+
+def unlabelled_metric(port: int, name: str) -> float:
+    """A sample of a series without labels from the reconciler's /metrics (0 when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+async def test_pods_beyond_the_admission_are_reported_and_the_admission_is_not_grown(
+    env: Scenario, system_integration: system.Processes
+) -> None:
+    """Only the scheduler changes what a unit holds (docs/compatibility.md#reclaim-and-usage-reports).
+    alice cannot add a running pod to her admitted job's unit (born bound, or joined afterwards);
+    where one gets there anyway (the admin stands for a way past the door), it is reported, and
+    the unit goes on holding exactly what was admitted."""
+    metrics_port = next(c.ports["metrics"] for c in system_integration.components if c.name == "reconciler")
+    before = unlabelled_metric(metrics_port, "koord_queue_pods_beyond_admission_total")
+    job = await admitted_without_pods(env, "held-to-it")
+    code, out = alice(env, "create", "-f", "-", obj=owned_pod("extra", job, gate=False, node="node-x"))
+    assert code != 0 and "koord-queue-pod-birth" in out, out
+    for name in ("first", "second"):
+        create_pod(env, owned_pod(name, job, gate=False, node="node-x"))
+
+    async def reported() -> dict[str, Any] | None:
+        unit = await env.get_unit("held-to-it")
+        admissions = (unit.get("status") or {}).get("admissions") or []
+        return unit if admissions and admissions[0].get("running") == 2 else None
+
+    unit = await kube.eventually(reported, what="both bound pods reported running")
+    assert [a.get("replicas") for a in unit["status"]["admissions"]] == [1], unit["status"]
+    event = await env.wait_event(
+        "held-to-it", names.EventReason.PODS_BEYOND_ADMISSION, kind="Job", type_="Warning"
+    )
+    assert "second" in event.message and "not charged" in event.message, event.message
+    assert unlabelled_metric(metrics_port, "koord_queue_pods_beyond_admission_total") >= before + 1
+
+
+async def test_a_pod_alice_deletes_counts_until_it_is_gone(env: Scenario) -> None:
+    """A bound pod being deleted runs on for its grace period (docs/compatibility.md#pod-gating):
+    while it terminates, the replacement stays gated; once it is gone, the replacement is
+    released. There is no kubelet in this tier, so a bound pod alice deletes stays terminating
+    until the admin removes it for good. Her Job also runs with podReplacementPolicy Failed,
+    which she cannot change."""
+    job = await admitted_without_pods(env, "replaced")
+    assert job["spec"].get("podReplacementPolicy") == "Failed", job["spec"]
+    code, out = alice(
+        env,
+        "patch",
+        "job",
+        "replaced",
+        "--type=merge",
+        "-p",
+        '{"spec": {"podReplacementPolicy": "TerminatingOrFailed"}}',
+    )
+    assert code != 0 and "podReplacementPolicy" in out, out
+    create_pod(
+        env, owned_pod("running", job, gate=False, node="node-x")
+    )  # as its controller and the scheduler would
+    code, out = alice(env, "delete", "pod", "running", "--wait=false")
+    assert code == 0, out
+    terminating = get_pod(env, "running")
+    assert terminating is not None and terminating["metadata"].get("deletionTimestamp"), terminating
+    code, out = alice(env, "create", "-f", "-", obj=owned_pod("replacement", job, gate=True))
+    assert code == 0, out
+    for _ in range(10):  # the reconciler looks at the job on every pod event; give it time to err
+        await asyncio.sleep(0.5)
+        replacement = get_pod(env, "replacement")
+        assert replacement is not None and replacement["spec"].get("schedulingGates"), replacement
+    unit = await env.get_unit("replaced")
+    assert [a.get("running") for a in unit["status"]["admissions"]] == [1], unit["status"]
+
+    kube.kubectl(env.cluster, "delete", "pod", "running", "-n", env.ns, "--grace-period=0", "--force")
+
+    async def released() -> bool:
+        found = get_pod(env, "replacement")
+        return found is not None and not found["spec"].get("schedulingGates")
+
+    await kube.eventually(released, what="the replacement released once the terminating pod is gone")

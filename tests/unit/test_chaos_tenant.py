@@ -108,3 +108,23 @@ def test_a_forged_owner_is_judged_on_the_stored_job_alone() -> None:
     assert not tenant.forged_controller({"metadata": {}})
     row = tenant.summarize([tenant.Attempt("forged-owner-on-queued-job", 0, "chaos/j", "refused", "no")])
     assert row["forged-owner-on-queued-job"]["refused"] == 1
+
+
+def test_a_pod_runs_while_bound_even_terminating_or_once_out_of_the_gate() -> None:
+    gate = {"schedulingGates": [{"name": names.ADMISSION_GATE}]}
+    assert tenant.runs({"spec": {"nodeName": "n"}})
+    assert tenant.runs({"metadata": {"deletionTimestamp": "t"}, "spec": {"nodeName": "n"}})
+    assert tenant.runs({"spec": {}})  # released, about to be bound
+    assert not tenant.runs({"spec": gate})
+    assert not tenant.runs({"metadata": {"deletionTimestamp": "t"}, "spec": {}})
+    assert not tenant.runs({"spec": {"nodeName": "n"}, "status": {"phase": "Succeeded"}})
+
+
+def test_what_a_unit_holds_is_its_admitted_replicas_times_its_containers_cpu() -> None:
+    container = {"resources": {"requests": {"cpu": "500m"}}}
+    unit = {
+        "spec": {"podSet": [{"name": "main", "template": {"spec": {"containers": [container, container]}}}]},
+        "status": {"admissions": [{"name": "main", "replicas": 3}, {"name": "gone", "replicas": 9}]},
+    }
+    assert tenant.held_cpu_milli(unit) == 3000
+    assert tenant.held_cpu_milli({}) == 0
