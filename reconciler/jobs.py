@@ -220,13 +220,50 @@ class JobExtensions:
         return self.mandatory_queueing.applies(namespace, labels if isinstance(labels, dict) else None)
 
     def managed(self, adapter: JobAdapter, job: Job) -> bool:
-        """``adapter.is_managed``, or an unlabelled job of a namespace where queueing is mandatory."""
+        """``adapter.is_managed``, or an unlabelled job of a namespace where queueing is mandatory,
+        or a Job that would be managed but claims a parent (:meth:`_genuine_child` decides in
+        ``reconcile``, which resolves the claim)."""
         if adapter.is_managed(job):
+            return True
+        namespace = str((job.get("metadata") or {}).get("namespace", ""))
+        wanted = adapter.quota_name(job) is not None or (
+            self.namespaces is not None and self.mandatory_in(namespace)
+        )
+        if wanted and self._claim(adapter, job) is not None:
             return True
         if self.namespaces is None:
             return False
-        namespace = str((job.get("metadata") or {}).get("namespace", ""))
         return mandatory.is_managed(adapter, job, mandatory=self.mandatory_in(namespace))
+
+    @staticmethod
+    def _claim(adapter: JobAdapter, job: Job) -> batch_job.ParentClaim | None:
+        if (adapter.api_version, adapter.kind) != _BATCH_JOB:
+            return None
+        return batch_job.claimed_parent(job)
+
+    async def _genuine_child(self, adapter: JobAdapter, job: kube.Obj, namespace: str) -> bool:
+        """Whether ``job`` is the child of a managed job, by resolving its claimed parent: the owner
+        must exist with the UID the reference names (from the cache, else read from the API) and be
+        managed itself. Anything else (no such owner, another UID, a kind not enabled, an unmanaged
+        owner) leaves the job queued (docs/architecture.md#trust-boundaries)."""
+        claim = self._claim(adapter, job)
+        if claim is None:
+            return False
+        for (api_version, kind), informer in self.job_informers.items():
+            if kind != claim.kind or api_version.split("/")[0] != claim.group:
+                continue
+            parent_adapter = self.adapters[(api_version, kind)]
+            parent = informer.objects.get(f"{namespace}/{claim.name}")
+            if parent is None:
+                try:
+                    parent = await self.client.get(
+                        job_units.resource_of(parent_adapter), claim.name, namespace=namespace
+                    )
+                except kube.NotFound:
+                    return False
+            uid = (parent.get("metadata") or {}).get("uid")
+            return bool(claim.uid) and uid == claim.uid and self.managed(parent_adapter, parent)
+        return False
 
     async def _default_quota(self, key: JobKey, adapter: JobAdapter, job: kube.Obj) -> None:
         """An unlabelled job where queueing is mandatory: hold it if it runs past the webhook, then
@@ -516,6 +553,8 @@ class JobExtensions:
             return
         if not self.managed(adapter, job):
             return
+        if await self._genuine_child(adapter, job, key.namespace):
+            return  # its parent's unit accounts for it
         if adapter.quota_name(job) is None:
             await self._default_quota(key, adapter, job)
             return  # the label's watch event brings us back

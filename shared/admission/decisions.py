@@ -354,8 +354,11 @@ def _validate_job(
         return errors
     assert old_annotations is not None
     errors += _guard_queue_hold(adapter, new, old, new_annotations, old_annotations, config=config)
-    if not managed_new and adapter.job_status(old) not in _FINISHED:
-        errors += _guard_still_managed(adapter, new, old)
+    if adapter.job_status(old) not in _FINISHED:
+        if not managed_new:
+            errors += _guard_still_managed(adapter, new, old)
+        elif not _system_controller(user):
+            errors += _guard_owners(adapter, new, old)
     # Every write: a kind may need a rule after its job finished (the Spark operator re-runs a
     # finished application whose spec changes), and each adapter decides what "finished" frees.
     errors += _kind_rules(adapter, old, new)
@@ -511,6 +514,32 @@ def _guard_still_managed(
     detail = (
         f"the {adapter.kind} is queued by koord-queue; a change that takes it out of the queue (here: "
         "a controller owner reference) cannot be made until it finishes"
+    )
+    return [validation.forbidden("metadata.ownerReferences", detail)]
+
+
+#: Users acting for kube-controller-manager: the garbage collector removes the owner references of
+#: dependents it orphans. Namespace users cannot act as kube-system's ServiceAccounts.
+_CONTROLLER_MANAGER: Final = "system:kube-controller-manager"
+_KUBE_SYSTEM_ACCOUNTS: Final = "system:serviceaccount:kube-system:"
+
+
+def _system_controller(user: str) -> bool:
+    return user == _CONTROLLER_MANAGER or user.startswith(_KUBE_SYSTEM_ACCOUNTS)
+
+
+def _guard_owners(adapter: JobAdapter, new: Mapping[str, Any], old: Mapping[str, Any]) -> list[FieldError]:
+    """A queued job's owner references are frozen for users until it finishes.
+
+    Whose child a job is decides whether the queue holds it (a batch Job controlled by a queued
+    kind is its parent's), and a user can read any UID of their namespace, so an owner reference
+    written later is a claim that could take the job out of the queue (docs/architecture.md#trust-boundaries).
+    """
+    if base.metadata_field(new, "ownerReferences") == base.metadata_field(old, "ownerReferences"):
+        return []
+    detail = (
+        f"the {adapter.kind} is queued by koord-queue; its owner references decide whose job it is and "
+        "cannot change until it finishes"
     )
     return [validation.forbidden("metadata.ownerReferences", detail)]
 

@@ -7,12 +7,15 @@ after the job. Two deliberate differences from upstream:
 * a Job whose *controller* is another kind we manage (a RayJob's submitter, a Kubeflow or Argo
   child, an MPIJob's launcher, a JobSet's replicated job) is not managed itself: the parent's
   QueueUnit already accounts for it, and suspending the child would deadlock the parent (Kueue's
-  "ancestor is managed" rule, docs/compatibility.md#batchv1-job).
+  "ancestor is managed" rule, docs/compatibility.md#batchv1-job). The owner reference is only a
+  claim (:func:`claimed_parent`): the reconciler resolves it, and a Job whose claimed parent does not
+  exist, has another UID or is not managed is queued like any labelled Job.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, Final
 
 from shared.api import names
@@ -36,12 +39,7 @@ class BatchJobAdapter(AdapterBase):
     queue_unit_suffix = ""
 
     def is_managed(self, job: Job) -> bool:
-        if self.quota_name(job) is None:
-            return False
-        for api, _, _ in base.owner_kinds(job, controller_only=True):
-            if api.split("/")[0] in _MANAGED_PARENT_GROUPS:
-                return False
-        return True
+        return self.quota_name(job) is not None and claimed_parent(job) is None
 
     def is_suspended(self, job: Job) -> bool:
         return base.dig(job, "spec", "suspend") is True
@@ -134,6 +132,38 @@ class BatchJobAdapter(AdapterBase):
         if base.annotations_of(job).get(names.JOB_HAS_ENQUEUED_ANNOTATION):
             return JobStatus.QUEUING
         return JobStatus.CREATED
+
+
+@dataclass(frozen=True, slots=True)
+class ParentClaim:
+    """The controller owner reference of a Job naming a kind of a group we queue: a claim to check
+    (docs/architecture.md#trust-boundaries), not a fact. The reconciler resolves it: only an owner
+    that exists with this UID and is itself managed makes the Job its child."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+    @property
+    def group(self) -> str:
+        return self.api_version.split("/")[0]
+
+
+def claimed_parent(job: Job) -> ParentClaim | None:
+    """The first controller owner reference of ``job`` whose API group is one we queue, if any."""
+    refs = base.dig(job, "metadata", "ownerReferences")
+    for ref in refs if isinstance(refs, list) else []:
+        if base.dig(ref, "controller") is not True:
+            continue
+        api_version, kind, name = (
+            base.text(base.dig(ref, "apiVersion")),
+            base.text(base.dig(ref, "kind")),
+            base.text(base.dig(ref, "name")),
+        )
+        if kind and name and api_version.split("/")[0] in _MANAGED_PARENT_GROUPS:
+            return ParentClaim(api_version, kind, name, base.text(base.dig(ref, "uid")))
+    return None
 
 
 def _min_parallelism(text: str) -> int | None:
