@@ -53,6 +53,7 @@ from chaos.observer import Observer
 from shared import kube
 from shared.api import names, quantities
 from testenv.cluster import LocalCluster
+from testenv.kwok import COMPLETE_DELAY_ANNOTATION
 from tests import tenancy
 
 USER: Final = "mallory"
@@ -1447,6 +1448,9 @@ class Tenant:
         name = f"mallory-replace-{r}"
         plan = load.JobPlan(name, QUOTA, "single", None, False, cpu="1", memory=False)
         body = load.job(plan, "mallory", namespace=NAMESPACE)
+        # Its pod runs (on a kwok node) for the whole attack instead of completing on the load's clock.
+        template_meta = body["spec"]["template"].setdefault("metadata", {})
+        template_meta.setdefault("annotations", {})[COMPLETE_DELAY_ANNOTATION] = "300s"
         target = f"{NAMESPACE}/{name}"
         held_pod = ""
         try:

@@ -12,10 +12,14 @@ admission policy refuses it, the pod stays gated and unbound, and the victim's u
 The second: alice relabels her released pod so that the Job controller lets go of it and makes a
 gated replacement; the reconciler deletes the pod that left its job, so one admission never runs
 two pods.
+
+The third: alice keeps a deleted pod terminating; it counts until it is gone, and no replacement
+runs beside it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -27,6 +31,7 @@ import yaml
 from shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster
+from testenv.kwok import COMPLETE_DELAY_ANNOTATION
 from tests import kube, tenancy
 
 pytestmark = pytest.mark.e2e
@@ -205,5 +210,77 @@ async def test_a_released_pod_relabelled_out_of_its_job_is_deleted_and_replaced_
         unit = json.loads(kube.kubectl(cluster, "get", "queueunit", "mover", "-n", ns, "-o", "json").stdout)
         assert [a.get("replicas") for a in unit["status"]["admissions"]] == [1], unit["status"]
     finally:
+        kube.kubectl(cluster, "delete", "jobs", "--all", "-n", ns, "--wait=false")
+        kube.kubectl(cluster, "delete", "elasticquota", quota_name, "-n", ns, "--ignore-not-found")
+
+
+async def test_a_pod_alice_deletes_keeps_its_place_until_it_is_gone(
+    e2e_cluster: LocalCluster, system_e2e: system.Processes, namespace_in: str
+) -> None:
+    """alice holds her running pod terminating with a finalizer of her own and deletes it: it
+    runs on (with a kubelet, for its whole grace period), so nothing may run beside it for the
+    same admission. Her Job runs with podReplacementPolicy Failed, so the real Job controller makes
+    no replacement meanwhile, and the unit keeps counting the pod; once she lets it go, the
+    replacement is made and released (docs/compatibility.md#pod-gating)."""
+    cluster, ns = e2e_cluster, namespace_in
+    quota_name = await alices_quota(cluster, ns)
+    submit = tenancy.as_user
+    name = ""
+    try:
+        keeper = job("keeper", quota_name, "", placeable=True)
+        del keeper["spec"]["template"]["spec"]["priorityClassName"]
+        keeper["spec"]["backoffLimit"] = 1
+        keeper["spec"]["template"]["metadata"] = {"annotations": {COMPLETE_DELAY_ANNOTATION: "300s"}}
+        done = submit(cluster, ALICE, "-n", ns, "create", "-f", "-", input_text=yaml.safe_dump(keeper))
+        assert done.returncode == 0, done.stderr
+        stored = json.loads(kube.kubectl(cluster, "get", "job", "keeper", "-n", ns, "-o", "json").stdout)
+        assert stored["spec"].get("podReplacementPolicy") == "Failed", stored["spec"]
+
+        async def running() -> dict[str, Any] | None:
+            live = pods_of(cluster, ns, "keeper")
+            return next((p for p in live if p["status"].get("phase") == "Running"), None)
+
+        first = await kube.eventually(running, timeout=60, what="the keeper's pod running")
+        name = first["metadata"]["name"]
+        hold = json.dumps({"metadata": {"finalizers": ["example.com/alice-hold"]}})
+        done = submit(cluster, ALICE, "-n", ns, "patch", "pod", name, "--type=merge", "-p", hold)
+        assert done.returncode == 0, done.stderr
+        done = submit(cluster, ALICE, "-n", ns, "delete", "pod", name, "--wait=false")
+        assert done.returncode == 0, done.stderr
+
+        def everything() -> list[dict[str, Any]]:
+            out = kube.kubectl(cluster, "get", "pods", "-n", ns, "-l", "job-name=keeper", "-o", "json")
+            return list(json.loads(out.stdout)["items"])
+
+        for _ in range(16):  # eight seconds for the Job controller and the reconciler to err
+            await asyncio.sleep(0.5)
+            others = [p for p in everything() if p["metadata"]["name"] != name]
+            assert all(gated(p) for p in others), [(p["metadata"]["name"], p["spec"]) for p in others]
+        unit = json.loads(kube.kubectl(cluster, "get", "queueunit", "keeper", "-n", ns, "-o", "json").stdout)
+        assert [(a.get("replicas"), a.get("running")) for a in unit["status"]["admissions"]] == [(1, 1)], unit
+
+        let_go = json.dumps([{"op": "remove", "path": "/metadata/finalizers"}])
+        done = submit(cluster, ALICE, "-n", ns, "patch", "pod", name, "--type=json", "-p", let_go)
+        assert done.returncode == 0, done.stderr
+        name = ""
+
+        async def replaced() -> bool:
+            return any(not gated(p) for p in pods_of(cluster, ns, "keeper"))
+
+        await kube.eventually(replaced, timeout=90, what="the replacement released once the pod is gone")
+    finally:
+        if name:
+            kube.kubectl(
+                cluster,
+                "patch",
+                "pod",
+                name,
+                "-n",
+                ns,
+                "--type=json",
+                "-p",
+                json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]),
+                check=False,
+            )
         kube.kubectl(cluster, "delete", "jobs", "--all", "-n", ns, "--wait=false")
         kube.kubectl(cluster, "delete", "elasticquota", quota_name, "-n", ns, "--ignore-not-found")
