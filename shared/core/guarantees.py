@@ -9,7 +9,8 @@ meaning of the same objects):
 
 1. A child's *request* is its usage plus its waiting demand, capped at its ``max``.
 2. Its *guarantee* is ``min(min, request)``: unused ``min`` is lent to siblings. A child labelled
-   ``allow-lent-resource: "false"`` keeps its whole ``min`` (nobody may borrow it).
+   ``allow-lent-resource: "false"`` keeps its whole ``min`` (nobody may borrow it). A child with
+   child quotas of its own keeps at least what their ``min`` claim of it (:func:`_claims_below`).
 3. What the parent can give (its ``max``, bounded by its own runtime when it has a parent quota,
    minus what units labelled with the parent itself ask for) goes first to the guarantees; the rest
    is divided by *water-filling* in proportion to ``shared-weight`` (default: the child's ``max``;
@@ -171,6 +172,7 @@ def compute(
                 if limit and all(now.get(r, 0) + v <= limit.get(r, now.get(r, 0) + v) for r, v in u.items())
             )
             sub_small[name] = quota.smallest_units(sub_small.get(name, ()) + small)
+    below = _claims_below(ledger, sub_pending)
     runtime: dict[str, Resources] = {}
     request: dict[str, Resources] = {}
     held: dict[str, Resources] = {}
@@ -183,9 +185,48 @@ def compute(
         seen.add(parent)
         kids = children[parent]
         if parent in runtime or parent in borrowing:
-            _divide(ledger, parent, kids, runtime, request, held, sub_pending, sub_small, pending)
+            _divide(ledger, parent, kids, runtime, request, held, sub_pending, sub_small, pending, below)
         order.extend(c for c in children[parent] if c in children)
     return Shares(runtime=runtime, request=request, guaranteed=held)
+
+
+def _claims_below(ledger: QuotaLedger, sub_pending: Mapping[str, Mapping[str, int]]) -> dict[str, Resources]:
+    """Per quota with child quotas, what its children's ``min`` claim of it in sum: a child that
+    does not lend claims its whole ``min``; one that lends, its ``min`` as far as its demand (its
+    usage plus waiting demand, capped at its ``max``) or its own children's claims reach. A parent
+    quota that lends claims at least that much of its own parent, so a guarantee deep in the tree
+    is never squeezed by a lending quota above it whose own demand is small."""
+    quotas, children = ledger.quotas, ledger.children()
+    claims: dict[str, Resources] = {}
+    sums: dict[str, Resources] = {}
+
+    def claim(name: str, path: frozenset[str]) -> Resources:
+        if name in claims:
+            return claims[name]
+        spec = quotas[name]
+        total: dict[str, int] = {}
+        for kid in children.get(name, ()):
+            if kid not in path:  # a cycle in the parent labels: its units fail the chain walk anyway
+                for r, v in claim(kid, path | {kid}).items():
+                    total[r] = total.get(r, 0) + v
+        if total:
+            sums[name] = total
+        used, pend = ledger.used(name), sub_pending.get(name, {})
+        out: dict[str, int] = {}
+        for r, floor in spec.min.items():
+            if not spec.lends:
+                out[r] = floor
+                continue
+            want = used.get(r, 0) + pend.get(r, 0)
+            if r in spec.max:
+                want = min(want, spec.max[r])
+            out[r] = min(floor, max(want, total.get(r, 0)))
+        claims[name] = out
+        return out
+
+    for name in sorted(children):
+        claim(name, frozenset({name}))
+    return sums
 
 
 def _borrowing_parents(ledger: QuotaLedger) -> frozenset[str]:
@@ -256,6 +297,7 @@ def _divide(
     sub_pending: Mapping[str, Mapping[str, int]],
     sub_small: Mapping[str, tuple[Resources, ...]],
     pending: Mapping[str, Resources],
+    below: Mapping[str, Resources],
 ) -> None:
     quotas = ledger.quotas
     limit = _limit(ledger, parent, runtime)
@@ -272,7 +314,7 @@ def _divide(
             # No waiting unit of it passes the max of its quota (or of one below): nothing to ask.
             asks[c] = dict(used[c])
     units = {c: sub_small[c] for c in kids if sub_pending.get(c) and sub_small.get(c)}
-    split = _Split(quotas, kids, cap, limit, used, units)
+    split = _Split(quotas, kids, cap, limit, used, units, below)
     full = {c: dict(a) for c, a in asks.items()}
     shares = _conserve(split, asks, units)
     # A demoted child keeps its claim on its min while a waiting unit of it fits there: a sibling
@@ -282,7 +324,10 @@ def _divide(
         runtime[c] = shares[c]
         request[c] = {r: v for r, v in sorted(asks[c].items()) if v}
         spec = quotas[c]
-        claim = {r: min(v, claims[c].get(r, 0)) if spec.lends else v for r, v in spec.min.items()}
+        claim = {
+            r: min(v, max(claims[c].get(r, 0), below.get(c, {}).get(r, 0))) if spec.lends else v
+            for r, v in spec.min.items()
+        }
         held[c] = {r: v for r, v in sorted(claim.items()) if v}
 
 
@@ -350,6 +395,8 @@ class _Split:
     limit: Mapping[str, int]
     used: Mapping[str, Resources]
     units: Mapping[str, tuple[Resources, ...]]
+    #: per child with child quotas, what their ``min`` claims of it (``_claims_below``)
+    below: Mapping[str, Resources]
 
     def run(self, asks: Mapping[str, Resources]) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {c: {} for c in self.kids}
@@ -368,7 +415,8 @@ class _Split:
         for c in self.kids:
             spec = self.quotas[c]
             floor = spec.min.get(r, 0)
-            guaranteed[c] = min(floor, want[c]) if spec.lends else floor
+            claimed = max(want[c], self.below.get(c, {}).get(r, 0))
+            guaranteed[c] = min(floor, claimed) if spec.lends else floor
         total = sum(guaranteed.values())
         if total >= cap:
             # The guarantees alone overrun the parent (an oversubscribed min): share by guarantee.

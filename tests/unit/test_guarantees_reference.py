@@ -14,7 +14,10 @@ helpers. After every cycle it checks:
 And once nothing more is admitted (**work conservation**): no unit is left waiting that fits under
 every ``max`` on its chain and, at each level, leaves the siblings what their ``min`` still holds
 for them (all of the unused ``min`` of a quota that does not lend; of one that lends, the unused
-part of its ``min`` its own waiting demand claims).
+part of its ``min`` its own waiting demand, or its children's claims, reach).
+
+Two hand-written examples join the drawn ones: a share rounded to whole units, and a five-quota
+tree where a lending quota's claim must cover a child that does not lend.
 """
 
 from __future__ import annotations
@@ -100,17 +103,29 @@ class Reference:
         parent = self.quotas[name].parent
         return sorted(q for q, spec in self.quotas.items() if spec.parent == parent and q != name)
 
-    def held_for(self, name: str) -> dict[str, int]:
-        """What ``name``'s ``min`` still holds for it: the unused part of it, all of it when the
-        quota does not lend, else only as far as its waiting demand reaches."""
-        spec, used = self.quotas[name], self.used(name)
-        want = self.pending(name)
+    def claim(self, name: str) -> dict[str, int]:
+        """How much of the parent ``name``'s ``min`` claims: all of it when the quota does not
+        lend, else as far as its usage plus waiting demand (capped at its ``max``), or what its own
+        children's ``min`` claim of it, reaches."""
+        spec, used, want = self.quotas[name], self.used(name), self.pending(name)
+        kids = [q for q, s in sorted(self.quotas.items()) if s.parent == name]
         out: dict[str, int] = {}
         for r in RESOURCES:
             floor = spec.min.get(r, 0)
-            claim = floor if not spec.lends else min(floor, used[r] + want[r])
-            out[r] = max(0, claim - used[r])
+            if not spec.lends:
+                out[r] = floor
+                continue
+            demand = used[r] + want[r]
+            if r in spec.max:
+                demand = min(demand, spec.max[r])
+            below = sum(self.claim(k)[r] for k in kids)
+            out[r] = min(floor, max(demand, below))
         return out
+
+    def held_for(self, name: str) -> dict[str, int]:
+        """What ``name``'s ``min`` still holds for it: its claim beyond what it uses."""
+        used = self.used(name)
+        return {r: max(0, v - used[r]) for r, v in self.claim(name).items()}
 
     def guaranteed_refusal(self, u: RefUnit) -> bool:
         """``u`` waits although it fits within ``min`` below the top and the parent has room."""
@@ -235,8 +250,25 @@ def _rounding_case() -> Reference:
     return Reference(quotas, units)
 
 
+def _deep_case() -> Reference:
+    """``a`` lends and asks little itself, but below it ``a2`` does not lend: ``a``'s claim on ``p``
+    must cover ``a2``'s reserved ``min`` too, or ``a1``'s guaranteed units are squeezed out."""
+    top = RefQuota("p", "", {"cpu": 10, "memory": 10}, {"cpu": 10, "memory": 10})
+    quotas = {
+        "p": top,
+        "a": RefQuota("a", "p", {"cpu": 5}, {"cpu": 10, "memory": 10}),
+        "b": RefQuota("b", "p", {"cpu": 5}, {"cpu": 10, "memory": 10}),
+        "a1": RefQuota("a1", "a", {"cpu": 2}, {"cpu": 10, "memory": 10}),
+        "a2": RefQuota("a2", "a", {"cpu": 3}, {"cpu": 10, "memory": 10}, lends=False),
+    }
+    sizes = [("a1", 1), ("a1", 1)] + [("b", 1)] * 6
+    units = {f"u{i}": RefUnit(f"u{i}", q, {"cpu": cpu, "memory": 0}) for i, (q, cpu) in enumerate(sizes)}
+    return Reference(quotas, units)
+
+
 @settings(max_examples=400, deadline=None)
 @example(_rounding_case())
+@example(_deep_case())
 @given(scenarios())
 def test_guarantees_hold_exactly_and_no_capacity_idles_while_a_unit_would_fit(ref: Reference) -> None:
     w = _world(ref)
