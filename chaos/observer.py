@@ -410,8 +410,9 @@ class PodView:
 
     @property
     def schedulable(self) -> bool:
-        """Live and either bound or free to be bound (no admission gate): it takes node resources."""
-        return self.live and (self.bound or not self.gated)
+        """Not finished, and either bound (being deleted too: it runs for its grace period) or
+        free to be bound (no admission gate, not being deleted): it takes node resources."""
+        return not self.terminal and (self.bound or (not self.gated and not self.deleting))
 
 
 def parse_pod(raw: Mapping[str, Any]) -> PodView:

@@ -145,8 +145,7 @@ ATTACKS: Final[dict[str, str]] = {
     "extension never grows an admission to the pods it finds (PodsBeyondAdmission instead), and "
     "the scheduler admits the added pods only within the quota",
     "delete-pod-to-run-replacement-beside-it": "a bound pod being deleted counts against the "
-    "admission until it is gone (its replacement waits gated); managed batch/v1 Jobs run with "
-    "podReplacementPolicy Failed",
+    "admission until it is gone: its replacement waits gated (shared/jobs/podplan.py PodView.live)",
     "pod-level-requests-above-containers": "reconciler charges a template's pod-level requests "
     "(spec.resources) as the kube-scheduler reserves them, not the containers' sum "
     "(shared/api/podtemplates.py)",

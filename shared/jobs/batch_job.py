@@ -50,10 +50,6 @@ class BatchJobAdapter(AdapterBase):
     def suspend_patch(self, job: Job, *, now_text: str) -> list[JsonPatchOp]:
         builder = self.begin_suspend(job, now_text=now_text)
         builder.set(("spec", "suspend"), True)
-        # A replacement pod only once the pod it replaces has finished, not while that one still
-        # terminates (docs/compatibility.md#batchv1-job): the terminating pod counts against the
-        # admission until it is gone, and its replacement waits gated meanwhile either way.
-        builder.set(("spec", "podReplacementPolicy"), "Failed")
         # The pod set is named after the job; under generateName the name is not known yet and
         # pods are mapped through their owner reference instead.
         self.gate_template(builder, ("spec", "template"), pod_set=base.name_of(job), job=job)
@@ -68,22 +64,7 @@ class BatchJobAdapter(AdapterBase):
 
     def admission_errors(self, old: Job | None, new: Job) -> list[base.JobSpecError]:
         """``koord-queue/job-min-parallelism`` must be a positive integer (refused at the door
-        with its field, not only reported on the unit later); ``spec.podReplacementPolicy`` stays
-        ``Failed`` once the webhook set it (docs/compatibility.md#batchv1-job)."""
-        policy = base.dig(new, "spec", "podReplacementPolicy")
-        if (
-            old is not None
-            and base.dig(old, "spec", "podReplacementPolicy") == "Failed"
-            and policy != "Failed"
-        ):
-            return [
-                base.JobSpecError(
-                    "spec.podReplacementPolicy",
-                    f"Forbidden: {policy!r}: koord-queue runs a queued Job with Failed, so that a "
-                    "pod's replacement is made only once the pod has finished, not while it still "
-                    "terminates beside it",
-                )
-            ]
+        with its field, not only reported on the unit later)."""
         value = base.annotations_of(new).get(names.JOB_MIN_PARALLELISM_ANNOTATION)
         if value is None or _min_parallelism(value) is not None:
             return []

@@ -341,23 +341,10 @@ async def test_a_pod_alice_deletes_counts_until_it_is_gone(env: Scenario) -> Non
     """A bound pod being deleted runs on for its grace period (docs/compatibility.md#pod-gating):
     while it terminates, the replacement stays gated; once it is gone, the replacement is
     released. There is no kubelet in this tier, so a bound pod alice deletes stays terminating
-    until the admin removes it for good. Her Job also runs with podReplacementPolicy Failed,
-    which she cannot change."""
+    until the admin removes it for good."""
     job = await admitted_without_pods(env, "replaced")
-    assert job["spec"].get("podReplacementPolicy") == "Failed", job["spec"]
-    code, out = alice(
-        env,
-        "patch",
-        "job",
-        "replaced",
-        "--type=merge",
-        "-p",
-        '{"spec": {"podReplacementPolicy": "TerminatingOrFailed"}}',
-    )
-    assert code != 0 and "podReplacementPolicy" in out, out
-    create_pod(
-        env, owned_pod("running", job, gate=False, node="node-x")
-    )  # as its controller and the scheduler would
+    # Bound, as its controller and the scheduler would have made it.
+    create_pod(env, owned_pod("running", job, gate=False, node="node-x"))
     code, out = alice(env, "delete", "pod", "running", "--wait=false")
     assert code == 0, out
     terminating = get_pod(env, "running")

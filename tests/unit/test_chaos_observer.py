@@ -754,3 +754,19 @@ def test_a_sibling_whose_usage_just_dropped_claims_from_its_earlier_usage(clock:
     t.wait(3)
     t.put(gunit("a-3", "a", cpu="1", replicas=1))
     assert t.violations[TAKEN] == 1
+
+
+def test_a_terminating_bound_pod_still_counts_against_the_admission(clock: Clock) -> None:
+    """A bound pod being deleted runs for its grace period: a released replacement beside it is one
+    pod more than an admission of one (docs/compatibility.md#pod-gating)."""
+    o = observer()
+    feed_unit(o, unit(replicas=1))
+    feed_job(o, job())
+    leaving = pod("p1", node="n1")
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    feed_pod(o, leaving, f"{NS}/p1")
+    assert not o.violation_counts[SCHEDULABLE]
+    feed_pod(o, pod("p2", gated=True), f"{NS}/p2")
+    assert not o.violation_counts[SCHEDULABLE]  # the replacement waits behind its gate
+    feed_pod(o, pod("p2"), f"{NS}/p2")
+    assert o.violation_counts[SCHEDULABLE] == 1

@@ -61,23 +61,3 @@ async def test_a_gated_or_unbound_deleted_pod_does_not_hold_the_quota() -> None:
     held = {**JOB, "spec": {"suspend": True}}
     assert await hold(client, [pod(bound=False, deleting=False), pod(bound=False, deleting=True)], held)
     assert [(res, sub) for res, _, sub in client.patches] == [("queueunits", "status")]
-
-
-def test_a_queued_batch_job_runs_with_pod_replacement_policy_failed_and_keeps_it() -> None:
-    """docs/compatibility.md#batchv1-job: the Job controller replaces a pod only once it finished."""
-    adapter = registry.by_kind("batch/v1", "Job")
-    assert adapter is not None
-    job: dict[str, Any] = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "j", "namespace": "ns", "labels": {"quota.scheduling.koordinator.sh/name": "q"}},
-        "spec": {"podReplacementPolicy": "TerminatingOrFailed", "template": {"spec": {"containers": []}}},
-    }
-    ops = adapter.suspend_patch(job, now_text="t")
-    assert {"op": "add", "path": "/spec/podReplacementPolicy", "value": "Failed"} in ops or any(
-        op["path"] == "/spec/podReplacementPolicy" and op.get("value") == "Failed" for op in ops
-    )
-    kept = {**job, "spec": {**job["spec"], "podReplacementPolicy": "Failed"}}
-    assert adapter.admission_errors(kept, kept) == []
-    [error] = adapter.admission_errors(kept, job)
-    assert error.path == "spec.podReplacementPolicy"
