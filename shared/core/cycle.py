@@ -403,6 +403,9 @@ class Cycle:
             times.append(qs.last_attempt_at + BLOCK_STALE_SECONDS)
         if qs.marks:
             times.append(min(m.marked_at for m in qs.marks.values()) + 60.0)
+        deadline = qs.reclaim_deadline()
+        if deadline is not None:
+            times.append(deadline)
         if times:
             self.state.timers[qs.name] = max(min(times), self.now)
         else:

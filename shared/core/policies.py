@@ -12,6 +12,8 @@ state (docs/architecture.md#decision-2-the-cluster-is-the-source-of-truth):
 * ``assumed``: units holding quota whose pods are not all running, sorted the same way.
 * ``in_flight`` / ``marks``: victims whose reclaim is observed on the unit, or decided and not
   yet observed ("capacity on the way", docs/architecture.md#decision-4-asynchronous-preemption);
+  an observed reclaim not carried out within :data:`RECLAIM_TIMEOUT` of being first seen is no
+  longer counted on (``stale``), so the preemptor chooses other victims;
   ``round``: the queue's one preemption round.
 * ``updating``: units admitted by a plan whose write has not been observed yet.
 * ``blocked``: Block/Intelligent's blocked quota. Units reach a queue through their quota label,
@@ -45,6 +47,7 @@ from shared.core.quota import Demand, QuotaLedger, remaining_request
 
 __all__ = [
     "MARK_OBSERVE_TIMEOUT",
+    "RECLAIM_TIMEOUT",
     "Entry",
     "Mark",
     "ParkRecord",
@@ -61,6 +64,13 @@ __all__ = [
 
 #: A decided mark not observed on the victim within this many seconds is taken as a failed write.
 MARK_OBSERVE_TIMEOUT = 60.0
+#: An observed reclaim (``reclaimState`` on the victim) still not carried out this many seconds after
+#: the scheduler first saw it is no longer capacity on the way: whoever plays the job extension for
+#: that unit is not acting on it (the job stopped being managed, an external controller is gone),
+#: and the preemptor waiting on it marks other victims instead
+#: (docs/compatibility.md#reclaim-by-the-job-extension). Counted from when this process first saw
+#: it, so a restart starts the bound again.
+RECLAIM_TIMEOUT = 120.0
 
 Item = tuple[int | float | str, ...]
 
@@ -161,6 +171,10 @@ class QueueState:
         self.assumed: list[Item] = []
         self.assumed_items: dict[str, Item] = {}
         self.in_flight: dict[str, dict[str, int]] = {}
+        #: when each ``in_flight`` reclaim was first seen by :meth:`expire` (its clock), and those
+        #: past :data:`RECLAIM_TIMEOUT`
+        self.in_flight_seen: dict[str, float] = {}
+        self.stale: set[str] = set()
         self.marks: dict[str, Mark] = {}
         self.updating: set[str] = set()
         #: the version each unit in ``updating`` had when its admission was decided
@@ -192,9 +206,13 @@ class QueueState:
         key = unit.key
         reclaim = {a.name: a.reclaim_replicas for a in unit.admissions if a.reclaim_replicas is not None}
         if reclaim:
+            if key not in self.in_flight:
+                self.dirty = True  # the next scan starts its RECLAIM_TIMEOUT (``expire``)
             self.in_flight[key] = reclaim
             self.marks.pop(key, None)
         elif self.in_flight.pop(key, None) is not None:
+            self.in_flight_seen.pop(key, None)
+            self.stale.discard(key)
             self.dirty = True
         self._set_assumed(unit)
         if is_waiting(unit):
@@ -238,8 +256,9 @@ class QueueState:
         item = self.assumed_items.pop(key, None)
         if item is not None:
             del self.assumed[bisect.bisect_left(self.assumed, item)]
-        for table in (self.in_flight, self.marks, self.parked):
+        for table in (self.in_flight, self.marks, self.parked, self.in_flight_seen):
             table.pop(key, None)
+        self.stale.discard(key)
         self.unparked.discard(key)
         self.updating.discard(key)
         self.updating_versions.pop(key, None)
@@ -282,6 +301,11 @@ class QueueState:
             if now - self.marks[key].marked_at > MARK_OBSERVE_TIMEOUT:
                 del self.marks[key]
                 self.dirty = True
+        for key in sorted(self.in_flight):
+            seen = self.in_flight_seen.setdefault(key, now)
+            if key not in self.stale and now - seen > RECLAIM_TIMEOUT:
+                self.stale.add(key)
+                self.dirty = True
         round_ = self.round
         if round_ is None:
             return
@@ -294,8 +318,13 @@ class QueueState:
         return self.config.policy is QueuePolicy.INTELLIGENT or self.config.max_depth > 0
 
     def on_the_way(self, key: str) -> bool:
-        """A reclaim was decided for ``key`` and has not finished."""
-        return key in self.in_flight or key in self.marks
+        """A reclaim was decided for ``key`` and has not finished (nor gone stale)."""
+        return (key in self.in_flight and key not in self.stale) or key in self.marks
+
+    def reclaim_deadline(self) -> float | None:
+        """When the oldest observed reclaim still counted on goes stale (for the queue's timer)."""
+        times = [t + RECLAIM_TIMEOUT for k, t in self.in_flight_seen.items() if k not in self.stale]
+        return min(times) if times else None
 
     def reclaim_on_the_way(self, key: str) -> dict[str, int]:
         mark = self.marks.get(key)
@@ -357,6 +386,8 @@ def rebuild(
     """A state for a changed Queue spec, keeping what is in progress (marks, round, admissions)."""
     fresh = QueueState(config)
     fresh.marks = state.marks
+    fresh.in_flight_seen = state.in_flight_seen
+    fresh.stale = state.stale
     fresh.round = state.round
     fresh.updating = state.updating
     fresh.updating_versions = state.updating_versions

@@ -182,7 +182,7 @@ def _on_the_way(ctx: _Ctx, preemptor: Item) -> tuple[list[str], Resources]:
     released: Resources = {}
     for key in sorted(state.in_flight.keys() | state.marks.keys()):
         unit = ctx.units.get(key)
-        if unit is None:
+        if unit is None or not state.on_the_way(key):
             continue
         item = (*state.sort_key(unit), key)
         if item <= preemptor:

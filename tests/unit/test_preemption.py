@@ -16,7 +16,7 @@ from shared.api.model import Unit
 from shared.api.names import Message
 from shared.api.predicates import expected_pod_sets
 from shared.core.ordering import priority_key
-from shared.core.policies import is_waiting
+from shared.core.policies import RECLAIM_TIMEOUT, is_waiting
 from shared.core.preemption import (
     NO_VICTIMS,
     PREEMPTION_DISABLED,
@@ -533,3 +533,32 @@ def test_s21_block_with_wait_for_pods_running_and_a_late_high_priority_job() -> 
     w.add(unit("pi-3").quota("q").priority(100).cpu("1"))
     assert _marked(w.cycle()) == {"pi-1": {"pi-1": 1}}
     assert admits(w.cycle()) == ["pi-3"]
+
+
+# --- a reclaim nobody carries out expires (docs/compatibility.md#reclaim-by-the-job-extension) ------
+
+
+def test_a_reclaim_not_carried_out_within_the_bound_expires_and_other_victims_are_chosen() -> None:
+    w = World(quota("q", cpu="4"), queues=(queue("q").preemption(),))
+    for name in ("a", "b"):
+        w.add(unit(name).quota("q").priority(1).cpu("2").admitted(1))
+    w.add(unit("p").quota("q").priority(90).cpu("2"))
+    assert _marked(w.cycle()) == {"b": {"b": 1}}
+    assert w.u("b").admissions[0].reclaim_replicas == 1  # observed on the victim
+    # Nobody carries it out (its job is no longer managed, say): within the bound p keeps waiting.
+    assert w.cycle().marks == []  # the scan that sees the reclaim starts the bound
+    assert w.cycle(RECLAIM_TIMEOUT / 2).marks == []
+    plan = w.cycle(RECLAIM_TIMEOUT / 2 + 1)
+    assert _marked(plan) == {"a": {"a": 1}}  # b is never marked twice; a is chosen instead
+    assert w.cycle().marks == []  # a is on the way now
+
+
+def test_a_reclaim_carried_out_in_time_is_waited_for() -> None:
+    w = World(quota("q", cpu="4"), queues=(queue("q").preemption(),))
+    for name in ("a", "b"):
+        w.add(unit(name).quota("q").priority(1).cpu("2").admitted(1))
+    w.add(unit("p").quota("q").priority(90).cpu("2"))
+    assert _marked(w.cycle()) == {"b": {"b": 1}}
+    assert w.cycle(RECLAIM_TIMEOUT - 10).marks == []
+    assert w.cycle(5).marks == []  # still within the bound: b is counted on, a is left alone
+    assert w.u("a").admissions[0].reclaim_replicas is None
