@@ -289,7 +289,7 @@ async def test_a_unit_annotation_cannot_be_added_to_a_pod_that_exists(env: Scena
         f"{names.RELATED_PODSET_ANNOTATION}=main",
     ):
         code, out = alice(env, "annotate", "pod", "mine", link)
-        assert code != 0 and POLICY in out and "cannot be added" in out, (link, out)
+        assert code != 0 and POLICY in out and "nor added to a pod that exists" in out, (link, out)
     stored = get_pod(env, "mine")
     assert stored is not None
     stored["metadata"]["annotations"] = dict(job["spec"]["template"]["metadata"]["annotations"])
