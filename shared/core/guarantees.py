@@ -49,9 +49,9 @@ Pure: standard library and sibling modules only.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 from shared.api import quantities
 from shared.api.model import Quota, Unit
@@ -156,6 +156,8 @@ def compute(
     quotas = ledger.quotas
     sub_pending: dict[str, dict[str, int]] = {}
     sub_small: dict[str, tuple[Resources, ...]] = {}
+    usage: dict[str, Resources] = {}
+    gathered: dict[str, list[Resources]] = {}
     for leaf, pend in sorted(pending.items()):
         if leaf not in quotas or not pend:
             continue
@@ -165,14 +167,19 @@ def compute(
             for r, v in pend.items():
                 acc[r] = acc.get(r, 0) + v
             # A unit the max of a quota on its way up refuses cannot use a share above it.
-            limit, now = quotas[name].max, ledger.used(name)
+            limit = quotas[name].max
+            now = usage.get(name)
+            if now is None:
+                now = usage[name] = ledger.used(name)
             small = tuple(
                 u
                 for u in small
-                if limit and all(now.get(r, 0) + v <= limit.get(r, now.get(r, 0) + v) for r, v in u.items())
+                if limit and all(r not in limit or now.get(r, 0) + v <= limit[r] for r, v in u.items())
             )
-            sub_small[name] = quota.smallest_units(sub_small.get(name, ()) + small)
-    below = _claims_below(ledger, sub_pending)
+            gathered.setdefault(name, []).extend(small)
+    for name, found in gathered.items():
+        sub_small[name] = quota.smallest_units(found) if len(found) > 1 else tuple(found)
+    below = _claims_below(ledger, sub_pending, usage)
     runtime: dict[str, Resources] = {}
     request: dict[str, Resources] = {}
     held: dict[str, Resources] = {}
@@ -190,7 +197,9 @@ def compute(
     return Shares(runtime=runtime, request=request, guaranteed=held)
 
 
-def _claims_below(ledger: QuotaLedger, sub_pending: Mapping[str, Mapping[str, int]]) -> dict[str, Resources]:
+def _claims_below(
+    ledger: QuotaLedger, sub_pending: Mapping[str, Mapping[str, int]], usage: dict[str, Resources]
+) -> dict[str, Resources]:
     """Per quota with child quotas, what its children's ``min`` claim of it in sum: a child that
     does not lend claims its whole ``min``; one that lends, its ``min`` as far as its demand (its
     usage plus waiting demand, capped at its ``max``) or its own children's claims reach. A parent
@@ -211,7 +220,13 @@ def _claims_below(ledger: QuotaLedger, sub_pending: Mapping[str, Mapping[str, in
                     total[r] = total.get(r, 0) + v
         if total:
             sums[name] = total
-        used, pend = ledger.used(name), sub_pending.get(name, {})
+        if not spec.min:
+            claims[name] = {}
+            return claims[name]
+        used = usage.get(name)
+        if used is None:
+            used = usage[name] = ledger.used(name)
+        pend = sub_pending.get(name, {})
         out: dict[str, int] = {}
         for r, floor in spec.min.items():
             if not spec.lends:
@@ -225,7 +240,8 @@ def _claims_below(ledger: QuotaLedger, sub_pending: Mapping[str, Mapping[str, in
         return out
 
     for name in sorted(children):
-        claim(name, frozenset({name}))
+        if quotas[name].parent in children:  # only a quota divided among siblings needs its sum
+            claim(name, frozenset({name}))
     return sums
 
 
@@ -319,7 +335,10 @@ def _divide(
     shares = _conserve(split, asks, units)
     # A demoted child keeps its claim on its min while a waiting unit of it fits there: a sibling
     # may use its share, not the min that unit is about to use.
-    claims = {c: full[c] if _within(units.get(c, ()), quotas[c].min, used[c]) else asks[c] for c in kids}
+    claims = {
+        c: full[c] if asks[c] != full[c] and _within(units.get(c, ()), quotas[c].min, used[c]) else asks[c]
+        for c in kids
+    }
     for c in kids:
         runtime[c] = shares[c]
         request[c] = {r: v for r, v in sorted(asks[c].items()) if v}
@@ -338,44 +357,38 @@ def _conserve(
     cannot use it now, so its request drops to its usage (``asks`` is updated) and the others
     divide the rest. Returns the final shares.
 
-    A child no unit of which would fit even with everything its siblings do not use is demoted at
-    once, unless a unit fits within its ``min`` (the reclaim across quotas frees room for that).
-    The others are demoted one at a time (a child may lack room only because a sibling holds a
-    share it cannot use), and afterwards a demoted child is given its request back whenever, with
-    it, it and every child still asking would each fit a unit. At most ``2 x children + 1``
-    divisions."""
-    used, limit = split.used, split.cap
+    Every child that cannot use its share is demoted and the division made again, until all that
+    still ask can. A child may have lacked room only because a sibling held a share it could not
+    use, so afterwards each demoted child whose unit would fit in its share plus what the division
+    leaves over is tried with its request back, and keeps it when it and every child still asking
+    each fit a unit. Usually two divisions; never more than ``2 x children + 1``."""
+    used, cap = split.used, split.cap
     full = {c: dict(a) for c, a in asks.items()}
 
     def fits(c: str, room: Mapping[str, int]) -> bool:
         return _fits_one(units[c], room, used[c], split.quotas[c].max)
 
+    def leftover(shares: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+        return {r: v - sum(shares[k].get(r, 0) for k in split.kids) for r, v in cap.items()}
+
     demoted: list[str] = []
-    for c in sorted(units):
-        best = {
-            r: v - sum(used[o].get(r, 0) for o in split.kids if o != c) + used[c].get(r, 0)
-            for r, v in limit.items()
-        }
-        if not fits(c, best) and not _within(units[c], split.quotas[c].min, used[c]):
+    shares = split.run(asks)
+    while unable := [c for c in sorted(units) if c not in demoted and not fits(c, shares[c])]:
+        for c in unable:
             asks[c] = dict(used[c])
             demoted.append(c)
-    hopeless = set(demoted)
-    shares = split.run(asks)
-    while True:
-        unable = [c for c in sorted(units) if c not in demoted and not fits(c, shares[c])]
-        if not unable:
-            break
-        asks[unable[0]] = dict(used[unable[0]])
-        demoted.append(unable[0])
         shares = split.run(asks)
-    for c in [d for d in demoted if d not in hopeless]:
-        trial = {**asks, c: full[c]}
-        tried = split.run(trial)
+    left = leftover(shares) if demoted else {}
+    for c in sorted(demoted):
+        if not fits(c, {r: shares[c].get(r, 0) + v for r, v in left.items()}):
+            continue  # nothing left over that it could use: the others keep their shares
+        tried = split.run({**asks, c: full[c]})
         asking = [k for k in sorted(units) if k not in demoted or k == c]
         if all(fits(k, tried[k]) for k in asking):
             asks[c] = full[c]
             demoted.remove(c)
             shares = tried
+            left = leftover(shares)
     return shares
 
 
@@ -397,6 +410,20 @@ class _Split:
     units: Mapping[str, tuple[Resources, ...]]
     #: per child with child quotas, what their ``min`` claims of it (``_claims_below``)
     below: Mapping[str, Resources]
+    _by_resource: dict[str, tuple[dict[str, list[int]], dict[str, int], dict[str, int]]] = field(
+        default_factory=dict
+    )
+
+    def _sizes(self, r: str) -> tuple[dict[str, list[int]], dict[str, int], dict[str, int]]:
+        """Per child: its units' requests of ``r``, the smallest (its step; 0: no rounding), and its
+        weight on ``r`` (none of them depends on what the children ask)."""
+        found = self._by_resource.get(r)
+        if found is None:
+            sizes = {c: [u.get(r, 0) for u in self.units.get(c, ())] for c in self.kids}
+            steps = {c: min(v) if v else 0 for c, v in sizes.items()}
+            weights = {c: weight(self.quotas[c], r, unlimited=self.limit[r]) for c in self.kids}
+            found = self._by_resource[r] = (sizes, steps, weights)
+        return found
 
     def run(self, asks: Mapping[str, Resources]) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {c: {} for c in self.kids}
@@ -408,9 +435,7 @@ class _Split:
     def _resource(self, r: str, asks: Mapping[str, Resources]) -> dict[str, int]:
         cap = self.cap[r]
         want = {c: asks[c].get(r, 0) for c in self.kids}
-        weights = {c: weight(self.quotas[c], r, unlimited=self.limit[r]) for c in self.kids}
-        sizes = {c: [u.get(r, 0) for u in self.units.get(c, ())] for c in self.kids}
-        steps = {c: min(v) if v else 0 for c, v in sizes.items()}
+        sizes, steps, weights = self._sizes(r)
         guaranteed: dict[str, int] = {}
         for c in self.kids:
             spec = self.quotas[c]
@@ -447,9 +472,10 @@ class _Split:
         return alloc
 
 
-def _order(alloc: int, weight: int) -> tuple[bool, Fraction]:
-    """Who takes the next leftover step: the lowest share per weight (exact), unweighted last."""
-    return (weight <= 0, Fraction(alloc, weight) if weight > 0 else Fraction(alloc))
+def _order(alloc: int, weight: int) -> float:
+    """Who takes the next leftover step: the lowest share per weight, unweighted last (an order
+    between children, never a quantity: ties fall to the name)."""
+    return alloc / weight if weight > 0 else math.inf
 
 
 # --- reclaim across quotas -----------------------------------------------------------------------
