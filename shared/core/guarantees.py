@@ -21,9 +21,10 @@ meaning of the same objects):
    below its guarantee, nor so far that a unit which fitted on that resource no longer does.
 5. *Work conservation*, judged on whole units (a unit fits only if it fits on every resource): a
    child none of whose waiting units fits its share cannot use it; its request is lowered to its
-   usage and the parent's division is made again, one child at a time, so its share goes to
-   siblings that can use it rather than staying idle (:func:`_conserve`). Its claim on its ``min``
-   stands while one of its units fits there.
+   usage and the parent's division is made again (a demoted child whose unit fits in what is
+   left over gets its request back), so its share goes to siblings that can use it rather than
+   staying idle (:func:`_conserve`). Its claim on its ``min`` stands while one of its units fits
+   there.
 
 So the guarantee is exact (docs/compatibility.md#quota-guarantees): a child's runtime is never
 below its guarantee, so a unit within ``min`` at every level below the top is admitted whenever
