@@ -118,6 +118,9 @@ ATTACKS: Final[dict[str, str]] = {
     "relabel-to-another-quota": "validating webhook: the quota label is frozen while unfinished "
     "(and the quota-binding policy)",
     "remove-quota-label": "validating webhook: the quota label cannot be removed while unfinished",
+    "child-of-missing-parent": "reconciler resolves a Job's claimed parent: a labelled Job whose "
+    "controller reference names a TFJob that does not exist is queued like any labelled Job, held "
+    "again if it ran (HeldUnadmitted); the webhook cannot resolve owners, so it is let in unheld",
     "forged-owner-on-queued-job": "validating webhook: no write takes an unfinished managed job out of "
     "the queue, so no controller owner reference naming a queued kind can be added to it "
     "(docs/operations.md#mandatory-queueing)",
@@ -564,6 +567,7 @@ class Tenant:
             self.forged_pod(r, pick(victims, 0), own_namespace=True),
             self.forged_pod(r, pick(victims, 1), own_namespace=False),
             self.label_running_job(r),
+            self.child_of_missing_parent(r),
             self.job_naming_unbound_quota(r),
             self.hidden_size(r, pod_level=True),
             self.hidden_size(r, pod_level=False),
@@ -1192,6 +1196,47 @@ class Tenant:
             self.record(attack, r, target, "undone", "accepted; held and queued by the reconciler", seconds)
         else:
             self.record(attack, r, target, "SUCCEEDED", f"accepted and not held within {UNDO_S:.0f}s")
+
+    async def child_of_missing_parent(self, r: int) -> None:
+        """A labelled Job of hers claiming, by a controller reference, a TFJob that does not exist:
+        were the claim read, not resolved, the Job would be the parent's child and run unqueued.
+        Judged on the stored Job: held within the bound, or gone (the garbage collector deletes a
+        dependent whose owner does not exist), or a bypass."""
+        attack = "child-of-missing-parent"
+        m = self.mallory
+        assert m is not None
+        name = f"mallory-child-{r}"
+        body = load.job(load.JobPlan(name, QUOTA, "single", None, False), "mallory", namespace=NAMESPACE)
+        body["spec"]["template"]["spec"]["containers"] = [load.container("100m")]
+        body["metadata"]["ownerReferences"] = [dict(FORGED_OWNER)]
+        created = await self.send(lambda: m.create(JOBS, body, namespace=NAMESPACE))
+        target = f"{NAMESPACE}/{name}"
+        if created.status != "accepted":
+            outcome = "refused" if created.status == "refused" else "skipped"
+            self.record(attack, r, target, outcome, created.message)
+            return
+        if (created.obj.get("spec") or {}).get("suspend") is True:
+            self.record(attack, r, target, "neutralised", "accepted, but held at creation")
+            return
+        gone = False
+
+        async def held_or_gone() -> bool:
+            nonlocal gone
+            try:
+                return await self._job_held_again(NAMESPACE, name)
+            except kube.NotFound:
+                gone = True
+                return True
+
+        seconds = await self._until(held_or_gone, UNDO_S)
+        if seconds is None:
+            self.record(attack, r, target, "SUCCEEDED", f"accepted and not held within {UNDO_S:.0f}s")
+        elif gone:
+            self.record(
+                attack, r, target, "neutralised", "garbage collected: its claimed owner does not exist"
+            )
+        else:
+            self.record(attack, r, target, "undone", "accepted; held and queued by the reconciler", seconds)
 
     async def job_naming_unbound_quota(self, r: int) -> None:
         """A Job in her namespace under one of the load's quotas, which are not bound to it."""

@@ -101,6 +101,7 @@ def test_a_forged_owner_is_judged_on_the_stored_job_alone() -> None:
     """docs/operations.md#mandatory-queueing: a queued job cannot gain a controller reference that
     would make it another managed job's child; the judgement reads only the stored object."""
     assert "forged-owner-on-queued-job" in tenant.ATTACKS
+    assert "child-of-missing-parent" in tenant.ATTACKS
     job = {"metadata": {"ownerReferences": [dict(tenant.FORGED_OWNER)]}}
     assert tenant.forged_controller(job)
     plain = {**tenant.FORGED_OWNER, "controller": False}
