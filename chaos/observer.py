@@ -52,8 +52,9 @@ Invariants checked continuously (each check evaluation is counted in :attr:`Obse
     Nothing is admitted whose quota chain is broken (a missing quota) or whose demand cannot be
     read (an unparsable quantity).
 ``guarantee-unserved`` / ``guarantee-taken``
-    Below a parent quota, work that fits within a quota's ``min`` is served within one reclaim
-    round once room exists or borrowed capacity that does not run could be reclaimed, and no
+    Below a parent quota, each unit that fits within its quota's ``min`` is served (admitted
+    itself) within one reclaim round once room exists or borrowed capacity that does not run could
+    be reclaimed, and no
     borrowing admission takes what a sibling's ``min`` still claims. The rules, their clocks and
     what they tolerate are in :mod:`chaos.guarantee_watch`; the clocks stop while a fault window
     is open (:meth:`Observer.disturb`).
