@@ -493,3 +493,23 @@ def test_a_child_whose_units_fit_no_share_leaves_it_to_a_sibling_whose_unit_fits
     for i in range(2):
         w.add(unit(f"b-{i}").quota("b").created(3.0 + i).podset(f"b-{i}", 1, cpu="5", memory="5Gi"))
     assert sorted(settle(w)) == ["b-0", "b-1"]
+
+
+def test_a_queue_s_least_units_are_judged_whole_not_per_resource() -> None:
+    """``Demand.floors`` keeps every waiting unit no other one is below on every resource: a wide
+    and a tall unit both stay (per-resource minimums would invent a unit that is small on both)."""
+    from shared.core.quota import Demand, smallest_units
+
+    demand = Demand()
+    wide, tall, big = (
+        {"cpu": 6000, "memory": 1000},
+        {"cpu": 1000, "memory": 6000},
+        {"cpu": 7000, "memory": 7000},
+    )
+    for request in (wide, tall, big, wide):
+        demand.add(request)
+    assert demand.floors() == (tall, wide)
+    assert demand.minimums() == {"cpu": 1000, "memory": 1000}
+    demand.remove(tall)
+    assert demand.floors() == (wide,)
+    assert smallest_units([{"cpu": 0, "memory": 5}, {"memory": 5}, {"memory": 7}]) == ({"memory": 5},)
