@@ -220,5 +220,11 @@ def owned_by_another(unit: kube.Obj, key: JobKey, job: kube.Obj) -> bool:
     return _names_consumer(unit, key) and bool(owners) and uid_of(job) not in owners
 
 
+def owns(unit: kube.Obj, key: JobKey, job: kube.Obj) -> bool:
+    """``unit`` is ``job``'s own: it names the job as its consumer and is owned by the job's UID."""
+    uid = uid_of(job)
+    return uid is not None and _names_consumer(unit, key) and uid in _owners(unit, key)
+
+
 def uid_of(obj: kube.Obj | None) -> str | None:
     return str(((obj or {}).get("metadata") or {}).get("uid") or "") or None

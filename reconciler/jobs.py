@@ -235,6 +235,11 @@ class JobExtensions:
             return False
         return mandatory.is_managed(adapter, job, mandatory=self.mandatory_in(namespace))
 
+    def has_own_unit(self, adapter: JobAdapter, job: Job, key: JobKey) -> bool:
+        """Whether ``job`` has its own QueueUnit (made for it, owned by its UID)."""
+        unit = self.units().get(f"{key.namespace}/{adapter.queue_unit_name(job)}")
+        return unit is not None and job_units.owns(unit, key, dict(job))
+
     @staticmethod
     def _claim(adapter: JobAdapter, job: Job) -> batch_job.ParentClaim | None:
         if (adapter.api_version, adapter.kind) != _BATCH_JOB:
@@ -431,22 +436,18 @@ class JobExtensions:
         def handle(old: kube.Obj | None, new: kube.Obj | None) -> None:
             obj = new or old or {}
             meta = obj.get("metadata") or {}
+            key = JobKey(
+                adapter.api_version, adapter.kind, str(meta.get("namespace", "")), str(meta.get("name", ""))
+            )
             if (
                 new is not None
                 and not self.managed(adapter, new)
                 and (old is None or not self.managed(adapter, old))
+                and not self.has_own_unit(adapter, new, key)
             ):
                 return
             finished = new is not None and adapter.job_status(new) in (JobStatus.SUCCEEDED, JobStatus.FAILED)
-            self.mark(
-                JobKey(
-                    adapter.api_version,
-                    adapter.kind,
-                    str(meta.get("namespace", "")),
-                    str(meta.get("name", "")),
-                ),
-                urgent=finished,
-            )
+            self.mark(key, urgent=finished)
 
         return handle
 
@@ -551,13 +552,17 @@ class JobExtensions:
             if gone is not None and job_units.orphaned(gone, key, None):
                 await self._release_orphan(gone, gone_key, None)
             return
-        if not self.managed(adapter, job):
-            return
-        if await self._genuine_child(adapter, job, key.namespace):
-            return  # its parent's unit accounts for it
-        if adapter.quota_name(job) is None:
-            await self._default_quota(key, adapter, job)
-            return  # the label's watch event brings us back
+        if not adapter.is_managed(job) and not self.has_own_unit(adapter, job, key):
+            if not self.managed(adapter, job):
+                return
+            if await self._genuine_child(adapter, job, key.namespace):
+                return  # its parent's unit accounts for it
+            if adapter.quota_name(job) is None:
+                await self._default_quota(key, adapter, job)
+                return  # the label's watch event brings us back
+        # A job with its own unit stays managed until it finishes, even if it no longer looks
+        # managed (its label or owners changed past the webhook): its unit keeps it held, or keeps
+        # charging it and is reported finished (docs/architecture.md#trust-boundaries).
         unit_name = adapter.queue_unit_name(job)
         unit_key = f"{key.namespace}/{unit_name}"
         unit = self.units().get(unit_key)

@@ -192,3 +192,65 @@ async def test_a_parent_of_a_kind_not_enabled_makes_no_exception() -> None:
     )
     await reconcile(jobs, labelled_job(suspended=True, owners=[OWNER]))
     assert [c["kind"] for c in client.creates] == ["QueueUnit"]
+
+
+# --- a job that stops being managed keeps its unit ------------------------------------------------
+
+
+def own_unit(job: kube.Obj) -> kube.Obj:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": "QueueUnit",
+        "metadata": {
+            "name": "child",
+            "namespace": "ns",
+            "resourceVersion": "7",
+            "labels": {names.QUOTA_NAME_LABEL: "q"},
+            "annotations": {names.JOB_HAS_ENQUEUED_ANNOTATION: "true"},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "child", "uid": "job-uid"}],
+        },
+        "spec": {
+            "consumerRef": {"apiVersion": "batch/v1", "kind": "Job", "name": "child", "namespace": "ns"},
+            "queue": "q",
+            "podSet": [{"name": "child", "count": 1, "template": job["spec"]["template"]}],
+        },
+        "status": {"phase": "Enqueued"},
+    }
+
+
+def unlabelled(job: kube.Obj) -> kube.Obj:
+    job["metadata"]["labels"] = {}
+    return job
+
+
+async def test_a_queued_job_that_lost_its_label_past_the_door_stays_held() -> None:
+    client = ResolvingClient({})
+    job = unlabelled(labelled_job(suspended=False))
+    units = {"ns/child": own_unit(job)}
+    jobs = JobExtensions(
+        client,  # type: ignore[arg-type]
+        adapters=registry.enabled_adapters(("job",)),
+        units=lambda: units,
+        priority_classes=dict,
+        events=FakeEvents(),  # type: ignore[arg-type]
+    )
+    await reconcile(jobs, job)
+    assert suspended_by(client)  # released without admission: held again, its unit kept
+
+
+async def test_an_unlabelled_job_without_a_unit_of_its_own_is_not_ours() -> None:
+    client = ResolvingClient({})
+    job = unlabelled(labelled_job(suspended=False))
+    foreign = own_unit(job)
+    foreign["metadata"]["ownerReferences"][0]["uid"] = "an-earlier-job"
+    units = {"ns/child": foreign}
+    jobs = JobExtensions(
+        client,  # type: ignore[arg-type]
+        adapters=registry.enabled_adapters(("job",)),
+        units=lambda: units,
+        priority_classes=dict,
+        events=FakeEvents(),  # type: ignore[arg-type]
+    )
+    await reconcile(jobs, job)
+    assert client.patches == [] and client.creates == []
+    assert jobs.has_own_unit(jobs.adapters[("batch/v1", "Job")], job, KEY) is False
