@@ -217,7 +217,8 @@ RECONCILER_DENIED = (
     ("", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "someone-else", "patch"),
     ("", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "", "list"),
     ("", "apiextensions.k8s.io", "customresourcedefinitions", "", "list"),
-    ("", "", "namespaces", "", "list"),
+    # namespaces are only read (docs/operations.md#mandatory-queueing)
+    ("", "", "namespaces", "team-a", "update"),
     ("", "", "nodes", "", "list"),
     ("", "apiregistration.k8s.io", "apiservices", "v1beta1.metrics.k8s.io", "patch"),
     ("", "apiregistration.k8s.io", "apiservices", APISERVICE, "update"),
