@@ -34,6 +34,8 @@ Key = tuple[str, str, str, str]
 CONFIG = ("v1", "ConfigMap", "koord-queue", "koord-queue-config")
 RECONCILER = ("apps/v1", "Deployment", "koord-queue", "koord-queue-reconciler")
 WEBHOOK = ("apps/v1", "Deployment", "koord-queue", "koord-queue-webhook")
+MUTATING = ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", "", "koord-queue")
+VALIDATING = ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", "", "koord-queue")
 
 
 def key(obj: Obj) -> Key:
@@ -125,6 +127,24 @@ def check_kinds_and_args(o: dict[Key, Obj]) -> None:
     assert container(o, RECONCILER)["args"][-1] == "--qps=100"
 
 
+def check_mandatory_queueing(o: dict[Key, Obj]) -> None:
+    """docs/operations.md#mandatory-queueing: the configuration and the webhooks for unlabelled jobs
+    come from the same values."""
+    queueing = component_config.parse(yaml.safe_dump(config_of(o))).mandatory_queueing
+    assert queueing.enabled and queueing.applies("t", {"team": "ml"}) and not queueing.applies("t", {})
+    for config, path in ((MUTATING, "/mutate-unlabelled"), (VALIDATING, "/validate-unlabelled")):
+        (hook,) = [w for w in o[config]["webhooks"] if w["name"].startswith("unlabelled-jobs.")]
+        assert hook["clientConfig"]["service"]["path"] == path
+        selector = hook["namespaceSelector"]
+        assert selector["matchLabels"] == {"team": "ml"}
+        assert {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": ["kube-system", "koord-queue"],
+        } in (selector["matchExpressions"])
+        assert {e["operator"] for e in hook["objectSelector"]["matchExpressions"]} == {"DoesNotExist"}
+
+
 VALUES: list[tuple[list[str], set[Key], Callable[[dict[Key, Obj]], None]]] = [
     (
         ["image.repository=registry.example.com/kq", "image.tag=9.9.9", "image.pullPolicy=Always"],
@@ -151,6 +171,11 @@ VALUES: list[tuple[list[str], set[Key], Callable[[dict[Key, Obj]], None]]] = [
         ["config.enabledExtensions={job,tfjob}", "reconciler.extraArgs={--qps=100}"],
         {RECONCILER, WEBHOOK},
         check_kinds_and_args,
+    ),
+    (
+        ["config.manageJobsWithoutQuotaName=true", "config.managedJobsNamespaceSelector.matchLabels.team=ml"],
+        {CONFIG, MUTATING, VALIDATING},
+        check_mandatory_queueing,
     ),
 ]
 
