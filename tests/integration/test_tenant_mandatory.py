@@ -183,8 +183,15 @@ class TestMandatoryQueueing:
 
         job = await kube.eventually(labelled_and_admitted, timeout=60, what="the job labelled and admitted")
         assert job["spec"]["suspend"] is False  # released by the queue, not past it
-        reasons = [e["reason"] for e in kube.events_of(m.cluster, ns, "train")]
-        assert names.EventReason.DEFAULT_QUOTA in reasons
+
+        # The event is queued when the label is written and written by the asynchronous event
+        # writer, in no step with the admission: wait for it.
+        async def told() -> bool:
+            reasons = [e["reason"] for e in kube.events_of(m.cluster, ns, "train")]
+            assert names.EventReason.DEFAULT_QUOTA in reasons, reasons
+            return True
+
+        await kube.eventually(told, what="the DefaultQuota event on the job")
 
     async def test_alice_cannot_take_a_queued_job_out_of_the_queue(self, mandatory_system: Mandatory) -> None:
         m = mandatory_system
