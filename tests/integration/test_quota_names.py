@@ -18,6 +18,7 @@ attack; what is proven here is that the team holding the name keeps being served
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -131,7 +132,7 @@ async def test_a_second_quota_with_a_name_in_use_is_refused_at_the_door(w: World
             await w.create_quota(other, shared, cpu="100")
         except k8s.ApiException as err:
             assert err.status == 403, (err.status, err.body)
-            return str(err.body)
+            return str(json.loads(err.body)["message"])
         raise AssertionError("the duplicate was created")
 
     refusal = await kube.eventually(refused, what="the duplicate refused at the door")
