@@ -18,8 +18,9 @@ configures the Queue, and the Queue records its namespace (``koord-queue/quota-n
 back by :func:`holder_of`): the claim that keeps the name with that quota until it is deleted,
 across restarts and whatever the timestamps say. Each ignored one gets :func:`ignored_patch`'s
 annotation saying why (the ElasticQuota has no status field for a message: Koordinator's CRD has
-no status subresource and its status holds only ``used``). :func:`binding_data` is what the quota-binding admission policy
-reads (the ConfigMap ``koord-queue-quota-bindings``), from the quotas that count only.
+no status subresource and its status holds only ``used``). :func:`binding_data` is what the
+quota-binding admission policy reads (the ConfigMap ``koord-queue-quota-bindings``), from the
+quotas that count only.
 """
 
 from __future__ import annotations
