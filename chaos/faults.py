@@ -94,6 +94,9 @@ class Faults:
     client: kube.Kube
     reconciler_args: list[str] = field(default_factory=list)
     webhook_args: list[str] = field(default_factory=list)
+    #: the namespaces where queueing is mandatory (a label selector), registered with every webhook
+    #: start (docs/operations.md#mandatory-queueing)
+    mandatory_namespaces: dict[str, Any] | None = None
     reconcilers: list[Component] = field(default_factory=list)
     webhooks: list[Component] = field(default_factory=list)
     records: list[FaultRecord] = field(default_factory=list)
@@ -186,7 +189,11 @@ class Faults:
 
     async def start_webhook(self) -> Component:
         component, _ = await asyncio.to_thread(
-            system.start_webhook, self.cluster, logdir=self.logdir, extra_args=self.webhook_args
+            system.start_webhook,
+            self.cluster,
+            logdir=self.logdir,
+            extra_args=self.webhook_args,
+            mandatory_namespaces=self.mandatory_namespaces,
         )
         self.webhooks.append(component)
         return component

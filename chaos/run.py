@@ -93,6 +93,9 @@ kind: KoordQueueConfiguration
 defaultReclaimProtectTime: 0s
 quotaNamespaceBinding: true
 maxUserPriority: {tenant.CLUSTER_PRIORITY_CAP}
+manageJobsWithoutQuotaName: true
+managedJobsNamespaceSelector:
+  matchLabels: {{{tenant.MANDATORY_LABEL}: "true"}}
 """
 
 
@@ -207,6 +210,7 @@ class Run:
             client=client,
             reconciler_args=[*self._visibility_tls_args(cluster), f"--config={config}"],
             webhook_args=[f"--max-user-priority={tenant.CLUSTER_PRIORITY_CAP}"],
+            mandatory_namespaces={"matchLabels": {tenant.MANDATORY_LABEL: "true"}},
         )
         faults.started = self.started
         self.faults, self.observer, self.observing = faults, observer, observing

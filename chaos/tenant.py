@@ -61,6 +61,12 @@ USER: Final = "mallory"
 NAMESPACE: Final = "chaos-mallory"
 QUOTA: Final = "chaos-mallory"
 QUOTA_CPU: Final = "2"
+#: Her second namespace, where queueing is mandatory (docs/operations.md#mandatory-queueing): the
+#: run's configuration selects namespaces with :data:`MANDATORY_LABEL`, and the namespace's default
+#: quota is the one named after it. Its quota is too small for her jobs there, so they stay queued.
+MANDATORY_LABEL: Final = "koord-queue/mandatory"
+MANDATORY_NAMESPACE: Final = "chaos-mallory-queued"
+MANDATORY_QUOTA_CPU: Final = "1"
 #: ``maxUserPriority`` of the run (the reconciler's configuration and the webhook's flag).
 CLUSTER_PRIORITY_CAP: Final = 1000
 #: ``koord-queue/max-user-priority`` on :data:`CAPPED_QUOTA` (at the load's own top priority).
@@ -121,6 +127,10 @@ ATTACKS: Final[dict[str, str]] = {
     "child-of-missing-parent": "reconciler resolves a Job's claimed parent: a labelled Job whose "
     "controller reference names a TFJob that does not exist is queued like any labelled Job, held "
     "again if it ran (HeldUnadmitted); the webhook cannot resolve owners, so it is let in unheld",
+    "unlabelled-job-in-mandatory-namespace": "mutating webhook for unlabelled jobs (registered with "
+    "the namespace selector of manageJobsWithoutQuotaName) holds it on CREATE; reconciler labels it "
+    "with the namespace's default quota, and holds it again if it ran (HeldUnadmitted); releasing it "
+    "is refused like for any queued job",
     "forged-owner-on-queued-job": "validating webhook: no write takes an unfinished managed job out of "
     "the queue, so no controller owner reference naming a queued kind can be added to it "
     "(docs/operations.md#mandatory-queueing)",
@@ -422,7 +432,15 @@ class Tenant:
             body = load.job(load.JobPlan(name, SENTINEL_QUOTA, "victim", 0, False), "sentinel")
             body["spec"]["template"]["spec"]["containers"] = [load.container("100m")]
             await self.admin.create(JOBS, body, namespace=load.NAMESPACE)
-        for namespace in (load.NAMESPACE, NAMESPACE):
+        mandatory = {"metadata": {"name": MANDATORY_NAMESPACE, "labels": {MANDATORY_LABEL: "true"}}}
+        with contextlib.suppress(kube.Conflict):
+            await self.admin.create(kube.NAMESPACES, mandatory)
+        await self.admin.create(
+            QUOTAS,
+            load.quota(MANDATORY_NAMESPACE, MANDATORY_QUOTA_CPU, "", False, MANDATORY_NAMESPACE),
+            namespace=MANDATORY_NAMESPACE,
+        )
+        for namespace in (load.NAMESPACE, NAMESPACE, MANDATORY_NAMESPACE):
             await asyncio.to_thread(tenancy.grant, self.cluster, namespace, USER)
         nodes, _ = await self.admin.list(NODES)
         self.nodes = sorted(str(_meta(n).get("name")) for n in nodes)
@@ -568,6 +586,7 @@ class Tenant:
             self.forged_pod(r, pick(victims, 1), own_namespace=False),
             self.label_running_job(r),
             self.child_of_missing_parent(r),
+            self.unlabelled_in_mandatory_namespace(r),
             self.job_naming_unbound_quota(r),
             self.hidden_size(r, pod_level=True),
             self.hidden_size(r, pod_level=False),
@@ -1201,7 +1220,8 @@ class Tenant:
         """A labelled Job of hers claiming, by a controller reference, a TFJob that does not exist:
         were the claim read, not resolved, the Job would be the parent's child and run unqueued.
         Judged on the stored Job: held within the bound, or gone (the garbage collector deletes a
-        dependent whose owner does not exist), or a bypass."""
+        dependent whose owner does not exist), or a bypass. Either way it was let in unheld, so
+        the observer's invariants see whatever ran before."""
         attack = "child-of-missing-parent"
         m = self.mallory
         assert m is not None
@@ -1232,11 +1252,44 @@ class Tenant:
         if seconds is None:
             self.record(attack, r, target, "SUCCEEDED", f"accepted and not held within {UNDO_S:.0f}s")
         elif gone:
-            self.record(
-                attack, r, target, "neutralised", "garbage collected: its claimed owner does not exist"
-            )
+            # Let in unheld (the webhook cannot resolve owners), it may have run until then: the
+            # observer's invariants judge what happened in between.
+            detail = "garbage collected (its claimed owner does not exist)"
+            self.record(attack, r, target, "undone", detail, seconds)
         else:
             self.record(attack, r, target, "undone", "accepted; held and queued by the reconciler", seconds)
+
+    async def unlabelled_in_mandatory_namespace(self, r: int) -> None:
+        """An unlabelled Job of hers where queueing is mandatory, too big for the namespace's quota,
+        then released by her. Judged on the stored Job: held when created (or within the bound),
+        and still held after her release; a Job running without the dequeue stamp is a bypass."""
+        attack = "unlabelled-job-in-mandatory-namespace"
+        m = self.mallory
+        assert m is not None
+        name = f"mallory-unlabelled-{r}"
+        body = load.job(
+            load.JobPlan(name, QUOTA, "single", None, False), "mallory", namespace=MANDATORY_NAMESPACE
+        )
+        body["metadata"]["labels"] = {}
+        body["spec"]["template"]["spec"]["containers"] = [load.container("2")]
+        created = await self.send(lambda: m.create(JOBS, body, namespace=MANDATORY_NAMESPACE))
+        target = f"{MANDATORY_NAMESPACE}/{name}"
+        if created.status != "accepted":
+            outcome = "refused" if created.status == "refused" else "skipped"
+            self.record(attack, r, target, outcome, created.message)
+            return
+        held_at_creation = (created.obj.get("spec") or {}).get("suspend") is True
+        release = {"spec": {"suspend": False}}
+        sent = await self.send(lambda: m.patch(JOBS, name, release, namespace=MANDATORY_NAMESPACE))
+        if sent.status == "refused" and held_at_creation:
+            self.record(attack, r, target, "refused", sent.message)
+            return
+        seconds = await self._until(lambda: self._job_held_again(MANDATORY_NAMESPACE, name), UNDO_S)
+        if seconds is not None:
+            how = "held at creation" if held_at_creation else "created running"
+            self.record(attack, r, target, "undone", f"{how}; held and queued by the reconciler", seconds)
+        else:
+            self.record(attack, r, target, "SUCCEEDED", f"ran unqueued for {UNDO_S:.0f}s")
 
     async def job_naming_unbound_quota(self, r: int) -> None:
         """A Job in her namespace under one of the load's quotas, which are not bound to it."""

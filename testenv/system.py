@@ -94,7 +94,12 @@ def _spawn(name: str, argv: list[str], logdir: Path) -> Component:
 
 
 def start_webhook(
-    cluster: LocalCluster, *, logdir: Path, register: bool = True, extra_args: list[str] | None = None
+    cluster: LocalCluster,
+    *,
+    logdir: Path,
+    register: bool = True,
+    extra_args: list[str] | None = None,
+    mandatory_namespaces: dict[str, Any] | None = None,
 ) -> tuple[Component, int]:
     """Start the webhook on a free loopback port with a fresh serving cert; register it."""
     now = datetime.now(UTC)
@@ -135,7 +140,7 @@ def start_webhook(
 
     component, port = retry_port_clash(launch)
     if register:
-        register_webhook(cluster, port=port)
+        register_webhook(cluster, port=port, mandatory_namespaces=mandatory_namespaces)
     return component, port
 
 

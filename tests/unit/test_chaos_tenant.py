@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaos import tenant
+from chaos import run, tenant
 from shared.api import names
+from shared.core import config
 
 
 def job(
@@ -129,3 +130,13 @@ def test_what_a_unit_holds_is_its_admitted_replicas_times_its_containers_cpu() -
     }
     assert tenant.held_cpu_milli(unit) == 3000
     assert tenant.held_cpu_milli({}) == 0
+
+
+def test_the_mandatory_namespace_is_queued_on_the_quota_named_after_it() -> None:
+    """docs/operations.md#mandatory-queueing: the run's configuration selects her second namespace by
+    label, and its default quota is the one of its own name (the load creates it there)."""
+    assert "unlabelled-job-in-mandatory-namespace" in tenant.ATTACKS
+    settings = config.parse(run.RECONCILER_CONFIG)
+    labels = {tenant.MANDATORY_LABEL: "true"}
+    assert settings.mandatory_queueing.applies(tenant.MANDATORY_NAMESPACE, labels)
+    assert not settings.mandatory_queueing.applies(tenant.NAMESPACE, {})
