@@ -554,19 +554,58 @@ def _guard_admitted_size(
     change: the unit follows them and the scheduler admits or releases the difference.
     """
     try:
-        before = {ps.name: ps.per_pod for ps in adapter.pod_sets(old)}
-        after = {ps.name: ps.per_pod for ps in adapter.pod_sets(new)}
+        before = {ps.name: ps for ps in adapter.pod_sets(old)}
+        after = {ps.name: ps for ps in adapter.pod_sets(new)}
     except JobSpecError:
         return []  # unreadable: the other checks (or the adapter on the next reconcile) report it
-    changed = sorted(name for name, per_pod in after.items() if name in before and before[name] != per_pod)
-    if not changed:
-        return []
-    detail = (
-        f"the job is admitted with pods of the size it was queued with; the resource requests of pod "
-        f"set(s) {', '.join(changed)} cannot change until it finishes (delete and re-create the job "
-        "to resize it)"
+    changed = sorted(
+        name for name, ps in after.items() if name in before and before[name].per_pod != ps.per_pod
     )
-    return [validation.forbidden("spec", detail)]
+    errors: list[FieldError] = []
+    if changed:
+        detail = (
+            f"the job is admitted with pods of the size it was queued with; the resource requests of pod "
+            f"set(s) {', '.join(changed)} cannot change until it finishes (delete and re-create the job "
+            "to resize it)"
+        )
+        errors.append(validation.forbidden("spec", detail))
+    for name in sorted(n for n in after if n in before and n not in changed):
+        fields = _charged_shape_changes(before[name].template, after[name].template)
+        if fields:
+            detail = (
+                f"the job is admitted with pods of the shape it was queued with; the {', '.join(fields)} "
+                f"of pod set {name} cannot change until it finishes, as they decide what the apiserver "
+                "adds to each pod (LimitRange default requests, RuntimeClass overhead) or which "
+                "admission a pod counts for (delete and re-create the job to change them)"
+            )
+            errors.append(validation.forbidden("spec", detail))
+    return errors
+
+
+def _charged_shape_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """What of a pod template that decides its charge beyond its written requests changed: the
+    names of its containers and init containers (a new one gets the namespace's LimitRange
+    defaults), its ``runtimeClassName`` (the class's overhead) and its pod-set annotation (the
+    admission its pods count for). The reconciler charges such a change as a resize where it got
+    past the door (``shared.jobs.poddefaults``, docs/compatibility.md#admitted-pod-size)."""
+    old_spec, new_spec = base.dig(before, "spec"), base.dig(after, "spec")
+    changes: list[str] = []
+    for field_name in ("containers", "initContainers"):
+        if _container_names(old_spec, field_name) != _container_names(new_spec, field_name):
+            changes.append(f"{field_name} (names)")
+    if base.dig(before, "spec", "runtimeClassName") != base.dig(after, "spec", "runtimeClassName"):
+        changes.append("runtimeClassName")
+    key = names.RELATED_PODSET_ANNOTATION
+    if base.dig(before, "metadata", "annotations", key) != base.dig(after, "metadata", "annotations", key):
+        changes.append(f"annotation {key}")
+    return changes
+
+
+def _container_names(spec: object, field_name: str) -> list[object]:
+    listed = spec.get(field_name) if isinstance(spec, Mapping) else None
+    if not isinstance(listed, list):
+        return []
+    return [c.get("name") if isinstance(c, Mapping) else None for c in listed]
 
 
 #: Annotations koord-queue keeps on a managed job; the dequeue stamp has its own rule above.

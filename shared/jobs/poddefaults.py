@@ -18,7 +18,10 @@ A unit holding an admission keeps what was filled in when it was admitted (``fro
 were made with those values, so a LimitRange or RuntimeClass changed later must neither change
 the charge under them nor look like the job changing size
 (docs/compatibility.md#admitted-pod-size). Kueue adjusts its Workloads the same way
-(``workload.AdjustResources``).
+(``workload.AdjustResources``). What the template gained since, though, is filled in as the
+apiserver would fill it now: a container (or init container) the admitted template did not name,
+and the overhead of a ``runtimeClassName`` other than the admitted one. Their pods would be made
+with those values, so the charge they bring shows as a resize instead of running uncharged.
 
 Pure: the reconciler keeps the LimitRanges and RuntimeClasses and passes a :class:`PodDefaults`.
 """
@@ -99,17 +102,20 @@ def _containers(spec: Mapping[str, Any]) -> Iterable[tuple[str, int, Obj]]:
                 yield field_name, i, container
 
 
-def _sticky_requests(frozen: Mapping[str, Any] | None) -> dict[tuple[str, object], Mapping[str, Any]]:
-    """``(list, container name) -> requests`` of the admitted unit's template."""
+def _sticky_requests(frozen: Mapping[str, Any] | None) -> dict[tuple[str, object], Mapping[str, Any]] | None:
+    """``(list, container name) -> requests`` of the admitted unit's template, an empty map for a
+    container it names without readable requests; None when its spec cannot be read (then nothing
+    is taken for new)."""
     spec = frozen.get("spec") if isinstance(frozen, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return None
     out: dict[tuple[str, object], Mapping[str, Any]] = {}
-    if isinstance(spec, Mapping):
-        for field_name, _, container in _containers(spec):
-            resources = container.get("resources")
-            requests = resources.get("requests") if isinstance(resources, Mapping) else None
-            name = container.get("name")
-            if isinstance(requests, Mapping) and isinstance(name, str):
-                out[(field_name, name)] = requests
+    for field_name, _, container in _containers(spec):
+        resources = container.get("resources")
+        requests = resources.get("requests") if isinstance(resources, Mapping) else None
+        name = container.get("name")
+        if isinstance(name, str):
+            out[(field_name, name)] = requests if isinstance(requests, Mapping) else {}
     return out
 
 
@@ -126,6 +132,7 @@ def apply(
         return template
     sticky = _sticky_requests(frozen) if frozen is not None else None
     out: Obj | None = None
+    frozen_spec = frozen.get("spec") if isinstance(frozen, Mapping) else None
 
     def writable() -> Obj:
         nonlocal out
@@ -142,23 +149,28 @@ def apply(
         if not isinstance(requests, Mapping) or not isinstance(limits, Mapping):
             continue
         name = container.get("name")
-        source: Mapping[str, Any] = (
-            defaults.requests
-            if sticky is None
-            else sticky.get((field_name, name), {})
-            if isinstance(name, str)
-            else {}
-        )
+        source: Mapping[str, Any]
+        if frozen is None or (sticky is not None and (field_name, name) not in sticky):
+            source = defaults.requests  # queued, or a container the admitted template did not name
+        elif sticky is not None and isinstance(name, str):
+            source = sticky[(field_name, name)]
+        else:
+            source = {}
         missing = {r: v for r, v in source.items() if r not in requests and r not in limits}
         if missing:
             target = writable()["spec"][field_name][i]
-            target.setdefault("resources", {}).setdefault("requests", {}).update(missing)
+            if not isinstance(target.get("resources"), dict):  # absent or null
+                target["resources"] = {}
+            if not isinstance(target["resources"].get("requests"), dict):
+                target["resources"]["requests"] = {}
+            target["resources"]["requests"].update(missing)
     runtime_class = spec.get("runtimeClassName")
     if isinstance(runtime_class, str) and not spec.get("overhead"):
-        if frozen is not None:
-            frozen_spec = frozen.get("spec") if isinstance(frozen, Mapping) else None
+        if frozen is not None and not (
+            isinstance(frozen_spec, Mapping) and frozen_spec.get("runtimeClassName") != runtime_class
+        ):
             overhead = frozen_spec.get("overhead") if isinstance(frozen_spec, Mapping) else None
-        else:
+        else:  # queued, or a class other than the one admitted
             overhead = defaults.overheads.get(runtime_class)
         if isinstance(overhead, Mapping) and overhead:
             writable()["spec"]["overhead"] = dict(overhead)

@@ -387,6 +387,98 @@ def test_an_admitted_job_keeps_the_pod_size_it_was_admitted_with() -> None:
     assert validate(queued_new, operation="UPDATE", old=queued_old)["allowed"] is True
 
 
+def _tf_worker(job: dict[str, Any]) -> dict[str, Any]:
+    template: dict[str, Any] = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+    return template
+
+
+def _add_sidecar(template: dict[str, Any]) -> None:
+    template["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
+
+
+def _add_init(template: dict[str, Any]) -> None:
+    template["spec"]["initContainers"] = [{"name": "setup", "image": "busybox"}]
+
+
+def _rename_container(template: dict[str, Any]) -> None:
+    template["spec"]["containers"][0]["name"] = "renamed"
+
+
+def _set_runtime_class(template: dict[str, Any]) -> None:
+    template["spec"]["runtimeClassName"] = "kata"
+
+
+def _claim_other_pod_set(template: dict[str, Any]) -> None:
+    template.setdefault("metadata", {}).setdefault("annotations", {})[names.RELATED_PODSET_ANNOTATION] = "ps"
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (_add_sidecar, "containers"),
+        (_add_init, "initContainers"),
+        (_rename_container, "containers"),
+        (_set_runtime_class, "runtimeClassName"),
+        (_claim_other_pod_set, names.RELATED_PODSET_ANNOTATION),
+    ],
+)
+def test_an_admitted_job_keeps_what_its_pods_are_charged_for(edit: Any, said: str) -> None:
+    """What the apiserver fills into a pod depends on its containers and its RuntimeClass, and the
+    pod-set annotation says which admission a pod counts for: none of them changes on an admitted
+    job (docs/compatibility.md#admitted-pod-size)."""
+    old = admitted(SAMPLES["tfjob"]())
+    new = json.loads(json.dumps(old))
+    edit(_tf_worker(new))
+    message = validate(new, operation="UPDATE", old=old)["status"]["message"]
+    assert message.startswith("spec: Forbidden: the job is admitted"), message
+    assert "worker" in message and said in message, message
+    queued_old = queued(SAMPLES["tfjob"]())
+    queued_new = json.loads(json.dumps(queued_old))
+    edit(_tf_worker(queued_new))
+    assert validate(queued_new, operation="UPDATE", old=queued_old)["allowed"] is True, "queued: it follows"
+
+
+def test_an_admitted_job_may_change_what_costs_nothing() -> None:
+    old = admitted(SAMPLES["tfjob"]())
+    new = json.loads(json.dumps(old))
+    worker = _tf_worker(new)
+    worker["spec"]["containers"][0]["image"] = "other:2"
+    worker.setdefault("metadata", {}).setdefault("annotations", {})["example.com/note"] = "x"
+    assert validate(new, operation="UPDATE", old=old)["allowed"] is True
+
+
+def _templates(node: Any) -> list[dict[str, Any]]:
+    """Every pod template in a job (a map whose spec lists containers)."""
+    found: list[dict[str, Any]] = []
+    if isinstance(node, dict):
+        spec = node.get("spec")
+        if isinstance(spec, dict) and isinstance(spec.get("containers"), list):
+            found.append(node)
+        for value in node.values():
+            found += _templates(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _templates(value)
+    return found
+
+
+@pytest.mark.parametrize("extension", sorted(SAMPLES))
+def test_a_container_added_to_an_admitted_job_is_refused_for_every_kind(extension: str) -> None:
+    config = AdmissionConfig(enabled_extensions=frozenset({extension}))
+    sample = SAMPLES[extension]()
+    templates = _templates(sample)
+    if not templates:  # kinds without pod templates (Workflow, Spark) size their pods elsewhere
+        return
+    old = apply_patch(sample, decoded_patch(mutate(sample, config)))
+    old["metadata"]["annotations"][names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION] = NOW
+    new = json.loads(json.dumps(old))
+    for template in _templates(new):
+        _add_sidecar(template)
+    response = validate(new, config, operation="UPDATE", old=old)
+    assert response["allowed"] is False, extension
+    assert "containers" in response["status"]["message"]
+
+
 def test_a_legacy_job_without_gates_is_not_blocked_for_missing_them() -> None:
     old = batch_job()
     old["spec"]["suspend"] = True

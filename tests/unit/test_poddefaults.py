@@ -161,7 +161,70 @@ def test_nothing_to_fill_leaves_the_template_as_it_is() -> None:
 
 def test_an_admitted_unit_with_an_unreadable_template_fills_in_nothing() -> None:
     template = {"spec": {"containers": [container()], "runtimeClassName": "kata"}}
-    frozen = {"spec": {"containers": [{"name": "c", "resources": "bad"}], "overhead": "bad"}}
+    frozen = {
+        "spec": {
+            "containers": [{"name": "c", "resources": "bad"}],
+            "overhead": "bad",
+            "runtimeClassName": "kata",
+        }
+    }
     defaults = PodDefaults(requests={"cpu": "1"}, overheads={"kata": {"cpu": "1"}})
     assert poddefaults.apply(template, defaults, frozen=frozen) == template
     assert poddefaults.apply(template, defaults, frozen={"spec": "bad"}) == template
+
+
+# An admitted template changed in what the apiserver fills in (docs/compatibility.md#admitted-pod-size):
+# what is new since the admission takes the namespace's current fill-ins, so the charge it brings is
+# seen as a resize instead of riding along uncharged.
+
+
+def test_a_container_added_to_an_admitted_template_gets_the_current_limit_range_and_is_a_resize() -> None:
+    unit = admitted_unit(jobext.desired_spec(job([container({"cpu": "1"})]), JOB, {}, defaults=LR))
+    sidecar = {**container(), "name": "sidecar"}
+    now = jobext.desired_spec(job([container({"cpu": "1"}), sidecar]), JOB, {}, defaults=LR, admitted=unit)
+    assert now["podSet"][0]["template"]["spec"]["containers"][1]["resources"]["requests"] == {
+        "cpu": "1",
+        "memory": "1Gi",
+    }
+    assert jobext.admitted_resize(unit, now) == ("j",)
+
+
+def test_an_init_container_added_or_a_container_renamed_is_new_too() -> None:
+    small = container({"cpu": "1", "memory": "100Mi"})
+    unit = admitted_unit(jobext.desired_spec(job([small]), JOB, {}, defaults=LR))
+    init = {**container(), "name": "setup"}  # asks for nothing: the default 1Gi outgrows 100Mi
+    added = job([small], initContainers=[init])
+    assert jobext.admitted_resize(unit, jobext.desired_spec(added, JOB, {}, defaults=LR, admitted=unit)) == (
+        "j",
+    )
+    unit = admitted_unit(jobext.desired_spec(job([container({"cpu": "1"})]), JOB, {}, defaults=LR))
+    renamed = job([{**container({"cpu": "1"}), "name": "other"}])
+    assert (
+        jobext.admitted_resize(unit, jobext.desired_spec(renamed, JOB, {}, defaults=LR, admitted=unit)) == ()
+    )
+    raised = PodDefaults(requests={"cpu": "1", "memory": "2Gi"})
+    now = jobext.desired_spec(renamed, JOB, {}, defaults=raised, admitted=unit)
+    assert jobext.admitted_resize(unit, now) == ("j",), "renamed, it gets the memory default of today"
+
+
+def test_a_changed_runtime_class_is_charged_the_new_class_overhead() -> None:
+    defaults = PodDefaults(overheads={"kata": {"cpu": "250m"}, "gvisor": {"cpu": "1"}})
+    before = job([container({"cpu": "1"})], runtimeClassName="kata")
+    unit = admitted_unit(jobext.desired_spec(before, JOB, {}, defaults=defaults))
+    after = job([container({"cpu": "1"})], runtimeClassName="gvisor")
+    now = jobext.desired_spec(after, JOB, {}, defaults=defaults, admitted=unit)
+    assert now["podSet"][0]["template"]["spec"]["overhead"] == {"cpu": "1"}
+    assert jobext.admitted_resize(unit, now) == ("j",)
+    plain = job([container({"cpu": "1"})])
+    unit = admitted_unit(jobext.desired_spec(plain, JOB, {}, defaults=defaults))
+    now = jobext.desired_spec(before, JOB, {}, defaults=defaults, admitted=unit)
+    assert jobext.admitted_resize(unit, now) == ("j",), "a class named only after the admission"
+
+
+def test_an_unchanged_container_set_and_class_still_keep_the_frozen_fill_ins() -> None:
+    defaults = PodDefaults(requests={"cpu": "1"}, overheads={"kata": {"cpu": "250m"}})
+    the_job = job([container(), {**container(), "name": "log"}], runtimeClassName="kata")
+    unit = admitted_unit(jobext.desired_spec(the_job, JOB, {}, defaults=defaults))
+    raised = PodDefaults(requests={"cpu": "3"}, overheads={"kata": {"cpu": "2"}})
+    now = jobext.desired_spec(the_job, JOB, {}, defaults=raised, admitted=unit)
+    assert jobext.admitted_resize(unit, now) == () and jobext.spec_drift(unit, now) is None
