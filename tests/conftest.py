@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from testenv import system
 from testenv.cluster import LocalCluster
@@ -37,6 +38,14 @@ def _start(profile: str, tmp: Path) -> Iterator[LocalCluster]:
         raise
     finally:
         cluster.stop()
+
+
+# docs/development.md#test-tiers: the suite draws the same examples on every run, so `make test`
+# passes or fails the same way on every clone; `HYPOTHESIS_PROFILE=explore` draws fresh ones to
+# look for new failures.
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.register_profile("explore", max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
 @pytest.fixture(scope="session")

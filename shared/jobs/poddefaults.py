@@ -148,7 +148,8 @@ def apply(
         limits = (resources or {}).get("limits") or {}
         if not isinstance(requests, Mapping) or not isinstance(limits, Mapping):
             continue
-        name = container.get("name")
+        raw_name = container.get("name")
+        name = raw_name if isinstance(raw_name, str) else None  # a list or a map cannot be a key
         source: Mapping[str, Any]
         if frozen is None or (sticky is not None and (field_name, name) not in sticky):
             source = defaults.requests  # queued, or a container the admitted template did not name
