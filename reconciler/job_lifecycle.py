@@ -1,10 +1,11 @@
 """The job extension's steps on an admitted job's life: execution budget and deactivation
 (docs/compatibility.md#activation-and-execution-budget), queueing again a job whose admitted pods
 changed size (docs/compatibility.md#admitted-pod-size), the running timeout
-(docs/compatibility.md#running-timeout), and holding a job that escaped the queue.
+(docs/compatibility.md#running-timeout), queueing again an admitted job left without pods
+(docs/compatibility.md#jobs-without-pods), and holding a job that escaped the queue.
 
 Each step carries out what a pure decision says (``shared.jobs.lifecycle``,
-``shared.jobs.running_timeout``, ``shared.jobs.adoption``) and answers whether it wrote, so the
+``shared.jobs.running_timeout``, ``shared.jobs.stranded``, ``shared.jobs.adoption``) and answers whether it wrote, so the
 controller (``reconciler.jobs``) stops its pass and waits for the update. The order of each step's
 writes is part of its correctness and is explained where it is made. The controller keeps all state
 (the running timeout's first sightings and pending re-checks) and passes it in.
@@ -18,12 +19,12 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from reconciler import job_units
+from reconciler import job_units, metrics
 from reconciler.events import EventRecorder
 from reconciler.job_units import JobKey
 from shared import kube
 from shared.api import names
-from shared.jobs import jobext, lifecycle, podplan, running_timeout
+from shared.jobs import jobext, lifecycle, podplan, running_timeout, stranded
 from shared.jobs.base import JobAdapter
 
 log = logging.getLogger(__name__)
@@ -263,6 +264,63 @@ async def enforce_running_timeout(
     if written is None:
         return True  # held; its pods' deletion brings us back
     log.info("%s %s: %s", decision.event_reason, unit_key, decision.event_message)
+    for obj in (unit, job):
+        events.record(obj, type_="Warning", reason=decision.event_reason, message=decision.event_message)
+    return True
+
+
+async def requeue_stranded(
+    client: kube.Kube,
+    events: EventRecorder,
+    key: JobKey,
+    adapter: JobAdapter,
+    job: kube.Obj,
+    unit: kube.Obj,
+    unit_name: str,
+    unit_key: str,
+    *,
+    running_timeouts: running_timeout.RunningTimeouts,
+    pods_of: Callable[[], Sequence[podplan.PodView]],
+    pods_seen_at: dict[str, float],
+    check_again: Callable[[JobKey, float | None], None],
+) -> bool:
+    """Take the admission back from a job left without pods (docs/compatibility.md#jobs-without-pods),
+    decided by ``shared.jobs.stranded``; True when something was written.
+
+    ``pods_seen_at`` is the controller's memory of the last pod seen per unit, updated here;
+    ``check_again`` schedules the next look. The writes are the running timeout's, in its order
+    (``hold_then_release``: the job suspended first, the unit's status second). If the status write
+    fails, the next pass (this step runs before the resume step) decides the same again and writes
+    only the status: a held job is never resumed on a stale view of its unit.
+    """
+    timeouts = running_timeouts.for_extension(adapter.extension)
+    if timeouts.no_pods_timeout <= 0 or adapter.extension not in stranded.KINDS:
+        return False
+    now = time.time()
+    decision = stranded.decide(
+        unit,
+        pods_of(),
+        timeouts,
+        extension=adapter.extension,
+        now=now,
+        now_text=job_units.now_text(),
+        jitter=random.random(),
+        pods_seen_at=pods_seen_at.get(unit_key),
+    )
+    if decision.pods_seen_at is None:
+        pods_seen_at.pop(unit_key, None)
+    else:
+        pods_seen_at[unit_key] = decision.pods_seen_at
+    check_again(key, decision.recheck_in)
+    if decision.status_patch is None:
+        return False
+    written = await hold_then_release(
+        client, key, adapter, job, unit, unit_name, decision.status_patch, pods_of=pods_of
+    )
+    if written is None:
+        return True  # a pod appeared meanwhile and runs: its deletion brings us back
+    metrics.JOBS_WITHOUT_PODS_REQUEUED.labels(kind=adapter.kind).inc()
+    log.warning("%s %s: %s", decision.event_reason, unit_key, decision.event_message)
     for obj in (unit, job):
         events.record(obj, type_="Warning", reason=decision.event_reason, message=decision.event_message)
     return True

@@ -114,6 +114,10 @@ class JobExtensions:
         self._short_since: dict[str, Mapping[str, float]] = {}
         #: the pending running-timeout re-check of each job (one at a time)
         self._timeout_checks: dict[JobKey, asyncio.TimerHandle] = {}
+        #: unit key -> when a pod of it was last seen, and each job's pending re-check, for the
+        #: jobs left without pods (``job_lifecycle.requeue_stranded``)
+        self._pods_seen_at: dict[str, float] = {}
+        self._no_pods_checks: dict[JobKey, asyncio.TimerHandle] = {}
         #: UIDs of pods counted as running beyond their admission (``job_pods.report_beyond``)
         self._beyond_seen: dict[str, None] = {}
         #: jobs whose pod-count report is waiting (``podplan.can_wait``): since when, and the re-check
@@ -456,6 +460,7 @@ class JobExtensions:
         obj = new or old or {}
         if new is None:
             self._short_since.pop(key_of(obj), None)  # running-timeout memory of a deleted unit
+            self._pods_seen_at.pop(key_of(obj), None)
             self._unit_written.forget(key_of(obj))
             job_pods.prune_index(self._pods_by_unit, key_of(obj), self.pods.objects)
         else:
@@ -677,6 +682,22 @@ class JobExtensions:
             check_again=self._check_again,
         ):
             return  # the unit's update brings us back
+        # Also before the resume, for the same reason (``job_lifecycle.requeue_stranded``).
+        if not finished and await job_lifecycle.requeue_stranded(
+            self.client,
+            self.events,
+            key,
+            adapter,
+            job,
+            unit,
+            unit_name,
+            unit_key,
+            running_timeouts=self.running_timeouts,
+            pods_of=lambda: self._pods_of(unit_key, adapter, job),
+            pods_seen_at=self._pods_seen_at,
+            check_again=self._check_no_pods_again,
+        ):
+            return  # the unit's update brings us back
         phase = (unit.get("status") or {}).get("phase", "")
         if phase in podplan.ADMITTED_PHASES and not finished and adapter.is_suspended(job):
             await self.client.patch(
@@ -767,6 +788,15 @@ class JobExtensions:
             pending.cancel()
         if delay is not None:
             self._recheck(self._timeout_checks, key, delay)
+
+    def _check_no_pods_again(self, key: JobKey, delay: float | None) -> None:
+        """Like ``_check_again``, for the jobs-without-pods timeout (its own timer, so neither
+        check cancels the other)."""
+        pending = self._no_pods_checks.pop(key, None)
+        if pending is not None:
+            pending.cancel()
+        if delay is not None:
+            self._recheck(self._no_pods_checks, key, delay)
 
     def _recheck(self, timers: dict[JobKey, asyncio.TimerHandle], key: JobKey, delay: float) -> None:
         """Mark the job in ``delay`` seconds (a little after, so the deadline has passed), keeping

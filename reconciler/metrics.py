@@ -98,6 +98,15 @@ PODS_BEYOND_ADMISSION = Counter(
     "Bound pods seen running beyond what their QueueUnit's admission holds (each pod counted once).",
     registry=REGISTRY,
 )
+#: Admitted jobs requeued because they had no pod for ``noPodsTimeout``, each requeue counted
+#: once (docs/compatibility.md#jobs-without-pods): a job controller that loses jobs shows here.
+JOBS_WITHOUT_PODS_REQUEUED = Counter(
+    "koord_queue_jobs_without_pods_requeued_total",
+    "Admitted, resumed jobs requeued because they had no pod for noPodsTimeout, by kind.",
+    ["kind"],
+    registry=REGISTRY,
+)
+JOBS_WITHOUT_PODS_REQUEUED.labels("Job")  # exported at 0 from the start, so alerts see the series
 PROTECTION_SKIPS = Counter(
     "koord_queue_preemption_protected_skips_total",
     "Candidate victims skipped because they were admitted within the reclaim protect time.",

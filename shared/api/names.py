@@ -175,6 +175,7 @@ class Message:
     RECLAIMING: Final = "Waiting job extension to reclaim resources."
     BLOCKED_BY_HIGHER: Final = "job is block by others with high priority"
     BACKOFF_RUNNING_TIMEOUT: Final = "Backoff due to running timeout"
+    BACKOFF_NO_PODS: Final = "Backoff due to no pods after admission"
     ENQUEUED_AFTER_BACKOFF: Final = "Enqueued because backoff timeout"
     ENQUEUED_AFTER_PREEMPTED: Final = "Enqueued after preempted"
     JOB_PENDING: Final = "Job is in Pending state"
@@ -429,6 +430,20 @@ def running_timeout_message(not_running: int, replicas: int, timeout: str, backo
         f"{not_running} of {replicas} admitted pod(s) not running {timeout} after admission "
         f"(runningTimeout): the job is suspended, its quota is released, and it is queued again "
         f"in {backoff}"
+    )
+
+
+#: Ours: Warning on the unit and its job when an admitted, resumed job had no pod at all for
+#: ``noPodsTimeout`` (docs/compatibility.md#jobs-without-pods).
+NO_PODS_AFTER_ADMISSION_REASON: Final = "NoPodsAfterAdmission"
+
+
+def no_pods_message(timeout: str, backoff: str) -> str:
+    """The ``NoPodsAfterAdmission`` event: what was seen, and what happens next."""
+    return (
+        f"the job was admitted and resumed but had no pod for {timeout} (noPodsTimeout): it is "
+        f"suspended, its quota is released, and it is queued again in {backoff}; its next "
+        f"admission resumes it, which makes its controller create its pods again"
     )
 
 

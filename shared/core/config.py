@@ -20,7 +20,9 @@ behaviour:
 * ``jobRunningTimeout`` (default: all off): per job extension, ``runningTimeout``,
   ``backoffTimeout`` and ``partialRunningTimeout`` (upstream's per-extension argument names), with
   a ``default`` entry whose fields an extension's entry overrides one by one
-  (docs/compatibility.md#running-timeout, ``shared.jobs.running_timeout``);
+  (docs/compatibility.md#running-timeout, ``shared.jobs.running_timeout``); ours, ``noPodsTimeout``
+  (default 60s, 0 off): how long an admitted, resumed batch/v1 Job may have no pod at all before it
+  is requeued (docs/compatibility.md#jobs-without-pods, ``shared.jobs.stranded``);
 * ``nativeGangHandoff`` (default false): hand the all-or-nothing placement of gang pod sets to
   kube-scheduler's own gang scheduling through the alpha Workload API (``scheduling.k8s.io/v1alpha1``,
   feature gates ``GenericWorkload`` and ``GangScheduling``); refused with an error at start-up when
@@ -85,6 +87,7 @@ _TIMEOUT_FIELDS: Final = {
     "runningTimeout": "running_timeout",
     "backoffTimeout": "backoff_timeout",
     "partialRunningTimeout": "partial_running_timeout",
+    "noPodsTimeout": "no_pods_timeout",
 }
 #: The ``jobRunningTimeout`` entry every extension inherits from.
 DEFAULT_TIMEOUTS: Final = "default"

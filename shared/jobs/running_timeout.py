@@ -40,7 +40,7 @@ from shared.api import conditions, names
 from shared.api.durations import format_duration, parse_time
 from shared.jobs import podplan, registry
 
-__all__ = ["Decision", "RunningTimeout", "RunningTimeouts", "admitted_at", "decide"]
+__all__ = ["Decision", "RunningTimeout", "RunningTimeouts", "admitted_at", "backoff_patch", "decide"]
 
 Obj = dict[str, Any]
 
@@ -55,6 +55,9 @@ class RunningTimeout:
     running_timeout: float = 0.0
     backoff_timeout: float = 0.0
     partial_running_timeout: float = 0.0
+    #: How long an admitted, resumed job may have no pod at all (``shared.jobs.stranded``); unlike
+    #: the others on by default, and only for the kinds that module names.
+    no_pods_timeout: float = 60.0
 
     @property
     def enabled(self) -> bool:
@@ -214,34 +217,17 @@ def decide(
         return Decision()
     if now < since + limit:
         return Decision(recheck_in=since + limit - now)
-    message = names.Message.BACKOFF_RUNNING_TIMEOUT
-    requeue_state = status.get("requeueState")
-    count = requeue_state.get("count") if isinstance(requeue_state, Mapping) else None
-    previous_count = count if isinstance(count, int) and not isinstance(count, bool) else None
-    if timeouts.backoff_timeout > 0:
-        requeue = conditions.RequeueState(
-            count=max(previous_count or 0, 0) + 1,
-            delay=timeouts.backoff_timeout,
-            requeue_at=now + timeouts.backoff_timeout,
-        )
-    else:
-        requeue = conditions.next_requeue_state(previous_count, now=now, jitter=jitter)
-    conds, _ = conditions.sync_conditions(
-        _conditions(unit), phase=names.Phase.TIMEOUT_BACKOFF, message=message, now=now_text
+    patch, requeue = backoff_patch(
+        unit,
+        message=names.Message.BACKOFF_RUNNING_TIMEOUT,
+        backoff_timeout=timeouts.backoff_timeout,
+        now=now,
+        now_text=now_text,
+        jitter=jitter,
     )
     not_running = sum(a.replicas - running[a.name] for a in short)
     return Decision(
-        status_patch={
-            "status": {
-                "phase": names.Phase.TIMEOUT_BACKOFF.value,
-                "message": message,
-                # Backing off gives the quota back: nothing is admitted any more.
-                "admissions": [],
-                "lastUpdateTime": now_text,
-                "conditions": conds,
-                "requeueState": requeue.to_status(),
-            }
-        },
+        status_patch=patch,
         suspend=True,
         event_reason=names.RUNNING_TIMEOUT_REASON,
         event_message=names.running_timeout_message(
@@ -251,3 +237,38 @@ def decide(
             format_duration(round(requeue.delay)),
         ),
     )
+
+
+def backoff_patch(
+    unit: Mapping[str, Any], *, message: str, backoff_timeout: float, now: float, now_text: str, jitter: float
+) -> tuple[Obj, conditions.RequeueState]:
+    """The status merge patch that sends an admitted unit to ``TimeoutBackoff`` with ``message``:
+    admissions cleared (its quota given back) and the requeue time set, ``backoff_timeout`` when
+    positive, else the doubling backoff. Shared by every decision that takes an admission back
+    (this module, ``shared.jobs.stranded``)."""
+    status = unit.get("status") or {}
+    requeue_state = status.get("requeueState")
+    count = requeue_state.get("count") if isinstance(requeue_state, Mapping) else None
+    previous_count = count if isinstance(count, int) and not isinstance(count, bool) else None
+    if backoff_timeout > 0:
+        requeue = conditions.RequeueState(
+            count=max(previous_count or 0, 0) + 1,
+            delay=backoff_timeout,
+            requeue_at=now + backoff_timeout,
+        )
+    else:
+        requeue = conditions.next_requeue_state(previous_count, now=now, jitter=jitter)
+    conds, _ = conditions.sync_conditions(
+        _conditions(unit), phase=names.Phase.TIMEOUT_BACKOFF, message=message, now=now_text
+    )
+    return {
+        "status": {
+            "phase": names.Phase.TIMEOUT_BACKOFF.value,
+            "message": message,
+            # Backing off gives the quota back: nothing is admitted any more.
+            "admissions": [],
+            "lastUpdateTime": now_text,
+            "conditions": conds,
+            "requeueState": requeue.to_status(),
+        }
+    }, requeue

@@ -419,7 +419,9 @@ async def test_a_failed_status_write_is_decided_again_and_the_held_job_is_not_re
 async def test_without_timeouts_an_admitted_held_job_is_resumed_as_before() -> None:
     held = released_job(suspended=True)
     client = FakeClient()
-    jobs, events = extensions(held, admitted_unit(held), RunningTimeout(), client)
+    # Admitted years ago and still held: with the no-pods timeout on it would be requeued instead.
+    off = RunningTimeout(no_pods_timeout=0.0)
+    jobs, events = extensions(held, admitted_unit(held), off, client)
     await jobs.reconcile(KEY)
     [(plural, subresource, resume)] = client.patches
     assert (plural, subresource) == ("jobs", "")
@@ -430,7 +432,8 @@ async def test_without_timeouts_an_admitted_held_job_is_resumed_as_before() -> N
 async def test_a_pending_timeout_schedules_one_look_again() -> None:
     job = released_job()
     client = FakeClient()
-    far = RunningTimeout(running_timeout=10 * 365 * 86400.0)
+    # Without pods for years: the jobs-without-pods timeout would requeue it (tests/unit/test_stranded.py).
+    far = RunningTimeout(running_timeout=10 * 365 * 86400.0, no_pods_timeout=0.0)
     jobs, _ = extensions(job, admitted_unit(job), far, client)
     await jobs.reconcile(KEY)
     await jobs.reconcile(KEY)
