@@ -5,10 +5,11 @@ changed size (docs/compatibility.md#admitted-pod-size), the running timeout
 (docs/compatibility.md#jobs-without-pods), and holding a job that escaped the queue.
 
 Each step carries out what a pure decision says (``shared.jobs.lifecycle``,
-``shared.jobs.running_timeout``, ``shared.jobs.stranded``, ``shared.jobs.adoption``) and answers whether it wrote, so the
-controller (``reconciler.jobs``) stops its pass and waits for the update. The order of each step's
-writes is part of its correctness and is explained where it is made. The controller keeps all state
-(the running timeout's first sightings and pending re-checks) and passes it in.
+``shared.jobs.running_timeout``, ``shared.jobs.stranded``, ``shared.jobs.adoption``) and answers
+whether it wrote, so the controller (``reconciler.jobs``) stops its pass and waits for the update.
+The order of each step's writes is part of its correctness and is explained where it is made. The
+controller keeps all state (the running timeout's first sightings, the last pods seen, pending
+re-checks) and passes it in.
 """
 
 from __future__ import annotations
