@@ -125,7 +125,14 @@ class Recorder:
         from shared import kube as kq
 
         self._client = await kq.Kube.connect(kubeconfig=str(self.cluster.kubeconfig))
-        _, rv = await self._client.list(self.resource, namespace=self.namespace)
+        present, rv = await self._client.list(self.resource, namespace=self.namespace)
+        # What exists before the record starts is not a change to record, but it is a version the
+        # record holds: ``sync`` must not wait for an object untouched since, and a deletion of
+        # one must be awaited like any other.
+        for obj in present:
+            meta = obj.get("metadata") or {}
+            self._versions.add(str(meta.get("resourceVersion", "")))
+            self._last[str(meta.get("uid", ""))] = "LISTED"
 
         async def follow() -> None:
             nonlocal rv

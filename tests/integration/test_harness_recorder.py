@@ -86,3 +86,17 @@ async def test_leaving_the_block_records_what_was_written_just_before(
         record.versions("last")[-1]["metadata"]["resourceVersion"] == current["metadata"]["resourceVersion"]
     )
     assert len(record.versions("last")) == 5
+
+
+async def test_sync_does_not_wait_for_objects_untouched_since_the_record_began_but_for_their_deletion(
+    integration_cluster: LocalCluster, namespace_in: str
+) -> None:
+    cluster, ns = integration_cluster, namespace_in
+    for name in ("before", "kept"):
+        kube.kubectl(cluster, "apply", "-n", ns, "-f", "-", input_text=secret(name, "one"))
+    async with kube.Recorder(cluster, kq.SECRETS, namespace=ns) as record:
+        await record.sync(timeout=10)  # holds "kept" and "before" without a change to either
+        assert record.seen == []
+        kube.kubectl(cluster, "delete", "-n", ns, "secret", "before")
+        await record.sync(timeout=10)
+        assert [(kind, o["metadata"]["name"]) for kind, o in record.seen] == [("DELETED", "before")]
