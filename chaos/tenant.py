@@ -105,6 +105,7 @@ JOBS = load.JOBS
 UNITS = load.UNITS
 QUOTAS = load.QUOTA_RESOURCE
 WORKFLOWS = kube.Resource("argoproj.io", "v1alpha1", "workflows", "Workflow")
+TFJOBS = kube.Resource("kubeflow.org", "v1", "tfjobs", "TFJob")
 CRDS = kube.Resource(
     "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
 )
@@ -162,6 +163,10 @@ ATTACKS: Final[dict[str, str]] = {
     "pod-level-requests-above-containers": "reconciler charges a template's pod-level requests "
     "(spec.resources) as the kube-scheduler reserves them, not the containers' sum "
     "(shared/api/podtemplates.py)",
+    "add-container-to-admitted-job": "validating webhook: an admitted job's container names, "
+    "runtimeClassName and pod-set annotation are frozen; reconciler: a container the admitted "
+    "template did not name gets the current LimitRange default and is charged as a resize "
+    "(AdmittedJobResized)",
     "no-requests-under-limit-range": "reconciler charges a container without requests the "
     "namespace's LimitRange default request, as the apiserver fills it into the pods "
     "(shared/jobs/poddefaults.py)",
@@ -319,6 +324,45 @@ def held_cpu_milli(unit: Mapping[str, Any]) -> int:
         int((a or {}).get("replicas") or 0) * per_pod.get(str((a or {}).get("name")), 0)
         for a in (unit.get("status") or {}).get("admissions") or []
     )
+
+
+def _container_cpu_milli(container: Mapping[str, Any], default_cpu_milli: int) -> int:
+    """CPU a container of a pod takes: its request, else its limit, else the LimitRange default the
+    apiserver fills in. Read from the container alone."""
+    resources = container.get("resources") or {}
+    for key in ("requests", "limits"):
+        cpu = (resources.get(key) or {}).get("cpu")
+        if cpu is not None:
+            try:
+                return quantities.parse_milli(cpu)
+            except (quantities.QuantityError, TypeError):
+                return 0
+    return default_cpu_milli
+
+
+def undercharged(job: Mapping[str, Any], unit: Mapping[str, Any], *, default_cpu_milli: int) -> list[str]:
+    """Pod sets of a TFJob whose unit holds an admission for them at less CPU per pod than the
+    stored job's pods would take, the LimitRange default filled in (sorted). Judged from the two
+    stored objects and the run's LimitRange alone, never with the product's code."""
+    admitted = {
+        str((a or {}).get("name"))
+        for a in (unit.get("status") or {}).get("admissions") or []
+        if int((a or {}).get("replicas") or 0) > 0
+    }
+    if (unit.get("status") or {}).get("phase") in ("Succeed", "Failed"):
+        return []
+    charged: dict[str, int] = {}
+    for pod_set in (unit.get("spec") or {}).get("podSet") or []:
+        containers = ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or []
+        charged[str(pod_set.get("name"))] = sum(_container_cpu_milli(c, 0) for c in containers)
+    short = []
+    for role, replica_spec in ((job.get("spec") or {}).get("tfReplicaSpecs") or {}).items():
+        name = str(role).lower()
+        containers = (((replica_spec or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+        takes = sum(_container_cpu_milli(c, default_cpu_milli) for c in containers)
+        if name in admitted and charged.get(name, 0) < takes:
+            short.append(name)
+    return sorted(short)
 
 
 def forged_pod_body(name: str, *, annotations: dict[str, str], owner: dict[str, Any], cpu: str) -> kube.Obj:
@@ -590,6 +634,7 @@ class Tenant:
             self.job_naming_unbound_quota(r),
             self.hidden_size(r, pod_level=True),
             self.hidden_size(r, pod_level=False),
+            self.add_container_to_admitted(r),
             self.unproven_pod(r, oversized=False),
             self.unproven_pod(r, oversized=True),
             self.join_unit(r, pick(victims, 2)),
@@ -1375,6 +1420,84 @@ class Tenant:
         finally:
             with contextlib.suppress(kube.KubeError):
                 await m.delete(JOBS, name, namespace=NAMESPACE, propagation="Background")
+
+    async def add_container_to_admitted(self, r: int) -> None:
+        """A TFJob of hers (one 100m worker) in her namespace with its LimitRange; once admitted
+        she adds a container that asks for nothing, which its pods would get the LimitRange
+        default for (docs/compatibility.md#admitted-pod-size). Refused at the door, or accepted and
+        within :data:`UNDO_S` either queued again or charged what its pods take; admitted for less
+        beyond that, the container runs uncharged."""
+        m = self.mallory
+        assert m is not None
+        attack = "add-container-to-admitted-job"
+        name = f"mallory-sidecar-{r}"
+        target = f"{NAMESPACE}/{name}"
+        container = {"name": "main", "image": "busybox", "resources": {"requests": {"cpu": "100m"}}}
+        body = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "TFJob",
+            "metadata": {"name": name, "labels": {names.QUOTA_NAME_LABEL: QUOTA}},
+            "spec": {
+                "tfReplicaSpecs": {
+                    "Worker": {"replicas": 1, "template": {"spec": {"containers": [container]}}}
+                }
+            },
+        }
+        sent = await self.send(lambda: m.create(TFJOBS, body, namespace=NAMESPACE))
+        if sent.status != "accepted":
+            self.record(attack, r, target, "skipped", f"her TFJob was not accepted: {sent.message}")
+            return
+        unit_name = f"{name}-tf-qu"
+        try:
+            begun = time.monotonic()
+            while not is_admitted_unit(await self._own_unit(unit_name)):
+                if time.monotonic() - begun > UNDO_S:
+                    self.record(attack, r, target, "skipped", "her TFJob was not admitted in time")
+                    return
+                await asyncio.sleep(0.5)
+            sidecar = {"name": "sidecar", "image": "busybox"}
+            patch = [
+                {
+                    "op": "add",
+                    "path": "/spec/tfReplicaSpecs/Worker/template/spec/containers/-",
+                    "value": sidecar,
+                }
+            ]
+            sent = await self.send(
+                lambda: m.patch(TFJOBS, name, patch, namespace=NAMESPACE, content_type=kube.JSON_PATCH)
+            )
+            if sent.status != "accepted":
+                self.record(attack, r, target, "refused", sent.message)
+                return
+            begun = time.monotonic()
+            while True:
+                job = await self._read(lambda: self.admin.get(TFJOBS, name, namespace=NAMESPACE)) or {}
+                short = undercharged(
+                    job, await self._own_unit(unit_name), default_cpu_milli=LIMIT_RANGE_CPU_MILLI
+                )
+                if not short:
+                    self.record(
+                        attack,
+                        r,
+                        target,
+                        "undone",
+                        "queued again or charged its new container",
+                        time.monotonic() - begun,
+                    )
+                    return
+                if time.monotonic() - begun > UNDO_S:
+                    self.record(
+                        attack,
+                        r,
+                        target,
+                        "SUCCEEDED",
+                        f"pod set(s) {short} admitted below what their pods take",
+                    )
+                    return
+                await asyncio.sleep(0.5)
+        finally:
+            with contextlib.suppress(kube.KubeError):
+                await m.delete(TFJOBS, name, namespace=NAMESPACE, propagation="Background")
 
     async def unproven_pod(self, r: int, *, oversized: bool) -> None:
         """A pod the admission has room for but that is not provably the job's, or not of the size

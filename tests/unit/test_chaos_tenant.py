@@ -140,3 +140,31 @@ def test_the_mandatory_namespace_is_queued_on_the_quota_named_after_it() -> None
     labels = {tenant.MANDATORY_LABEL: "true"}
     assert settings.mandatory_queueing.applies(tenant.MANDATORY_NAMESPACE, labels)
     assert not settings.mandatory_queueing.applies(tenant.NAMESPACE, {})
+
+
+def test_an_admitted_tfjob_is_judged_on_what_its_pods_would_take_with_the_limit_range() -> None:
+    """The container she adds asks for nothing, so its pods get the LimitRange default: while the
+    unit holds an admission its worker charge must cover it (docs/compatibility.md#admitted-pod-size).
+    Judged from the stored TFJob, the stored unit and the run's LimitRange alone."""
+    assert "add-container-to-admitted-job" in tenant.ATTACKS
+    main = {"name": "main", "resources": {"requests": {"cpu": "100m"}}}
+    sidecar = {"name": "sidecar"}
+    limited = {"name": "limited", "resources": {"limits": {"cpu": "2"}}}
+
+    def tf(*containers: dict[str, Any]) -> dict[str, Any]:
+        template = {"spec": {"containers": list(containers)}}
+        return {"spec": {"tfReplicaSpecs": {"Worker": {"replicas": 1, "template": template}}}}
+
+    def unit(cpu: str, replicas: int = 1) -> dict[str, Any]:
+        container = {"name": "main", "resources": {"requests": {"cpu": cpu}}}
+        return {
+            "spec": {"podSet": [{"name": "worker", "template": {"spec": {"containers": [container]}}}]},
+            "status": {"phase": "Running", "admissions": [{"name": "worker", "replicas": replicas}]},
+        }
+
+    assert tenant.undercharged(tf(main), unit("100m"), default_cpu_milli=1000) == []
+    assert tenant.undercharged(tf(main, sidecar), unit("100m"), default_cpu_milli=1000) == ["worker"]
+    assert tenant.undercharged(tf(main, sidecar), unit("1100m"), default_cpu_milli=1000) == []
+    assert tenant.undercharged(tf(main, limited), unit("1100m"), default_cpu_milli=1000) == ["worker"]
+    assert tenant.undercharged(tf(main, sidecar), unit("100m", replicas=0), default_cpu_milli=1000) == []
+    assert tenant.undercharged(tf(main, sidecar), {}, default_cpu_milli=1000) == []
