@@ -157,8 +157,15 @@ async def test_the_gated_replacement_of_a_preempted_pod_cannot_be_released_by_it
 
         stored = json.loads(kube.kubectl(cluster, "get", "pod", name, "-n", ns, "-o", "json").stdout)
         assert gated(stored) and not stored["spec"].get("nodeName"), stored["spec"]
-        unit = json.loads(kube.kubectl(cluster, "get", "queueunit", "low", "-n", ns, "-o", "json").stdout)
-        assert sum(a.get("replicas", 0) for a in unit["status"].get("admissions") or []) == 0, unit["status"]
+
+        # The reclaim deletes the pod before it writes the unit: the replacement can come first.
+        async def low_reclaimed() -> bool:
+            got = kube.kubectl(cluster, "get", "queueunit", "low", "-n", ns, "-o", "json").stdout
+            status = json.loads(got).get("status") or {}
+            assert sum(a.get("replicas", 0) for a in status.get("admissions") or []) == 0, status
+            return True
+
+        await kube.eventually(low_reclaimed, what="the low unit holding no replica")
         # alice can see where her job stands, through the roles the install aggregates into edit.
         done = submit(cluster, ALICE, "-n", ns, "get", "queueunit", "low", "-o", "name")
         assert done.returncode == 0, done.stderr
@@ -204,9 +211,15 @@ async def test_a_released_pod_relabelled_out_of_its_job_is_deleted_and_replaced_
         await kube.eventually(
             replaced, timeout=90, what="the relabelled pod deleted, its replacement released"
         )
-        events = kube.events_of(cluster, ns, "mover")
-        escaped = [e for e in events if e["reason"] == names.EventReason.ESCAPED_POD_DELETED]
-        assert escaped and name in escaped[0]["message"], [(e["reason"], e["message"]) for e in events]
+
+        # The event writer writes in no step with the deletion: wait on the event itself.
+        async def told() -> bool:
+            events = kube.events_of(cluster, ns, "mover")
+            escaped = [e for e in events if e["reason"] == names.EventReason.ESCAPED_POD_DELETED]
+            assert escaped and name in escaped[0]["message"], [(e["reason"], e["message"]) for e in events]
+            return True
+
+        await kube.eventually(told, what="EscapedPodDeleted on the mover job")
         unit = json.loads(kube.kubectl(cluster, "get", "queueunit", "mover", "-n", ns, "-o", "json").stdout)
         assert [a.get("replicas") for a in unit["status"]["admissions"]] == [1], unit["status"]
     finally:

@@ -194,7 +194,12 @@ async def test_a_released_pod_that_leaves_its_job_is_deleted(
     await kube.eventually(bare_deleted, what="a bare pod naming the unit deleted")
     assert get_pod(env, "stray-gated") is not None
     assert get_pod(env, "own") is not None
-    assert env.metric(metrics_port, *escaped_total) >= before + 2  # the pod let go of, and the bare one
+
+    # The counter goes up after the delete call returns: wait on it, not on the pods' absence.
+    async def counted() -> bool:
+        return env.metric(metrics_port, *escaped_total) >= before + 2  # the pod let go of, and the bare one
+
+    await kube.eventually(counted, what="both escaped pods counted")
     unit = await env.get_unit("admitted")
     assert [a.get("replicas") for a in unit["status"]["admissions"]] == [1], unit["status"]
 
