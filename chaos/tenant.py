@@ -210,7 +210,7 @@ class Attempt:
 class Sent:
     """What became of one request: ``accepted`` (with the stored object), ``refused`` or ``gone``
     (with the message), ``changed`` (the target changed since it was read: 409 on our
-    resourceVersion)."""
+    resourceVersion), ``exists`` (a create answered AlreadyExists: no decision to judge)."""
 
     status: str
     obj: kube.Obj = field(default_factory=dict)
@@ -723,7 +723,10 @@ class Tenant:
                 return Sent("gone", message=err.message)
             except kube.Conflict as err:
                 if err.reason == "AlreadyExists":
-                    return Sent("refused", message=f"HTTP 409: {err.message}")
+                    # Not a decision of the system's: after a transient failure it is this very
+                    # create, stored before the fault cut its answer off; on a first try, a name
+                    # the harness reused. Either way nothing was refused, and the try is not judged.
+                    return Sent("exists", message=f"HTTP 409: {err.message}")
                 return Sent("changed", message=err.message)
             except kube.KubeError as err:
                 unready_rbac = rbac_allows and err.status == 403 and f'User "{USER}" cannot' in err.message

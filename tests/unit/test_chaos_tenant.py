@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from chaos import run, tenant
+from shared import kube
 from shared.api import names
 from shared.core import config
 
@@ -168,3 +169,22 @@ def test_an_admitted_tfjob_is_judged_on_what_its_pods_would_take_with_the_limit_
     assert tenant.undercharged(tf(main, limited), unit("1100m"), default_cpu_milli=1000) == ["worker"]
     assert tenant.undercharged(tf(main, sidecar), unit("100m", replicas=0), default_cpu_milli=1000) == []
     assert tenant.undercharged(tf(main, sidecar), {}, default_cpu_milli=1000) == []
+
+
+async def test_a_create_that_meets_its_own_earlier_try_is_not_counted_as_refused() -> None:
+    """A create whose answer a fault cut off was stored all the same: its retry answers 409
+    AlreadyExists, which is no refusal of the system's (the object exists and may run)."""
+    mallory = tenant.Tenant(None, None, None, violate=lambda *_: None, log=lambda _: None)  # type: ignore[arg-type]
+    tries = iter(
+        [
+            kube.KubeError(0, "", "connection reset by peer"),
+            kube.Conflict(409, "AlreadyExists", 'jobs.batch "mallory-x-0" already exists'),
+        ]
+    )
+
+    async def create() -> dict[str, Any]:
+        raise next(tries)
+
+    sent = await mallory.send(create)
+    assert sent.status == "exists", sent
+    assert mallory.transient["HTTP 0"] == 1
