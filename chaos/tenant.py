@@ -1618,11 +1618,13 @@ class Tenant:
         name = f"mallory-grow-{r}"
         plan = load.JobPlan(name, QUOTA, "single", None, False, cpu="500m", memory=False)
         body = load.job(plan, "mallory", namespace=NAMESPACE)
+        # Eight completions, one at a time: `completions` is immutable, `parallelism` is hers to raise.
+        body["spec"]["parallelism"], body["spec"]["completions"] = 1, 8
         target = f"{NAMESPACE}/{name}"
         try:
             if await self._own_job_admitted(attack, r, body) is None:
                 return
-            scale = {"spec": {"parallelism": 8, "completions": 8}}
+            scale = {"spec": {"parallelism": 8}}
             sent = await self.send(lambda: m.patch(JOBS, name, scale, namespace=NAMESPACE))
             if sent.status != "accepted":
                 self.record(attack, r, target, "refused", sent.message)
