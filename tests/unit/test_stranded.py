@@ -157,7 +157,7 @@ def test_after_the_timeout_the_unit_backs_off_gives_its_quota_back_and_the_job_i
 
 
 def test_without_a_backoff_time_the_doubling_requeue_backoff_applies() -> None:
-    decision = run(make_unit(), timeouts=RunningTimeout(), after=60.0)
+    decision = run(make_unit(), timeouts=RunningTimeout(no_pods_timeout=60.0), after=60.0)
     assert decision.status_patch is not None
     assert decision.status_patch["status"]["requeueState"]["count"] == 1
 
