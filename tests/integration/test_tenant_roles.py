@@ -174,6 +174,19 @@ async def assert_reads_but_never_writes(t: Tenancy) -> None:
         assert (code, answer.get("reason")) == (403, "Forbidden"), (method, answer)
         assert f'cannot {verb} resource "queueunits/status"' in answer["message"], (method, answer)
     assert refused(t.as_user("delete", "queueunit", "mine", "-n", t.mine), "delete", "queueunits")
+    # Quotas are the cluster admin's: she can neither raise her own quota's max nor make a
+    # same-named (or any) quota in her namespace.
+    raise_max = json.dumps({"spec": {"max": {"cpu": "1000"}}})
+    quota_patch = ("patch", "elasticquota", t.queue, "-n", t.mine, "--type=merge", "-p", raise_max)
+    assert refused(t.as_user(*quota_patch), "patch", "elasticquotas")
+    twin = {
+        "apiVersion": "scheduling.sigs.k8s.io/v1alpha1",
+        "kind": "ElasticQuota",
+        "metadata": {"name": t.queue, "namespace": t.mine},
+        "spec": {"max": {"cpu": "1000"}, "min": {"cpu": "1000"}},
+    }
+    twin_create = t.as_user("create", "-n", t.mine, "-f", "-", input_text=json.dumps(twin))
+    assert refused(twin_create, "create", "elasticquotas")
 
 
 async def assert_sees_only_their_namespace(t: Tenancy) -> None:
