@@ -197,19 +197,22 @@ def parent_lookup(pods: Store, parents: Parents, namespace: str) -> podlinks.Par
     return parent
 
 
-def orphaned_pods_run(
-    pods: Store, pod_keys: Iterable[str], parents: Parents, unit_key: str, job_uid: str | None
-) -> bool:
-    """Does a pod of an orphaned unit still run, or is it released to run? Its job is gone, so
-    its pods are the ones naming the unit (``pod_keys``) in the unit's namespace, except pods of the
-    live job of the same name (``job_uid``), if any. A pod still gated never ran and never will."""
+def orphaned_pods_run(pods: Store, pod_keys: Iterable[str], unit_key: str) -> bool:
+    """Does a pod of an orphaned unit still run, or is it released to run? Pure.
+
+    Its job is gone, so its pods are the ones naming the unit (``pod_keys``: the
+    ``koord-queue/related-queueunit`` annotation, which nobody but the reconciler can change on a
+    pod that exists, ``manifests/pod-links-policy.yaml``) in the unit's namespace, whatever owner
+    they have now: a ReplicaSet whose selector matches their labels adopts them, a user may write
+    owner references on them (even a controller reference to a new job of the same name, which
+    the Job controller may keep with ``manualSelector``), and none of that stops them running on
+    the quota. A pod being deleted counts while it is bound (it runs for its grace period); a pod
+    still gated never ran and never will (docs/compatibility.md#jobs-deleted-with---cascadeorphan).
+    """
     namespace = unit_key.partition("/")[0]
-    parent = parent_lookup(pods, parents, namespace)
     for pod_key in sorted(pod_keys):
         pod = pods.get(pod_key)
         if pod is None or (pod.get("metadata") or {}).get("namespace") != namespace:
-            continue
-        if job_uid and podlinks.owned_by(pod, job_uid, parent):
             continue
         view = podplan.pod_view(pod, "")
         if view.live and (view.bound or not view.gated):

@@ -7,7 +7,8 @@ it (adoption included) and releasing a unit whose job was orphaned.
   (docs/compatibility.md#adoption-of-released-jobs): the unit is created marked for adoption and
   its status written right after (``shared.jobs.adoption``);
 * :func:`orphaned` / :func:`owned_by_another` tell a unit left behind by a deleted job from the
-  job's own, and :func:`release_orphan` deletes the former once none of its pods runs.
+  job's own, and :func:`release_orphan` deletes the former once none of the pods naming it runs,
+  whatever their owner.
 
 Functions take the client and what they read, so the controller keeps all state.
 """
@@ -199,7 +200,12 @@ def orphaned(unit: kube.Obj, key: JobKey, job: kube.Obj | None) -> bool:
     owner reference only when the job is deleted with orphan propagation. So a unit naming the job
     as its consumer, without an owner reference to it, carrying the webhook's enqueue stamp
     (copied from the job it was made from) is orphaned when no such job exists, or when the job
-    of that name (``job``) is younger than the unit: a unit is never made before its job. A unit
+    of that name (``job``) is not older than the unit: a unit is never made before its job, and
+    timestamps have whole seconds, so a job re-created within the second its predecessor's unit
+    was made ties with it; the tie is an orphan too, since every unit the job extension makes
+    carries its job's owner reference, and taking it for the new job's own would hand that job
+    its predecessor's admission while the orphaned pods still run on it
+    (docs/compatibility.md#jobs-deleted-with---cascadeorphan). A unit
     without the stamp was created directly and stands on its own
     (docs/architecture.md#decision-8-the-queueunit-api-stands-on-its-own), never ours to release.
     """
@@ -209,7 +215,7 @@ def orphaned(unit: kube.Obj, key: JobKey, job: kube.Obj | None) -> bool:
         return True
     made = str((unit.get("metadata") or {}).get("creationTimestamp") or "")
     born = str((job.get("metadata") or {}).get("creationTimestamp") or "")
-    return bool(made and born and made < born)  # RFC 3339 in UTC: ordered as text
+    return bool(made and born and made <= born)  # RFC 3339 in UTC: ordered as text
 
 
 def owned_by_another(unit: kube.Obj, key: JobKey, job: kube.Obj) -> bool:

@@ -809,13 +809,11 @@ class JobExtensions:
         timers[key] = asyncio.get_running_loop().call_later(delay + 0.05, due)
 
     async def _release_orphan(self, unit: kube.Obj, unit_key: str, job: kube.Obj | None) -> None:
-        """Release an orphaned unit (``job_units.release_orphan``) unless one of its pods runs."""
+        """Release an orphaned unit (``job_units.release_orphan``) unless one of its pods runs.
+        ``job`` (a new job of the same name, if any) is no exception: a pod the unit released
+        counts for it whatever owner it has now (docs/compatibility.md#jobs-deleted-with---cascadeorphan)."""
         pods_run = job_pods.orphaned_pods_run(
-            self.pods.objects,
-            self._pods_by_unit.get(unit_key, ()),
-            self._parents(),
-            unit_key,
-            job_units.uid_of(job),
+            self.pods.objects, self._pods_by_unit.get(unit_key, ()), unit_key
         )
         await job_units.release_orphan(self.client, unit, unit_key, pods_run=pods_run)
 
