@@ -115,6 +115,8 @@ def object_meta(data: bytes) -> dict[str, Any]:
                     owner["uid"] = _text(item)
                 elif n == 5:
                     owner["apiVersion"] = _text(item)
+                elif n == 6:
+                    owner["controller"] = bool(item)
             meta["ownerReferences"].append(owner)
     return meta
 

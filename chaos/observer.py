@@ -29,13 +29,14 @@ Invariants checked continuously (each check evaluation is counted in :attr:`Obse
     ``koord-queue/related-queueunit`` annotation never outnumber its admitted replicas. Pods of a job
     that is being deleted or has been suspended again are exempt (they are on their way out). A
     pod's claim on a unit counts only as the product may count it: the pod lives in the unit's
-    namespace and, when the unit has a Job, is owned by that Job's UID; forged claims (a hostile
-    tenant's pod in another namespace, or a bare pod) are ignored here and counted in :attr:`stats`
-    (the tenant phase checks that the product ignores them too).
+    namespace and, when the unit has a Job, is controlled by that Job (:func:`job_link_uids`);
+    forged claims (a hostile tenant's pod in another namespace, or a bare pod) are ignored here and
+    counted in :attr:`stats` (the tenant phase checks that the product ignores them too).
 ``unadmitted-pod-schedulable``
-    Keyed on ownership, not on the annotation: for every managed Job, the live pods it owns (an
-    owner reference carrying the Job's UID, in the Job's namespace) that are bound to a node or
-    not gated (schedulable) never outnumber its unit's admitted replicas (a batch Job has one pod
+    Keyed on ownership, not on the annotation: for every managed Job, the live pods it controls (a
+    controller reference carrying the Job's UID, in the Job's namespace, on a pod that names a unit
+    or carries the Job controller's selector label: :func:`job_link_uids`) that are bound to a node
+    or not gated (schedulable) never outnumber its unit's admitted replicas (a batch Job has one pod
     set). A bound pod of a unit holding no admission is a violation like any other excess. The
     only tolerance: within :data:`SCHEDULABLE_GRACE_S` after the unit's admission shrank (a reclaim
     mark, fewer replicas, a finish, the unit's deletion) the excess is remembered and judged when
@@ -399,8 +400,9 @@ class PodView:
     terminal: bool
     deleting: bool
     namespace: str = ""
-    #: UIDs of the pod's owner references (assigned by the apiserver to the owner, so a pod that
-    #: names a job's UID in its own namespace is that job's pod; a copied UID elsewhere matches nothing)
+    #: UID of the job this pod is provably a pod of (:func:`job_link_uids`), as a tuple: empty, or
+    #: the UID in its controller reference (assigned by the apiserver to the owner, so in the pod's
+    #: own namespace it is that job; a copied UID elsewhere matches nothing)
     owner_uids: tuple[str, ...] = ()
     #: what the pod asks the scheduler for (our own arithmetic over its containers)
     request: dict[str, int] = field(default_factory=dict)
@@ -414,6 +416,33 @@ class PodView:
         """Not finished, and either bound (being deleted too: it runs for its grace period) or
         free to be bound (no admission gate, not being deleted): it takes node resources."""
         return not self.terminal and (self.bound or (not self.gated and not self.deleting))
+
+
+#: The labels the Job controller selects its pods by (``spec.selector`` of a Job without
+#: ``manualSelector``), with the Job's UID as value.
+JOB_SELECTOR_LABELS = ("batch.kubernetes.io/controller-uid", "controller-uid")
+
+
+def job_link_uids(meta: Mapping[str, Any], unit: str | None) -> tuple[str, ...]:
+    """The UID of the job a pod is provably a pod of, the rule of docs/compatibility.md#pod-gating
+    written again here (the observer never imports the product's ``podlinks``): its *controller*
+    reference (``controller: true``) carries the UID; a plain owner reference proves nothing, since
+    anyone who may read a job can copy its UID into a pod of their own. And the link must be one the
+    system acts on: the pod names a unit (the annotation the product counts it by, frozen from the
+    pod's birth by the policy ``koord-queue-pod-links``), or it carries the Job controller's own
+    selector label with that UID (how the Job controller tells its pods: it lets go of a pod that
+    claims it as controller without matching its selector). A tenant's own pod with a controller
+    reference to another team's Job and neither link (the refused annotate-an-existing-pod attack of
+    the full run of 2026-12-04, RELIABILITY.md) is counted by nobody: it is her bare pod."""
+    owners = [_map(o) for o in meta.get("ownerReferences") or []]
+    controller = next((o for o in owners if o.get("controller") is True), None)
+    uid = str(controller.get("uid") or "") if controller is not None else ""
+    if not uid:
+        return ()
+    labels = _map(meta.get("labels"))
+    if unit or any(labels.get(label) == uid for label in JOB_SELECTOR_LABELS):
+        return (uid,)
+    return ()
 
 
 def parse_pod(raw: Mapping[str, Any]) -> PodView:
@@ -432,7 +461,7 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
         terminal=status.get("phase") in ("Succeeded", "Failed"),
         deleting=bool(meta.get("deletionTimestamp")),
         namespace=namespace,
-        owner_uids=tuple(str(o["uid"]) for o in owners if o.get("uid")),
+        owner_uids=job_link_uids(meta, str(unit) if unit else None),
         request=pod_request(spec)[0],
     )
 

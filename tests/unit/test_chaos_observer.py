@@ -73,12 +73,15 @@ def pod(
     node: str = "",
     unit_ref: str = f"{NS}/j",
 ) -> dict[str, Any]:
-    owners = [{"kind": "Job", "name": "j", "uid": owner_uid}] if owner_uid else []
+    """A pod as the Job controller makes them: controlled by the Job (``owner_uid``; None: no owner)
+    and carrying its selector label."""
+    owners = [{"kind": "Job", "name": "j", "uid": owner_uid, "controller": True}] if owner_uid else []
     return {
         "metadata": {
             "name": name,
             "namespace": namespace,
             "annotations": {names.RELATED_QUEUEUNIT_ANNOTATION: unit_ref},
+            "labels": {"batch.kubernetes.io/controller-uid": owner_uid} if owner_uid else {},
             "ownerReferences": owners,
         },
         "spec": {"nodeName": node, "schedulingGates": [{"name": names.ADMISSION_GATE}] if gated else []},
@@ -154,6 +157,34 @@ def test_forged_claims_of_a_hostile_tenant_are_ignored_by_both_invariants(clock:
     feed_unit(o, unit(replicas=1, reclaim=True))
     feed_pod(o, None, f"{NS}/bare")
     assert not o.violation_counts
+
+
+def test_her_own_bound_pod_with_a_controller_reference_to_a_job_but_no_link_is_not_its_pod(
+    clock: Clock,
+) -> None:
+    """The full run of 2026-12-04 counted ``mallory-join-2`` as a pod of ``chaos/sentinel-1``
+    (RELIABILITY.md): her own pod, bound to a node, with a *controller* reference carrying the
+    sentinel's real UID, whose unit annotation the policy ``koord-queue-pod-links`` refused. It
+    names no unit and lacks the Job controller's selector label, so neither the product
+    (docs/compatibility.md#pod-gating) nor the Job controller counts it: it is her bare pod. A
+    plain owner reference to the Job proves nothing either, even on a pod naming its unit."""
+    o = observer()
+    feed_unit(o, unit(replicas=1))
+    feed_job(o, job())
+    feed_pod(o, pod("p1"), f"{NS}/p1")  # the sentinel's own released pod
+    join = pod("mallory-join-2", node="n1", unit_ref="")
+    join["metadata"]["labels"] = {}
+    feed_pod(o, join, f"{NS}/mallory-join-2")
+    plain = pod("plain", node="n1")
+    plain["metadata"]["ownerReferences"][0]["controller"] = False
+    feed_pod(o, plain, f"{NS}/plain")
+    assert not o.violation_counts
+    assert [p.key for p in o.owned_pods(o.jobs[f"{NS}/j"])] == [f"{NS}/p1"]
+    # The Job controller's own pod is the job's with either link: with only the selector label (a
+    # pod that names no unit, which the product would not count) it is still an excess.
+    unlinked = pod("unlinked", node="n1", unit_ref="")
+    feed_pod(o, unlinked, f"{NS}/unlinked")
+    assert o.violation_counts[SCHEDULABLE] == 1
 
 
 def test_an_excess_repaired_within_the_grace_is_tolerated(clock: Clock) -> None:
@@ -468,6 +499,17 @@ def test_pod_and_job_protobuf_fields_for_accounting() -> None:
     view = obs.parse_pod(raw)
     assert view.bound
     assert view.request == {"cpu": 510, "memory": 2**30 * 1000}
+
+    # An owner reference's controller flag (field 6), which decides whether it links the pod.
+    def meta(controller: bool) -> bytes:
+        owner = tag(1, b"Job") + tag(3, b"j") + tag(4, b"uid-1") + varint(6, int(controller))
+        unit = tag(1, names.RELATED_QUEUEUNIT_ANNOTATION.encode()) + tag(2, b"ns/j")
+        return tag(1, b"p") + tag(12, unit) + tag(13, owner)
+
+    for controller, linked in ((True, ("uid-1",)), (False, ())):
+        decoded = obs.decode_pod(k8sproto.MAGIC + tag(2, tag(1, meta(controller)) + tag(2, spec)))
+        assert decoded["metadata"]["ownerReferences"][0].get("controller", False) is controller
+        assert obs.parse_pod(decoded).owner_uids == linked
 
     job_spec = varint(1, 2) + varint(2, 3) + varint(10, 1)
     job_envelope = k8sproto.MAGIC + tag(2, tag(1, tag(1, b"j")) + tag(2, job_spec))
