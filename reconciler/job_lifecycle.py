@@ -42,6 +42,7 @@ async def hold_then_release(
     *,
     pods_of: Callable[[], Sequence[podplan.PodView]],
     hold: bool = True,
+    unit_written: kube.OwnWrites | None = None,
 ) -> kube.Obj | None:
     """Suspend the job (unless ``hold`` is false or it is held already), then, once none of its
     pods runs any more, write the unit's ``status_patch``, conditional on the unit's version;
@@ -54,6 +55,13 @@ async def hold_then_release(
     deletion brings the job back. If the second write fails, the unit still holds its quota with
     its job held, and the next pass decides the same again (these steps run before the resume
     step) and writes only the status.
+
+    The status write is remembered in ``unit_written`` (the controller's ``kube.OwnWrites``), so
+    that no later pass acts on the unit's copy from before it: the suspension's own watch event
+    can arrive first, and on that copy (still admitted) with the job now held, a pass whose step
+    no longer decides the same (a pod came into view meanwhile) would reach the resume step and
+    release the job while its unit holds nothing. The full chaos run of 2026-12-04 saw exactly
+    that after a no-pods requeue (RELIABILITY.md).
     """
     if hold and not adapter.is_suspended(job):
         await client.patch(
@@ -80,6 +88,8 @@ async def hold_then_release(
         namespace=key.namespace,
         subresource="status",
     )
+    if unit_written is not None:
+        unit_written.wrote(f"{key.namespace}/{unit_name}", written)
     return written
 
 
@@ -94,6 +104,7 @@ async def budget_and_activation(
     *,
     mark: Callable[[JobKey], None],
     pods_of: Callable[[], Sequence[podplan.PodView]],
+    unit_written: kube.OwnWrites | None = None,
 ) -> bool:
     """Execution budget and deactivation (docs/compatibility.md#activation-and-execution-budget);
     True when something was written. ``mark`` looks at the job again when its budget runs out."""
@@ -130,7 +141,10 @@ async def budget_and_activation(
     parked = lifecycle.deactivation(unit, now=now, now_text=stamp)
     if parked is None:
         return False
-    if await hold_then_release(client, key, adapter, job, unit, unit_name, parked, pods_of=pods_of) is None:
+    held = await hold_then_release(
+        client, key, adapter, job, unit, unit_name, parked, pods_of=pods_of, unit_written=unit_written
+    )
+    if held is None:
         return True  # held; its pods' deletion brings us back
     events.record(
         job,
@@ -153,6 +167,7 @@ async def requeue_resized(
     desired: Mapping[str, object],
     *,
     pods_of: Callable[[], Sequence[podplan.PodView]],
+    unit_written: kube.OwnWrites | None = None,
 ) -> bool:
     """Queue a job again whose admitted pods changed size (``shared.jobs.jobext.admitted_resize``,
     docs/compatibility.md#admitted-pod-size); True when something was written. ``desired`` is
@@ -177,7 +192,9 @@ async def requeue_resized(
     patch = lifecycle.requeue_resized(unit, pod_sets, now=time.time(), now_text=now_text)
     if patch is None:
         return False
-    queued = await hold_then_release(client, key, adapter, job, unit, unit_name, patch, pods_of=pods_of)
+    queued = await hold_then_release(
+        client, key, adapter, job, unit, unit_name, patch, pods_of=pods_of, unit_written=unit_written
+    )
     if queued is None:
         return True  # held; its pods' deletion brings us back
     message = (
@@ -215,6 +232,7 @@ async def enforce_running_timeout(
     pods_of: Callable[[], Sequence[podplan.PodView]],
     short_since: dict[str, Mapping[str, float]],
     check_again: Callable[[JobKey, float | None], None],
+    unit_written: kube.OwnWrites | None = None,
 ) -> bool:
     """Running timeout, backoff and partial running timeout (docs/compatibility.md#running-timeout),
     decided by ``shared.jobs.running_timeout``; True when something was written.
@@ -261,6 +279,7 @@ async def enforce_running_timeout(
         decision.status_patch,
         pods_of=pods_of,
         hold=decision.suspend,
+        unit_written=unit_written,
     )
     if written is None:
         return True  # held; its pods' deletion brings us back
@@ -284,15 +303,19 @@ async def requeue_stranded(
     pods_of: Callable[[], Sequence[podplan.PodView]],
     pods_seen_at: dict[str, float],
     check_again: Callable[[JobKey, float | None], None],
+    unit_written: kube.OwnWrites | None = None,
 ) -> bool:
     """Take the admission back from a job left without pods (docs/compatibility.md#jobs-without-pods),
     decided by ``shared.jobs.stranded``; True when something was written.
 
-    ``pods_seen_at`` is the controller's memory of the last pod seen per unit, updated here;
-    ``check_again`` schedules the next look. The writes are the running timeout's, in its order
-    (``hold_then_release``: the job suspended first, the unit's status second). If the status write
-    fails, the next pass (this step runs before the resume step) decides the same again and writes
-    only the status: a held job is never resumed on a stale view of its unit.
+    ``pods_of`` reads every pod of the job (``job_pods.all_pods_of_job``: those its controller owns
+    as well as those counted for the unit); ``pods_seen_at`` is the controller's memory of the
+    clock's start per unit, updated here; ``check_again`` schedules the next look. The writes are
+    the running timeout's, in its order (``hold_then_release``: the job suspended first, the unit's
+    status second). If the status write fails, the next pass (this step runs before the resume
+    step) decides the same again and writes only the status; once it is written, the controller
+    waits for its watch event (``unit_written``) before any step acts on the unit again, so a held
+    job is never resumed on a view of its unit from before the requeue.
     """
     timeouts = running_timeouts.for_extension(adapter.extension)
     if timeouts.no_pods_timeout <= 0 or adapter.extension not in stranded.KINDS:
@@ -316,7 +339,15 @@ async def requeue_stranded(
     if decision.status_patch is None:
         return False
     written = await hold_then_release(
-        client, key, adapter, job, unit, unit_name, decision.status_patch, pods_of=pods_of
+        client,
+        key,
+        adapter,
+        job,
+        unit,
+        unit_name,
+        decision.status_patch,
+        pods_of=pods_of,
+        unit_written=unit_written,
     )
     if written is None:
         return True  # a pod appeared meanwhile and runs: its deletion brings us back

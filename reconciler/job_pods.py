@@ -96,6 +96,46 @@ def pods_of(
     return views
 
 
+def controller_job_uid(pod: kube.Obj | None) -> str | None:
+    """The UID in the pod's controller reference when that controller is a ``batch/v1`` Job: the
+    key of the controller index, which finds a Job's pods whatever unit they name, if any."""
+    ref = podlinks.controller_of(pod) if pod is not None else None
+    return ref[2] if ref is not None and ref[0] == "Job" else None
+
+
+def controller_job_name(pod: kube.Obj) -> str | None:
+    """The name in the pod's controller reference when that controller is a ``batch/v1`` Job."""
+    ref = podlinks.controller_of(pod)
+    return ref[1] if ref is not None and ref[0] == "Job" else None
+
+
+def all_pods_of_job(
+    pods: Store,
+    pod_keys: Iterable[str],
+    parents: Parents,
+    unit_key: str,
+    adapter: JobAdapter,
+    job: kube.Obj,
+) -> list[podplan.PodView]:
+    """Every pod of the job, for the jobs-without-pods clock (docs/compatibility.md#jobs-without-pods):
+    ``pod_keys`` are the pods naming the unit and those whose controller reference is the job (the
+    controller index); kept are those in the unit's namespace that the job controls
+    (``podlinks.owned_by``), gated or not, being deleted or finished, with or without a pod set. A
+    pod naming the unit that the job does not control is left out: anyone may make one, and it
+    says nothing about whether the job's controller still makes pods. Pure."""
+    namespace = unit_key.partition("/")[0]
+    job_uid = str((job.get("metadata") or {}).get("uid") or "")
+    parent = parent_lookup(pods, parents, namespace)
+    views = []
+    for pod_key in sorted(set(pod_keys)):
+        pod = pods.get(pod_key)
+        if pod is not None and podlinks.counts_for(
+            pod, unit_namespace=namespace, job_uid=job_uid, parent=parent
+        ):
+            views.append(podplan.pod_view(pod, adapter.pod_set_of(pod) or ""))
+    return views
+
+
 def escaped_of(
     pods: Store, pod_keys: Iterable[str], parents: Parents, unit_key: str, job: kube.Obj
 ) -> list[podplan.PodView]:

@@ -162,6 +162,9 @@ class JobExtensions:
         self._defaults: dict[str, poddefaults.PodDefaults] = {}
         #: unit key ("ns/name") → pod keys, from the related-queueunit annotation
         self._pods_by_unit: dict[str, set[str]] = {}
+        #: batch/v1 Job UID → keys of the pods it controls, named unit or not: the jobs-without-pods
+        #: clock counts them all (``job_pods.all_pods_of_job``)
+        self._pods_by_controller: dict[str, set[str]] = {}
         self._dirty: dict[JobKey, None] = {}
         #: jobs whose unit was just admitted or that just finished: handled before the rest, so a
         #: burst of new jobs never delays a resume or a quota release (FIFO fell behind by minutes)
@@ -478,11 +481,18 @@ class JobExtensions:
     def _on_pod(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         """Keep the pod index exact (a pod leaves its old unit's set when it is deleted or names
         another unit; an emptied set is dropped) and look at the units concerned."""
+        key = key_of(new or old or {})
+        old_uid, new_uid = job_pods.controller_job_uid(old), job_pods.controller_job_uid(new)
+        if old_uid is not None and old_uid != new_uid:
+            job_pods.unindex(self._pods_by_controller, old_uid, key)
+        if new_uid is not None:
+            self._pods_by_controller.setdefault(new_uid, set()).add(key)
         old_ref = job_pods.unit_ref_of(old) if old is not None else None
         new_ref = job_pods.unit_ref_of(new) if new is not None else None
         if old_ref is None and new_ref is None:
+            if old_uid is not None or new_uid is not None:
+                self._mark_controlling_job(new or old or {})
             return
-        key = key_of(new or old or {})
         if old_ref is not None and old_ref != new_ref:
             job_pods.unindex(self._pods_by_unit, old_ref, key)
         if new_ref is not None:
@@ -637,6 +647,7 @@ class JobExtensions:
                 resized,
                 desired_for(None),
                 pods_of=lambda: self._pods_of(unit_key, adapter, job),
+                unit_written=self._unit_written,
             ):
                 return  # the unit's update brings us back, queued at its new size
         elif desired is not None:
@@ -663,6 +674,7 @@ class JobExtensions:
             unit_name,
             mark=self.mark,
             pods_of=lambda: self._pods_of(unit_key, adapter, job),
+            unit_written=self._unit_written,
         ):
             return  # the unit's update brings us back
         # Before the resume below: a job held by a running timeout whose unit write failed must be
@@ -680,6 +692,7 @@ class JobExtensions:
             pods_of=lambda: self._pods_of(unit_key, adapter, job),
             short_since=self._short_since,
             check_again=self._check_again,
+            unit_written=self._unit_written,
         ):
             return  # the unit's update brings us back
         # Also before the resume, for the same reason (``job_lifecycle.requeue_stranded``).
@@ -693,9 +706,10 @@ class JobExtensions:
             unit_name,
             unit_key,
             running_timeouts=self.running_timeouts,
-            pods_of=lambda: self._pods_of(unit_key, adapter, job),
+            pods_of=lambda: self._all_pods_of_job(unit_key, adapter, job),
             pods_seen_at=self._pods_seen_at,
             check_again=self._check_no_pods_again,
+            unit_written=self._unit_written,
         ):
             return  # the unit's update brings us back
         phase = (unit.get("status") or {}).get("phase", "")
@@ -827,6 +841,25 @@ class JobExtensions:
             adapter,
             job,
         )
+
+    def _mark_controlling_job(self, pod: kube.Obj) -> None:
+        """A pod naming no unit, controlled by a batch/v1 Job, changed: the Job's jobs-without-pods
+        clock counts it (``job_pods.all_pods_of_job``), so a Job with a unit looks again; its going
+        may leave the Job podless, and nothing else would wake it."""
+        adapter = self.adapters.get(("batch/v1", "Job"))
+        name = job_pods.controller_job_name(pod)
+        if adapter is None or name is None:
+            return
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        unit_name = adapter.queue_unit_name({"metadata": {"name": name}})
+        if f"{namespace}/{unit_name}" in self.units():
+            self.mark(JobKey("batch/v1", "Job", namespace, name))
+
+    def _all_pods_of_job(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[podplan.PodView]:
+        """Every pod the job controls, named unit or not (``job_pods.all_pods_of_job``)."""
+        uid = str((job.get("metadata") or {}).get("uid") or "")
+        keys = self._pods_by_unit.get(unit_key, set()) | self._pods_by_controller.get(uid, set())
+        return job_pods.all_pods_of_job(self.pods.objects, keys, self._parents(), unit_key, adapter, job)
 
     def _parents(self) -> job_pods.Parents:
         """The stores of the owners that may stand between a job and its pods (``job_pods``)."""

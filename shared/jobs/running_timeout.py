@@ -55,10 +55,10 @@ class RunningTimeout:
     running_timeout: float = 0.0
     backoff_timeout: float = 0.0
     partial_running_timeout: float = 0.0
-    #: How long an admitted, resumed job may have no pod at all (``shared.jobs.stranded``); off by
-    #: default like the others (docs/compatibility.md#jobs-without-pods says why), and only for
-    #: the kinds that module names.
-    no_pods_timeout: float = 0.0
+    #: How long an admitted, resumed job may have no pod at all (``shared.jobs.stranded``); unlike
+    #: the others on by default (docs/compatibility.md#jobs-without-pods), and only for the kinds
+    #: that module names.
+    no_pods_timeout: float = 60.0
 
     @property
     def enabled(self) -> bool:

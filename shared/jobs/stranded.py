@@ -15,9 +15,17 @@ the job is resumed (:data:`KINDS`); the unit is admitted and released (``Dequeue
 active, no reclaim under way, some replicas admitted); and no pod of the unit, in any state
 (gated, running, terminating or finished), has been seen for ``noPodsTimeout``, counted from the
 later of the admission and the last time a pod was seen. Any pod present counts,
-so a Job in its pod-failure backoff (failed pods kept) is never taken for stranded. The caller
-keeps the last sighting in memory between calls, as the running timeout keeps its shortfalls: a
-restart forgets it and only ever delays a requeue.
+so a Job in its pod-failure backoff (failed pods kept) is never taken for stranded. "Of the job"
+means every pod its controller owns, whether or not it names the unit or is gated, and one being
+deleted too (the caller collects them): a Job whose pods are being replaced, say one that let go
+of a relabelled pod and whose replacement is not in the caller's view yet, is not podless.
+
+The caller keeps the clock's start in memory between calls, as the running timeout keeps its
+shortfalls. With no memory of the unit (a restarted reconciler, a new leader), the clock starts
+at this first look, not at the admission: counted from an admission minutes old, the first look of
+a fresh process would requeue at once any job caught between losing a pod and seeing its
+replacement (the full chaos run of 2026-12-04 did exactly that, RELIABILITY.md). So a restart only
+ever delays a requeue, by at most ``noPodsTimeout``.
 
 Whether the job is suspended is deliberately not asked. Once this module has decided, the job is
 suspended before the unit's status is written; the pass that the suspension brings may still see
@@ -57,7 +65,7 @@ class Decision:
 
     ``status_patch`` is a merge patch of the unit's status (``{"status": {...}}``) or None;
     ``suspend`` asks the caller to hold the job before writing it. ``recheck_in`` is when the
-    pending timeout falls due (seconds); ``pods_seen_at`` is the sighting to keep for the next call
+    pending timeout falls due (seconds); ``pods_seen_at`` is the clock start to keep for the next call
     (None: forget it). ``event_reason``/``event_message`` describe a requeue for the Warning event.
     """
 
@@ -82,8 +90,9 @@ def decide(
 ) -> Decision:
     """Whether the unit's job is stranded without pods (see the module docstring).
 
-    ``pods`` are all the unit's pods (``podplan.pod_view``), whatever their state;
-    ``pods_seen_at`` is what the previous call returned for this unit.
+    ``pods`` are all the job's pods (``podplan.pod_view``), whatever their state: those its
+    controller owns as well as those counted for the unit; ``pods_seen_at`` is what the previous
+    call returned for this unit (None: this process has not looked at it yet).
     """
     limit = timeouts.no_pods_timeout
     if limit <= 0 or extension not in KINDS:
@@ -102,9 +111,10 @@ def decide(
     admitted = running_timeout.admitted_at(unit)
     if admitted is None:
         return Decision()
-    since = max(admitted, pods_seen_at) if pods_seen_at is not None else admitted
+    start = now if pods_seen_at is None else pods_seen_at  # no memory: this is the first look
+    since = max(admitted, start)
     if now < since + limit:
-        return Decision(recheck_in=since + limit - now, pods_seen_at=pods_seen_at)
+        return Decision(recheck_in=since + limit - now, pods_seen_at=start)
     patch, requeue = running_timeout.backoff_patch(
         unit,
         message=names.Message.BACKOFF_NO_PODS,

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from shared import kube as kq
 from shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster
@@ -156,3 +157,111 @@ async def test_an_admitted_job_without_pods_is_requeued_within_the_bound_and_fre
 
     # next has no pod either and is requeued in turn; lost comes back, admitted and resumed again.
     await kube.eventually(lost_admitted, timeout=60, what="lost admitted and resumed again")
+
+
+REPLACED = "no-pods-replaced"
+JOBS = kq.Resource("batch", "v1", "jobs", "Job")
+UNITS = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
+
+
+def requeued_for_no_pods(unit: Obj) -> bool:
+    return (unit.get("status") or {}).get("message") == names.Message.BACKOFF_NO_PODS
+
+
+async def test_a_job_whose_pods_name_no_unit_is_not_podless_and_its_requeue_holds_it_before_freeing(
+    cluster: LocalCluster,
+) -> None:
+    """The two causes of the full chaos run of 2026-12-04 (RELIABILITY.md), on the real apiserver:
+    every pod the Job controls stops the clock, whether or not it names the unit (here the test plays
+    the Job controller with a pod that names none), and when the Job does lose its pods, the recorded
+    history shows it suspended before its unit gives the admission back, and never resumed until the
+    unit is admitted again (docs/compatibility.md#jobs-without-pods)."""
+    kube.kubectl(cluster, "create", "namespace", REPLACED)
+    quota = {
+        "apiVersion": names.QUOTA_API_VERSION,
+        "kind": "ElasticQuota",
+        "metadata": {"name": REPLACED, "namespace": REPLACED},
+        "spec": {"max": {"cpu": "1"}, "min": {"cpu": "1"}},
+    }
+    kube.kubectl(cluster, "apply", "-f", "-", input_text=json.dumps(quota))
+    body = job("replaced")
+    body["metadata"]["namespace"] = REPLACED
+    body["metadata"]["labels"] = {names.QUOTA_NAME_LABEL: REPLACED}
+    api = await kq.Kube.connect(kubeconfig=str(cluster.kubeconfig))
+    try:
+        async with (
+            kube.Recorder(cluster, JOBS, namespace=REPLACED) as jobs,
+            kube.Recorder(cluster, UNITS, namespace=REPLACED) as units,
+        ):
+
+            async def created() -> Obj | None:
+                try:
+                    made: Obj = await api.create(JOBS, body, namespace=REPLACED)
+                    return made
+                except kq.KubeError:
+                    return None  # its queue may not exist yet
+
+            made = await kube.eventually(created, timeout=60, what="replaced created")
+            uid = made["metadata"]["uid"]
+            # The Job's controller made a pod that names no unit: the clock must count it all the same.
+            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "replaced", "uid": uid}
+            owner["controller"] = True
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "replaced-own", "ownerReferences": [owner]},
+                "spec": {
+                    "schedulingGates": [{"name": names.ADMISSION_GATE}],
+                    "containers": [{"name": "c", "image": "busybox"}],
+                },
+            }
+            await api.create(kq.PODS, pod, namespace=REPLACED)
+            await jobs.until(
+                "replaced", lambda j: j["spec"].get("suspend") is False, what="resumed", timeout=60
+            )
+            # Three times the bound with its pod in place: the unit is never requeued (the record is what
+            # is waited on; it must not hold a requeue by the deadline).
+            with pytest.raises(AssertionError, match="timed out"):
+                await units.until(
+                    "replaced", requeued_for_no_pods, what="a no-pods requeue", timeout=3 * TIMEOUT
+                )
+            # Its pod gone for good (its controller lost the Job): requeued within the bound.
+            await api.delete(kq.PODS, "replaced-own", namespace=REPLACED)
+            requeue = await units.until(
+                "replaced", requeued_for_no_pods, what="a no-pods requeue", timeout=TIMEOUT + 15
+            )
+            assert not (requeue.get("status") or {}).get("admissions")
+            # Backed off for 3 s, admitted again and resumed.
+            await units.until(
+                "replaced",
+                lambda u: (
+                    int(u["metadata"]["resourceVersion"]) > int(requeue["metadata"]["resourceVersion"])
+                    and bool((u.get("status") or {}).get("admissions"))
+                ),
+                what="admitted again",
+                timeout=60,
+            )
+            await jobs.until(
+                "replaced",
+                lambda j: (
+                    int(j["metadata"]["resourceVersion"]) > int(requeue["metadata"]["resourceVersion"])
+                    and j["spec"].get("suspend") is False
+                ),
+                what="resumed again",
+                timeout=60,
+            )
+    finally:
+        await api.close()
+    # One history in etcd order (both records are complete: leaving the block synced them). Between
+    # the requeue and the next admission the Job stays suspended, and it was suspended before it.
+    merged = sorted(
+        [("job", o) for o in jobs.versions("replaced")] + [("unit", o) for o in units.versions("replaced")],
+        key=lambda e: int(e[1]["metadata"]["resourceVersion"]),
+    )
+    suspended, unit_holds = False, True
+    for kind, obj in merged:
+        if kind == "job":
+            suspended = obj["spec"].get("suspend") is True
+        else:
+            unit_holds = bool((obj.get("status") or {}).get("admissions"))
+        assert suspended or unit_holds, f"the Job ran while its unit held nothing at {obj['metadata']}"

@@ -116,12 +116,12 @@ def test_the_shipped_configuration_keeps_the_timeouts_off_without_warnings() -> 
         assert not settings.running_timeouts.for_extension(extension).enabled
 
 
-def test_the_jobs_without_pods_timeout_is_off_by_default_and_set_like_the_others() -> None:
-    """``noPodsTimeout`` (docs/compatibility.md#jobs-without-pods): off unless set, 0 turns it off."""
-    assert timeouts_of("", "job").no_pods_timeout == 0.0
+def test_the_jobs_without_pods_timeout_is_on_by_default_and_set_like_the_others() -> None:
+    """``noPodsTimeout`` (docs/compatibility.md#jobs-without-pods): 60 s unless set, 0 turns it off."""
+    assert timeouts_of("", "job").no_pods_timeout == 60.0
     body = "jobRunningTimeout:\n  default:\n    noPodsTimeout: 2m\n  job:\n    noPodsTimeout: 0s\n"
     assert timeouts_of(body, "job").no_pods_timeout == 0.0
     assert timeouts_of(body, "tfjob").no_pods_timeout == 120.0
     configmap = yaml.safe_load(MANIFEST.read_text())
     shipped = config.parse(configmap["data"]["config.yaml"], source="koord-queue-config")
-    assert shipped.running_timeouts.for_extension("job").no_pods_timeout == 0.0
+    assert shipped.running_timeouts.for_extension("job").no_pods_timeout == 60.0

@@ -129,7 +129,7 @@ def test_any_pod_at_all_means_not_stranded_and_is_remembered(pods: list[podplan.
 
 @pytest.mark.parametrize("phase", ["Dequeued", "Running"])
 def test_before_the_timeout_the_job_is_looked_at_again_when_it_falls_due(phase: str) -> None:
-    assert run(make_unit(phase), after=45.0) == Decision(recheck_in=15.0)
+    assert run(make_unit(phase), after=45.0, seen=START) == Decision(recheck_in=15.0, pods_seen_at=START)
 
 
 def test_the_timeout_counts_from_the_last_pod_seen_when_that_is_later_than_the_admission() -> None:
@@ -142,7 +142,7 @@ def test_a_sighting_older_than_the_admission_does_not_count() -> None:
 
 
 def test_after_the_timeout_the_unit_backs_off_gives_its_quota_back_and_the_job_is_held() -> None:
-    decision = run(make_unit(), after=60.0)
+    decision = run(make_unit(), after=60.0, seen=START)
     assert decision.suspend
     assert decision.recheck_in is None and decision.pods_seen_at is None
     assert decision.status_patch is not None
@@ -157,7 +157,7 @@ def test_after_the_timeout_the_unit_backs_off_gives_its_quota_back_and_the_job_i
 
 
 def test_without_a_backoff_time_the_doubling_requeue_backoff_applies() -> None:
-    decision = run(make_unit(), timeouts=RunningTimeout(no_pods_timeout=60.0), after=60.0)
+    decision = run(make_unit(), timeouts=RunningTimeout(no_pods_timeout=60.0), after=60.0, seen=START)
     assert decision.status_patch is not None
     assert decision.status_patch["status"]["requeueState"]["count"] == 1
 
@@ -182,6 +182,10 @@ class FakeClient:
         if subresource == "status" and self.fail_status:
             raise kube.Conflict(409, "Conflict", "the object has been modified")
         self.patches.append((res.plural, subresource, patch))
+        return {"metadata": {"resourceVersion": "8"}} if subresource == "status" else {}
+
+    async def delete(self, res: kube.Resource, name: str, **kwargs: Any) -> kube.Obj:
+        self.patches.append((res.plural, "delete", name))
         return {}
 
 
@@ -222,8 +226,10 @@ def admitted_unit(job: kube.Obj) -> kube.Obj:
 
 
 def extensions(
-    job: kube.Obj, client: FakeClient, timeouts: RunningTimeout = TIMEOUT
+    job: kube.Obj, client: FakeClient, timeouts: RunningTimeout = TIMEOUT, *, first_look: float | None = START
 ) -> tuple[JobExtensions, FakeEvents]:
+    """The job extensions with ``job`` in their store and its unit admitted; ``first_look`` is when
+    the clock started (None: this process has never looked at the unit, as after a restart)."""
     events = FakeEvents()
     unit = admitted_unit(job)
     jobs = JobExtensions(
@@ -235,6 +241,8 @@ def extensions(
         running_timeouts=RunningTimeouts(per_extension=(("job", timeouts),)),
     )
     jobs.job_informers[("batch/v1", "Job")].objects["ns/first"] = job
+    if first_look is not None:
+        jobs._pods_seen_at["ns/first"] = first_look
     return jobs, events
 
 
@@ -287,3 +295,112 @@ async def test_a_pending_timeout_schedules_its_own_look_again() -> None:
     assert [p for p in client.patches if p[1] == "status" and p[2]["status"].get("phase")] == []
     assert list(jobs._no_pods_checks) == [KEY]
     jobs._no_pods_checks[KEY].cancel()
+
+
+# --- the two causes of the full chaos run of 2026-12-04 (RELIABILITY.md) ---------------------------
+# A freshly restarted reconciler looked at chaos/sentinel-0 while the Job controller had just let go
+# of its relabelled pod and its replacement was not in view yet: counted from the admission minutes
+# before, the clock had run out, and the Job was requeued. The next pass saw the suspension's watch
+# event before the status write's, and the replacement too: no longer podless, it went on to the
+# resume step and released the held Job on the unit's stale, admitted copy.
+
+
+def test_with_no_memory_the_clock_starts_at_this_first_look_not_at_the_admission() -> None:
+    # An hour after the admission, a process that never looked at the unit before waits the bound.
+    assert run(make_unit(), after=3600.0) == Decision(recheck_in=60.0, pods_seen_at=START + 3600.0)
+    assert run(make_unit(), after=3660.0, seen=START + 3600.0).suspend
+
+
+def job_pod(name: str, *, controller: str | None = "u-1", unit: bool = True, **extra: Any) -> kube.Obj:
+    """A pod in ``ns``; ``controller``: the UID of its controlling Job (None: none, as after a let-go)."""
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": f"uid-{name}", "creationTimestamp": T0}
+    if unit:
+        meta["annotations"] = {
+            names.RELATED_QUEUEUNIT_ANNOTATION: "ns/first",
+            names.RELATED_PODSET_ANNOTATION: "first",
+        }
+    if controller is not None:
+        meta["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "first", "uid": controller, "controller": True}
+        ]
+    meta.update(extra.pop("metadata", {}))
+    spec = {"schedulingGates": [{"name": names.ADMISSION_GATE}], "containers": [{"name": "c"}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, **extra}
+
+
+def add_pods(jobs: JobExtensions, *pods: kube.Obj) -> None:
+    for p in pods:
+        jobs.pods.objects[f"ns/{p['metadata']['name']}"] = p
+        jobs._on_pod(None, p)
+
+
+def requeues(client: FakeClient) -> list[Any]:
+    return [p for p in client.patches if p[1] == "status" and p[2]["status"].get("phase") == "TimeoutBackoff"]
+
+
+async def test_a_restarted_reconciler_does_not_requeue_a_job_whose_let_go_pod_awaits_a_replacement() -> None:
+    client = FakeClient()
+    jobs, _ = extensions(released_job(), client, first_look=None)  # admitted long ago, no memory
+    add_pods(jobs, job_pod("relabelled", controller=None))  # let go by the Job controller
+    await jobs.reconcile(KEY)
+    assert requeues(client) == []
+    assert ("jobs", "", {"spec": {"suspend": True}}) not in client.patches
+    assert list(jobs._no_pods_checks) == [KEY]  # looked at again once the bound is up
+    jobs._no_pods_checks[KEY].cancel()
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        job_pod("no-unit", unit=False),
+        job_pod("going", unit=False, metadata={"deletionTimestamp": T0}),
+        job_pod("failed", status={"phase": "Failed"}),
+    ],
+    ids=["gated, naming no unit", "being deleted, naming no unit", "finished"],
+)
+async def test_every_pod_the_job_controls_stops_the_clock_whether_or_not_it_names_the_unit(
+    pod: kube.Obj,
+) -> None:
+    client = FakeClient()
+    jobs, _ = extensions(released_job(), client)  # the clock started an age ago
+    add_pods(jobs, pod)
+    await jobs.reconcile(KEY)
+    assert requeues(client) == []
+    assert jobs._pods_seen_at["ns/first"] > START
+
+
+async def test_a_pod_that_merely_names_the_unit_or_carries_a_plain_owner_reference_does_not_count() -> None:
+    client = FakeClient()
+    jobs, _ = extensions(released_job(), client)
+    plain = job_pod("plain", controller=None)
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "first", "uid": "u-1"}  # not the controller
+    plain["metadata"]["ownerReferences"] = [owner]
+    add_pods(jobs, job_pod("bare", controller=None), plain)
+    await jobs.reconcile(KEY)
+    assert len(requeues(client)) == 1
+
+
+async def test_after_the_requeue_no_pass_resumes_the_job_on_the_units_copy_from_before_it() -> None:
+    client = FakeClient()
+    jobs, _ = extensions(released_job(), client)
+    await jobs.reconcile(KEY)
+    assert len(requeues(client)) == 1
+    # The suspension's watch event arrives before the status write's (the unit's copy is still the
+    # admitted one), and the Job's replacement pod comes into view: nothing may be written now.
+    client.patches.clear()
+    jobs.job_informers[("batch/v1", "Job")].objects["ns/first"] = released_job(suspended=True)
+    add_pods(jobs, job_pod("replacement"))
+    await jobs.reconcile(KEY)
+    assert client.patches == []
+
+
+def test_a_pod_naming_no_unit_that_the_job_controls_wakes_the_job_when_it_goes() -> None:
+    """Its going may leave the Job podless, and no unit's pod event would bring the Job back."""
+    jobs, _ = extensions(released_job(), FakeClient())
+    gone = job_pod("no-unit", unit=False)
+    jobs._dirty.clear()
+    jobs._on_pod(gone, None)
+    assert KEY in jobs._dirty
+    jobs._dirty.clear()
+    jobs._on_pod(job_pod("bare", controller=None, unit=False), None)  # nobody's pod: nothing to wake
+    assert not jobs._dirty
