@@ -187,14 +187,22 @@ def withheld_of(
 
 
 def report_withheld(events: EventRecorder, plan: podplan.PodPlan, job: kube.Obj) -> None:
-    """A Warning ``PodKeptGated`` on the job for each pod the plan keeps gated, saying why (the
-    recorder folds repeats into one event's count)."""
+    """A Warning ``PodKeptGated`` on the job for each pod the plan keeps gated, saying why, and a
+    Normal ``PodWaitsForReservation`` for each pod that waits for room in its job's reservation
+    (docs/compatibility.md#argo-workflow); the recorder folds repeats into one event's count."""
     for pod, why in plan.withheld:
         events.record(
             job,
             type_="Warning",
             reason=names.EventReason.POD_KEPT_GATED,
             message=names.Message.pod_kept_gated(pod.name, why),
+        )
+    for pod, why in plan.waiting:
+        events.record(
+            job,
+            type_="Normal",
+            reason=names.EventReason.POD_WAITS_FOR_RESERVATION,
+            message=names.Message.pod_waits_for_reservation(pod.name, why),
         )
 
 

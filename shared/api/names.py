@@ -141,6 +141,9 @@ class EventReason(enum.StrEnum):
     POD_KEPT_GATED = "PodKeptGated"
     #: Ours, on the job: bound pods run beyond what its unit's admission holds (not charged).
     PODS_BEYOND_ADMISSION = "PodsBeyondAdmission"
+    #: Ours, on a Workflow (Normal): a pod stays gated until its running pods leave room in the
+    #: reservation (docs/compatibility.md#argo-workflow).
+    POD_WAITS_FOR_RESERVATION = "PodWaitsForReservation"
     #: Ours, on the job: pods it was admitted with changed size; held and queued again.
     ADMITTED_JOB_RESIZED = "AdmittedJobResized"
     #: Ours, on the job: it waits in its queue (quota, position when it first had to wait).
@@ -218,7 +221,15 @@ class Message:
         return (
             f"pod {pod} names this job's QueueUnit but stays behind its scheduling gate "
             f"{ADMISSION_GATE}: {why}; only a pod controlled by the job (or by its own "
-            "RayCluster, driver or child Job) that fits the admitted per-pod size is released"
+            "RayCluster, driver or child Job) that fits its job's admission is released"
+        )
+
+    @staticmethod
+    def pod_waits_for_reservation(pod: str, why: str) -> str:
+        return (
+            f"pod {pod} stays behind its scheduling gate {ADMISSION_GATE} for now: {why}; the "
+            "pods of a job admitted for a reservation (koord-queue/min-resources) run only while "
+            "their summed requests fit it"
         )
 
     @staticmethod

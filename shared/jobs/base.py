@@ -99,9 +99,16 @@ class JobAdapter(Protocol):
 
     @property
     def synthetic_pods(self) -> bool:
-        """The kind's pods cannot be linked to its unit (Argo Workflow: created step by step from
-        many templates, none gated). Its pod sets count as running while the released job runs,
-        as upstream's synthetic ``mocked-node`` pod makes them (docs/compatibility.md#argo-workflow)."""
+        """The kind's pods come and go step by step (Argo Workflow), so its pod sets are reported
+        running while the released job runs, as upstream's synthetic ``mocked-node`` pod makes
+        them (docs/compatibility.md#argo-workflow)."""
+
+    @property
+    def pods_within_reservation(self) -> bool:
+        """The kind's pods are released while the summed requests of its live released or bound
+        pods fit the admission (replicas times the admitted per-pod size), not one pod per
+        replica: a Workflow declares a reservation, not a pod count
+        (docs/compatibility.md#argo-workflow, ``shared.jobs.podbudget``)."""
 
     @property
     def pods_through_jobs(self) -> bool:

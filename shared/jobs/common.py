@@ -34,6 +34,7 @@ class AdapterBase:
     plural: str
     queue_unit_suffix: str
     synthetic_pods: bool = False
+    pods_within_reservation: bool = False
     pods_through_jobs: bool = False
     status_subresource: bool = True
 

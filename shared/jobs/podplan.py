@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.api import conditions, names, podtemplates, quantities
-from shared.jobs import registry
+from shared.jobs import podbudget, registry
 from shared.jobs.base import Job, JobStatus, dig, text
 
 Obj = dict[str, Any]
@@ -177,7 +177,8 @@ class PodPlan:
     although the admission has room, with why (they do not fit the admitted per-pod size; the
     caller adds those whose owner is not proven); ``beyond`` the bound pods a pod set runs past what
     its admission holds (newest first), which are reported, never charged by growing the admission
-    (docs/compatibility.md#reclaim-and-usage-reports).
+    (docs/compatibility.md#reclaim-and-usage-reports); ``waiting`` the gated pods of a kind released
+    within a reservation that wait for room, with why (``shared.jobs.podbudget``).
     """
 
     ungate: list[PodView] = field(default_factory=list)
@@ -186,6 +187,7 @@ class PodPlan:
     escaped: list[PodView] = field(default_factory=list)
     withheld: list[tuple[PodView, str]] = field(default_factory=list)
     beyond: list[PodView] = field(default_factory=list)
+    waiting: list[tuple[PodView, str]] = field(default_factory=list)
     status: Obj | None = None
 
 
@@ -234,10 +236,12 @@ def plan_pods(unit: Obj, pods: Sequence[PodView], *, now_text: str = "") -> PodP
     including every released unbound pod of a unit that holds no admission at all. Pods are
     released only in an admitted phase (:data:`ADMITTED_PHASES`): a unit that holds quota while
     its admission checks run, or that is backing off, keeps them gated and deletes any released
-    unbound pod.
+    unbound pod. A kind released within a reservation (a Workflow) is decided by
+    ``shared.jobs.podbudget`` instead: its pods are released while their summed requests fit.
     """
     plan = PodPlan()
     admissions = admissions_of(unit)
+    within = _within_reservation(unit)
     phase = (unit.get("status") or {}).get("phase") or ""
     releasing = phase in ADMITTED_PHASES
     by_set: dict[str, list[PodView]] = {}
@@ -262,6 +266,20 @@ def plan_pods(unit: Obj, pods: Sequence[PodView], *, now_text: str = "") -> PodP
         bound = [p for p in live if p.bound]
         replicas = adm.replicas
         entry = dict(raw.get(adm.name) or {"name": adm.name})
+        if within:
+            if adm.reclaim is not None:
+                replicas -= podbudget.reclaimable(live, replicas, adm.reclaim)
+                entry["replicas"] = replicas
+                entry.pop("reclaimState", None)
+                reclaimed_any = True
+            decided = podbudget.release(live, sizes.get(adm.name), replicas, releasing=releasing)
+            plan.ungate.extend(decided.ungate)
+            plan.unadmitted.extend(decided.unadmitted)
+            plan.beyond.extend(decided.beyond)
+            plan.withheld.extend(decided.never)
+            plan.waiting.extend(decided.waiting)
+            new_admissions.append(entry)
+            continue
         if adm.reclaim is not None:
             take = max(0, min(adm.reclaim, replicas - len(bound)))
             unbound = [p for p in live if not p.bound]
@@ -454,6 +472,14 @@ def _synthetic_pods(unit: Obj) -> bool:
     ref = (unit.get("spec") or {}).get("consumerRef") or {}
     adapter = registry.by_kind(text(ref.get("apiVersion")), text(ref.get("kind")))
     return adapter is not None and adapter.synthetic_pods
+
+
+def _within_reservation(unit: Obj) -> bool:
+    """The unit's consumer is a kind whose pods are released within a reservation (see
+    ``pods_within_reservation``)."""
+    ref = (unit.get("spec") or {}).get("consumerRef") or {}
+    adapter = registry.by_kind(text(ref.get("apiVersion")), text(ref.get("kind")))
+    return adapter is not None and adapter.pods_within_reservation
 
 
 def conditions_of(unit: Obj) -> list[Mapping[str, object]]:

@@ -16,6 +16,20 @@ while the workflow runs would release quota the workflow still uses). The reconc
 same: :meth:`WorkflowAdapter.pod_sets` raises for a Workflow without it, so such a workflow (stored
 before the rule) gets no QueueUnit but an ``InvalidJob`` event, and stays held.
 
+The annotation is a reservation, never a ceiling the user sets on their own charge: the workflow's
+pods run only within it (docs/compatibility.md#argo-workflow). The webhook puts the label
+``koord-queue/gated-pod: "true"`` and the unit's ``koord-queue/related-queueunit`` and
+``koord-queue/related-podset-name`` annotations into ``spec.podMetadata``, which Argo's controller
+copies onto every pod it creates; the pod webhook (``shared.admission.podgate``) gates each such
+pod, as it does a SparkApplication's. The reconciler releases a pod only when the Workflow is its
+controller and the requests of the workflow's live released or bound pods plus this one fit the
+admitted reservation (``shared.jobs.podbudget``, :attr:`WorkflowAdapter.pods_within_reservation`):
+steps larger in sum than the reservation run one after another within it, and a step larger than
+the whole reservation stays gated with a Warning saying so. The label and the annotations cannot be
+removed or changed while the workflow is managed (:meth:`WorkflowAdapter.admission_errors`); the
+resume patch writes them again (a Workflow created under ``generateName``, or stored before the
+rule, gets them then, before Argo creates any pod).
+
 Trust: Argo's CRD has no status subresource, so anyone who may update a Workflow may write its
 status with it (``status_subresource = False``). The webhook removes a status sent on CREATE and
 lets only Argo's controller change it afterwards. The readers here depend as little as possible
@@ -54,6 +68,14 @@ POD_SET: Final = "default"
 _WORKFLOW_LABEL: Final = "workflows.argoproj.io/workflow"
 _MIN_RESOURCES_PATH: Final = f"metadata.annotations[{names.MIN_RESOURCES_ANNOTATION}]"
 _FINISHED: Final = (JobStatus.SUCCEEDED, JobStatus.FAILED)
+#: ``spec.podMetadata``: labels and annotations Argo's controller copies onto every pod it creates.
+_POD_METADATA: Final = ("spec", "podMetadata")
+#: What the queue writes into ``spec.podMetadata`` and freezes there: the gate's label, the unit link.
+_FROZEN_POD_METADATA: Final = (
+    ("labels", names.GATED_POD_LABEL),
+    ("annotations", names.RELATED_QUEUEUNIT_ANNOTATION),
+    ("annotations", names.RELATED_PODSET_ANNOTATION),
+)
 #: Why the annotation is needed and what to write, for every message that asks for it.
 _MIN_RESOURCES_HELP: Final = (
     "koord-queue charges a Workflow to its quota by this annotation, because a Workflow's pods are "
@@ -86,13 +108,19 @@ class WorkflowAdapter(AdapterBase):
     kind = "Workflow"
     plural = "workflows"
     queue_unit_suffix = ""
-    #: No pod of a workflow is linked to its unit; upstream reports one synthetic bound pod.
+    #: The unit reports its admitted replica as running while the workflow is released, as
+    #: upstream's synthetic bound pod does (its real pods come and go step by step).
     synthetic_pods = True
+    #: Its pods are released while their summed requests fit the reservation, not one per replica
+    #: (module docstring, ``shared.jobs.podbudget``).
+    pods_within_reservation = True
     #: Argo's CRD serves no status subresource: status is written with the object.
     status_subresource = False
 
     def admission_errors(self, old: Job | None, new: Job) -> list[JobSpecError]:
-        """``koord-queue/min-resources`` is required, then frozen until the workflow finishes.
+        """``koord-queue/min-resources`` is required, then frozen until the workflow finishes; the
+        pod gating in ``spec.podMetadata`` is frozen while the workflow is managed
+        (:func:`_pod_metadata_errors`).
 
         ``old`` is None on CREATE and when the workflow joins the queue by gaining a quota label:
         then the annotation must size it. An annotation that does not parse is reported by the
@@ -101,6 +129,8 @@ class WorkflowAdapter(AdapterBase):
         writes among them) are not refused for that, and it may still get one, which only raises
         what it is charged; until then the reconciler keeps it held (:meth:`pod_sets`).
         """
+        if old is not None and (errors := _pod_metadata_errors(old, new)):
+            return errors
         raw = base.annotations_of(new).get(names.MIN_RESOURCES_ANNOTATION)
         if old is not None and min_resources(old) is None:
             return []
@@ -136,11 +166,24 @@ class WorkflowAdapter(AdapterBase):
         builder.append_unique(
             ("spec", "templates"), {"name": names.WORKFLOW_SUSPEND_TEMPLATE, "suspend": {}}, key="name"
         )
+        builder.set((*_POD_METADATA, "labels", names.GATED_POD_LABEL), "true")
+        ref = self.queue_unit_ref(job)
+        if ref is not None:
+            builder.set((*_POD_METADATA, "annotations", names.RELATED_QUEUEUNIT_ANNOTATION), ref)
+        builder.set((*_POD_METADATA, "annotations", names.RELATED_PODSET_ANNOTATION), POD_SET)
         return builder.ops
 
     def resume_patch(self, job: Job, *, now_text: str) -> dict[str, Any]:
-        # A merge patch cannot remove one list item; the suspend template stays, unreferenced.
-        return deep_merge(self.dequeue_merge(now_text), {"spec": {"suspend": False}})
+        """Release the workflow, with its pods' gate label and unit link in ``spec.podMetadata``.
+
+        Written in the same write as ``spec.suspend: false``, so every pod Argo creates afterwards
+        carries them: a Workflow named by ``generateName`` has no unit link from the webhook, and
+        one stored before the rule has no label. A merge patch cannot remove one list item; the
+        suspend template stays, unreferenced.
+        """
+        link = self.relink_merge(job, [((*_POD_METADATA, "annotations"), POD_SET)])
+        gate = {"spec": {"suspend": False, "podMetadata": {"labels": {names.GATED_POD_LABEL: "true"}}}}
+        return deep_merge(deep_merge(link, self.dequeue_merge(now_text)), gate)
 
     def suspend_merge_patch(self, job: Job) -> dict[str, Any]:
         return deep_merge(self.dequeue_merge(None), {"spec": {"suspend": True}})
@@ -193,3 +236,28 @@ class WorkflowAdapter(AdapterBase):
         if not enqueued:
             return JobStatus.CREATED
         return JobStatus.QUEUING if suspended else JobStatus.RUNNING
+
+
+def _pod_metadata_errors(old: Job, new: Job) -> list[JobSpecError]:
+    """The gate's label and the unit link in ``spec.podMetadata``, once there, may be neither
+    removed nor changed while the workflow is managed, finished or not (``argo retry`` runs a
+    finished workflow's steps again): without the label Argo's next pods would be born ungated,
+    and without the link they would name no unit and never be released.
+
+    A value the old object lacked may be added (the reconciler's resume patch adds them, and a
+    Workflow stored before the rule has none).
+    """
+    errors: list[JobSpecError] = []
+    for part, key in _FROZEN_POD_METADATA:
+        before = base.string_map(base.dig(old, *_POD_METADATA, part)).get(key)
+        after = base.string_map(base.dig(new, *_POD_METADATA, part)).get(key)
+        if before is None or after == before:
+            continue
+        detail = (
+            f"Forbidden: koord-queue puts {key} into spec.podMetadata.{part} so that Argo's "
+            "controller copies it onto every pod of the workflow, which keeps each pod gated until "
+            "it fits the workflow's admitted koord-queue/min-resources; it cannot be removed or "
+            "changed while the Workflow is managed; delete and re-create the Workflow instead"
+        )
+        errors.append(JobSpecError(f"spec.podMetadata.{part}[{key}]", detail))
+    return errors

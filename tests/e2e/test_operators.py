@@ -13,7 +13,9 @@ docs/compatibility.md#argo-workflow are checked against the controllers they wer
 * **Admission and ungating.** Once the quota has room the unit is admitted and the job released;
   the operator creates pods from the gated templates, every pod is born with the gate
   ``koord-queue/admission``, the reconciler lifts it, the scheduler binds the pods to kwok nodes, kwok
-  runs them and the unit is ``Running`` (a Workflow's pods carry no gate: its demand is declared).
+  runs them and the unit is ``Running`` (a Workflow's pods, gated through ``spec.podMetadata``, are
+  released while their summed requests fit its ``koord-queue/min-resources``, so parallel steps larger
+  in sum than it run one after another).
 * **Reclaim** (docs/compatibility.md#queue-level-preemption), for KubeRay and the training
   operator: a higher-priority job takes back the quota of an admitted job whose pods cannot be
   placed; only those unbound pods are deleted, a running job in the same quota keeps its pods, and
@@ -47,7 +49,7 @@ from typing import Any
 import pytest
 
 from shared import kube as kq
-from shared.api import names, quantities
+from shared.api import names, podtemplates, quantities
 from testenv import binaries, operators, system
 from testenv.cluster import LocalCluster
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION
@@ -730,8 +732,8 @@ async def test_workflow_is_held_admitted_run_by_argo_and_succeeds(
     assert phase(get(cluster, "queueunit", "hello", "-n", ns)) in ("", "Enqueued")
     assert items(cluster, "pods", "-n", ns) == []
 
-    # Room in the quota: admitted and released; Argo starts the step's pod (a Workflow's pods carry
-    # no gate: its demand is declared, docs/compatibility.md#argo-workflow) and the unit is Running.
+    # Room in the quota: admitted and released; Argo starts the step's pod, born gated and released
+    # within the reservation (docs/compatibility.md#argo-workflow), and the unit is Running.
     apply(cluster, quota("wf-life", ns, cpu="1"))
 
     async def step_running() -> Obj | None:
@@ -764,6 +766,118 @@ async def test_workflow_is_held_admitted_run_by_argo_and_succeeds(
     ended = await kube.eventually(unit_succeeded, timeout=STEP_S, what="the workflow's unit Succeed")
     assert admitted(ended) == {}
     await wait_used(cluster, "wf-life", ns, 0)
+
+
+def parallel_workflow(name: str, namespace: str, quota: str, *, reserve: str, step_cpu: str) -> Obj:
+    """An Argo Workflow whose entrypoint runs two steps in parallel (one step group), each asking
+    ``step_cpu``, and that reserves ``reserve`` cpu by ``koord-queue/min-resources``."""
+    work = {
+        "name": "work",
+        "container": {
+            "image": "busybox:stable",
+            "command": ["true"],
+            "resources": {"requests": {"cpu": step_cpu}},
+        },
+    }
+    pair = {"name": "main", "steps": [[{"name": "a", "template": "work"}, {"name": "b", "template": "work"}]]}
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {names.QUOTA_NAME_LABEL: quota},
+            "annotations": {names.MIN_RESOURCES_ANNOTATION: json.dumps({"cpu": reserve})},
+        },
+        "spec": {"entrypoint": "main", "templates": [pair, work]},
+    }
+
+
+def running_requests_over_time(seen: list[tuple[str, Obj]]) -> list[int]:
+    """After each recorded pod event, the summed cpu requests (milli) of the pods then bound to a
+    node and not terminated: what the workflow ran at that moment of the API's history."""
+    current: dict[str, Obj] = {}
+    sums = []
+    for kind, obj in seen:
+        uid = obj["metadata"]["uid"]
+        if kind == "DELETED":
+            current.pop(uid, None)
+        else:
+            current[uid] = obj
+        sums.append(
+            sum(
+                podtemplates.pod_requests(p["spec"]).get("cpu", 0)
+                for p in current.values()
+                if p["spec"].get("nodeName")
+                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            )
+        )
+    return sums
+
+
+async def test_workflow_steps_run_within_its_reservation_one_after_another_and_it_succeeds(
+    op_cluster: LocalCluster, running: system.Processes
+) -> None:
+    """docs/compatibility.md#argo-workflow: ``koord-queue/min-resources`` is a reservation, not a
+    ceiling the user sets on their own charge. Two parallel 1-CPU steps of a workflow reserving
+    1 CPU (in a quota with room for both) are born gated, run one after the other, never at the
+    same time, and the workflow Succeeds."""
+    cluster = op_cluster
+    ns = new_namespace(cluster, "wf-reserve")
+    apply(cluster, quota("wf-reserve", ns, cpu="4"))  # the quota is not what limits the steps
+    async with kube.Recorder(cluster, kq.PODS, namespace=ns) as record:
+        apply(cluster, parallel_workflow("pair", ns, "wf-reserve", reserve="1", step_cpu="1"))
+        await wait_used(cluster, "wf-reserve", ns, 1000)
+
+        def steps() -> list[Obj]:
+            return items(cluster, "pods", "-n", ns, "-l", "workflows.argoproj.io/workflow=pair")
+
+        # Argo creates both step pods at once; one runs, the other waits behind the gate, and a
+        # Normal event on the workflow says why. Each finished step lets the next one run.
+        done: set[str] = set()
+        for _ in range(2):
+
+            async def one_running(done: set[str] = done) -> Obj | None:
+                pods = [p for p in steps() if p["metadata"]["name"] not in done]
+                running_pods = [p for p in pods if running_on_kwok(p)]
+                if len(running_pods) > 1:
+                    raise AssertionError(f"two steps run at once: {summary(pods)}")
+                return running_pods[0] if running_pods else None
+
+            pod = await kube.eventually(
+                one_running, timeout=STEP_S, what="one step pod running on a kwok node"
+            )
+            if not done:
+                others = [p for p in steps() if p["metadata"]["uid"] != pod["metadata"]["uid"]]
+                assert len(others) == 1 and gated(others[0]), summary(others)
+
+                async def waits_event() -> Obj | None:
+                    listed = items(cluster, "events", "-n", ns)
+                    found = [e for e in listed if e.get("reason") == "PodWaitsForReservation"]
+                    return found[0] if found else None
+
+                event = await kube.eventually(
+                    waits_event, timeout=STEP_S, what="the PodWaitsForReservation event"
+                )
+                assert event["type"] == "Normal" and event["involvedObject"]["kind"] == "Workflow"
+                assert others[0]["metadata"]["name"] in event["message"], event["message"]
+            exit_zero(cluster, pod)
+            done.add(pod["metadata"]["name"])
+
+        async def succeeded() -> bool:
+            found = get(cluster, "workflow", "pair", "-n", ns) or {}
+            return (found.get("status") or {}).get("phase") == "Succeeded"
+
+        await kube.eventually(succeeded, timeout=STEP_S, what="Argo marking the workflow Succeeded")
+        await wait_used(cluster, "wf-reserve", ns, 0)
+
+    # From the API's own record of every pod version: both step pods were born gated, and the
+    # bound, unfinished step pods never asked for more than the 1 CPU reserved.
+    created = {o["metadata"]["uid"]: o for k, o in reversed(record.seen) if k == "ADDED"}
+    assert len(created) == 2, [o["metadata"]["name"] for o in created.values()]
+    assert all(gated(first) for first in created.values()), [o["spec"] for o in created.values()]
+    sums = running_requests_over_time(record.seen)
+    assert max(sums) == 1000, sums
 
 
 async def test_rayjob_kuberay_refuses_to_hold_fails_instead_of_holding_quota(
