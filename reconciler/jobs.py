@@ -757,6 +757,8 @@ class JobExtensions:
         job_pods.report_beyond(self.events, plan, job, self._beyond_seen)
         await workloads.before_ungate(self.client, job, adapter, unit, plan.ungate)  # native gangs
         await asyncio.gather(*(job_pods.ungate(self.client, self.pods.objects, p) for p in plan.ungate))
+        if isinstance(adapter, ray.RayJobAdapter) and phase in podplan.ADMITTED_PHASES and not finished:
+            await self._release_submitter(adapter, job, unit_key)
         running_once_bound = (adapter.api_version, adapter.kind) in _RUNNING_ONCE_BOUND
         if running_once_bound and status == JobStatus.RUNNING and not any(p.bound for p in pods):
             status = JobStatus.PENDING  # active pods that are all gated or unbound are not running
@@ -775,6 +777,21 @@ class JobExtensions:
                     job_units.QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
                 ),
             )
+
+    async def _release_submitter(self, adapter: ray.RayJobAdapter, job: kube.Obj, unit_key: str) -> None:
+        """Release the gated submitter pod of an admitted RayJob (``ray.submitter_release``): where
+        queueing is mandatory the webhook gated its Job, which claims the RayJob as its parent
+        (docs/compatibility.md#rayjob)."""
+        namespace = unit_key.partition("/")[0]
+        naming = [
+            self.pods.objects[k]
+            for k in sorted(self._pods_by_unit.get(unit_key, ()))
+            if k in self.pods.objects
+        ]
+        in_namespace = [p for p in naming if (p.get("metadata") or {}).get("namespace") == namespace]
+        parent = job_pods.parent_lookup(self.pods.objects, self._parents(), namespace)
+        for pod in ray.submitter_release(job, in_namespace, parent, adapter=adapter):
+            await job_pods.ungate(self.client, self.pods.objects, podplan.pod_view(pod, ""))
 
     def _report_waits(self, key: JobKey) -> bool:
         """True while a pod-count report may still wait (docs/compatibility.md#coalesced-pod-reports);

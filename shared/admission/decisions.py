@@ -40,7 +40,7 @@ from shared.admission import validation
 from shared.admission.validation import FieldError
 from shared.api import names
 from shared.core import mandatory, workloadref
-from shared.jobs import base, patches, registry
+from shared.jobs import base, batch_job, patches, registry
 from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
@@ -277,7 +277,8 @@ def _mutate(
     if request.operation != "CREATE" or request.sub_resource or adapter is None or job is None:
         return allow(request.uid)
     if not mandatory.is_managed(adapter, job, mandatory=all_jobs):
-        return allow(request.uid)
+        ops = _gate_claimed_child(adapter, _with_namespace(job, request.namespace), all_jobs=all_jobs)
+        return patched(request.uid, ops) if ops else allow(request.uid)
     job = _with_namespace(job, request.namespace)
     try:
         ops = adapter.suspend_patch(job, now_text=now_text)
@@ -298,6 +299,25 @@ def _mutate(
         if refused:
             return deny(request.uid, refused)
     return patched(request.uid, ops) if ops else allow(request.uid)
+
+
+def _gate_claimed_child(
+    adapter: JobAdapter, job: Mapping[str, Any], *, all_jobs: bool
+) -> list[base.JsonPatchOp]:
+    """A ``batch/v1`` Job that would be queued (a quota label, or a namespace where queueing is
+    mandatory) but claims a parent of a kind we queue: its pods are gated, unsuspended, naming the
+    claimed parent's QueueUnit (``batch_job.gate_claimed_child``). The webhook cannot read the
+    parent, so the claim is the reconciler's to resolve; until it has, no pod of the Job can be
+    scheduled (docs/architecture.md#trust-boundaries)."""
+    if not isinstance(adapter, batch_job.BatchJobAdapter):
+        return []
+    claim = batch_job.claimed_parent(job)
+    if claim is None or (adapter.quota_name(job) is None and not all_jobs):
+        return []
+    parent = registry.by_kind(claim.api_version, claim.kind)
+    unit = parent.queue_unit_name({"metadata": {"name": claim.name}}) if parent is not None else ""
+    ref = f"{base.namespace_of(job)}/{unit}" if unit and base.namespace_of(job) else None
+    return batch_job.gate_claimed_child(job, parent_unit_ref=ref)
 
 
 def _validate(

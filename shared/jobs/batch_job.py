@@ -9,7 +9,9 @@ after the job. Two deliberate differences from upstream:
   QueueUnit already accounts for it, and suspending the child would deadlock the parent (Kueue's
   "ancestor is managed" rule, docs/compatibility.md#batchv1-job). The owner reference is only a
   claim (:func:`claimed_parent`): the reconciler resolves it, and a Job whose claimed parent does not
-  exist, has another UID or is not managed is queued like any labelled Job.
+  exist, has another UID or is not managed is queued like any labelled Job. Until it has, the
+  Job's pods wait behind the admission gate (:func:`gate_claimed_child`), so a forged claim never
+  runs a pod unadmitted.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from shared.api import names
 from shared.jobs import base
 from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp
 from shared.jobs.common import AdapterBase, template_pod_set
-from shared.jobs.patches import deep_merge
+from shared.jobs.patches import PatchBuilder, deep_merge
 
 #: API groups whose controllers create Jobs on behalf of a job we already queue.
 _MANAGED_PARENT_GROUPS: Final = frozenset(
     {"kubeflow.org", "jobset.x-k8s.io", "ray.io", "argoproj.io", "sparkoperator.k8s.io"}
 )
-_TEMPLATE_ANNOTATIONS: Final = ("spec", "template", "metadata", "annotations")
+_TEMPLATE: Final = ("spec", "template")
+_TEMPLATE_ANNOTATIONS: Final = (*_TEMPLATE, "metadata", "annotations")
 
 
 class BatchJobAdapter(AdapterBase):
@@ -145,6 +148,28 @@ def claimed_parent(job: Job) -> ParentClaim | None:
         if kind and name and api_version.split("/")[0] in _MANAGED_PARENT_GROUPS:
             return ParentClaim(api_version, kind, name, base.text(base.dig(ref, "uid")))
     return None
+
+
+def gate_claimed_child(job: Job, *, parent_unit_ref: str | None) -> list[JsonPatchOp]:
+    """The CREATE patch of a Job that would be queued but claims a parent (:func:`claimed_parent`).
+
+    The webhook has no API client (docs/architecture.md#decision-6-a-stateless-scoped-webhook), so
+    it cannot tell a real child from a forged one; suspending it would deadlock a real child's
+    parent, and letting it in as it is let a forged one's pods run until the reconciler resolved
+    the claim (docs/architecture.md#trust-boundaries). So its pod template gets the admission gate
+    (never twice: a JobSet's child inherits it from its gated parent) and names the claimed
+    parent's QueueUnit (``parent_unit_ref``, None when the kind has no adapter), and the Job is
+    not suspended. Its pods are created gated; the reconciler then releases them under the parent's
+    admission when the claim is genuine, or queues the Job as its own when it is not
+    (docs/compatibility.md#batchv1-job). Pure.
+    """
+    builder = PatchBuilder(job)
+    if builder.get(_TEMPLATE) is None:
+        return []
+    if parent_unit_ref:
+        builder.set((*_TEMPLATE_ANNOTATIONS, names.RELATED_QUEUEUNIT_ANNOTATION), parent_unit_ref)
+    builder.append_unique((*_TEMPLATE, "spec", "schedulingGates"), {"name": names.ADMISSION_GATE}, key="name")
+    return builder.ops
 
 
 def _min_parallelism(text: str) -> int | None:

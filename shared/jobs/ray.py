@@ -20,6 +20,10 @@ Not managed, on purpose:
   ``ray.io/originated-from-crd`` label): the parent's QueueUnit already accounts for it.
 
 The submitter pod KubeRay starts for a RayJob is not a pod set (as upstream); it is small and short.
+Its ``batch/v1`` Job (named after the RayJob, controlled by it) reaches the webhook only where
+queueing is mandatory (KubeRay gives it no quota label); there its template is gated like that of
+any Job claiming a parent, and the reconciler releases one submitter pod at a time while the
+RayJob is admitted (:func:`submitter_release`, docs/compatibility.md#rayjob).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from shared.jobs import base
+from shared.api import names
+from shared.jobs import base, podlinks
 from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp, Segment
 from shared.jobs.common import AdapterBase, template_pod_set
 from shared.jobs.patches import deep_merge
@@ -119,12 +124,17 @@ class _RayAdapter(AdapterBase):
 
 
 class RayJobAdapter(_RayAdapter):
-    """A RayJob; one instance per served API version (``rayjob`` and ``rayjobv1alpha1``)."""
+    """A RayJob; one instance per served API version (``rayjob`` and ``rayjobv1alpha1``).
+
+    ``pods_through_jobs``: KubeRay runs the submitter in a ``batch/v1`` Job it controls, so the
+    reconciler watches Jobs to link the submitter's pod to the RayJob (:func:`submitter_release`).
+    """
 
     kind = "RayJob"
     plural = "rayjobs"
     queue_unit_suffix = "ray-qu"
     cluster = ("spec", "rayClusterSpec")
+    pods_through_jobs = True
 
     def __init__(self, *, api_version: str = "ray.io/v1", extension: str = "rayjob") -> None:
         self.api_version = api_version
@@ -263,3 +273,45 @@ def follow_cluster(pod_sets: Sequence[JobPodSet], cluster: Job) -> list[JobPodSe
         dataclasses.replace(ps, count=live[ps.name]) if live.get(ps.name, 0) > ps.count else ps
         for ps in pod_sets
     ]
+
+
+# --- the submitter ------------------------------------------------------------------------------
+
+
+def submitter_release(
+    job: Job, pods: Sequence[Job], parent: podlinks.ParentLookup, *, adapter: RayJobAdapter
+) -> list[Job]:
+    """The gated pods of the admitted RayJob ``job``'s submitter to release now: at most one, and
+    none while one released is live. Pure.
+
+    Where queueing is mandatory the webhook gates the submitter Job's template like that of any Job
+    claiming a parent (docs/architecture.md#trust-boundaries), and the submitter is no pod set, so
+    the pod-set release never frees it. Its pod is released only by proof, and narrowly, so a
+    Job a user makes to look like a submitter runs no more than KubeRay's one pod: among
+    ``pods`` (those naming the RayJob's unit, in its namespace), a pod whose controller is the Job
+    named after the RayJob (KubeRay's name for it) that the RayJob itself controls
+    (:func:`shared.jobs.podlinks.owned_by`), that falls in no pod set of the RayJob (a pod that
+    does is released, within the admission, with its pod set), and that is live. The caller asks
+    only while the RayJob's unit is admitted and the RayJob unfinished.
+    """
+    job_uid, name = base.text(base.dig(job, "metadata", "uid")), base.name_of(job)
+    if not job_uid or not name:
+        return []
+    gated: list[tuple[str, str, Job]] = []
+    for pod in pods:
+        ref = podlinks.controller_of(pod)
+        if ref is None or ref[:2] != ("Job", name) or not podlinks.owned_by(pod, job_uid, parent):
+            continue
+        if adapter.pod_set_of(pod) is not None:
+            continue
+        if base.dig(pod, "status", "phase") in ("Succeeded", "Failed"):
+            continue
+        gates = base.dig(pod, "spec", "schedulingGates")
+        is_gated = isinstance(gates, list) and any(base.dig(g, "name") == names.ADMISSION_GATE for g in gates)
+        deleting = base.dig(pod, "metadata", "deletionTimestamp") is not None
+        if not is_gated and (base.dig(pod, "spec", "nodeName") or not deleting):
+            return []  # a released submitter pod is live (bound, or about to be)
+        if is_gated and not deleting:
+            created = base.text(base.dig(pod, "metadata", "creationTimestamp"))
+            gated.append((created, base.name_of(pod), pod))
+    return [min(gated, key=lambda found: found[:2])[2]] if gated else []

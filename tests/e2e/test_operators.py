@@ -101,10 +101,23 @@ def running(
     real_operators: list[binaries.Operator],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[system.Processes]:
-    """The webhook and the reconciler, then the operators."""
+    """The webhook and the reconciler, then the operators. Queueing is mandatory in namespaces
+    labelled :data:`MANDATORY_LABEL` (docs/operations.md#mandatory-queueing), so KubeRay's
+    unlabelled submitter Job reaches the webhook there; other namespaces are as by default."""
     logdir = tmp_path_factory.mktemp("operators-system")
-    processes = system.start(op_cluster, logdir=logdir)
+    processes = system.Processes()
     try:
+        webhook, port = system.start_webhook(op_cluster, logdir=logdir, register=False)
+        processes.components.append(webhook)
+        processes.webhook_port = port
+        system.register_webhook(
+            op_cluster, port=port, mandatory_namespaces={"matchLabels": {MANDATORY_LABEL: "true"}}
+        )
+        system.install_policies(op_cluster)
+        config = logdir / "config.yaml"
+        config.write_text(MANDATORY_CONFIG)
+        extra = [*system.VISIBILITY_ARGS, "--config", str(config)]
+        processes.components.append(system.start_reconciler(op_cluster, logdir=logdir, extra_args=extra))
         for operator in real_operators:
             processes.components.append(operators.start(op_cluster, operator, logdir=logdir))
         kube.kubectl(op_cluster, "apply", "-f", "-", input_text=json.dumps(PRIORITY_CLASSES))
@@ -116,6 +129,16 @@ def running(
             if log.exists():
                 tail = log.read_text(errors="replace").splitlines()[-60:]
                 print(f"--- {name} (tail) ---\n" + "\n".join(tail))
+
+
+MANDATORY_LABEL = "koord-queue/mandatory"
+MANDATORY_CONFIG = (
+    "apiVersion: scheduling.k8s.io/v1\n"
+    "kind: KoordQueueConfiguration\n"
+    "manageJobsWithoutQuotaName: true\n"
+    "managedJobsNamespaceSelector:\n"
+    f"  matchLabels: {{{MANDATORY_LABEL}: 'true'}}\n"
+)
 
 
 PRIORITY_CLASSES: Obj = {
@@ -909,3 +932,65 @@ async def test_rayjob_kuberay_refuses_to_hold_fails_instead_of_holding_quota(
     await wait_running(cluster, ns, RAY, "follows")
     assert admitted(unit(cluster, ns, RAY, "keeps-cluster")) == {}
     assert not pods_of(cluster, ns, RAY, "keeps-cluster")
+
+
+async def test_rayjob_submitter_where_queueing_is_mandatory_is_born_gated_and_released_once_admitted(
+    op_cluster: LocalCluster, running: system.Processes
+) -> None:
+    """KubeRay's submitter Job carries no quota label, so only where queueing is mandatory does it
+    reach the webhook: there it claims the RayJob as its parent, and the webhook, which cannot check
+    the claim, gates its template (docs/architecture.md#trust-boundaries). The submitter is no pod
+    set of the RayJob; the reconciler releases its one pod because the Job named after the RayJob is
+    controlled by it and the RayJob is admitted (docs/compatibility.md#rayjob), so KubeRay's run is
+    not stranded: the submitter pod runs and its end ends the RayJob."""
+    cluster = op_cluster
+    ns = new_namespace(cluster, "ray-mandatory")
+    kube.kubectl(cluster, "label", "namespace", ns, f"{MANDATORY_LABEL}=true")
+
+    async def selected() -> bool:
+        probe = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "probe"}}
+        probe["spec"] = {
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}
+        }
+        out = kube.kubectl(
+            cluster,
+            "create",
+            "--dry-run=server",
+            "-n",
+            ns,
+            "-o",
+            "json",
+            "-f",
+            "-",
+            input_text=json.dumps(probe),
+        )
+        return json.loads(out.stdout)["spec"].get("suspend") is True
+
+    await kube.eventually(selected, timeout=30, what=f"namespace {ns} selected by the webhook")
+    apply(cluster, quota("ray-mandatory", ns, cpu="1"))
+    async with kube.Recorder(cluster, kq.PODS, ns) as pods_seen:
+        apply(cluster, rayjob("sub", ns, "ray-mandatory", cpu="500m"))
+        await wait_running(cluster, ns, RAY, "sub")
+
+        async def submitter_running() -> Obj | None:
+            found = items(cluster, "pods", "-n", ns, "-l", "batch.kubernetes.io/job-name=sub")
+            return next((p for p in found if running_on_kwok(p)), None)
+
+        submitter = await kube.eventually(submitter_running, timeout=STEP_S, what="the submitter pod running")
+        job = get(cluster, "job", "sub", "-n", ns)
+        assert job is not None and job["spec"].get("suspend") is not True
+        assert {"name": names.ADMISSION_GATE} in job["spec"]["template"]["spec"]["schedulingGates"]
+        assert get(cluster, "queueunit", "sub", "-n", ns) is None  # its parent's, not queued itself
+        first = await pods_seen.until(submitter["metadata"]["name"], lambda p: True, what="its first version")
+        assert gated(first) and not first["spec"].get("nodeName"), first["spec"]
+
+        finish_submitter(cluster, ns, "sub")
+
+        async def unit_ended() -> Obj | None:
+            found = unit(cluster, ns, RAY, "sub")
+            return found if phase(found) in ("Succeed", "Failed") else None
+
+        await kube.eventually(unit_ended, timeout=STEP_S, what="the unit of the finished RayJob ended")
+        job = get(cluster, "rayjob", "sub", "-n", ns)
+        assert job is not None, "the RayJob"
+        assert "Submitter completed" in job["status"].get("message", ""), job["status"]

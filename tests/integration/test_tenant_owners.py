@@ -5,9 +5,14 @@ kube-apiserver with the webhook and the reconciler running:
 * a queued Job's owner references cannot be changed (a controller reference naming a kind the
   queue manages would make it that kind's child, out of the queue);
 * a labelled Job created as the child of a TFJob that is not queued itself is queued anyway: the
-  reconciler resolves the owner, finds it unmanaged, holds the Job (``HeldUnadmitted``) and gives
-  it a QueueUnit;
-* a Job whose owner is a queued TFJob with the UID it names is left to its parent.
+  webhook, which cannot resolve owners, stores it with its pod template gated (its pods cannot be
+  scheduled meanwhile); the reconciler resolves the owner, finds it unmanaged, holds the Job
+  (``HeldUnadmitted``) and gives it a QueueUnit;
+* a Job whose owner is a queued TFJob with the UID it names is left to its parent, its template
+  gated and naming the parent's unit, so its pods wait for the parent's admission.
+
+With a real Job controller the pods themselves are checked in
+``tests/e2e/test_tenant_forged_parent.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from tests.integration.test_tenant_hold import alice, batch_job, queued_job
 from tests.scenario import Scenario
 
 pytestmark = pytest.mark.integration
+
+GATE = {"name": names.ADMISSION_GATE}
 
 
 @pytest.fixture
@@ -88,6 +95,8 @@ async def test_a_child_of_an_unqueued_parent_is_queued_not_let_through(env: Scen
     code, out = alice(env, "create", "-f", "-", obj=child)
     assert code == 0, out  # the webhook cannot resolve owners: the reconciler does
     env.remember(child)
+    stored = env.get_job_sync(child)  # meanwhile no pod of it can be scheduled
+    assert GATE in stored["spec"]["template"]["spec"]["schedulingGates"], stored["spec"]
     await env.wait_job(
         "claims-parent", lambda j: j["spec"].get("suspend") is True, what="held by the reconciler"
     )
@@ -114,7 +123,12 @@ async def test_a_child_of_a_queued_parent_is_left_to_its_parent(env: Scenario) -
     # The parent's own unit exists (its pass ran); the child never gets one and is never held.
     await env.wait_unit(f"{parent['metadata']['name']}-tf-qu", lambda u: True, what="the parent's unit")
     assert await env.find_unit("real-child") is None
-    assert env.get_job_sync(child)["spec"].get("suspend") is not True
+    stored = env.get_job_sync(child)
+    assert stored["spec"].get("suspend") is not True
+    template = stored["spec"]["template"]
+    assert template["spec"]["schedulingGates"] == [GATE]  # released by its parent's admission
+    unit = f"{env.ns}/{parent['metadata']['name']}-tf-qu"
+    assert template["metadata"]["annotations"][names.RELATED_QUEUEUNIT_ANNOTATION] == unit
 
 
 def _json(value: Any) -> str:

@@ -648,8 +648,10 @@ def test_mpijob_pod_sets_are_its_launcher_and_workers_and_its_pods_map_by_job_ro
         assert adapter.pod_set_of(pod) == role
 
 
-def test_only_mpijob_and_jobset_have_pods_owned_by_child_jobs() -> None:
-    assert {a.extension for a in registry.ADAPTERS if a.pods_through_jobs} == {"mpijob", "jobset"}
+def test_only_mpijob_jobset_and_rayjob_have_pods_owned_by_child_jobs() -> None:
+    """A RayJob's submitter pod is owned by KubeRay's submitter Job (docs/compatibility.md#rayjob)."""
+    expected = {"mpijob", "jobset", "rayjob", "rayjobv1alpha1"}
+    assert {a.extension for a in registry.ADAPTERS if a.pods_through_jobs} == expected
 
 
 @pytest.mark.parametrize(
