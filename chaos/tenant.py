@@ -48,7 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from chaos import load
+from chaos import load, tenant_orphans, tenant_workflows
 from chaos.observer import Observer
 from shared import kube
 from shared.api import names, quantities
@@ -185,6 +185,8 @@ ATTACKS: Final[dict[str, str]] = {
     "subresource on CREATE",
     "workflow-status-update": "validating webhook: only the reconciler and --status-writers change "
     "a Workflow's status",
+    **tenant_workflows.ATTACKS,
+    tenant_orphans.ATTACK: tenant_orphans.DEFENCE,
     "write-queueunit-status": "RBAC: namespace users may only read QueueUnits (user roles)",
     "create-queueunit": "RBAC: namespace users may only read QueueUnits (user roles)",
     "raise-quota-max": "RBAC: ElasticQuotas are cluster-admin objects",
@@ -644,9 +646,11 @@ class Tenant:
             self.own_priority(r, forbidden_class=False),
             self.own_priority(r, forbidden_class=True),
             self.rbac(r, pick(queued_jobs, 6)),
+            tenant_orphans.orphan_and_recreate(self, r),
         ]
         if self.workflows:
             attacks.append(self.workflow(r))
+            attacks.append(tenant_workflows.workflow_reservation(self, r))
         results = await asyncio.gather(*(self._guard(a) for a in attacks), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
