@@ -40,7 +40,7 @@ from shared.admission import validation
 from shared.admission.validation import FieldError
 from shared.api import names
 from shared.core import mandatory, workloadref
-from shared.jobs import base, batch_job, patches, registry
+from shared.jobs import base, batch_job, patches, ray, registry
 from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
@@ -334,6 +334,8 @@ def _validate(
         if _being_deleted(new):
             return []
         return validation.ratchet(check(new), check(old) if old is not None else [])
+    if old is not None and _queued_rayjobs_cluster(request, old, config=config, all_jobs=all_jobs):
+        return _guard_rayjob_cluster(_RAY_CLUSTERS, new, old, user=request.username)
     adapter = _adapter(request, config)
     if adapter is None:
         return []
@@ -599,6 +601,80 @@ def _guard_admitted_size(
                 "admission a pod counts for (delete and re-create the job to change them)"
             )
             errors.append(validation.forbidden("spec", detail))
+    return errors
+
+
+#: The RayCluster adapter, whether or not the ``raycluster`` extension is on: a RayJob's cluster is
+#: guarded whenever RayJobs are queued. Its paths are the same in ``ray.io/v1alpha1``.
+_RAY_CLUSTERS: Final = ray.RayClusterAdapter()
+_RAYJOB_EXTENSIONS: Final = frozenset(
+    a.extension for a in registry.ADAPTERS if isinstance(a, ray.RayJobAdapter)
+)
+
+
+def _queued_rayjobs_cluster(
+    request: AdmissionRequest, old: Mapping[str, Any], *, config: AdmissionConfig, all_jobs: bool
+) -> bool:
+    """``old`` is the RayCluster KubeRay made for a queued RayJob: RayJobs are queued
+    (an enabled ``rayjob`` extension), its controller (or, once orphaned, KubeRay's origin labels)
+    names a RayJob, and it would be queued itself but for that parent (KubeRay copies the RayJob's
+    labels, the quota label included, onto the cluster; where queueing is mandatory the unlabelled
+    webhook sends it here). Such a cluster is never managed itself (``RayClusterAdapter.is_managed``)."""
+    if request.kind != "RayCluster" or request.api_version.partition("/")[0] != "ray.io":
+        return False
+    if not _RAYJOB_EXTENSIONS & config.enabled_extensions or ray.parent_job(old) is None:
+        return False
+    return all_jobs or _RAY_CLUSTERS.quota_name(old) is not None
+
+
+def _guard_rayjob_cluster(
+    adapter: JobAdapter, new: Mapping[str, Any], old: Mapping[str, Any], *, user: str
+) -> list[FieldError]:
+    """A RayJob's RayCluster is guarded like its admitted RayJob (docs/compatibility.md#rayjob).
+
+    The RayJob's QueueUnit charges the pods KubeRay creates from this cluster's templates, so a
+    user's edit of the cluster would bypass every rule on the RayJob: larger worker requests, a new
+    container (LimitRange defaults), another runtime class, a removed scheduling gate, an owner
+    reference or quota label taking it out of the queue (the label also carries the cluster's
+    updates to this webhook). The webhook reads no other object, so it decides from the cluster
+    itself, whether or not the RayJob is admitted yet: a cluster exists only once its RayJob was
+    admitted, and KubeRay never edits its templates (it writes replicas, ``workersToDelete``,
+    ``suspend`` and finalizers, which stay free; pods beyond the admission stay gated). The
+    garbage collector may still drop the owner reference when it orphans the cluster.
+    """
+    parent = ray.parent_job(old)
+    why = f"the {adapter.kind} runs the pods of RayJob {parent}, which koord-queue queued and admitted"
+    errors: list[FieldError] = []
+    if not _system_controller(user) and base.metadata_field(new, "ownerReferences") != base.metadata_field(
+        old, "ownerReferences"
+    ):
+        errors.append(
+            validation.forbidden(
+                "metadata.ownerReferences",
+                f"{why}; its owner references tie it to that RayJob and cannot change",
+            )
+        )
+    for label in (names.QUOTA_NAME_LABEL, names.QUOTA_NAME_LABEL_FALLBACK):
+        if base.labels_of(old).get(label) != base.labels_of(new).get(label):
+            detail = f"{why}; its quota label, copied from the RayJob, cannot change"
+            errors.append(validation.forbidden(f"metadata.labels[{label}]", detail))
+    missing_before = set(_gate_paths(adapter, old))
+    for path in _gate_paths(adapter, new):
+        if path not in missing_before:
+            detail = (
+                f"{why}; the scheduling gate {names.ADMISSION_GATE} holds its pods until koord-queue "
+                "releases them and cannot be removed from its pod templates"
+            )
+            errors.append(validation.forbidden(_pointer_to_field(path), detail))
+    for error in _guard_admitted_size(adapter, new, old):
+        errors.append(
+            FieldError(
+                error.path,
+                error.message.replace(
+                    "Forbidden: the job is admitted", f"Forbidden: {why}; it is admitted", 1
+                ).replace("delete and re-create the job", "delete and re-create the RayJob"),
+            )
+        )
     return errors
 
 
