@@ -332,13 +332,16 @@ def unit_ref(namespace: str, kind: Kind, job: str) -> str:
 
 def pods_of(cluster: LocalCluster, namespace: str, kind: Kind, job: str) -> list[Obj]:
     """The live pods the operator made for ``job``'s pod sets: they carry the unit link of the
-    webhook's template annotations (a RayJob's submitter pod does not: it is no pod set)."""
+    webhook's template annotations. A RayJob's submitter pod is no pod set: it carries the link
+    only where queueing is mandatory (its Job's template is gated there, docs/compatibility.md#rayjob),
+    and is left out by the label the Job controller gives its pods."""
     ref = unit_ref(namespace, kind, job)
     return [
         p
         for p in items(cluster, "pods", "-n", namespace)
         if (p["metadata"].get("annotations") or {}).get(names.RELATED_QUEUEUNIT_ANNOTATION) == ref
         and not p["metadata"].get("deletionTimestamp")
+        and "batch.kubernetes.io/job-name" not in (p["metadata"].get("labels") or {})
     ]
 
 
