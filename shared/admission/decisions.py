@@ -320,6 +320,37 @@ def _gate_claimed_child(
     return batch_job.gate_claimed_child(job, parent_unit_ref=ref)
 
 
+def _guard_claimed_gate(
+    adapter: JobAdapter, new: Mapping[str, Any], old: Mapping[str, Any] | None, *, all_jobs: bool
+) -> list[FieldError]:
+    """The gate the mutating webhook put on the template of a Job claiming a parent
+    (:func:`_gate_claimed_child`) stays until the Job finishes; only the reconciler (whose writes
+    skip validation) may lift it.
+
+    Such a Job is not managed at the door, so no other rule holds it: once the reconciler has held
+    a forged one (its template may change while it is suspended), its owner could otherwise remove
+    the gate and unsuspend it, and its pods would be schedulable until the reconciler held it
+    again (docs/architecture.md#trust-boundaries). A real child's controller never removes it: the
+    parent's own template, which it copies, keeps its gate (pods are released one by one).
+    """
+    if old is None or not isinstance(adapter, batch_job.BatchJobAdapter):
+        return []
+    if batch_job.claimed_parent(old) is None or (adapter.quota_name(old) is None and not all_jobs):
+        return []
+    if adapter.job_status(old) in _FINISHED or not _template_gated(old) or _template_gated(new):
+        return []
+    detail = (
+        f"the scheduling gate {names.ADMISSION_GATE} holds the pods of a Job claiming a parent until "
+        "koord-queue has resolved the claim and admits them; it cannot be removed from the pod template"
+    )
+    return [validation.forbidden("spec.template.spec.schedulingGates", detail)]
+
+
+def _template_gated(job: Mapping[str, Any]) -> bool:
+    gates = base.dig(job, "spec", "template", "spec", "schedulingGates")
+    return isinstance(gates, list) and any(base.dig(g, "name") == names.ADMISSION_GATE for g in gates)
+
+
 def _validate(
     request: AdmissionRequest, *, config: AdmissionConfig, all_jobs: bool = False
 ) -> list[FieldError]:
@@ -359,7 +390,7 @@ def _validate_job(
     managed_new = mandatory.is_managed(adapter, new, mandatory=all_jobs)
     managed_old = old is not None and mandatory.is_managed(adapter, old, mandatory=all_jobs)
     if not managed_new and not managed_old:
-        return []
+        return _guard_claimed_gate(adapter, new, old, all_jobs=all_jobs)
     errors: list[FieldError] = []
     new_annotations = base.annotations_of(new)
     old_annotations = base.annotations_of(old) if old is not None else None

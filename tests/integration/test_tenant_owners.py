@@ -7,7 +7,8 @@ kube-apiserver with the webhook and the reconciler running:
 * a labelled Job created as the child of a TFJob that is not queued itself is queued anyway: the
   webhook, which cannot resolve owners, stores it with its pod template gated (its pods cannot be
   scheduled meanwhile); the reconciler resolves the owner, finds it unmanaged, holds the Job
-  (``HeldUnadmitted``) and gives it a QueueUnit;
+  (``HeldUnadmitted``) and gives it a QueueUnit; its owner cannot then take the gate off the held
+  Job's template to release it by unsuspending;
 * a Job whose owner is a queued TFJob with the UID it names is left to its parent, its template
   gated and naming the parent's unit, so its pods wait for the parent's admission.
 
@@ -105,6 +106,14 @@ async def test_a_child_of_an_unqueued_parent_is_queued_not_let_through(env: Scen
         lambda u: (u.get("status") or {}).get("phase") == "Enqueued",
         what="queued on its label",
     )
+    # Held, its template may change; not its gate, which would let her release it by unsuspending.
+    attack = [
+        {"op": "replace", "path": "/spec/template/spec/schedulingGates", "value": []},
+        {"op": "replace", "path": "/spec/suspend", "value": False},
+    ]
+    code, out = alice(env, "patch", "job", "claims-parent", "--type=json", "-p", _json(attack))
+    assert code != 0 and "spec.template.spec.schedulingGates" in out, out
+    assert GATE in env.get_job_sync(child)["spec"]["template"]["spec"]["schedulingGates"]
 
 
 async def test_a_child_of_a_queued_parent_is_left_to_its_parent(env: Scenario) -> None:

@@ -114,13 +114,15 @@ def test_a_job_claiming_no_parent_of_a_queued_group_is_held_as_before() -> None:
 
 
 def test_updates_of_a_gated_real_child_pass_the_validating_rules() -> None:
-    """Its controller keeps writing it (a JobSet resumes its child, KubeRay leaves it be); none of
-    the hold rules apply to a Job that is not queued itself."""
+    """Its controller keeps writing it (a JobSet suspends, resumes and relabels its child, KubeRay
+    leaves it be); none of the hold rules apply to a Job that is not queued itself, and the one rule
+    it has, that the gate stays, never bites a controller: the parent's template it copies keeps
+    the gate."""
     old = stored(claiming_job(JOBSET))
     for change in ({"suspend": True}, {"suspend": False}, {"parallelism": 3}):
         new = copy.deepcopy(old)
         new["spec"].update(change)
-        new["spec"]["template"]["spec"]["schedulingGates"] = []
+        new["spec"]["template"]["metadata"]["labels"] = {"jobset.sigs.k8s.io/restart-attempt": "1"}
         assert validate(new, operation="UPDATE", old=old, user="system:serviceaccount:jobset:jobset")[
             "allowed"
         ]
@@ -192,3 +194,42 @@ def test_only_the_job_kuberay_names_after_the_rayjob_and_the_rayjob_controls_cou
 
 def test_a_pod_in_a_pod_set_of_the_rayjob_is_left_to_the_pod_set_release() -> None:
     assert released([pod("a", meta={"labels": {"ray.io/node-type": "head"}})]) == []
+
+
+# --- the gate stays ------------------------------------------------------------------------------
+
+
+def held_forged_job() -> dict[str, Any]:
+    """A forged child as the reconciler left it: held (suspended), its template still gated."""
+    job = stored(claiming_job(TFJOB))
+    job["spec"]["suspend"] = True
+    return job
+
+
+def test_its_owner_cannot_take_the_gate_off_a_held_forged_child_to_release_it() -> None:
+    old = held_forged_job()
+    new = copy.deepcopy(old)
+    new["spec"]["suspend"] = False
+    new["spec"]["template"]["spec"]["schedulingGates"] = []
+    response = validate(new, operation="UPDATE", old=old, user="alice")
+    assert response["allowed"] is False
+    assert "spec.template.spec.schedulingGates" in response["status"]["message"]
+    # Unsuspending alone is hers to do: its pods are born gated and the reconciler holds it again.
+    unsuspended = copy.deepcopy(old)
+    unsuspended["spec"]["suspend"] = False
+    assert validate(unsuspended, operation="UPDATE", old=old, user="alice")["allowed"] is True
+
+
+def test_the_reconciler_and_a_finished_job_are_free_and_unclaimed_jobs_untouched() -> None:
+    old = held_forged_job()
+    new = copy.deepcopy(old)
+    new["spec"]["template"]["spec"]["schedulingGates"] = []
+    assert validate(new, operation="UPDATE", old=old, user=admission.DEFAULT_RECONCILER_USERNAME)["allowed"]
+    finished = copy.deepcopy(old)
+    finished["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    assert validate(new, operation="UPDATE", old=finished, user="alice")["allowed"] is True
+    unlabelled = claiming_job(TFJOB, quota=None)
+    unlabelled["spec"]["template"]["spec"]["schedulingGates"] = [GATE]
+    free = copy.deepcopy(unlabelled)
+    free["spec"]["template"]["spec"]["schedulingGates"] = []
+    assert validate(free, operation="UPDATE", old=unlabelled, user="alice")["allowed"] is True
