@@ -58,7 +58,10 @@ async def orphan_and_recreate(tenant: Tenant, r: int) -> None:
     the unit of that name must still be the orphaned one (same UID, holding its admission), never
     released nor taken over by the new Job; and her quota's published usage must not stay below
     the running pod's CPU for the whole second half of the watch (it trails the units by a
-    publication, so one low read proves nothing)."""
+    publication, so one low read proves nothing). The breach can fall between two reads (the
+    reconciler releases the unit, creates the new Job's and deletes the pod in well under a read's
+    interval), so an orphaned pod ended during the watch while the unit of its name changed is one
+    too: nothing else ends it within the watch."""
     from chaos.tenant import JOBS, NAMESPACE, QUOTA, QUOTAS, UNDO_S, WATCH_S, is_admitted_unit, runs
 
     m = tenant.mallory
@@ -140,6 +143,17 @@ async def orphan_and_recreate(tenant: Tenant, r: int) -> None:
                 and runs(p)
             ]
             if not running:
+                # Nobody here ends the orphaned pod within the watch (it runs for 300 s): if it
+                # stopped, the reconciler deleted it as a pod its (new) job does not own, which
+                # it does only once the new job's unit took the name, so after the orphaned unit
+                # was released while the pod still ran, perhaps between two reads.
+                now = await tenant._own_unit(name)
+                if str(_meta(now).get("uid") or "") != unit_uid:
+                    now_uid = _meta(now).get("uid") or "gone"
+                    breaches.append(
+                        f"her orphaned pod was ended during the watch and unit {unit_ref} is {now_uid}: "
+                        "the orphaned unit was released before its pod was gone"
+                    )
                 break
             reads += 1
             now = await tenant._own_unit(name)
@@ -157,7 +171,8 @@ async def orphan_and_recreate(tenant: Tenant, r: int) -> None:
                         low_reads.append(used < quantities.parse_milli(POD_CPU))
             await asyncio.sleep(0.5)
         if breaches:
-            tenant.record(ATTACK, r, target, "SUCCEEDED", f"{breaches[0]} ({len(breaches)} of {reads} reads)")
+            detail = f"{breaches[0]} ({len(breaches)} finding(s) over {reads} reads)"
+            tenant.record(ATTACK, r, target, "SUCCEEDED", detail)
         elif low_reads and all(low_reads):
             detail = f"quota {QUOTA}'s published usage stayed below {POD_CPU} CPU while her orphaned pod ran"
             tenant.record(ATTACK, r, target, "SUCCEEDED", detail)
