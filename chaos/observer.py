@@ -97,7 +97,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_UP, Context, Decimal, InvalidOperation, localcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 
@@ -478,6 +478,9 @@ class JobView:
     uid: str = ""
     parallelism: int | None = None
     completions: int | None = None
+    #: a controller owner reference names a kind of a group that queues jobs: a claim to be the
+    #: child of a queued parent, which the product lets in unsuspended with its pods born gated
+    claims_parent: bool = False
 
     @property
     def namespace(self) -> str:
@@ -493,6 +496,22 @@ class JobView:
         if self.completions is not None:
             wanted = min(wanted, max(0, self.completions - self.succeeded))
         return wanted
+
+
+#: API groups whose jobs create batch Jobs as their children (a claim the product resolves).
+PARENT_GROUPS: Final = frozenset(
+    {"kubeflow.org", "jobset.x-k8s.io", "ray.io", "argoproj.io", "sparkoperator.k8s.io"}
+)
+
+
+def claims_parent(meta: Mapping[str, Any]) -> bool:
+    """Whether a controller owner reference of ``meta`` names a kind of :data:`PARENT_GROUPS`."""
+    return any(
+        isinstance(ref, Mapping)
+        and ref.get("controller") is True
+        and str(ref.get("apiVersion") or "").partition("/")[0] in PARENT_GROUPS
+        for ref in meta.get("ownerReferences") or []
+    )
 
 
 def parse_job(raw: Mapping[str, Any]) -> JobView:
@@ -516,6 +535,7 @@ def parse_job(raw: Mapping[str, Any]) -> JobView:
         uid=str(meta.get("uid") or ""),
         parallelism=_int(spec["parallelism"]) if isinstance(spec.get("parallelism"), int) else None,
         completions=_int(spec["completions"]) if isinstance(spec.get("completions"), int) else None,
+        claims_parent=claims_parent(meta),
     )
 
 
@@ -1152,7 +1172,11 @@ class Observer:
                 )
         running = new.managed and not new.suspended and not new.finished and not new.deleting
         joined = old is not None and not old.managed  # labelled into a queue
-        if running and (old is None or old.suspended or joined):
+        if running and new.claims_parent and (old is None or old.suspended or joined):
+            # Let in unsuspended with its template gated until the claim is resolved: its pods,
+            # not the Job, are what could run (``unadmitted-pod-schedulable`` judges them).
+            self.stats["jobs claiming a parent, judged by their pods"] += 1
+        elif running and (old is None or old.suspended or joined):
             self.checks["job resumed only while admitted"] += 1
             unit = self.unit_of_job(key)
             if unit is None or unit.total == 0 or unit.phase in TERMINAL:

@@ -125,9 +125,10 @@ ATTACKS: Final[dict[str, str]] = {
     "relabel-to-another-quota": "validating webhook: the quota label is frozen while unfinished "
     "(and the quota-binding policy)",
     "remove-quota-label": "validating webhook: the quota label cannot be removed while unfinished",
-    "child-of-missing-parent": "reconciler resolves a Job's claimed parent: a labelled Job whose "
-    "controller reference names a TFJob that does not exist is queued like any labelled Job, held "
-    "again if it ran (HeldUnadmitted); the webhook cannot resolve owners, so it is let in unheld",
+    "child-of-missing-parent": "mutating webhook gates the pod template of a Job that claims a "
+    "parent (its pods are born gated; the Job is not suspended, the webhook cannot resolve owners); "
+    "reconciler resolves the claim: a labelled Job whose controller reference names a TFJob that "
+    "does not exist is held and queued like any labelled Job (or garbage collected)",
     "unlabelled-job-in-mandatory-namespace": "mutating webhook for unlabelled jobs (registered with "
     "the namespace selector of manageJobsWithoutQuotaName) holds it on CREATE; reconciler labels it "
     "with the namespace's default quota, and holds it again if it ran (HeldUnadmitted); releasing it "
@@ -1271,9 +1272,11 @@ class Tenant:
     async def child_of_missing_parent(self, r: int) -> None:
         """A labelled Job of hers claiming, by a controller reference, a TFJob that does not exist:
         were the claim read, not resolved, the Job would be the parent's child and run unqueued.
-        Judged on the stored Job: held within the bound, or gone (the garbage collector deletes a
-        dependent whose owner does not exist), or a bypass. Either way it was let in unheld, so
-        the observer's invariants see whatever ran before."""
+        Judged on the stored Job: its pod template must be gated as stored (the webhook cannot
+        resolve owners, so it lets a claiming Job in unsuspended but with its pods born gated), and
+        then it must be held within the bound, or gone (the garbage collector deletes a dependent
+        whose owner does not exist); anything else is a bypass. The observer's
+        ``unadmitted-pod-schedulable`` judges its pods independently."""
         attack = "child-of-missing-parent"
         m = self.mallory
         assert m is not None
@@ -1290,6 +1293,10 @@ class Tenant:
         if (created.obj.get("spec") or {}).get("suspend") is True:
             self.record(attack, r, target, "neutralised", "accepted, but held at creation")
             return
+        if not gated(((created.obj.get("spec") or {}).get("template") or {}).get("spec")):
+            detail = "accepted with an ungated pod template: its pods run before the claim is checked"
+            self.record(attack, r, target, "SUCCEEDED", detail)
+            return
         gone = False
 
         async def held_or_gone() -> bool:
@@ -1303,13 +1310,10 @@ class Tenant:
         seconds = await self._until(held_or_gone, UNDO_S)
         if seconds is None:
             self.record(attack, r, target, "SUCCEEDED", f"accepted and not held within {UNDO_S:.0f}s")
-        elif gone:
-            # Let in unheld (the webhook cannot resolve owners), it may have run until then: the
-            # observer's invariants judge what happened in between.
-            detail = "garbage collected (its claimed owner does not exist)"
-            self.record(attack, r, target, "undone", detail, seconds)
         else:
-            self.record(attack, r, target, "undone", "accepted; held and queued by the reconciler", seconds)
+            then = "garbage collected" if gone else "held and queued by the reconciler"
+            detail = f"accepted unsuspended with its pod template gated (no pod schedulable); then {then}"
+            self.record(attack, r, target, "neutralised", detail, seconds)
 
     async def unlabelled_in_mandatory_namespace(self, r: int) -> None:
         """An unlabelled Job of hers where queueing is mandatory, too big for the namespace's quota,

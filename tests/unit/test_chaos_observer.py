@@ -266,6 +266,30 @@ def test_a_running_job_labelled_into_a_queue_runs_without_admission(clock: Clock
     assert "labelled into a queue" in o.violations[0].detail
 
 
+def test_a_job_claiming_a_parent_is_judged_by_its_pods_not_by_running_unsuspended(clock: Clock) -> None:
+    """A labelled Job with a controller reference to a queued kind is let in unsuspended, its
+    pods born gated (docs/architecture.md#trust-boundaries): running unsuspended is no violation,
+    but a schedulable pod of it without an admission still is."""
+    o = observer()
+    claiming = job()
+    claiming["metadata"]["ownerReferences"] = [
+        {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "name": "gone", "uid": "u-x", "controller": True}
+    ]
+    feed_job(o, claiming)
+    assert not o.violation_counts["run-without-admission"]
+    assert o.stats["jobs claiming a parent, judged by their pods"] == 1
+    feed_pod(o, pod("p1", node="n1"), f"{NS}/p1")
+    clock.now += 60.0
+    o.finish()
+    assert o.violation_counts[SCHEDULABLE] == 1
+
+
+def test_a_plain_reference_or_a_foreign_group_is_no_parent_claim() -> None:
+    plain = {"ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "controller": False}]}
+    foreign = {"ownerReferences": [{"apiVersion": "example.com/v1", "kind": "Thing", "controller": True}]}
+    assert not obs.claims_parent(plain) and not obs.claims_parent(foreign)
+
+
 # --- usage-mismatch: what each unit is charged against what it really holds -----------------------
 
 USAGE_UNIT = "charged-below-running", "charged-for-unneeded", "charged-below-pod-size"
