@@ -1,10 +1,13 @@
-"""Every attack the chaos hostile tenant tries is also tried by a test of ``make test``.
+"""Every attack the chaos hostile tenant tries, and every rule of the trust boundaries, is also
+tried by a test of ``make test``.
 
 RELIABILITY.md ("Every attack and the tests that try it") maps each attack kind of
 ``chaos.tenant.ATTACKS`` to the integration or e2e tests that try the same attack as an impersonated
 namespace user. This keeps the map complete (no attack kind without a test, no row for a kind the
 phase no longer tries) and true (every test it names exists), so a defence claimed in the report is
-pinned on every commit, not only in the occasional chaos run.
+pinned on every commit, not only in the occasional chaos run. The same holds for the rules of
+docs/architecture.md#trust-boundaries (each row names the tests that try it) and for every
+``tests/<file>.py::<test>`` reference anywhere in README.md, RELIABILITY.md and docs/.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from chaos.tenant import ATTACKS
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "### Every attack and the tests that try it"
+TRUST_HEADER = "| rule | at the door | again in the reconciler | tried by (as a namespace user) |"
+DOCUMENTS = ("README.md", "RELIABILITY.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))
 ROW = re.compile(r"^\| `([\w-]+)` \| (.+) \|$")
 TEST = re.compile(r"`(tests/[\w/]+\.py)::([\w:]+)`")
 
@@ -83,3 +88,31 @@ def test_the_check_sees_a_missing_test_and_a_class_method(tmp_path: Path) -> Non
     rows = coverage_table(text)
     assert set(rows) == {"one", "two"}
     assert missing_tests(rows, tmp_path) == ["two: tests/t.py::test_gone"]
+
+
+def trust_rows(text: str) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The trust-boundaries table's rows: (the rule's first words, the tests its last column names)."""
+    lines = text.splitlines()
+    start = lines.index(TRUST_HEADER) + 2
+    rows: list[tuple[str, list[tuple[str, str]]]] = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append((line[2:60], TEST.findall(line.rsplit(" | ", 1)[-1])))
+    return rows
+
+
+def test_every_trust_boundary_rule_names_the_tests_that_try_it() -> None:
+    rows = trust_rows((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    assert len(rows) > 10, "the trust-boundaries table was not found whole"
+    assert [rule for rule, tests in rows if not tests] == [], "rules naming no test"
+
+
+def test_every_test_the_documents_name_exists() -> None:
+    missing: list[str] = []
+    for document in DOCUMENTS:
+        for file, name in TEST.findall((ROOT / document).read_text(encoding="utf-8")):
+            path = ROOT / file
+            if not path.is_file() or name not in defined_tests(path):
+                missing.append(f"{document}: {file}::{name}")
+    assert missing == []
