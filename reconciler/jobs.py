@@ -249,6 +249,10 @@ class JobExtensions:
 
     @staticmethod
     def _claim(adapter: JobAdapter, job: Job) -> batch_job.ParentClaim | None:
+        """The parent a ``batch/v1`` Job or a RayCluster claims by its controller owner reference
+        (docs/compatibility.md#batchv1-job, docs/compatibility.md#raycluster)."""
+        if isinstance(adapter, ray.RayClusterAdapter):
+            return ray.claimed_parent(job)
         if (adapter.api_version, adapter.kind) != _BATCH_JOB:
             return None
         return batch_job.claimed_parent(job)

@@ -304,19 +304,25 @@ def _mutate(
 def _gate_claimed_child(
     adapter: JobAdapter, job: Mapping[str, Any], *, all_jobs: bool
 ) -> list[base.JsonPatchOp]:
-    """A ``batch/v1`` Job that would be queued (a quota label, or a namespace where queueing is
-    mandatory) but claims a parent of a kind we queue: its pods are gated, unsuspended, naming the
-    claimed parent's QueueUnit (``batch_job.gate_claimed_child``). The webhook cannot read the
+    """A ``batch/v1`` Job or a RayCluster that would be queued (a quota label, or a namespace where
+    queueing is mandatory) but claims a parent of a kind we queue: its pods are gated, unsuspended,
+    naming the claimed parent's QueueUnit (``batch_job.gate_claimed_child``,
+    ``ray.gate_claimed_cluster``). The webhook cannot read the
     parent, so the claim is the reconciler's to resolve; until it has, no pod of the Job can be
     scheduled (docs/architecture.md#trust-boundaries)."""
-    if not isinstance(adapter, batch_job.BatchJobAdapter):
+    if isinstance(adapter, batch_job.BatchJobAdapter):
+        claim = batch_job.claimed_parent(job)
+    elif isinstance(adapter, ray.RayClusterAdapter):  # docs/compatibility.md#raycluster
+        claim = ray.claimed_parent(job)
+    else:
         return []
-    claim = batch_job.claimed_parent(job)
     if claim is None or (adapter.quota_name(job) is None and not all_jobs):
         return []
     parent = registry.by_kind(claim.api_version, claim.kind)
     unit = parent.queue_unit_name({"metadata": {"name": claim.name}}) if parent is not None else ""
     ref = f"{base.namespace_of(job)}/{unit}" if unit and base.namespace_of(job) else None
+    if isinstance(adapter, ray.RayClusterAdapter):
+        return ray.gate_claimed_cluster(job, parent_unit_ref=ref)
     return batch_job.gate_claimed_child(job, parent_unit_ref=ref)
 
 
@@ -641,20 +647,29 @@ _RAY_CLUSTERS: Final = ray.RayClusterAdapter()
 _RAYJOB_EXTENSIONS: Final = frozenset(
     a.extension for a in registry.ADAPTERS if isinstance(a, ray.RayJobAdapter)
 )
+#: A cluster claiming a RayJob is guarded where RayJobs are queued, and where RayClusters are: there
+#: a forged claim's cluster, gated at the door, must keep its gates until the reconciler queues it.
+_RAY_CLUSTER_GUARDS: Final = _RAYJOB_EXTENSIONS | {_RAY_CLUSTERS.extension}
 
 
 def _queued_rayjobs_cluster(
     request: AdmissionRequest, old: Mapping[str, Any], *, config: AdmissionConfig, all_jobs: bool
 ) -> bool:
     """``old`` is the RayCluster KubeRay made for a queued RayJob: RayJobs are queued
-    (an enabled ``rayjob`` extension), its controller (or, once orphaned, KubeRay's origin labels)
-    names a RayJob, and it would be queued itself but for that parent (KubeRay copies the RayJob's
-    labels, the quota label included, onto the cluster; where queueing is mandatory the unlabelled
-    webhook sends it here). Such a cluster is never managed itself (``RayClusterAdapter.is_managed``)."""
+    (an enabled ``rayjob`` extension; or ``raycluster``, so that a cluster claiming a RayJob keeps
+    its gates until its claim is resolved), its controller (or, once orphaned, KubeRay's origin
+    labels) names a RayJob, it is not queued as its own (the origin label alone claims nothing,
+    docs/compatibility.md#raycluster), and it would be queued itself but for that parent (KubeRay
+    copies the RayJob's labels, the quota label included, onto the cluster; where queueing is
+    mandatory the unlabelled webhook sends it here)."""
     if request.kind != "RayCluster" or request.api_version.partition("/")[0] != "ray.io":
         return False
-    if not _RAYJOB_EXTENSIONS & config.enabled_extensions or ray.parent_job(old) is None:
+    if not _RAY_CLUSTER_GUARDS & config.enabled_extensions or ray.parent_job(old) is None:
         return False
+    if "raycluster" in config.enabled_extensions and mandatory.is_managed(
+        _RAY_CLUSTERS, old, mandatory=all_jobs
+    ):
+        return False  # queued as its own (an origin label alone claims nothing): a managed job's rules
     return all_jobs or _RAY_CLUSTERS.quota_name(old) is not None
 
 

@@ -16,8 +16,12 @@ Not managed, on purpose:
 
 * a RayJob with a ``clusterSelector`` runs on an existing cluster that it neither owns nor can
   suspend (KubeRay rejects ``suspend`` in that mode), so queueing it would only wedge it;
-* a RayCluster created by a RayJob or RayService (owner reference, or KubeRay's
-  ``ray.io/originated-from-crd`` label): the parent's QueueUnit already accounts for it.
+* a RayCluster whose controller is a RayJob or RayService: the parent's QueueUnit accounts for it.
+  That controller owner reference is only a claim (:func:`claimed_parent`, as for a ``batch/v1``
+  Job's): the webhook gates the cluster's pod templates at the door (:func:`gate_claimed_cluster`)
+  and the reconciler resolves it; a cluster whose claimed parent does not exist, has another UID or
+  is not managed is queued like any labelled RayCluster (docs/compatibility.md#raycluster). KubeRay's
+  ``ray.io/originated-from-crd`` label is no claim at all: any user can write it.
 
 The submitter pod KubeRay starts for a RayJob is not a pod set (as upstream); it is small and short.
 Its ``batch/v1`` Job (named after the RayJob, controlled by it) reaches the webhook only where
@@ -35,8 +39,9 @@ from typing import Any, Final
 from shared.api import names
 from shared.jobs import base, podlinks
 from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp, Segment
+from shared.jobs.batch_job import ParentClaim
 from shared.jobs.common import AdapterBase, template_pod_set
-from shared.jobs.patches import deep_merge
+from shared.jobs.patches import PatchBuilder, deep_merge
 
 _PARENT_KINDS: Final = frozenset({"RayJob", "RayService"})
 _ORIGIN_LABEL: Final = "ray.io/originated-from-crd"
@@ -169,11 +174,10 @@ class RayClusterAdapter(_RayAdapter):
     cluster = ("spec",)
 
     def is_managed(self, job: Job) -> bool:
-        if self.quota_name(job) is None:
-            return False
-        if any(kind in _PARENT_KINDS for _, kind, _ in base.owner_kinds(job)):
-            return False
-        return base.labels_of(job).get(_ORIGIN_LABEL) not in _PARENT_KINDS
+        """Labelled and claiming no parent (:func:`claimed_parent`). Neither a non-controller owner
+        reference nor KubeRay's origin label takes a cluster out of the queue: a user writes both on
+        CREATE, and only a controller reference can be resolved (docs/architecture.md#trust-boundaries)."""
+        return self.quota_name(job) is not None and claimed_parent(job) is None
 
     def job_status(self, job: Job) -> JobStatus:
         state = base.dig(job, "status", "state")
@@ -182,6 +186,54 @@ class RayClusterAdapter(_RayAdapter):
         if state == "ready":
             return JobStatus.RUNNING
         return self._by_timestamps(job)
+
+
+# --- a RayCluster's claimed parent --------------------------------------------------------------
+
+
+def claimed_parent(cluster: Job) -> ParentClaim | None:
+    """The first controller owner reference of ``cluster`` naming a RayJob or RayService of
+    ``ray.io``, if any: a claim for the reconciler to resolve, not a fact."""
+    refs = base.dig(cluster, "metadata", "ownerReferences")
+    for ref in refs if isinstance(refs, list) else []:
+        if base.dig(ref, "controller") is not True:
+            continue
+        api_version, kind, name = (
+            base.text(base.dig(ref, "apiVersion")),
+            base.text(base.dig(ref, "kind")),
+            base.text(base.dig(ref, "name")),
+        )
+        if kind in _PARENT_KINDS and name and api_version.split("/")[0] == "ray.io":
+            return ParentClaim(api_version, kind, name, base.text(base.dig(ref, "uid")))
+    return None
+
+
+def gate_claimed_cluster(cluster: Job, *, parent_unit_ref: str | None) -> list[JsonPatchOp]:
+    """The CREATE patch of a RayCluster that would be queued but claims a parent
+    (:func:`claimed_parent`): every head and worker template gets the admission gate (never twice)
+    and names the claimed parent's QueueUnit (``parent_unit_ref``; None for a RayService, which
+    has no unit), and the cluster is not suspended.
+
+    The webhook cannot read the parent (docs/architecture.md#decision-6-a-stateless-scoped-webhook):
+    suspending a real child would deadlock its RayJob, and letting a forged one in as it is would run
+    its pods until the reconciler resolved the claim. A cluster KubeRay creates for a RayJob copies
+    the RayJob's templates, already gated and naming its unit, so for it this patch is empty; its
+    pods are released under the RayJob's admission (pod → RayCluster → RayJob). A forged one's pods
+    wait until the reconciler queues and admits the cluster as its own
+    (docs/compatibility.md#raycluster). Pure.
+    """
+    builder = PatchBuilder(cluster)
+    for template, _ in RayClusterAdapter()._groups(cluster):
+        if not isinstance(builder.get(template), Mapping):
+            continue
+        if parent_unit_ref:
+            builder.set(
+                (*template, "metadata", "annotations", names.RELATED_QUEUEUNIT_ANNOTATION), parent_unit_ref
+            )
+        builder.append_unique(
+            (*template, "spec", "schedulingGates"), {"name": names.ADMISSION_GATE}, key="name"
+        )
+    return builder.ops
 
 
 # --- the live RayCluster of a RayJob ------------------------------------------------------------
@@ -196,7 +248,10 @@ def parent_job(cluster: Job) -> str | None:
     """The name of the RayJob that created ``cluster``, if a RayJob did.
 
     The controller owner reference says so; KubeRay's origin labels are the fallback for a cluster
-    whose owner reference was removed (an orphaning delete of the RayJob leaves the labels).
+    whose owner reference was removed (an orphaning delete of the RayJob leaves the labels). The
+    fallback only ever guards (the webhook's refusals for a RayJob's cluster) or wakes the named
+    RayJob; it releases nothing and takes no cluster out of the queue (:func:`claimed_parent` does
+    not read it).
     """
     for _, kind, name in base.owner_kinds(cluster, controller_only=True):
         if kind == "RayJob":

@@ -984,8 +984,17 @@ def test_children_of_managed_kinds_are_not_managed() -> None:
         "controller": True,
     }
     assert ADAPTERS["job"].is_managed(job)
+    # A RayCluster leaves the queue only by a controller reference to a RayJob or RayService (a
+    # claim the reconciler resolves); KubeRay's origin label claims nothing, nor does a
+    # non-controller reference (docs/compatibility.md#raycluster).
     cluster = ray_cluster()
     cluster["metadata"]["labels"]["ray.io/originated-from-crd"] = "RayJob"
+    assert ADAPTERS["raycluster"].is_managed(cluster)
+    cluster["metadata"]["ownerReferences"] = [
+        {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "r", "uid": "u", "controller": False}
+    ]
+    assert ADAPTERS["raycluster"].is_managed(cluster)
+    cluster["metadata"]["ownerReferences"][0]["controller"] = True
     assert not ADAPTERS["raycluster"].is_managed(cluster)
     selector_job = ray_job()
     selector_job["spec"]["clusterSelector"] = {"ray.io/cluster": "shared"}
