@@ -17,6 +17,7 @@ after the job. Two deliberate differences from upstream:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -134,9 +135,11 @@ class ParentClaim:
         return self.api_version.split("/")[0]
 
 
-def claimed_parent(job: Job) -> ParentClaim | None:
-    """The first controller owner reference of ``job`` whose API group is one we queue, if any."""
-    refs = base.dig(job, "metadata", "ownerReferences")
+def controller_claim(obj: Job, accepts: Callable[[str, str], bool]) -> ParentClaim | None:
+    """The first controller owner reference of ``obj`` with a kind and a name whose API group and
+    kind ``accepts(group, kind)``, if any: the one parser of the claims below, so a Job's and a
+    RayCluster's claims are read alike."""
+    refs = base.dig(obj, "metadata", "ownerReferences")
     for ref in refs if isinstance(refs, list) else []:
         if base.dig(ref, "controller") is not True:
             continue
@@ -145,9 +148,14 @@ def claimed_parent(job: Job) -> ParentClaim | None:
             base.text(base.dig(ref, "kind")),
             base.text(base.dig(ref, "name")),
         )
-        if kind and name and api_version.split("/")[0] in _MANAGED_PARENT_GROUPS:
+        if kind and name and accepts(api_version.split("/")[0], kind):
             return ParentClaim(api_version, kind, name, base.text(base.dig(ref, "uid")))
     return None
+
+
+def claimed_parent(job: Job) -> ParentClaim | None:
+    """The first controller owner reference of ``job`` whose API group is one we queue, if any."""
+    return controller_claim(job, lambda group, _kind: group in _MANAGED_PARENT_GROUPS)
 
 
 def gate_claimed_child(job: Job, *, parent_unit_ref: str | None) -> list[JsonPatchOp]:

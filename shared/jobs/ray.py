@@ -39,7 +39,7 @@ from typing import Any, Final
 from shared.api import names
 from shared.jobs import base, podlinks
 from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp, Segment
-from shared.jobs.batch_job import ParentClaim
+from shared.jobs.batch_job import ParentClaim, controller_claim
 from shared.jobs.common import AdapterBase, template_pod_set
 from shared.jobs.patches import PatchBuilder, deep_merge
 
@@ -194,18 +194,7 @@ class RayClusterAdapter(_RayAdapter):
 def claimed_parent(cluster: Job) -> ParentClaim | None:
     """The first controller owner reference of ``cluster`` naming a RayJob or RayService of
     ``ray.io``, if any: a claim for the reconciler to resolve, not a fact."""
-    refs = base.dig(cluster, "metadata", "ownerReferences")
-    for ref in refs if isinstance(refs, list) else []:
-        if base.dig(ref, "controller") is not True:
-            continue
-        api_version, kind, name = (
-            base.text(base.dig(ref, "apiVersion")),
-            base.text(base.dig(ref, "kind")),
-            base.text(base.dig(ref, "name")),
-        )
-        if kind in _PARENT_KINDS and name and api_version.split("/")[0] == "ray.io":
-            return ParentClaim(api_version, kind, name, base.text(base.dig(ref, "uid")))
-    return None
+    return controller_claim(cluster, lambda group, kind: group == "ray.io" and kind in _PARENT_KINDS)
 
 
 def gate_claimed_cluster(cluster: Job, *, parent_unit_ref: str | None) -> list[JsonPatchOp]:
