@@ -77,22 +77,36 @@ def pods_of(
     job: kube.Obj,
 ) -> list[podplan.PodView]:
     """The unit's pods: those naming it (``pod_keys``, from the pod index) that live in its
-    namespace and belong to its job (``shared.jobs.podlinks``); a pod elsewhere naming the unit is
-    ignored."""
+    namespace and belong to its job (``shared.jobs.podlinks``), in a pod set of the job; a pod
+    elsewhere naming the unit is ignored."""
+    return _counted(pods, pod_keys, parents, unit_key, adapter, job, without_pod_set=False)
+
+
+def _counted(
+    pods: Store,
+    pod_keys: Iterable[str],
+    parents: Parents,
+    unit_key: str,
+    adapter: JobAdapter,
+    job: kube.Obj,
+    *,
+    without_pod_set: bool,
+) -> list[podplan.PodView]:
+    """The pods of ``pod_keys`` that count for the unit (``podlinks.counts_for``: in its namespace,
+    controlled by its job), as views; those in no pod set of the job only ``without_pod_set``."""
     namespace = unit_key.partition("/")[0]
     job_uid = str((job.get("metadata") or {}).get("uid") or "")
+    parent = parent_lookup(pods, parents, namespace)
     views = []
-    for pod_key in sorted(pod_keys):
+    for pod_key in sorted(set(pod_keys)):
         pod = pods.get(pod_key)
-        if pod is None:
-            continue
-        if not podlinks.counts_for(
-            pod, unit_namespace=namespace, job_uid=job_uid, parent=parent_lookup(pods, parents, namespace)
+        if pod is None or not podlinks.counts_for(
+            pod, unit_namespace=namespace, job_uid=job_uid, parent=parent
         ):
             continue
         pod_set = adapter.pod_set_of(pod)
-        if pod_set:
-            views.append(podplan.pod_view(pod, pod_set))
+        if pod_set or without_pod_set:
+            views.append(podplan.pod_view(pod, pod_set or ""))
     return views
 
 
@@ -123,17 +137,7 @@ def all_pods_of_job(
     (``podlinks.owned_by``), gated or not, being deleted or finished, with or without a pod set. A
     pod naming the unit that the job does not control is left out: anyone may make one, and it
     says nothing about whether the job's controller still makes pods. Pure."""
-    namespace = unit_key.partition("/")[0]
-    job_uid = str((job.get("metadata") or {}).get("uid") or "")
-    parent = parent_lookup(pods, parents, namespace)
-    views = []
-    for pod_key in sorted(set(pod_keys)):
-        pod = pods.get(pod_key)
-        if pod is not None and podlinks.counts_for(
-            pod, unit_namespace=namespace, job_uid=job_uid, parent=parent
-        ):
-            views.append(podplan.pod_view(pod, adapter.pod_set_of(pod) or ""))
-    return views
+    return _counted(pods, pod_keys, parents, unit_key, adapter, job, without_pod_set=True)
 
 
 def escaped_of(
