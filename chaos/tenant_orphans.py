@@ -50,19 +50,131 @@ def _used_cpu_milli(quota: Mapping[str, Any]) -> int | None:
         return None
 
 
+#: How long the record since the last good read is replayed (seconds): the apiserver sends every
+#: event since that revision at once, then closes the watch after this long.
+RECORD_S: Final = 3
+
+
+def orphans_present(pods: list[kube.Obj], uids: set[str], unit_ref: str) -> list[kube.Obj]:
+    """Her orphaned pods (by UID) still there in ``pods``, naming the unit and not finished: a
+    terminating pod counts, since it runs on until it is gone."""
+    found = []
+    for pod in pods:
+        meta = _meta(pod)
+        if str(meta.get("uid")) not in uids:
+            continue
+        if (meta.get("annotations") or {}).get(names.RELATED_QUEUEUNIT_ANNOTATION) != unit_ref:
+            continue
+        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            found.append(pod)
+    return found
+
+
+def read_finding(unit: Mapping[str, Any] | None, unit_uid: str, present: int, unit_ref: str) -> str | None:
+    """A breach shown by one read, or None: ``unit`` is the unit of her Job's name as a list of the
+    namespace's units showed it (None: not there), ``present`` how many of her orphaned pods a list
+    of pods taken after it still showed. Exact: a pod shown by the later list was there at the
+    earlier one too, so a unit gone, re-created or without admission at the earlier one was
+    released while the pod was there. An unreadable unit is no read at all (the caller skips it)."""
+    from chaos.tenant import is_admitted_unit
+
+    if not present:
+        return None
+    now_uid = str(_meta(unit or {}).get("uid") or "")
+    if now_uid != unit_uid:
+        return f"unit {unit_ref} is {now_uid or 'gone'} while {present} orphaned pod(s) are still there"
+    if not is_admitted_unit(unit or {}):
+        return f"unit {unit_ref} holds no admission while {present} orphaned pod(s) are still there"
+    return None
+
+
+def deleted_at(events: list[tuple[str, kube.Obj]], uids: set[str]) -> dict[str, int]:
+    """The revision each object of ``uids`` was deleted at, from a watch's events (a DELETED
+    event carries the object at the revision of its deletion)."""
+    found: dict[str, int] = {}
+    for kind, obj in events:
+        uid = str(_meta(obj).get("uid") or "")
+        if kind == "DELETED" and uid in uids:
+            with contextlib.suppress(ValueError):
+                found[uid] = int(str(_meta(obj).get("resourceVersion") or ""))
+    return found
+
+
+def released_before_gone(
+    unit_events: list[tuple[str, kube.Obj]],
+    pod_events: list[tuple[str, kube.Obj]],
+    unit_uid: str,
+    pod_uids: set[str],
+) -> bool | None:
+    """From the record since a revision at which the unit held its admission and the pods were
+    there, up to after they were all gone: was the unit deleted before the last of them was gone
+    (a breach, terminating pods counting), or not (False)? None when the record does not show
+    every pod's deletion, so it cannot tell."""
+    pods_gone = deleted_at(pod_events, pod_uids)
+    if set(pods_gone) != pod_uids:
+        return None
+    unit_gone = deleted_at(unit_events, {unit_uid}).get(unit_uid)
+    return unit_gone is not None and unit_gone < max(pods_gone.values())
+
+
+async def _listed(tenant: Tenant, res: kube.Resource) -> tuple[list[kube.Obj], str] | None:
+    """Her namespace's objects of ``res`` as the admin lists them, with the list's revision; None
+    while unreadable (a fault: no finding either way)."""
+    from chaos.tenant import NAMESPACE
+
+    try:
+        return await tenant.admin.list(res, namespace=NAMESPACE)
+    except kube.KubeError:
+        return None
+
+
+async def _record_since(tenant: Tenant, res: kube.Resource, revision: str) -> list[tuple[str, kube.Obj]]:
+    """Every event of ``res`` in her namespace since ``revision`` up to now; raises KubeError when
+    the record is gone (410) or the watch broke off before its end."""
+    from chaos.tenant import NAMESPACE
+
+    events: list[tuple[str, kube.Obj]] = []
+    begun = time.monotonic()
+    try:
+        async with asyncio.timeout(RECORD_S + 15):
+            async for kind, obj in tenant.admin.watch(
+                res, resource_version=revision, namespace=NAMESPACE, timeout_seconds=RECORD_S
+            ):
+                events.append((kind, obj))
+    except TimeoutError as err:
+        raise kube.KubeError(0, "Timeout", "the watch did not end") from err
+    if time.monotonic() - begun < RECORD_S - 0.5:
+        raise kube.KubeError(0, "WatchEnded", "the watch ended before its time")
+    return events
+
+
+async def _released_before_gone(
+    tenant: Tenant, revision: str, unit_uid: str, pod_uids: set[str], units: kube.Resource
+) -> bool | None:
+    """:func:`released_before_gone` over the record since ``revision`` (read after the pods were
+    seen gone, so it reaches past their deletion)."""
+    unit_events, pod_events = await asyncio.gather(
+        _record_since(tenant, units, revision), _record_since(tenant, kube.PODS, revision)
+    )
+    return released_before_gone(unit_events, pod_events, unit_uid, pod_uids)
+
+
 async def orphan_and_recreate(tenant: Tenant, r: int) -> None:
     """Her admitted one-pod Job (500m, its pod running on a kwok node): she deletes it with
     ``--cascade=orphan`` (the pod runs on, ownerless), re-creates a Job of the same name at once,
     and writes a controller reference to the new Job onto the orphaned pod, so that "its job's
-    pods" no longer include it. Judged on the API alone, at every read while the orphaned pod runs:
-    the unit of that name must still be the orphaned one (same UID, holding its admission), never
-    released nor taken over by the new Job; and her quota's published usage must not stay below
-    the running pod's CPU for the whole second half of the watch (it trails the units by a
-    publication, so one low read proves nothing). The breach can fall between two reads (the
-    reconciler releases the unit, creates the new Job's and deletes the pod in well under a read's
-    interval), so an orphaned pod ended during the watch while the unit of its name changed is one
-    too: nothing else ends it within the watch."""
-    from chaos.tenant import JOBS, NAMESPACE, QUOTA, QUOTAS, UNDO_S, WATCH_S, is_admitted_unit, runs
+    pods" no longer include it. Judged on the API alone, exactly: each read lists her namespace's
+    units, then its pods, and while the orphaned pod is still there (terminating or not) the unit of
+    that name must be the orphaned one (same UID, holding its admission), never released nor taken
+    over by the new Job (:func:`read_finding`); a read the apiserver does not answer (a fault) proves
+    nothing. Her quota's published usage must not stay below the running pod's CPU for the whole
+    second half of the watch (it trails the units by a publication, so one low read proves
+    nothing). If the pod ends during the watch (nothing here ends it: it runs for 300 s), the order
+    of the two deletions is read from the record since the last read that saw the unit hold its
+    admission with the pod there (:func:`released_before_gone`): the unit deleted before the pod
+    was gone is a breach, the pod gone first (say the reconciler deleted it as a pod the new Job
+    does not own) is not."""
+    from chaos.tenant import JOBS, NAMESPACE, QUOTA, QUOTAS, UNDO_S, UNITS, WATCH_S
 
     m = tenant.mallory
     assert m is not None
@@ -132,38 +244,43 @@ async def orphan_and_recreate(tenant: Tenant, r: int) -> None:
         breaches: list[str] = []
         low_reads: list[bool] = []
         reads = 0
+        undecided = ""
+        same_at = ""  # the last revision at which the unit was hers and her pod still there
         begun = time.monotonic()
         while time.monotonic() - begun < 2 * WATCH_S:
-            pods, _ = await tenant.admin.list(kube.PODS, namespace=NAMESPACE)
-            running = [
-                p
-                for p in pods
-                if str(_meta(p).get("uid")) in orphaned_uids
-                and (_meta(p).get("annotations") or {}).get(names.RELATED_QUEUEUNIT_ANNOTATION) == unit_ref
-                and runs(p)
-            ]
-            if not running:
-                # Nobody here ends the orphaned pod within the watch (it runs for 300 s): if it
-                # stopped, the reconciler deleted it as a pod its (new) job does not own, which
-                # it does only once the new job's unit took the name, so after the orphaned unit
-                # was released while the pod still ran, perhaps between two reads.
-                now = await tenant._own_unit(name)
-                if str(_meta(now).get("uid") or "") != unit_uid:
-                    now_uid = _meta(now).get("uid") or "gone"
-                    breaches.append(
-                        f"her orphaned pod was ended during the watch and unit {unit_ref} is {now_uid}: "
-                        "the orphaned unit was released before its pod was gone"
-                    )
+            # The unit first, then the pods, each read with the revision it shows: a pod seen at
+            # the later revision was there at the earlier one too (it was created long before).
+            units = await _listed(tenant, UNITS)
+            pods = await _listed(tenant, kube.PODS) if units is not None else None
+            if units is None or pods is None:
+                await asyncio.sleep(0.5)  # unreadable (a fault): proves nothing either way
+                continue
+            now = next((u for u in units[0] if _meta(u).get("name") == name), None)
+            present = orphans_present(pods[0], orphaned_uids, unit_ref)
+            if not present:
+                # Her pod ended during the watch (nothing here ends it: it runs for 300 s). Whether
+                # the unit was released before it was gone is read from the record since the last
+                # read that saw both, never guessed from two reads taken one after the other.
+                if same_at:
+                    try:
+                        order = await _released_before_gone(tenant, same_at, unit_uid, orphaned_uids, UNITS)
+                    except kube.KubeError as err:
+                        order = None
+                        undecided = f"its record since revision {same_at} is unreadable: {err.message}"
+                    if order is None and not undecided:
+                        undecided = f"its record since revision {same_at} does not show it gone"
+                    if order:
+                        breaches.append(
+                            f"unit {unit_ref} ({unit_uid}) was deleted before her orphaned pod was "
+                            "gone (the record since the last read orders the two deletions)"
+                        )
                 break
             reads += 1
-            now = await tenant._own_unit(name)
-            if str(_meta(now).get("uid") or "") != unit_uid:
-                now_uid = _meta(now).get("uid") or "gone"
-                breaches.append(f"unit {unit_ref} is {now_uid} while {len(running)} orphaned pod(s) run")
-            elif not is_admitted_unit(now):
-                breaches.append(
-                    f"unit {unit_ref} holds no admission while {len(running)} orphaned pod(s) run"
-                )
+            finding = read_finding(now, unit_uid, len(present), unit_ref)
+            if finding is not None:
+                breaches.append(finding)
+            else:
+                same_at = units[1]
             if time.monotonic() - begun >= WATCH_S:
                 with contextlib.suppress(kube.KubeError):
                     used = _used_cpu_milli(await tenant.admin.get(QUOTAS, QUOTA, namespace=NAMESPACE))
@@ -176,6 +293,12 @@ async def orphan_and_recreate(tenant: Tenant, r: int) -> None:
         elif low_reads and all(low_reads):
             detail = f"quota {QUOTA}'s published usage stayed below {POD_CPU} CPU while her orphaned pod ran"
             tenant.record(ATTACK, r, target, "SUCCEEDED", detail)
+        elif undecided:
+            detail = (
+                "her orphaned pod ended during the watch; whether its unit outlived it is unknown: "
+                f"{undecided}"
+            )
+            tenant.record(ATTACK, r, target, "skipped", detail)
         elif reads == 0:
             tenant.record(
                 ATTACK, r, target, "skipped", "her orphaned pod stopped running before the first read"
