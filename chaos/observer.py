@@ -32,6 +32,15 @@ Invariants checked continuously (each check evaluation is counted in :attr:`Obse
     namespace and, when the unit has a Job, is controlled by that Job (:func:`job_link_uids`);
     forged claims (a hostile tenant's pod in another namespace, or a bare pod) are ignored here and
     counted in :attr:`stats` (the tenant phase checks that the product ignores them too).
+    A Workflow's unit is a reservation, not a number of pods (one pod set of count 1 sized by
+    ``koord-queue/min-resources``; any number of step pods may run within it,
+    docs/compatibility.md#argo-workflow), so its pods are judged by what they ask
+    (:func:`reservation_excess`): the pods naming it that take node resources (released, or bound,
+    a bound pod being deleted included) run only while it admits replicas, and their summed requests
+    stay within its reservation (admitted replicas x the pod set template's request, per resource).
+    Within :data:`SCHEDULABLE_GRACE_S` after the unit shrank or was deleted (a Workflow deleted with
+    its pods; a unit deleted by someone else, re-created admitted by adoption) an excess is judged
+    when the grace has passed, extended by any stall of the etcd stream, as below.
 ``unadmitted-pod-schedulable``
     Keyed on ownership, not on the annotation: for every managed Job, the live pods it controls (a
     controller reference carrying the Job's UID, in the Job's namespace, on a pod that names a unit
@@ -127,6 +136,9 @@ WATCH_END = prefix_end(UNITS)
 SENTINEL = b"/registry/scheduling.chaos-observer-sentinel"
 
 TERMINAL = frozenset({"Succeed", "Failed"})
+#: The consumer kind whose unit is a reservation its pods run within, not a number of pods
+#: (docs/compatibility.md#argo-workflow): judged by :func:`reservation_excess`.
+WORKFLOW: Final = "Workflow"
 V1_DEQUEUED = frozenset({"Dequeued", "Reserved", "Running", "SchedReady", "SchedSucceed"})
 DEFAULT_POD_SET = names.DEFAULT_REQUIREMENT_PODSET
 
@@ -274,6 +286,10 @@ class UnitView:
     @property
     def total(self) -> int:
         return sum(max(0, n) for n in self.replicas.values())
+
+    @property
+    def consumer_kind(self) -> str:
+        return self.consumer[0] if self.consumer is not None else ""
 
     @property
     def waiting(self) -> bool:
@@ -693,6 +709,50 @@ def charged(unit: UnitView) -> dict[str, int]:
     return {r: v for r, v in total.items() if v}
 
 
+def reserved(unit: UnitView | None) -> dict[str, int]:
+    """What a unit's admission reserves for its pods to run within: per pod set, admitted replicas x
+    the pod set template's per-pod request, summed; nothing for a missing or finished unit."""
+    if unit is None or unit.phase in TERMINAL:
+        return {}
+    total: dict[str, int] = {}
+    for pod_set, n in sorted(unit.replicas.items()):
+        total = _add(total, {r: v * max(0, n) for r, v in unit.per_pod.get(pod_set, {}).items()})
+    return total
+
+
+def reservation_excess(unit_key: str, unit: UnitView | None, running: Iterable[PodView]) -> str | None:
+    """The ``run-without-admission`` rule for a Workflow's unit (pure): what its pods run is judged
+    by their summed requests, not by their number, since its admission is a reservation any number of
+    step pods run within (docs/compatibility.md#argo-workflow). ``running`` are the pods counted
+    for the unit that take node resources (:attr:`PodView.schedulable`: released, or bound, a bound
+    pod being deleted included). None when they are within the admission; else what is wrong:
+
+    * pods run while the unit admits nothing (missing, finished, or no admitted replicas), whatever
+      their requests (a pod that asks for nothing still runs outside any admission);
+    * the summed requests exceed the reservation (:func:`reserved`) for some resource.
+    """
+    pods = sorted(running, key=lambda p: p.key)
+    if not pods:
+        return None
+    names_ = ", ".join(p.key for p in pods[:4])
+    admitted = unit.total if unit is not None and unit.phase not in TERMINAL else 0
+    if admitted == 0:
+        state = "no QueueUnit" if unit is None else f"{unit.phase or 'pending'} with 0 admitted replicas"
+        return f"{unit_key}: {len(pods)} pods run ({names_}) while its unit has {state}"
+    limit = reserved(unit)
+    used: dict[str, int] = {}
+    for pod in pods:
+        used = _add(used, pod.request)
+    over = sorted(r for r, v in used.items() if v > limit.get(r, 0))
+    if not over:
+        return None
+    return (
+        f"{unit_key}: {len(pods)} pods run ({names_}) requesting "
+        + ", ".join(f"{r}={used[r]}m" for r in over)
+        + f" in sum, beyond the {admitted} admitted replicas' reservation {_fmt(limit)}"
+    )
+
+
 def quota_accounting(quota: str, accumulated: Mapping[str, int], units: Iterable[UnitView]) -> list[Mismatch]:
     """The quota rule of ``usage-mismatch``: the usage accumulated admission by admission equals
     the sum over the quota's unfinished units of what their admissions charge."""
@@ -755,6 +815,13 @@ class Observer:
     _suspects: dict[str, tuple[float, int, str]] = field(default_factory=dict)
     #: jobs currently in violation of ``unadmitted-pod-schedulable`` (reported once per episode)
     _in_violation: set[str] = field(default_factory=set)
+    #: unit key -> its consumer's kind, kept after the unit is deleted (its pods may outlive it)
+    _unit_kinds: dict[str, str] = field(default_factory=dict)
+    #: Workflow unit key -> (grace deadline, revision, detail): pods beyond its reservation seen in
+    #: the grace after it shrank or was deleted (``run-without-admission``, :func:`reservation_excess`)
+    _unit_suspects: dict[str, tuple[float, int, str]] = field(default_factory=dict)
+    #: Workflow units currently in violation (reported once per episode)
+    _unit_in_violation: set[str] = field(default_factory=set)
     _last_event_at: float = 0.0
     #: jobs whose unit was ever marked for reclaim (preempted)
     preempted_jobs: set[str] = field(default_factory=set)
@@ -841,10 +908,11 @@ class Observer:
     def apply(self, key: bytes, value: bytes, revision: int) -> None:
         """One etcd change (``value`` empty on delete)."""
         now = time.monotonic()
-        if self._suspects and now - self._last_event_at > STALL_S:
+        if (self._suspects or self._unit_suspects) and now - self._last_event_at > STALL_S:
             # The stream was silent (etcd paused, watch reconnecting): nothing could be repaired.
             gap = now - self._last_event_at
             self._suspects = {k: (d + gap, r, t) for k, (d, r, t) in self._suspects.items()}
+            self._unit_suspects = {k: (d + gap, r, t) for k, (d, r, t) in self._unit_suspects.items()}
         self._last_event_at = now
         self.revision = max(self.revision, revision)
         self.stats["etcd events"] += 1
@@ -860,7 +928,7 @@ class Observer:
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             self.stats["undecodable etcd values"] += 1
             self.violate("observer-decode", revision, f"{key.decode(errors='replace')}: {err!r}")
-        if self._suspects:
+        if self._suspects or self._unit_suspects:
             self._expire(now)
         self.guarantees.flush(self, revision)
 
@@ -944,16 +1012,25 @@ class Observer:
             if grown:
                 self._check_quota(new, grown, revision)
                 self.guarantees.admitted(self, new, grown, revision)
-        if old is not None and (new is None or new.total < old.total or new.phase in TERMINAL):
-            self._check_released(key, revision)
         shrunk = old is not None and (
             new is None
             or new.total < old.total
             or (new.phase in TERMINAL and old.phase not in TERMINAL)
             or (new.reclaim and not old.reclaim)
+            or (
+                old.consumer_kind == WORKFLOW
+                and any(reserved(new).get(r, 0) < v for r, v in reserved(old).items())
+            )
         )
         if shrunk:
             self._shrunk_at[key] = time.monotonic()
+        if new is not None and new.consumer_kind:
+            self._unit_kinds[key] = new.consumer_kind
+        if self._unit_kinds.get(key) == WORKFLOW:
+            if shrunk or key in self._unit_suspects or key in self._unit_in_violation:
+                self._check_released(key, revision)
+        elif old is not None and (new is None or new.total < old.total or new.phase in TERMINAL):
+            self._check_released(key, revision)
         job_key = self._job_of_unit(key, old, new)
         if job_key in self.jobs and (shrunk or job_key in self._suspects or job_key in self._in_violation):
             self._check_schedulable(job_key, revision)
@@ -1048,7 +1125,10 @@ class Observer:
                 continue
             self.violate("quota-overrun", revision, detail)
 
-    def _check_released(self, unit_key: str, revision: int) -> None:
+    def _check_released(self, unit_key: str, revision: int, *, final: bool = False) -> None:
+        if self._unit_kinds.get(unit_key) == WORKFLOW:
+            self._check_reservation(unit_key, revision, final=final)
+            return
         released = []
         for pod in self.pods_of(unit_key):
             if not pod.live or pod.gated or not self._claim_holds(pod, unit_key):
@@ -1070,6 +1150,37 @@ class Observer:
                 f"with {admitted} admitted replicas",
             )
 
+    def _check_reservation(self, unit_key: str, revision: int, *, final: bool = False) -> None:
+        """``run-without-admission`` for a Workflow's unit (:func:`reservation_excess`): the pods
+        counted for it that take node resources stay within what it admits. Within
+        :data:`SCHEDULABLE_GRACE_S` after the unit shrank or was deleted (the Workflow being deleted
+        with its pods, or the unit deleted by someone else and re-created by adoption) an excess is
+        remembered and judged when the grace has passed, as ``unadmitted-pod-schedulable`` does for
+        a Job's pods; ``final``: no grace is left (the run is over)."""
+        pending = self._unit_suspects.pop(unit_key, None)
+        running = [p for p in self.pods_of(unit_key) if p.schedulable and self._claim_holds(p, unit_key)]
+        if running:
+            self.checks["running pods of a Workflow within its reservation (summed requests)"] += 1
+        detail = reservation_excess(unit_key, self.units.get(unit_key), running)
+        if detail is None:
+            if pending is not None:
+                self.stats["Workflow pods beyond the reservation, repaired within the grace (tolerated)"] += 1
+            self._unit_in_violation.discard(unit_key)
+            return
+        if unit_key in self._unit_in_violation:
+            return  # this episode is reported already
+        shrunk = self._shrunk_at.get(unit_key, -1e9)
+        deadline = max(shrunk + SCHEDULABLE_GRACE_S, pending[0] if pending is not None else -1e9)
+        if not final and time.monotonic() < deadline:
+            self._unit_suspects[unit_key] = (
+                deadline,
+                pending[1] if pending is not None else revision,
+                detail,
+            )
+            return
+        self._unit_in_violation.add(unit_key)
+        self.violate("run-without-admission", pending[1] if pending is not None else revision, detail)
+
     def _pod_event(self, key: str, raw: Mapping[str, Any] | None, revision: int) -> None:
         if not self._in_scope(key):
             return
@@ -1090,6 +1201,7 @@ class Observer:
             self._deletion_judged.discard(key)
             if old is not None and old.schedulable:
                 self._recheck_owners(old, revision)
+                self._recheck_reservation(old, revision)
             return
         self.pods[key] = new
         if old is None or old.bound != new.bound or old.live != new.live:
@@ -1117,6 +1229,12 @@ class Observer:
                     self._check_schedulable(job_key, revision)
         elif old is not None and old.schedulable and not new.schedulable:
             self._recheck_owners(old, revision)
+            self._recheck_reservation(old, revision)
+
+    def _recheck_reservation(self, pod: PodView, revision: int) -> None:
+        """A pod stopped taking node resources: settle its Workflow unit's pending or reported excess."""
+        if pod.unit and (pod.unit in self._unit_suspects or pod.unit in self._unit_in_violation):
+            self._check_released(pod.unit, revision)
 
     def _touch_owners(self, pod: PodView) -> None:
         """A pod started or stopped running: what its job's unit can give back to reclaim changed."""
@@ -1276,11 +1394,16 @@ class Observer:
         for job_key, (deadline, _, _) in list(self._suspects.items()):
             if deadline <= now:
                 self._check_schedulable(job_key, self.revision)
+        for unit_key, (deadline, _, _) in list(self._unit_suspects.items()):
+            if deadline <= now:
+                self._check_released(unit_key, self.revision)
 
     def finish(self) -> None:
         """The run is over: judge every excess still waiting for its grace."""
         for job_key in list(self._suspects):
             self._check_schedulable(job_key, self.revision, final=True)
+        for unit_key in list(self._unit_suspects):
+            self._check_released(unit_key, self.revision, final=True)
         self.guarantees.finish(self)
 
     # --- usage-mismatch (judged at quiescent points by :func:`settle`) ----------------------------

@@ -836,3 +836,199 @@ def test_a_terminating_bound_pod_still_counts_against_the_admission(clock: Clock
     assert not o.violation_counts[SCHEDULABLE]  # the replacement waits behind its gate
     feed_pod(o, pod("p2"), f"{NS}/p2")
     assert o.violation_counts[SCHEDULABLE] == 1
+
+
+# --- run-without-admission for a Workflow's unit: a reservation, judged by summed requests ---------
+
+RUN = "run-without-admission"
+WF = "wf"
+WF_UID = "uid-wf-1"
+RESERVATION_CHECK = "running pods of a Workflow within its reservation (summed requests)"
+
+
+def wunit(*, replicas: int = 1, cpu: str = "500m", phase: str | None = None) -> dict[str, Any]:
+    """A Workflow's unit as the reconciler makes it: one pod set ``default`` of count 1 whose
+    template asks for the ``koord-queue/min-resources`` reservation."""
+    template = {"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": cpu}}}]}}
+    return {
+        "metadata": {
+            "name": WF,
+            "namespace": NS,
+            "labels": {names.QUOTA_NAME_LABEL: "q"},
+            "ownerReferences": [{"kind": "Workflow", "name": WF, "uid": WF_UID}],
+        },
+        "spec": {
+            "consumerRef": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": WF},
+            "podSet": [{"name": "default", "count": 1, "template": template}],
+        },
+        "status": {
+            "phase": phase or ("Running" if replicas else "Enqueued"),
+            "admissions": [{"name": "default", "replicas": replicas}] if replicas else [],
+        },
+    }
+
+
+def step(
+    index: int, cpu: str, *, gated: bool = False, node: str = "", deleting: bool = False
+) -> tuple[dict[str, Any], str]:
+    """A step pod as Argo makes it: the unit link from ``spec.podMetadata``, the Workflow as its
+    controller; with its key."""
+    name = f"{WF}-step-{index}"
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": NS,
+        "annotations": {names.RELATED_QUEUEUNIT_ANNOTATION: f"{NS}/{WF}"},
+        "labels": {names.GATED_POD_LABEL: "true"},
+        "ownerReferences": [{"kind": "Workflow", "name": WF, "uid": WF_UID, "controller": True}],
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    spec = {
+        "nodeName": node,
+        "schedulingGates": [{"name": names.ADMISSION_GATE}] if gated else [],
+        "containers": [{"name": "main", "resources": {"requests": {"cpu": cpu}}}],
+    }
+    return {"metadata": meta, "spec": spec, "status": {"phase": "Pending"}}, f"{NS}/{name}"
+
+
+def run_details(o: Observer) -> list[str]:
+    return [v.detail for v in o.violations if v.invariant == RUN]
+
+
+def feed_step(o: Observer, index: int, cpu: str, **kwargs: Any) -> str:
+    raw, key = step(index, cpu, **kwargs)
+    feed_pod(o, raw, key)
+    return key
+
+
+def pass_grace(o: Observer, clock: Clock) -> None:
+    """The etcd stream goes on (no stall) until the grace has run out."""
+    for _ in range(4):
+        clock.now += 0.8
+        o.apply(b"/registry/unrelated", b"", o.revision + 1)
+
+
+def test_several_workflow_pods_whose_requests_fit_the_reservation_run_under_one_replica(
+    clock: Clock,
+) -> None:
+    """Counted, two released pods would outnumber the one admitted replica; summed, 200m + 250m
+    fit the 500m reserved."""
+    o = observer()
+    feed_unit(o, wunit(replicas=1), WF)
+    feed_step(o, 0, "200m", node="n1")
+    feed_step(o, 1, "250m")
+    feed_step(o, 2, "400m", gated=True)  # waits behind its gate: holds nothing
+    assert not o.violation_counts[RUN]
+    assert o.checks[RESERVATION_CHECK] == 2
+    assert o.checks["released pods <= admitted replicas"] == 0  # not judged by count
+
+
+def test_workflow_pods_whose_summed_requests_exceed_the_reservation_run_without_admission(
+    clock: Clock,
+) -> None:
+    o = observer()
+    feed_unit(o, wunit(replicas=1), WF)
+    feed_step(o, 0, "400m", node="n1")
+    assert not o.violation_counts[RUN]
+    feed_step(o, 1, "400m")  # released beside it: 800m of 500m
+    assert o.violation_counts[RUN] == 1
+    assert "cpu=800m in sum" in run_details(o)[0]
+    assert "cpu=500m" in run_details(o)[0]
+    feed_step(o, 2, "50m")  # the same episode, reported once
+    assert o.violation_counts[RUN] == 1
+
+
+def test_a_workflow_pod_larger_than_the_whole_reservation_runs_without_admission(clock: Clock) -> None:
+    o = observer()
+    feed_unit(o, wunit(replicas=1), WF)
+    feed_step(o, 3, "1")
+    assert o.violation_counts[RUN] == 1
+
+
+def test_a_bound_workflow_pod_being_deleted_still_counts_against_the_reservation(clock: Clock) -> None:
+    o = observer()
+    feed_unit(o, wunit(replicas=1), WF)
+    feed_step(o, 0, "400m", node="n1", deleting=True)
+    assert not o.violation_counts[RUN]
+    feed_step(o, 1, "400m")
+    assert o.violation_counts[RUN] == 1
+
+
+def test_a_released_workflow_pod_with_nothing_admitted_runs_without_admission(clock: Clock) -> None:
+    """Whatever it asks: a pod that requests nothing still runs outside any admission."""
+    o = observer()
+    feed_unit(o, wunit(replicas=0), WF)
+    feed_step(o, 0, "0")
+    assert o.violation_counts[RUN] == 1
+    assert "0 admitted replicas" in run_details(o)[0]
+
+
+def test_workflow_pods_of_a_finished_unit_run_without_admission_once_the_grace_is_over(
+    clock: Clock,
+) -> None:
+    o = observer()
+    feed_unit(o, wunit(replicas=1), WF)
+    feed_step(o, 0, "400m", node="n1")
+    feed_unit(o, wunit(replicas=1, phase="Succeed"), WF)
+    assert not o.violation_counts[RUN]  # in the grace: its pods may be on their way out
+    pass_grace(o, clock)
+    assert o.violation_counts[RUN] == 1
+
+
+def test_a_deleted_workflow_whose_unit_goes_before_its_running_pod_is_tolerated(clock: Clock) -> None:
+    """The quick run of 2026-12-04 (mallory-wfr-1 and -2): she deleted her Workflow, and the garbage
+    collector deleted its unit a revision before its bound step pod got its deletion timestamp."""
+    o = observer()
+    feed_unit(o, wunit(replicas=1), WF)
+    raw, key = step(0, "400m", node="n1")
+    feed_pod(o, raw, key)
+    feed_unit(o, None, WF)
+    assert not o.violation_counts[RUN]
+    feed_pod(o, step(0, "400m", node="n1", deleting=True)[0], key)  # still runs: bound
+    clock.now += 0.5
+    feed_pod(o, None, key)
+    pass_grace(o, clock)
+    assert not o.violation_counts[RUN]
+    assert o.stats["Workflow pods beyond the reservation, repaired within the grace (tolerated)"] == 1
+
+
+def test_a_workflow_unit_deleted_and_readopted_within_the_grace_is_tolerated(clock: Clock) -> None:
+    """A running Workflow's unit deleted by someone else: the reconciler re-creates it admitted
+    (adoption, docs/compatibility.md#adoption-of-released-jobs) while the step pod runs on."""
+    o = observer()
+    feed_unit(o, wunit(replicas=1), WF)
+    feed_step(o, 0, "400m", node="n1")
+    feed_unit(o, None, WF)
+    clock.now += 0.2
+    feed_unit(o, wunit(replicas=0, phase=""), WF)  # created for adoption, status written next
+    clock.now += 0.1
+    feed_unit(o, wunit(replicas=1, phase="Dequeued"), WF)
+    pass_grace(o, clock)
+    assert not o.violation_counts[RUN]
+
+
+def test_a_workflow_pod_outliving_its_deleted_unit_runs_without_admission(clock: Clock) -> None:
+    o = observer()
+    feed_unit(o, wunit(replicas=1), WF)
+    feed_step(o, 0, "400m", node="n1")
+    feed_unit(o, None, WF)
+    assert not o.violation_counts[RUN]
+    pass_grace(o, clock)
+    assert o.violation_counts[RUN] == 1
+    assert "no QueueUnit" in run_details(o)[0]
+
+
+def test_finish_judges_a_workflow_excess_still_in_its_grace(clock: Clock) -> None:
+    o = observer()
+    feed_unit(o, wunit(replicas=1), WF)
+    feed_step(o, 0, "400m", node="n1")
+    feed_unit(o, None, WF)
+    o.finish()
+    assert o.violation_counts[RUN] == 1
+
+
+def test_reservation_is_replicas_times_the_template_request() -> None:
+    assert obs.reserved(obs.parse_unit(wunit(replicas=1, cpu="500m"))) == {"cpu": 500}
+    assert obs.reserved(obs.parse_unit(wunit(replicas=0))) == {}
+    assert obs.reserved(obs.parse_unit(wunit(replicas=1, phase="Failed"))) == {}
+    assert obs.reserved(None) == {}
