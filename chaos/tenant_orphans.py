@@ -117,6 +117,19 @@ def released_before_gone(
     return unit_gone is not None and unit_gone < max(pods_gone.values())
 
 
+def deleted_owners(events: list[tuple[str, kube.Obj]], uid: str) -> list[str] | None:
+    """The owner references (``Kind/name/uid``) the object ``uid`` still had when it was deleted,
+    from a watch's events; None when the events do not show its deletion. A released orphaned unit
+    has none left (the garbage collector dropped them when it orphaned it); one still naming its
+    deleted Job was deleted by the garbage collector, which had not orphaned it."""
+    for kind, obj in events:
+        meta = _meta(obj)
+        if kind == "DELETED" and str(meta.get("uid") or "") == uid:
+            refs = meta.get("ownerReferences") or []
+            return [f"{r.get('kind')}/{r.get('name')}/{r.get('uid')}" for r in refs if isinstance(r, Mapping)]
+    return None
+
+
 async def _listed(tenant: Tenant, res: kube.Resource) -> tuple[list[kube.Obj], str] | None:
     """Her namespace's objects of ``res`` as the admin lists them, with the list's revision; None
     while unreadable (a fault: no finding either way)."""
@@ -150,13 +163,33 @@ async def _record_since(tenant: Tenant, res: kube.Resource, revision: str) -> li
 
 async def _released_before_gone(
     tenant: Tenant, revision: str, unit_uid: str, pod_uids: set[str], units: kube.Resource
-) -> bool | None:
+) -> tuple[bool | None, list[str] | None]:
     """:func:`released_before_gone` over the record since ``revision`` (read after the pods were
-    seen gone, so it reaches past their deletion)."""
+    seen gone, so it reaches past their deletion), and the unit's owners when it was deleted
+    (:func:`deleted_owners`)."""
     unit_events, pod_events = await asyncio.gather(
         _record_since(tenant, units, revision), _record_since(tenant, kube.PODS, revision)
     )
-    return released_before_gone(unit_events, pod_events, unit_uid, pod_uids)
+    order = released_before_gone(unit_events, pod_events, unit_uid, pod_uids)
+    return order, deleted_owners(unit_events, unit_uid)
+
+
+async def _who_deleted(tenant: Tenant, revision: str, unit_uid: str, units: kube.Resource) -> str:
+    """Best effort, for a breach's detail: the owner references the unit had when it was deleted,
+    from the record since ``revision``; they tell the garbage collector's delete from a release."""
+    if not revision:
+        return ""
+    try:
+        owners = deleted_owners(await _record_since(tenant, units, revision), unit_uid)
+    except kube.KubeError:
+        return ""
+    return "" if owners is None else _owners_note(owners)
+
+
+def _owners_note(owners: list[str]) -> str:
+    if owners:
+        return f"; it still had owner(s) {', '.join(owners)} when deleted (the garbage collector's delete)"
+    return "; it had no owner left when deleted (a release)"
 
 
 async def orphan_and_recreate(tenant: Tenant, r: int) -> None:
@@ -262,8 +295,11 @@ async def orphan_and_recreate(tenant: Tenant, r: int) -> None:
                 # the unit was released before it was gone is read from the record since the last
                 # read that saw both, never guessed from two reads taken one after the other.
                 if same_at:
+                    owners: list[str] | None = None
                     try:
-                        order = await _released_before_gone(tenant, same_at, unit_uid, orphaned_uids, UNITS)
+                        order, owners = await _released_before_gone(
+                            tenant, same_at, unit_uid, orphaned_uids, UNITS
+                        )
                     except kube.KubeError as err:
                         order = None
                         undecided = f"its record since revision {same_at} is unreadable: {err.message}"
@@ -273,11 +309,14 @@ async def orphan_and_recreate(tenant: Tenant, r: int) -> None:
                         breaches.append(
                             f"unit {unit_ref} ({unit_uid}) was deleted before her orphaned pod was "
                             "gone (the record since the last read orders the two deletions)"
+                            + ("" if owners is None else _owners_note(owners))
                         )
                 break
             reads += 1
             finding = read_finding(now, unit_uid, len(present), unit_ref)
             if finding is not None:
+                if not breaches and str(_meta(now or {}).get("uid") or "") != unit_uid:
+                    finding += await _who_deleted(tenant, same_at, unit_uid, UNITS)
                 breaches.append(finding)
             else:
                 same_at = units[1]

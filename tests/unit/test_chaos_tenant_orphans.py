@@ -72,3 +72,16 @@ def test_the_record_orders_the_release_and_the_pods_going() -> None:
     assert orphans.released_before_gone([("DELETED", unit(rv="10"))], [], "u1", {"p1"}) is None
     two = [("DELETED", pod("p1", rv="9")), ("DELETED", pod("p2", rv="15"))]
     assert orphans.released_before_gone([("DELETED", unit(rv="10"))], two, "u1", {"p1", "p2"}) is True
+
+
+def test_the_deleted_unit_s_owners_tell_the_garbage_collector_from_a_release() -> None:
+    """Round 0 of the 2026-12-04 quick run: the unit went while her pod ran, and no reconciler
+    replica released it; a unit still naming its deleted Job when deleted is the garbage
+    collector's delete (it had not orphaned the unit), one with no owner left a release."""
+    owned = unit(rv="10")
+    owned["metadata"]["ownerReferences"] = [{"kind": "Job", "name": "mallory-orphan-0", "uid": "j1"}]
+    assert orphans.deleted_owners([("MODIFIED", unit()), ("DELETED", owned)], "u1") == [
+        "Job/mallory-orphan-0/j1"
+    ]
+    assert orphans.deleted_owners([("DELETED", unit(rv="10"))], "u1") == []
+    assert orphans.deleted_owners([("MODIFIED", unit())], "u1") is None
