@@ -8,7 +8,8 @@ it (adoption included) and releasing a unit whose job was orphaned.
   its status written right after (``shared.jobs.adoption``);
 * :func:`orphaned` / :func:`owned_by_another` tell a unit left behind by a deleted job from the
   job's own, and :func:`release_orphan` deletes the former once none of the pods naming it runs,
-  whatever their owner.
+  whatever their owner; :func:`disown` orphans a job's unit itself when the job is deleted with
+  ``--cascade=orphan``, so a garbage collector that has not seen the unit cannot delete it later.
 
 Functions take the client and what they read, so the controller keeps all state.
 """
@@ -180,6 +181,51 @@ async def release_orphan(client: kube.Kube, unit: kube.Obj, unit_key: str, *, po
         return
     ref = (unit.get("spec") or {}).get("consumerRef") or {}
     log.info("released QueueUnit %s: its %s %s is gone", unit_key, ref.get("kind"), ref.get("name"))
+
+
+#: The finalizer the apiserver puts on an object deleted with ``propagationPolicy: Orphan``: the
+#: garbage collector removes the object's owner reference from its dependents, then the finalizer.
+ORPHAN_FINALIZER = "orphan"
+
+
+def disown_patch(unit: kube.Obj, key: JobKey, job: kube.Obj) -> kube.Obj | None:
+    """The merge patch that drops ``job``'s owner reference from its own ``unit`` when the job is
+    being deleted with ``--cascade=orphan`` (deletion timestamp and the ``orphan`` finalizer), or
+    None. Conditional on the unit's version.
+
+    The garbage collector does this too, but only for the dependents it has seen: one that does
+    not watch QueueUnits yet (it discovers a CRD on its next resync), or whose QueueUnit watch is
+    behind (relisting after an apiserver restart), leaves the owner reference on the unit, and
+    once the job is gone deletes the unit as the dependent of a missing owner while the orphaned
+    pods still run on its quota (docs/compatibility.md#jobs-deleted-with---cascadeorphan). Dropped
+    by us, the unit is orphaned whatever the collector has seen, and stays until its pods are gone
+    (:func:`release_orphan`)."""
+    meta = job.get("metadata") or {}
+    if meta.get("deletionTimestamp") is None or ORPHAN_FINALIZER not in (meta.get("finalizers") or []):
+        return None
+    uid = uid_of(job)
+    if uid is None or not owns(unit, key, job):
+        return None
+    unit_meta = unit.get("metadata") or {}
+    kept = [ref for ref in unit_meta.get("ownerReferences") or [] if ref.get("uid") != uid]
+    return {"metadata": {"ownerReferences": kept, "resourceVersion": unit_meta.get("resourceVersion")}}
+
+
+async def disown(client: kube.Kube, unit: kube.Obj, unit_key: str, key: JobKey, job: kube.Obj) -> bool:
+    """Orphan the unit of a job deleted with ``--cascade=orphan`` (:func:`disown_patch`) before the
+    garbage collector may miss it; True if written (the unit's update brings the job back)."""
+    patch = disown_patch(unit, key, job)
+    if patch is None:
+        return False
+    namespace, _, name = unit_key.partition("/")
+    try:
+        await client.patch(QUEUE_UNITS, name, patch, namespace=namespace)
+    except kube.NotFound:
+        return False
+    log.info(
+        "orphaned QueueUnit %s: its %s %s is deleted with --cascade=orphan", unit_key, key.kind, key.name
+    )
+    return True
 
 
 def _names_consumer(unit: kube.Obj, key: JobKey) -> bool:

@@ -585,6 +585,8 @@ class JobExtensions:
         unit_name = adapter.queue_unit_name(job)
         unit_key = f"{key.namespace}/{unit_name}"
         unit = self.units().get(unit_key)
+        if unit is not None and await job_units.disown(self.client, unit, unit_key, key, job):
+            return  # orphaned by its job's deletion; the unit's update brings us back
         if unit is not None and job_units.orphaned(unit, key, job):
             await self._release_orphan(unit, unit_key, job)
             return  # a predecessor's unit: its deletion brings us back to create this job's own

@@ -105,3 +105,35 @@ def test_a_pod_naming_the_orphaned_unit_holds_it_whatever_its_owner(
 
 def test_a_pod_index_entry_without_a_pod_holds_nothing() -> None:
     assert not job_pods.orphaned_pods_run({}, ["ns/gone"], UNIT_KEY)
+
+
+def deleting(finalizers: list[str], uid: str = "old-uid") -> dict[str, Any]:
+    """The Job ``train`` being deleted, holding ``finalizers``."""
+    obj = job("2026-01-01T10:00:01Z", uid)
+    obj["metadata"] |= {"deletionTimestamp": "2026-01-01T10:05:00Z", "finalizers": finalizers}
+    return obj
+
+
+def test_a_job_deleted_with_cascade_orphan_lets_go_of_its_unit_without_the_garbage_collector() -> None:
+    """Round 0 of the 2026-12-04 quick chaos run: the garbage collector, not (yet) following
+    QueueUnits after an apiserver restart, orphaned the pod but not the unit, and then deleted the
+    unit as the dependent of a missing owner while the pod ran. The reconciler drops the owner
+    reference itself, conditional on the unit's version."""
+    owned = unit(owner_uid="old-uid")
+    owned["metadata"]["resourceVersion"] = "41"
+    patch = job_units.disown_patch(owned, KEY, deleting(["orphan"]))
+    assert patch == {"metadata": {"ownerReferences": [], "resourceVersion": "41"}}
+    # Another owner (none of ours, but kept) stays.
+    owned["metadata"]["ownerReferences"].append({"kind": "Other", "name": "x", "uid": "x-uid"})
+    patch = job_units.disown_patch(owned, KEY, deleting(["foregroundDeletion", "orphan"]))
+    assert patch is not None
+    assert patch["metadata"]["ownerReferences"] == [{"kind": "Other", "name": "x", "uid": "x-uid"}]
+
+
+def test_only_an_orphaning_deletion_of_the_owner_lets_go_of_the_unit() -> None:
+    owned = unit(owner_uid="old-uid")
+    assert job_units.disown_patch(owned, KEY, job("2026-01-01T10:00:01Z", "old-uid")) is None
+    assert job_units.disown_patch(owned, KEY, deleting([])) is None  # background: collected with it
+    assert job_units.disown_patch(owned, KEY, deleting(["foregroundDeletion"])) is None
+    assert job_units.disown_patch(owned, KEY, deleting(["orphan"], uid="new-uid")) is None  # not its own
+    assert job_units.disown_patch(unit(), KEY, deleting(["orphan"])) is None  # already orphaned
