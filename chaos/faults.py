@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from chaos.etcd import Etcd
-from chaos.observer import Observer, UnitView
+from chaos.observer import Observer
+from chaos.views import UnitView
 from shared import kube
 from shared.api import names
 from testenv import system

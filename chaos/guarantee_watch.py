@@ -50,12 +50,12 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from chaos.observer import Observer, QuotaView, UnitView
+from chaos.views import JobView, PodView, QuotaView, UnitView
 
 #: One reclaim round, in quiet seconds: the scheduler marks the victims (a status write), the job
 #: extension removes each unbound pod's finalizer and deletes it, then lowers the victim's replicas
@@ -101,6 +101,34 @@ def victim_order(units: Iterable[UnitView]) -> list[UnitView]:
     return sorted(by_name, key=lambda u: (u.priority, -(u.allocated or 0.0), -u.created))
 
 
+class Replay(Protocol):
+    """What the watch reads from the observer's replay of etcd and how it reports; the one
+    implementation is :class:`chaos.observer.Observer`. A protocol rather than an import, so the
+    dependency runs one way (the observer holds the watch and calls its hooks)."""
+
+    @property
+    def units(self) -> Mapping[str, UnitView]: ...
+    @property
+    def quotas(self) -> Mapping[str, QuotaView]: ...
+    @property
+    def jobs(self) -> Mapping[str, JobView]: ...
+    @property
+    def checks(self) -> Counter[str]: ...
+    @property
+    def stats(self) -> Counter[str]: ...
+    @property
+    def revision(self) -> int: ...
+    @property
+    def disturbed(self) -> bool: ...
+    @property
+    def quiet_resumed_at(self) -> float: ...
+    def quiet_clock(self) -> float: ...
+    def chain(self, leaf: str) -> tuple[list[str], str | None]: ...
+    def usage(self, quota: str) -> dict[str, int]: ...
+    def owned_pods(self, job: JobView) -> list[PodView]: ...
+    def violate(self, invariant: str, revision: int, detail: str) -> None: ...
+
+
 @dataclass
 class _Candidate:
     unit: UnitView
@@ -129,7 +157,7 @@ class GuaranteeWatch:
 
     # --- hooks ------------------------------------------------------------------------------------
 
-    def note_release(self, o: Observer, quota: str) -> None:
+    def note_release(self, o: Replay, quota: str) -> None:
         """Usage under ``quota`` is about to drop: remember what it was (see ``guarantee-taken``)."""
         now = o.quiet_clock()
         for name in o.chain(quota)[0]:
@@ -139,7 +167,7 @@ class GuaranteeWatch:
                 used = {r: max(used.get(r, 0), previous[1].get(r, 0)) for r in used.keys() | previous[1]}
             self.peaks[name] = (now, used)
 
-    def unit_changed(self, o: Observer, key: str, old: UnitView | None, new: UnitView | None) -> None:
+    def unit_changed(self, o: Replay, key: str, old: UnitView | None, new: UnitView | None) -> None:
         if old is not None and old.quota and (new is None or new.quota != old.quota):
             self.by_quota.get(old.quota, set()).discard(key)
         if new is not None and new.quota:
@@ -158,11 +186,11 @@ class GuaranteeWatch:
             if view is not None and view.quota:
                 self.touch(o, view.quota)
 
-    def touch(self, o: Observer, quota: str) -> None:
+    def touch(self, o: Replay, quota: str) -> None:
         """Something under ``quota`` changed: judge again the children of every quota on its chain."""
         self.dirty.update(o.chain(quota)[0])
 
-    def flush(self, o: Observer, revision: int, *, final: bool = False) -> None:
+    def flush(self, o: Replay, revision: int, *, final: bool = False) -> None:
         """Judge what changed, then report the unserved states that outlived the bound."""
         if self.dirty:
             dirty, self.dirty = self.dirty, set()
@@ -171,21 +199,21 @@ class GuaranteeWatch:
                 self.evaluate(o, name, revision)
         self.expire(o, final=final)
 
-    def finish(self, o: Observer) -> None:
+    def finish(self, o: Replay) -> None:
         """The run is over: judge every tree once more and report what is still unserved."""
         self.dirty.update(o.quotas)
         self.flush(o, o.revision, final=True)
 
     # --- shared arithmetic ------------------------------------------------------------------------
 
-    def children(self, o: Observer, parent: str) -> list[QuotaView]:
+    def children(self, o: Replay, parent: str) -> list[QuotaView]:
         return sorted((q for q in o.quotas.values() if q.parent == parent), key=lambda q: q.name)
 
-    def waiting_units(self, o: Observer, quota: str) -> list[UnitView]:
+    def waiting_units(self, o: Replay, quota: str) -> list[UnitView]:
         units = (o.units.get(k) for k in self.by_quota.get(quota, ()))
         return queue_order(u for u in units if u is not None and u.active and u.waiting)
 
-    def running(self, o: Observer, unit: UnitView) -> dict[str, int]:
+    def running(self, o: Replay, unit: UnitView) -> dict[str, int]:
         """Per admission, the pods that run: the job extension's report, or the live bound pods
         the unit's Job owns when more (a batch Job has one pod set)."""
         out = dict(unit.running)
@@ -199,7 +227,7 @@ class GuaranteeWatch:
 
     # --- guarantee-unserved -----------------------------------------------------------------------
 
-    def evaluate(self, o: Observer, parent_name: str, revision: int) -> None:
+    def evaluate(self, o: Replay, parent_name: str, revision: int) -> None:
         parent = o.quotas.get(parent_name)
         now = o.quiet_clock()
         for child in self.children(o, parent_name):
@@ -216,7 +244,7 @@ class GuaranteeWatch:
                 else:
                     self.unserved[key] = (current[0], current[1], reason, child.name)
 
-    def unserved_reasons(self, o: Observer, child: QuotaView, parent: QuotaView) -> dict[str, str]:
+    def unserved_reasons(self, o: Replay, child: QuotaView, parent: QuotaView) -> dict[str, str]:
         """Per waiting unit of ``child`` that should be served now (it fits within the ``min`` and
         fits, or reclaim could make it fit), why."""
         out: dict[str, str] = {}
@@ -257,7 +285,7 @@ class GuaranteeWatch:
                 out[unit.key] = f"{within}; {parent.name} is short {fmt(need)}, {found}"
         return out
 
-    def reclaimable(self, o: Observer, parent: str, child: str, need: Mapping[str, int]) -> str | None:
+    def reclaimable(self, o: Replay, parent: str, child: str, need: Mapping[str, int]) -> str | None:
         """A description of the borrowed capacity that reclaim can return toward ``need`` when it
         covers it, else None."""
         freed: dict[str, int] = {}
@@ -318,7 +346,7 @@ class GuaranteeWatch:
             f"({fmt(freed)} already being reclaimed; not running: {', '.join(victims[:4]) or 'none needed'})"
         )
 
-    def expire(self, o: Observer, *, final: bool = False) -> None:
+    def expire(self, o: Replay, *, final: bool = False) -> None:
         now = o.quiet_clock()
         for key, (since, revision, reason, _) in sorted(self.unserved.items()):
             waited = now - since
@@ -334,7 +362,7 @@ class GuaranteeWatch:
 
     # --- guarantee-taken --------------------------------------------------------------------------
 
-    def used_then(self, o: Observer, name: str, now: float) -> dict[str, int]:
+    def used_then(self, o: Replay, name: str, now: float) -> dict[str, int]:
         """The usage of ``name``, or the larger usage it had within the grace."""
         used = o.usage(name)
         peak = self.peaks.get(name)
@@ -342,7 +370,7 @@ class GuaranteeWatch:
             return used
         return {r: max(used.get(r, 0), peak[1].get(r, 0)) for r in used.keys() | peak[1]}
 
-    def claim(self, o: Observer, child: QuotaView, now: float) -> dict[str, int]:
+    def claim(self, o: Replay, child: QuotaView, now: float) -> dict[str, int]:
         """What ``child``'s ``min`` still claims of its parent (see ``guarantee-taken``)."""
         mins = {r: v for r, v in child.min.items() if v > 0}
         if not mins:
@@ -361,7 +389,7 @@ class GuaranteeWatch:
                 total = _add(total, named)
         return total
 
-    def admitted(self, o: Observer, unit: UnitView, grown: list[str], revision: int) -> None:
+    def admitted(self, o: Replay, unit: UnitView, grown: list[str], revision: int) -> None:
         """``unit``'s held resources grew (an admission): its own wait was served (another unit of
         its quota still waiting stays judged), and ``guarantee-taken`` is judged at every level with
         a parent quota."""

@@ -43,7 +43,8 @@ from certs import pki
 from chaos import load, security, tenant
 from chaos.etcd import Etcd
 from chaos.faults import FaultRecord, Faults
-from chaos.observer import SCHEDULABLE_GRACE_S, TERMINAL, USAGE_MISMATCH, Mismatch, Observer, settle
+from chaos.observer import SCHEDULABLE_GRACE_S, USAGE_MISMATCH, Mismatch, Observer, settle
+from chaos.views import TERMINAL
 from shared import kube
 from testenv import system
 from testenv.cluster import LocalCluster

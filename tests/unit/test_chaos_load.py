@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any
 
 from chaos import load
-from chaos.observer import milli
+from chaos.views import milli
 from shared import kube
 from shared.api import names
 

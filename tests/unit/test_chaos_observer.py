@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from chaos import k8sproto
+from chaos import k8sproto, views
 from chaos import observer as obs
 from chaos.guarantee_watch import GUARANTEE_ROUND_S
 from chaos.observer import Observer
@@ -287,7 +287,7 @@ def test_a_job_claiming_a_parent_is_judged_by_its_pods_not_by_running_unsuspende
 def test_a_plain_reference_or_a_foreign_group_is_no_parent_claim() -> None:
     plain = {"ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "controller": False}]}
     foreign = {"ownerReferences": [{"apiVersion": "example.com/v1", "kind": "Thing", "controller": True}]}
-    assert not obs.claims_parent(plain) and not obs.claims_parent(foreign)
+    assert not views.claims_parent(plain) and not views.claims_parent(foreign)
 
 
 # --- usage-mismatch: what each unit is charged against what it really holds -----------------------
@@ -297,7 +297,7 @@ USAGE_UNIT = "charged-below-running", "charged-for-unneeded", "charged-below-pod
 
 def charged_unit(
     *, replicas: int, count: int = 2, cpu: str = "1", phase: str = "", quota: str = "q"
-) -> obs.UnitView:
+) -> views.UnitView:
     container = {"resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}
     raw = {
         "metadata": {"name": "j", "namespace": NS, "labels": {names.QUOTA_NAME_LABEL: quota}},
@@ -310,26 +310,26 @@ def charged_unit(
             "admissions": [{"name": "j", "replicas": replicas}] if replicas else [],
         },
     }
-    return obs.parse_unit(raw)
+    return views.parse_unit(raw)
 
 
 def charged_job(
     *, parallelism: int | None = 2, completions: int | None = 2, succeeded: int = 0, finished: bool = False
-) -> obs.JobView:
+) -> views.JobView:
     raw = job()
     raw["spec"].update({"parallelism": parallelism, "completions": completions})
     raw["status"]["succeeded"] = succeeded
     if finished:
         raw["status"]["conditions"] = [{"type": "Complete", "status": "True"}]
-    return obs.parse_job(raw)
+    return views.parse_job(raw)
 
 
-def bound_pod(name: str, *, cpu: str = "1", live: bool = True) -> obs.PodView:
+def bound_pod(name: str, *, cpu: str = "1", live: bool = True) -> views.PodView:
     raw = pod(name, node="n1")
     raw["spec"]["containers"] = [{"resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}]
     if not live:
         raw["status"]["phase"] = "Succeeded"
-    return obs.parse_pod(raw)
+    return views.parse_pod(raw)
 
 
 @pytest.mark.parametrize(
@@ -360,7 +360,7 @@ def bound_pod(name: str, *, cpu: str = "1", live: bool = True) -> obs.PodView:
     ],
 )
 def test_unit_accounting_rules(
-    replicas: int, job_kw: dict[str, Any], pods: list[obs.PodView], expected: set[str]
+    replicas: int, job_kw: dict[str, Any], pods: list[views.PodView], expected: set[str]
 ) -> None:
     found = obs.unit_accounting(charged_unit(replicas=replicas), charged_job(**job_kw), pods)
     assert {m.rule for m in found} == expected
@@ -388,7 +388,7 @@ def test_unit_accounting_skips_finished_units_and_falls_back_to_the_unit_count()
     ],
 )
 def test_quota_accounting_sum_over_units(
-    accumulated: dict[str, int], units: list[obs.UnitView], drift: bool
+    accumulated: dict[str, int], units: list[views.UnitView], drift: bool
 ) -> None:
     found = obs.quota_accounting("q", accumulated, units)
     assert bool(found) == drift
@@ -519,8 +519,8 @@ def test_pod_and_job_protobuf_fields_for_accounting() -> None:
     container = tag(1, b"c") + tag(8, resources)
     spec = tag(2, container) + tag(32, quantity("cpu", "10m")) + tag(10, b"node-1")
     envelope = k8sproto.MAGIC + tag(2, tag(1, tag(1, b"p")) + tag(2, spec))
-    raw = obs.decode_pod(envelope)
-    view = obs.parse_pod(raw)
+    raw = views.decode_pod(envelope)
+    view = views.parse_pod(raw)
     assert view.bound
     assert view.request == {"cpu": 510, "memory": 2**30 * 1000}
 
@@ -531,13 +531,13 @@ def test_pod_and_job_protobuf_fields_for_accounting() -> None:
         return tag(1, b"p") + tag(12, unit) + tag(13, owner)
 
     for controller, linked in ((True, ("uid-1",)), (False, ())):
-        decoded = obs.decode_pod(k8sproto.MAGIC + tag(2, tag(1, meta(controller)) + tag(2, spec)))
+        decoded = views.decode_pod(k8sproto.MAGIC + tag(2, tag(1, meta(controller)) + tag(2, spec)))
         assert decoded["metadata"]["ownerReferences"][0].get("controller", False) is controller
-        assert obs.parse_pod(decoded).owner_uids == linked
+        assert views.parse_pod(decoded).owner_uids == linked
 
     job_spec = varint(1, 2) + varint(2, 3) + varint(10, 1)
     job_envelope = k8sproto.MAGIC + tag(2, tag(1, tag(1, b"j")) + tag(2, job_spec))
-    parsed = obs.parse_job(obs.decode_job(job_envelope))
+    parsed = views.parse_job(views.decode_job(job_envelope))
     assert (parsed.parallelism, parsed.completions, parsed.suspended) == (2, 3, True)
 
 
@@ -1028,7 +1028,7 @@ def test_finish_judges_a_workflow_excess_still_in_its_grace(clock: Clock) -> Non
 
 
 def test_reservation_is_replicas_times_the_template_request() -> None:
-    assert obs.reserved(obs.parse_unit(wunit(replicas=1, cpu="500m"))) == {"cpu": 500}
-    assert obs.reserved(obs.parse_unit(wunit(replicas=0))) == {}
-    assert obs.reserved(obs.parse_unit(wunit(replicas=1, phase="Failed"))) == {}
+    assert obs.reserved(views.parse_unit(wunit(replicas=1, cpu="500m"))) == {"cpu": 500}
+    assert obs.reserved(views.parse_unit(wunit(replicas=0))) == {}
+    assert obs.reserved(views.parse_unit(wunit(replicas=1, phase="Failed"))) == {}
     assert obs.reserved(None) == {}
