@@ -48,7 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from chaos import load, tenant_orphans, tenant_workflows
+from chaos import load, tenant_orphans, tenant_submitter, tenant_workflows
 from chaos.observer import Observer
 from shared import kube
 from shared.api import names, quantities
@@ -188,6 +188,7 @@ ATTACKS: Final[dict[str, str]] = {
     "a Workflow's status",
     **tenant_workflows.ATTACKS,
     tenant_orphans.ATTACK: tenant_orphans.DEFENCE,
+    tenant_submitter.ATTACK: tenant_submitter.DEFENCE,
     "write-queueunit-status": "RBAC: namespace users may only read QueueUnits (user roles)",
     "create-queueunit": "RBAC: namespace users may only read QueueUnits (user roles)",
     "raise-quota-max": "RBAC: ElasticQuotas are cluster-admin objects",
@@ -648,6 +649,7 @@ class Tenant:
             self.own_priority(r, forbidden_class=True),
             self.rbac(r, pick(queued_jobs, 6)),
             tenant_orphans.orphan_and_recreate(self, r),
+            tenant_submitter.forged_submitter(self, r),
         ]
         if self.workflows:
             attacks.append(self.workflow(r))

@@ -117,6 +117,26 @@ def controller_job_uid(pod: kube.Obj | None) -> str | None:
     return ref[2] if ref is not None and ref[0] == "Job" else None
 
 
+def submitter_job(jobs: Store, rayjob: kube.Obj) -> str | None:
+    """The UID of the ``batch/v1`` Job in ``jobs`` named after ``rayjob`` (KubeRay's name for the
+    submitter Job) when ``rayjob`` controls it; None otherwise (docs/compatibility.md#rayjob)."""
+    metadata = rayjob.get("metadata") or {}
+    uid = str(metadata.get("uid") or "")
+    found = jobs.get(f"{metadata.get('namespace') or ''}/{metadata.get('name') or ''}")
+    ref = podlinks.controller_of(found) if found is not None and uid else None
+    if ref is None or ref[0] != "RayJob" or ref[2] != uid:
+        return None
+    return str((found or {}).get("metadata", {}).get("uid") or "") or None
+
+
+def submitter_parent(jobs: Store, namespace: str, job_name: str) -> str | None:
+    """The name of the RayJob controlling the Job ``namespace/job_name`` in ``jobs``, if one does:
+    that Job is the RayJob's submitter (docs/compatibility.md#rayjob)."""
+    found = jobs.get(f"{namespace}/{job_name}")
+    ref = podlinks.controller_of(found) if found is not None else None
+    return ref[1] if ref is not None and ref[0] == "RayJob" else None
+
+
 def controller_job_name(pod: kube.Obj) -> str | None:
     """The name in the pod's controller reference when that controller is a ``batch/v1`` Job."""
     ref = podlinks.controller_of(pod)

@@ -493,9 +493,11 @@ class JobExtensions:
             self._pods_by_controller.setdefault(new_uid, set()).add(key)
         old_ref = job_pods.unit_ref_of(old) if old is not None else None
         new_ref = job_pods.unit_ref_of(new) if new is not None else None
+        if old_uid is not None or new_uid is not None:
+            # The Job looks again whatever unit the pod names (a pod may name another unit than
+            # its Job's, see ``_pods_of``); marking twice is free.
+            self._mark_controlling_job(new or old or {})
         if old_ref is None and new_ref is None:
-            if old_uid is not None or new_uid is not None:
-                self._mark_controlling_job(new or old or {})
             return
         if old_ref is not None and old_ref != new_ref:
             job_pods.unindex(self._pods_by_unit, old_ref, key)
@@ -763,8 +765,6 @@ class JobExtensions:
         job_pods.report_beyond(self.events, plan, job, self._beyond_seen)
         await workloads.before_ungate(self.client, job, adapter, unit, plan.ungate)  # native gangs
         await asyncio.gather(*(job_pods.ungate(self.client, self.pods.objects, p) for p in plan.ungate))
-        if isinstance(adapter, ray.RayJobAdapter) and phase in podplan.ADMITTED_PHASES and not finished:
-            await self._release_submitter(adapter, job, unit_key)
         running_once_bound = (adapter.api_version, adapter.kind) in _RUNNING_ONCE_BOUND
         if running_once_bound and status == JobStatus.RUNNING and not any(p.bound for p in pods):
             status = JobStatus.PENDING  # active pods that are all gated or unbound are not running
@@ -783,21 +783,6 @@ class JobExtensions:
                     job_units.QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
                 ),
             )
-
-    async def _release_submitter(self, adapter: ray.RayJobAdapter, job: kube.Obj, unit_key: str) -> None:
-        """Release the gated submitter pod of an admitted RayJob (``ray.submitter_release``): where
-        queueing is mandatory the webhook gated its Job, which claims the RayJob as its parent
-        (docs/compatibility.md#rayjob)."""
-        namespace = unit_key.partition("/")[0]
-        naming = [
-            self.pods.objects[k]
-            for k in sorted(self._pods_by_unit.get(unit_key, ()))
-            if k in self.pods.objects
-        ]
-        in_namespace = [p for p in naming if (p.get("metadata") or {}).get("namespace") == namespace]
-        parent = job_pods.parent_lookup(self.pods.objects, self._parents(), namespace)
-        for pod in ray.submitter_release(job, in_namespace, parent, adapter=adapter):
-            await job_pods.ungate(self.client, self.pods.objects, podplan.pod_view(pod, ""))
 
     def _report_waits(self, key: JobKey) -> bool:
         """True while a pod-count report may still wait (docs/compatibility.md#coalesced-pod-reports);
@@ -855,28 +840,43 @@ class JobExtensions:
         await job_units.release_orphan(self.client, unit, unit_key, pods_run=pods_run)
 
     def _pods_of(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[podplan.PodView]:
-        """The unit's pods, from the pod index (``job_pods.pods_of``)."""
-        return job_pods.pods_of(
-            self.pods.objects,
-            self._pods_by_unit.get(unit_key, ()),
-            self._parents(),
-            unit_key,
-            adapter,
-            job,
-        )
+        """The unit's pods, from the pod index (``job_pods.pods_of``); a RayJob's also those of its
+        submitter Job, which carry no link where KubeRay's Job is not gated (docs/compatibility.md#rayjob)."""
+        keys: Iterable[str] = self._pods_by_unit.get(unit_key, ())
+        if isinstance(adapter, ray.RayJobAdapter):
+            found = job_pods.submitter_job(self._parents().get("Job", {}), job)
+            keys = set(keys) | (self._pods_by_controller.get(found, set()) if found else set())
+        elif (adapter.api_version, adapter.kind) == _BATCH_JOB:
+            # A Job whose template could not be relinked (``BatchJobAdapter.resume_patch``): its
+            # pods name another unit but are its own by their controller reference.
+            uid = str((job.get("metadata") or {}).get("uid") or "")
+            keys = set(keys) | self._pods_by_controller.get(uid, set())
+        return job_pods.pods_of(self.pods.objects, keys, self._parents(), unit_key, adapter, job)
 
     def _mark_controlling_job(self, pod: kube.Obj) -> None:
-        """A pod naming no unit, controlled by a batch/v1 Job, changed: the Job's jobs-without-pods
-        clock counts it (``job_pods.all_pods_of_job``), so a Job with a unit looks again; its going
-        may leave the Job podless, and nothing else would wake it."""
+        """A pod controlled by a batch/v1 Job changed: the Job's jobs-without-pods clock counts it
+        (``job_pods.all_pods_of_job``) and its release may count it whatever unit it names
+        (``_pods_of``), so a Job with a unit looks again; its going may leave the Job podless, and
+        nothing else would wake it. A RayJob's submitter Job wakes its RayJob."""
         adapter = self.adapters.get(("batch/v1", "Job"))
         name = job_pods.controller_job_name(pod)
-        if adapter is None or name is None:
+        if name is None:
             return
         namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        self._mark_rayjob_of_submitter(namespace, name)
+        if adapter is None:
+            return
         unit_name = adapter.queue_unit_name({"metadata": {"name": name}})
         if f"{namespace}/{unit_name}" in self.units():
             self.mark(JobKey("batch/v1", "Job", namespace, name))
+
+    def _mark_rayjob_of_submitter(self, namespace: str, job_name: str) -> None:
+        """A pod of the Job ``job_name`` changed: a RayJob controlling that Job looks again (its
+        submitter, ``job_pods.submitter_parent``; where KubeRay's Job is not gated the pod names no unit)."""
+        rayjob = job_pods.submitter_parent(self._parents().get("Job", {}), namespace, job_name)
+        for (api_version, kind), informer in self.job_informers.items() if rayjob else ():
+            if kind == "RayJob" and f"{namespace}/{rayjob}" in informer.objects:
+                self.mark(JobKey(api_version, kind, namespace, str(rayjob)))
 
     def _all_pods_of_job(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[podplan.PodView]:
         """Every pod the job controls, named unit or not (``job_pods.all_pods_of_job``)."""

@@ -65,3 +65,14 @@ def as_user(
 ) -> subprocess.CompletedProcess[str]:
     """kubectl as ``user``; never raises on a refusal (the tests read ``returncode`` and stderr)."""
     return kube.kubectl(cluster, f"--as={user}", *args, input_text=input_text, check=False)
+
+
+async def create_as(cluster: LocalCluster, namespace: str, body: dict[str, Any], user: str = ALICE) -> None:
+    """Create ``body`` in ``namespace`` as ``user``: her rights take a moment to load after
+    :func:`grant`, so the create is retried until RBAC lets it in (or it exists)."""
+
+    async def attempt() -> bool:
+        done = as_user(cluster, user, "-n", namespace, "create", "-f", "-", input_text=yaml.safe_dump(body))
+        return done.returncode == 0 or "AlreadyExists" in done.stderr
+
+    await kube.eventually(attempt, timeout=30, what=f"{user} creating {body['metadata']['name']}")

@@ -60,7 +60,14 @@ class BatchJobAdapter(AdapterBase):
         return builder.ops
 
     def resume_patch(self, job: Job, *, now_text: str) -> dict[str, Any]:
-        link = self.relink_merge(job, [(_TEMPLATE_ANNOTATIONS, base.name_of(job))])
+        """Unsuspend, stamped; the template is relinked to the job's unit only while the Job has
+        never started. Once the Job controller has set ``status.startTime`` the apiserver refuses
+        any template change (Kubernetes 1.35 resets it on suspend only behind an alpha gate), so
+        the whole resume would fail for ever; such a Job's pods (say a Job that claimed a parent it
+        does not have and ran before the reconciler held it) still name another unit and are found
+        through their controller reference instead (docs/compatibility.md#batchv1-job)."""
+        started = base.dig(job, "status", "startTime") is not None
+        link = {} if started else self.relink_merge(job, [(_TEMPLATE_ANNOTATIONS, base.name_of(job))])
         return deep_merge(deep_merge(link, self.dequeue_merge(now_text)), {"spec": {"suspend": False}})
 
     def suspend_merge_patch(self, job: Job) -> dict[str, Any]:

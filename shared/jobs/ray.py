@@ -23,15 +23,20 @@ Not managed, on purpose:
   is not managed is queued like any labelled RayCluster (docs/compatibility.md#raycluster). KubeRay's
   ``ray.io/originated-from-crd`` label is no claim at all: any user can write it.
 
-The submitter pod KubeRay starts for a RayJob is not a pod set (as upstream); it is small and short.
-Its ``batch/v1`` Job (named after the RayJob, controlled by it) reaches the webhook only where
-queueing is mandatory (KubeRay gives it no quota label); there its template is gated like that of
-any Job claiming a parent, and the reconciler releases one submitter pod at a time while the
-RayJob is admitted (:func:`submitter_release`, docs/compatibility.md#rayjob).
+What runs is what is charged, submitter included (docs/compatibility.md#rayjob). In KubeRay's default
+``K8sJobMode`` the RayJob runs ``ray job submit`` in a ``batch/v1`` Job it controls; that pod is the
+pod set ``submitter`` (count 1), shaped by ``spec.submitterPodTemplate`` or, without one, by KubeRay's
+own default (:func:`submitter_template`). In ``SidecarMode`` KubeRay adds the same default container
+to the head pod, so the head pod set is charged with it. Upstream charges neither. A pod belongs to
+the submitter pod set because its *controller* is a Job (:meth:`RayJobAdapter.pod_set_of`), never
+because of what its annotations say, and it counts only if that Job is itself controlled by the
+RayJob (``shared.jobs.podlinks``): so a Job a user makes to look like a submitter is released, like
+any pod, only within the submitter's admitted count and per-pod size.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -46,6 +51,39 @@ from shared.jobs.patches import PatchBuilder, deep_merge
 _PARENT_KINDS: Final = frozenset({"RayJob", "RayService"})
 _ORIGIN_LABEL: Final = "ray.io/originated-from-crd"
 _ORIGIN_NAME_LABEL: Final = "ray.io/originated-from-cr-name"
+
+#: The pod set of the submitter pod in ``K8sJobMode`` (docs/compatibility.md#rayjob).
+SUBMITTER: Final = "submitter"
+#: KubeRay's default submitter container: its name and requests (``GetDefaultSubmitterContainer``
+#: in KubeRay v1.5: requests 500m CPU and 200Mi memory, limits 1 CPU and 1Gi). Only the requests are
+#: charged, like any container's.
+_SUBMITTER_CONTAINER: Final = "ray-job-submitter"
+_SUBMITTER_RESOURCES: Final = {
+    "requests": {"cpu": "500m", "memory": "200Mi"},
+    "limits": {"cpu": "1", "memory": "1Gi"},
+}
+_K8S_JOB_MODE: Final = "K8sJobMode"
+_SIDECAR_MODE: Final = "SidecarMode"
+
+
+def submission_mode(job: Job) -> str:
+    """``spec.submissionMode``; KubeRay's default, ``K8sJobMode``, when it is not set."""
+    return base.text(base.dig(job, "spec", "submissionMode")) or _K8S_JOB_MODE
+
+
+def default_submitter_container() -> dict[str, Any]:
+    """KubeRay's default submitter container, as far as the charge goes (name and resources)."""
+    return {"name": _SUBMITTER_CONTAINER, "resources": copy.deepcopy(_SUBMITTER_RESOURCES)}
+
+
+def submitter_template(job: Job) -> object:
+    """The pod template KubeRay runs the submitter from in ``K8sJobMode``: the RayJob's
+    ``spec.submitterPodTemplate`` as written, else KubeRay's default (one container with
+    :func:`default_submitter_container`'s resources, ``restartPolicy: Never``)."""
+    declared = base.dig(job, "spec", "submitterPodTemplate")
+    if declared is not None:
+        return declared
+    return {"spec": {"containers": [default_submitter_container()], "restartPolicy": "Never"}}
 
 
 class _RayAdapter(AdapterBase):
@@ -132,7 +170,7 @@ class RayJobAdapter(_RayAdapter):
     """A RayJob; one instance per served API version (``rayjob`` and ``rayjobv1alpha1``).
 
     ``pods_through_jobs``: KubeRay runs the submitter in a ``batch/v1`` Job it controls, so the
-    reconciler watches Jobs to link the submitter's pod to the RayJob (:func:`submitter_release`).
+    reconciler watches Jobs to find the submitter's pods (pod set ``submitter``) through that Job.
     """
 
     kind = "RayJob"
@@ -147,6 +185,39 @@ class RayJobAdapter(_RayAdapter):
 
     def is_managed(self, job: Job) -> bool:
         return self.quota_name(job) is not None and not base.dig(job, "spec", "clusterSelector")
+
+    def _groups(self, job: Job) -> list[tuple[Sequence[Segment], str]]:
+        """The cluster's groups, and a declared ``spec.submitterPodTemplate`` in ``K8sJobMode``:
+        KubeRay copies it into the submitter Job, whose pods are then born gated and linked in any
+        namespace (docs/compatibility.md#rayjob). KubeRay's default submitter has no template to gate."""
+        found = super()._groups(job)
+        declared = base.dig(job, "spec", "submitterPodTemplate")
+        if submission_mode(job) == _K8S_JOB_MODE and isinstance(declared, Mapping):
+            found.append((("spec", "submitterPodTemplate"), SUBMITTER))
+        return found
+
+    def pod_sets(self, job: Job) -> list[JobPodSet]:
+        """The cluster's pod sets, plus what the submission mode runs (docs/compatibility.md#rayjob):
+        the ``submitter`` pod set in ``K8sJobMode``, the submitter container in the head pod in
+        ``SidecarMode``; ``HTTPMode`` and ``InteractiveMode`` run nothing more."""
+        found = super().pod_sets(job)
+        mode = submission_mode(job)
+        if mode == _K8S_JOB_MODE:
+            where = "spec.submitterPodTemplate"
+            found.append(template_pod_set(SUBMITTER, 1, submitter_template(job), where))
+            return base.check_unique_names(found, f"{self._cluster_path()}.workerGroupSpecs")
+        if mode == _SIDECAR_MODE:
+            found[0] = _with_sidecar(found[0])
+        return found
+
+    def pod_set_of(self, pod: Job) -> str | None:
+        """A pod whose controller is a ``batch/v1`` Job is the submitter's, whatever its annotations
+        say; whether that Job is the RayJob's own is proved when the pod is counted
+        (``shared.jobs.podlinks``). Any other pod: by its annotation, else KubeRay's labels."""
+        ref = podlinks.controller_of(pod)
+        if ref is not None and ref[0] == "Job":
+            return SUBMITTER
+        return super().pod_set_of(pod)
 
     def job_status(self, job: Job) -> JobStatus:
         # Upstream keeps a finished job Running while its RayCluster still exists; that needs the
@@ -163,6 +234,18 @@ class RayJobAdapter(_RayAdapter):
         if deployment == "Running":
             return JobStatus.RUNNING
         return self._by_timestamps(job)
+
+
+def _with_sidecar(head: JobPodSet) -> JobPodSet:
+    """The head pod set with KubeRay's submitter container added, as ``SidecarMode`` runs it."""
+    template = copy.deepcopy(head.template)
+    spec = template.setdefault("spec", {})
+    containers = spec.get("containers")
+    spec["containers"] = [
+        *(containers if isinstance(containers, list) else []),
+        default_submitter_container(),
+    ]
+    return template_pod_set(head.name, head.count, template, "spec.rayClusterSpec.headGroupSpec.template")
 
 
 class RayClusterAdapter(_RayAdapter):
@@ -317,45 +400,3 @@ def follow_cluster(pod_sets: Sequence[JobPodSet], cluster: Job) -> list[JobPodSe
         dataclasses.replace(ps, count=live[ps.name]) if live.get(ps.name, 0) > ps.count else ps
         for ps in pod_sets
     ]
-
-
-# --- the submitter ------------------------------------------------------------------------------
-
-
-def submitter_release(
-    job: Job, pods: Sequence[Job], parent: podlinks.ParentLookup, *, adapter: RayJobAdapter
-) -> list[Job]:
-    """The gated pods of the admitted RayJob ``job``'s submitter to release now: at most one, and
-    none while one released is live. Pure.
-
-    Where queueing is mandatory the webhook gates the submitter Job's template like that of any Job
-    claiming a parent (docs/architecture.md#trust-boundaries), and the submitter is no pod set, so
-    the pod-set release never frees it. Its pod is released only by proof, and narrowly, so a
-    Job a user makes to look like a submitter runs no more than KubeRay's one pod: among
-    ``pods`` (those naming the RayJob's unit, in its namespace), a pod whose controller is the Job
-    named after the RayJob (KubeRay's name for it) that the RayJob itself controls
-    (:func:`shared.jobs.podlinks.owned_by`), that falls in no pod set of the RayJob (a pod that
-    does is released, within the admission, with its pod set), and that is live. The caller asks
-    only while the RayJob's unit is admitted and the RayJob unfinished.
-    """
-    job_uid, name = base.text(base.dig(job, "metadata", "uid")), base.name_of(job)
-    if not job_uid or not name:
-        return []
-    gated: list[tuple[str, str, Job]] = []
-    for pod in pods:
-        ref = podlinks.controller_of(pod)
-        if ref is None or ref[:2] != ("Job", name) or not podlinks.owned_by(pod, job_uid, parent):
-            continue
-        if adapter.pod_set_of(pod) is not None:
-            continue
-        if base.dig(pod, "status", "phase") in ("Succeeded", "Failed"):
-            continue
-        gates = base.dig(pod, "spec", "schedulingGates")
-        is_gated = isinstance(gates, list) and any(base.dig(g, "name") == names.ADMISSION_GATE for g in gates)
-        deleting = base.dig(pod, "metadata", "deletionTimestamp") is not None
-        if not is_gated and (base.dig(pod, "spec", "nodeName") or not deleting):
-            return []  # a released submitter pod is live (bound, or about to be)
-        if is_gated and not deleting:
-            created = base.text(base.dig(pod, "metadata", "creationTimestamp"))
-            gated.append((created, base.name_of(pod), pod))
-    return [min(gated, key=lambda found: found[:2])[2]] if gated else []

@@ -53,7 +53,7 @@ from shared.api import names, podtemplates, quantities
 from testenv import binaries, operators, system
 from testenv.cluster import LocalCluster
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION
-from tests import kube
+from tests import kube, tenancy
 
 pytestmark = pytest.mark.e2e
 
@@ -132,6 +132,8 @@ def running(
 
 
 MANDATORY_LABEL = "koord-queue/mandatory"
+#: The label KubeRay puts on the Jobs it makes, and the only Jobs its cache holds.
+KUBERAY_CREATED_BY = "app.kubernetes.io/created-by"
 MANDATORY_CONFIG = (
     "apiVersion: scheduling.k8s.io/v1\n"
     "kind: KoordQueueConfiguration\n"
@@ -184,7 +186,8 @@ def rayjob(
     """A RayJob with a head and one worker of ``cpu`` each, labelled with ``quota``, no ``suspend``.
 
     The submitter pod (KubeRay's ``ray job submit``) runs until the test tells kwok to complete it
-    (:func:`finish_submitter`)."""
+    (:func:`finish_submitter`). It is the unit's pod set ``submitter`` (docs/compatibility.md#rayjob),
+    charged what its declared template asks: memory only here, so the quotas' CPU is the cluster's."""
     head = pod_template("ray-head", RAY_IMAGE, cpu=cpu, priority=priority, node_selector=node_selector)
     worker = pod_template("ray-worker", RAY_IMAGE, cpu=cpu, priority=priority, node_selector=node_selector)
     submitter = {
@@ -195,7 +198,7 @@ def rayjob(
                 {
                     "name": "submitter",
                     "image": RAY_IMAGE,
-                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                    "resources": {"requests": {"memory": "128Mi"}},
                 }
             ],
         },
@@ -332,9 +335,9 @@ def unit_ref(namespace: str, kind: Kind, job: str) -> str:
 
 def pods_of(cluster: LocalCluster, namespace: str, kind: Kind, job: str) -> list[Obj]:
     """The live pods the operator made for ``job``'s pod sets: they carry the unit link of the
-    webhook's template annotations. A RayJob's submitter pod is no pod set: it carries the link
-    only where queueing is mandatory (its Job's template is gated there, docs/compatibility.md#rayjob),
-    and is left out by the label the Job controller gives its pods."""
+    webhook's template annotations. A RayJob's submitter pod (its pod set ``submitter``, which KubeRay
+    makes only once the cluster runs, docs/compatibility.md#rayjob) is left out by the label the Job
+    controller gives its pods."""
     ref = unit_ref(namespace, kind, job)
     return [
         p
@@ -548,7 +551,7 @@ async def test_rayjob_is_held_admitted_run_by_kuberay_and_ends(
             return deployment_status(cluster, ns, "life") == "Running"
 
         await kube.eventually(job_running, timeout=STEP_S, what="KubeRay running the RayJob")
-        assert admitted(unit(cluster, ns, RAY, "life")) == {"head": 1, "small": 1}
+        assert admitted(unit(cluster, ns, RAY, "life")) == {"head": 1, "small": 1, "submitter": 1}
         await wait_used(cluster, "ray-life", ns, 1000)
 
         # The submitter finishes: KubeRay ends the RayJob and deletes its cluster; the unit ends
@@ -937,17 +940,10 @@ async def test_rayjob_kuberay_refuses_to_hold_fails_instead_of_holding_quota(
     assert not pods_of(cluster, ns, RAY, "keeps-cluster")
 
 
-async def test_rayjob_submitter_where_queueing_is_mandatory_is_born_gated_and_released_once_admitted(
-    op_cluster: LocalCluster, running: system.Processes
-) -> None:
-    """KubeRay's submitter Job carries no quota label, so only where queueing is mandatory does it
-    reach the webhook: there it claims the RayJob as its parent, and the webhook, which cannot check
-    the claim, gates its template (docs/architecture.md#trust-boundaries). The submitter is no pod
-    set of the RayJob; the reconciler releases its one pod because the Job named after the RayJob is
-    controlled by it and the RayJob is admitted (docs/compatibility.md#rayjob), so KubeRay's run is
-    not stranded: the submitter pod runs and its end ends the RayJob."""
-    cluster = op_cluster
-    ns = new_namespace(cluster, "ray-mandatory")
+async def mandatory_namespace(cluster: LocalCluster, prefix: str) -> str:
+    """A new namespace where queueing is mandatory, once the webhook holds an unlabelled Job there
+    (a server-side dry run: the registration's namespace selector has caught up)."""
+    ns = new_namespace(cluster, prefix)
     kube.kubectl(cluster, "label", "namespace", ns, f"{MANDATORY_LABEL}=true")
 
     async def selected() -> bool:
@@ -970,6 +966,20 @@ async def test_rayjob_submitter_where_queueing_is_mandatory_is_born_gated_and_re
         return json.loads(out.stdout)["spec"].get("suspend") is True
 
     await kube.eventually(selected, timeout=30, what=f"namespace {ns} selected by the webhook")
+    return ns
+
+
+async def test_rayjob_submitter_where_queueing_is_mandatory_is_born_gated_and_released_once_admitted(
+    op_cluster: LocalCluster, running: system.Processes
+) -> None:
+    """KubeRay's submitter Job carries no quota label, so only where queueing is mandatory does it
+    reach the webhook: there it claims the RayJob as its parent, and the webhook, which cannot check
+    the claim, gates its template (docs/architecture.md#trust-boundaries). The submitter is the
+    RayJob's pod set ``submitter``; the reconciler releases its one pod within that admission because
+    the Job is controlled by the RayJob and the pod fits the admitted size (docs/compatibility.md#rayjob),
+    so KubeRay's run is not stranded: the submitter pod runs and its end ends the RayJob."""
+    cluster = op_cluster
+    ns = await mandatory_namespace(cluster, "ray-mandatory")
     apply(cluster, quota("ray-mandatory", ns, cpu="1"))
     async with kube.Recorder(cluster, kq.PODS, ns) as pods_seen:
         apply(cluster, rayjob("sub", ns, "ray-mandatory", cpu="500m"))
@@ -984,6 +994,8 @@ async def test_rayjob_submitter_where_queueing_is_mandatory_is_born_gated_and_re
         assert job is not None and job["spec"].get("suspend") is not True
         assert {"name": names.ADMISSION_GATE} in job["spec"]["template"]["spec"]["schedulingGates"]
         assert get(cluster, "queueunit", "sub", "-n", ns) is None  # its parent's, not queued itself
+        held = unit(cluster, ns, RAY, "sub")
+        assert admitted(held).get("submitter") == 1, (held or {}).get("status")
         first = await pods_seen.until(submitter["metadata"]["name"], lambda p: True, what="its first version")
         assert gated(first) and not first["spec"].get("nodeName"), first["spec"]
 
@@ -997,3 +1009,63 @@ async def test_rayjob_submitter_where_queueing_is_mandatory_is_born_gated_and_re
         job = get(cluster, "rayjob", "sub", "-n", ns)
         assert job is not None, "the RayJob"
         assert "Submitter completed" in job["status"].get("message", ""), job["status"]
+
+
+async def test_a_forged_submitter_job_runs_no_pod_larger_than_the_submitter_admitted(
+    op_cluster: LocalCluster, running: system.Processes
+) -> None:
+    """The attack, by alice with a namespace user's rights (``tests/tenancy.py``) where queueing is
+    mandatory: before KubeRay makes her RayJob's submitter, she makes the Job herself, named after
+    the RayJob and controlled by it (its real UID), with one pod asking for 2 CPU. KubeRay takes that
+    Job for its submitter. Its pod is the RayJob's pod set ``submitter`` and may run only within
+    what that pod set was admitted with (docs/compatibility.md#rayjob): the declared submitter asks
+    128Mi and no CPU, so the pod stays gated (a Warning ``PodKeptGated`` says why) though the quota
+    has room for it, while the cluster runs. Every recorded version of the pod is gated and unbound.
+    (Without KubeRay's own label on her Job, KubeRay does not see it and retries creating the
+    submitter for ever: the same pod, and her RayJob never runs.)"""
+    cluster = op_cluster
+    ns = await mandatory_namespace(cluster, "ray-forged-submitter")
+    tenancy.grant(cluster, ns, tenancy.ALICE)
+    apply(cluster, quota("ray-forged-sub", ns, cpu="500m"))  # too small: the RayJob waits
+    async with kube.Recorder(cluster, kq.PODS, ns) as pods_seen:
+        await tenancy.create_as(cluster, ns, rayjob("fsub", ns, "ray-forged-sub", cpu="500m"))
+        job = get(cluster, "rayjob", "fsub", "-n", ns) or {}
+        owner = {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayJob",
+            "name": "fsub",
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+        }
+        container = {"name": "big", "image": RAY_IMAGE, "resources": {"requests": {"cpu": "2"}}}
+        forged = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            # KubeRay caches only the Jobs labelled as its own: with the label it takes this one
+            # for the submitter it would have made.
+            "metadata": {
+                "name": "fsub",
+                "labels": {KUBERAY_CREATED_BY: "kuberay-operator"},
+                "ownerReferences": [owner],
+            },
+            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [container]}}},
+        }
+        await tenancy.create_as(cluster, ns, forged)
+        apply(cluster, quota("ray-forged-sub", ns, cpu="8"))  # room for the pod: only its size stops it
+        await wait_running(cluster, ns, RAY, "fsub")
+
+        async def kept_gated() -> list[Obj]:
+            return [
+                e
+                for e in kube.events_of(cluster, ns, "fsub", kind="RayJob")
+                if e["reason"] == names.EventReason.POD_KEPT_GATED and "pod set submitter" in e["message"]
+            ]
+
+        [event] = await kube.eventually(kept_gated, timeout=STEP_S, what="PodKeptGated for the forged pod")
+        assert "cpu 2 > 0" in event["message"], event["message"]
+        pods = items(cluster, "pods", "-n", ns, "-l", "batch.kubernetes.io/job-name=fsub")
+        assert pods, "the forged Job's pod"
+    versions = [p for p in pods_seen.objects if p["metadata"]["uid"] in {q["metadata"]["uid"] for q in pods}]
+    assert versions
+    for version in versions:
+        assert gated(version) and not version["spec"].get("nodeName"), version["spec"]

@@ -142,4 +142,4 @@ async def test_a_user_cannot_grow_a_rayjobs_cluster_past_its_admission(
         return (found.get("status") or {}).get("state") == "ready"
 
     await kube.eventually(ready, timeout=STEP_S, what="KubeRay reporting the RayCluster ready")
-    assert admitted(unit(cluster, ns, RAY, "guard")) == {"head": 1, "small": 1}
+    assert admitted(unit(cluster, ns, RAY, "guard")) == {"head": 1, "small": 1, "submitter": 1}

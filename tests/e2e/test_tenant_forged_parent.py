@@ -25,7 +25,6 @@ import json
 from typing import Any
 
 import pytest
-import yaml
 
 from shared import kube as kq
 from shared.api import names
@@ -108,16 +107,6 @@ def gated(pod: Obj) -> bool:
     return GATE in (pod["spec"].get("schedulingGates") or [])
 
 
-async def create_as_alice(cluster: LocalCluster, ns: str, body: Obj) -> None:
-    """alice's rights take a moment to load: retry her create until RBAC lets it in."""
-
-    async def attempt() -> bool:
-        done = tenancy.as_user(cluster, ALICE, "-n", ns, "create", "-f", "-", input_text=yaml.safe_dump(body))
-        return done.returncode == 0 or "AlreadyExists" in done.stderr
-
-    await kube.eventually(attempt, timeout=30, what=f"alice creating {body['metadata']['name']}")
-
-
 async def test_a_job_claiming_a_parent_it_does_not_have_runs_no_pod_before_its_own_admission(
     e2e_cluster: LocalCluster, system_e2e: system.Processes, namespace_in: str
 ) -> None:
@@ -128,14 +117,14 @@ async def test_a_job_claiming_a_parent_it_does_not_have_runs_no_pod_before_its_o
     forged = (*collected, queued)
     try:
         async with kube.Recorder(cluster, kq.PODS, namespace=ns) as pods_seen:
-            await create_as_alice(cluster, ns, tfjob("real-parent", quota_name))
+            await tenancy.create_as(cluster, ns, tfjob("real-parent", quota_name))
             bodies = (
                 claiming_job(collected[0], quota_name, parent="no-such-tfjob", uid=MISSING_UID),
                 claiming_job(collected[1], quota_name, parent="real-parent", uid=MISSING_UID),
                 claiming_job(queued, quota_name, parent="nb", uid=MISSING_UID, kind="Notebook"),
             )
             for body in bodies:
-                await create_as_alice(cluster, ns, body)
+                await tenancy.create_as(cluster, ns, body)
 
             async def complete() -> bool:
                 job = get(cluster, "job", queued, ns)
@@ -192,10 +181,10 @@ async def test_a_real_child_of_a_queued_parent_is_gated_for_its_parent_and_never
     cluster, ns = e2e_cluster, namespace_in
     quota_name = await alices_quota(cluster, ns)
     try:
-        await create_as_alice(cluster, ns, tfjob("parent", quota_name))
+        await tenancy.create_as(cluster, ns, tfjob("parent", quota_name))
         parent = get(cluster, "tfjob", "parent", ns)
         assert parent is not None
-        await create_as_alice(
+        await tenancy.create_as(
             cluster, ns, claiming_job("child", quota_name, parent="parent", uid=parent["metadata"]["uid"])
         )
         stored = get(cluster, "job", "child", ns)

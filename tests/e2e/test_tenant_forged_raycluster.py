@@ -49,7 +49,6 @@ from tests.e2e.test_operators import (
     rayjob,
     wait_running,
 )
-from tests.e2e.test_tenant_forged_parent import create_as_alice
 
 pytestmark = pytest.mark.e2e
 
@@ -158,7 +157,7 @@ async def test_a_raycluster_claiming_a_rayjob_it_does_not_have_runs_no_pod_and_i
             kube.Recorder(cluster, kq.PODS, namespace=ns) as pods_seen,
         ):
             for body in bodies.values():
-                await create_as_alice(cluster, ns, body)
+                await tenancy.create_as(cluster, ns, body)
             for name in (unresolvable, labelled):
 
                 def queued(obj: Obj, name: str = name) -> bool:
@@ -209,7 +208,7 @@ async def test_a_rayjobs_own_cluster_is_left_to_its_rayjob_and_runs_under_its_ad
     tenancy.grant(cluster, ns, ALICE)
     apply(cluster, quota("real-rc", ns, cpu="2"))
     try:
-        await create_as_alice(cluster, ns, rayjob("genuine", ns, "real-rc", cpu="500m"))
+        await tenancy.create_as(cluster, ns, rayjob("genuine", ns, "real-rc", cpu="500m"))
         await wait_running(cluster, ns, RAY, "genuine")
         [made] = [c for c in (get(cluster, "rayclusters", "-n", ns) or {}).get("items") or []]
         assert made["spec"].get("suspend") is not True, made["spec"]

@@ -321,8 +321,9 @@ KINDS = [
         "RayJob-v1",
         ray_job("v1"),
         "-ray-qu",
-        [("head", 1), ("gpu", 2)],
-        {"cpu": "3", "memory": "3Gi"},
+        # and KubeRay's default submitter, 500m and 200Mi (docs/compatibility.md#rayjob)
+        [("head", 1), ("gpu", 2), ("submitter", 1)],
+        {"cpu": "3500m", "memory": "3272Mi"},
         held=lambda j: _spec_suspend(j) is True,
         released=lambda j: _spec_suspend(j) is False,
     ),
@@ -330,8 +331,9 @@ KINDS = [
         "RayJob-v1alpha1",
         ray_job("v1alpha1"),
         "-ray-qu",
-        [("head", 1), ("gpu", 2)],
-        {"cpu": "3", "memory": "3Gi"},
+        # and KubeRay's default submitter, 500m and 200Mi (docs/compatibility.md#rayjob)
+        [("head", 1), ("gpu", 2), ("submitter", 1)],
+        {"cpu": "3500m", "memory": "3272Mi"},
         held=lambda j: _spec_suspend(j) is True,
         released=lambda j: _spec_suspend(j) is False,
         # v1 and v1alpha1 are two views of one stored RayJob; the reconciler watches one, ray.io/v1.
@@ -672,7 +674,8 @@ async def test_s27_a_rayjobs_pod_sets_follow_its_live_raycluster(env: Scenario) 
     worker.update(groupName="worker", replicas=0, minReplicas=0, maxReplicas=4)
     stored = env.submit(obj)
     unit = await env.wait_unit("auto-ray-qu", lambda u: phase(u) == "Dequeued", what="Dequeued")
-    assert [(p["name"], p["count"]) for p in unit["spec"]["podSet"]] == [("head", 1), ("worker", 0)]
+    expected = [("head", 1), ("worker", 0), ("submitter", 1)]
+    assert [(p["name"], p["count"]) for p in unit["spec"]["podSet"]] == expected
     await env.wait_job(obj, lambda j: _spec_suspend(j) is False, what="released")
 
     cluster_name = "auto-raycluster-x7k2p"
@@ -704,7 +707,10 @@ async def test_s27_a_rayjobs_pod_sets_follow_its_live_raycluster(env: Scenario) 
     )  # fmt: skip
     await env.wait_unit(
         "auto-ray-qu",
-        lambda u: [(p["name"], p["count"]) for p in u["spec"]["podSet"]] == [("head", 1), ("worker", 2)],
+        lambda u: (
+            [(p["name"], p["count"]) for p in u["spec"]["podSet"]]
+            == [("head", 1), ("worker", 2), ("submitter", 1)]
+        ),
         what="pod sets head:1 worker:2 from the live RayCluster",
         timeout=15,
     )

@@ -7,8 +7,9 @@ exist. A Job that would be queued (a quota label, or a namespace where queueing 
 claims a parent is therefore stored unsuspended with its pod template behind the admission gate and
 naming the claimed parent's QueueUnit: its pods exist but cannot be scheduled until the reconciler
 resolved the claim. A real child released under its parent's admission, a forged one queued as
-its own job; and the RayJob submitter, which is no pod set, is released one pod at a time while its
-RayJob is admitted (``shared.jobs.ray.submitter_release``).
+its own job. A RayJob's submitter is its pod set ``submitter``, charged like any other: a Job a user
+makes to look like one is released only within that pod set's admitted count and per-pod size
+(docs/compatibility.md#rayjob).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from typing import Any
 
 import pytest
 
+from reconciler import job_pods
 from shared.admission import decisions as admission
 from shared.admission.decisions import Operation
 from shared.api import names
-from shared.jobs import patches, ray
+from shared.jobs import batch_job, jobext, patches, podplan, ray
 from tests.unit.test_admission import CONFIG, NOW, decoded_patch, mutate, review_body, validate
 
 GATE = {"name": names.ADMISSION_GATE}
@@ -134,11 +136,15 @@ RAYJOB_UID = "ray-uid"
 ADAPTER = ray.RayJobAdapter()
 
 
-def rayjob() -> dict[str, Any]:
+def rayjob(**spec: Any) -> dict[str, Any]:
+    head = {
+        "template": {"spec": {"containers": [{"name": "ray-head", "resources": {"requests": {"cpu": "2"}}}]}}
+    }
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
         "metadata": {"name": "rj", "namespace": "ns", "uid": RAYJOB_UID},
+        "spec": {"rayClusterSpec": {"headGroupSpec": head}, **spec},
     }
 
 
@@ -154,46 +160,91 @@ def pod(
     meta: dict[str, Any] = {
         "name": name,
         "namespace": "ns",
+        "uid": f"pod-{name}",
         "ownerReferences": [owner],
         "creationTimestamp": created,
     }
     meta.update(extra.pop("meta", {}))
-    spec: dict[str, Any] = {"schedulingGates": [GATE] if gated else [], **extra.pop("spec", {})}
+    cpu = extra.pop("cpu", "500m")
+    containers = [{"name": "ray-job-submitter", "resources": {"requests": {"cpu": cpu, "memory": "200Mi"}}}]
+    spec: dict[str, Any] = {"schedulingGates": [GATE] if gated else [], "containers": containers}
+    spec.update(extra.pop("spec", {}))
     return {"metadata": meta, "spec": spec, **extra}
 
 
-def released(pods: list[dict[str, Any]], jobs: list[dict[str, Any]] | None = None) -> list[str]:
-    stores = {j["metadata"]["name"]: j for j in (jobs if jobs is not None else [submitter_job()])}
-
-    def parent(kind: str, name: str) -> dict[str, Any] | None:
-        return stores.get(name) if kind == "Job" else None
-
-    return [p["metadata"]["name"] for p in ray.submitter_release(rayjob(), pods, parent, adapter=ADAPTER)]
+def per_pod(job: dict[str, Any]) -> dict[str, dict[str, int]]:
+    return {ps.name: ps.per_pod for ps in ADAPTER.pod_sets(job)}
 
 
-def test_the_oldest_gated_submitter_pod_is_released() -> None:
-    pods = [pod("b", created="2026-01-01T00:00:02Z"), pod("a", created="2026-01-01T00:00:01Z")]
-    assert released(pods) == ["a"]
+def test_the_submitter_is_a_pod_set_of_kuberays_default_size_in_k8s_job_mode() -> None:
+    assert per_pod(rayjob())["submitter"] == {"cpu": 500, "memory": 200 * 2**20 * 1000}
+    assert per_pod(rayjob(submissionMode="K8sJobMode"))["submitter"] == {
+        "cpu": 500,
+        "memory": 200 * 2**20 * 1000,
+    }
+    declared = {"spec": {"containers": [{"name": "s", "resources": {"requests": {"cpu": "3"}}}]}}
+    assert per_pod(rayjob(submitterPodTemplate=declared))["submitter"] == {"cpu": 3000}
+    assert "submitter" not in per_pod(rayjob(submissionMode="HTTPMode"))
+    assert "submitter" not in per_pod(rayjob(submissionMode="InteractiveMode"))
 
 
-def test_no_second_submitter_pod_is_released_while_one_is_live() -> None:
-    assert released([pod("a", gated=False), pod("b")]) == []
-    bound_leaving = pod("a", gated=False, spec={"nodeName": "n"}, meta={"deletionTimestamp": "x"})
-    assert released([bound_leaving, pod("b")]) == []
-    finished = pod("a", gated=False, status={"phase": "Failed"})
-    unbound_leaving = pod("c", gated=False, meta={"deletionTimestamp": "x"})
-    assert released([finished, unbound_leaving, pod("b")]) == ["b"]
+def test_in_sidecar_mode_the_head_pod_is_charged_with_the_submitter_container() -> None:
+    sizes = per_pod(rayjob(submissionMode="SidecarMode"))
+    assert "submitter" not in sizes
+    assert sizes["head"] == {"cpu": 2500, "memory": 200 * 2**20 * 1000}
 
 
-def test_only_the_job_kuberay_names_after_the_rayjob_and_the_rayjob_controls_counts() -> None:
-    other_name = [submitter_job("rj"), submitter_job("extra")]
-    assert released([pod("a", job="extra")], other_name) == []  # another Job of the RayJob
-    assert released([pod("a")], [submitter_job(owner_uid="someone-else")]) == []  # not the RayJob's
-    assert released([pod("a")], []) == []  # the Job is not known (yet)
+def test_a_declared_submitter_template_is_gated_and_linked_like_the_clusters() -> None:
+    declared = {"spec": {"containers": [{"name": "s", "resources": {"requests": {"cpu": "1"}}}]}}
+    job = rayjob(submitterPodTemplate=declared)
+    job["metadata"]["labels"] = {names.QUOTA_NAME_LABEL: "q"}
+    stored = patches.applied(job, ADAPTER.suspend_patch(job, now_text=NOW))
+    template = stored["spec"]["submitterPodTemplate"]
+    assert template["spec"]["schedulingGates"] == [GATE]
+    assert template["metadata"]["annotations"][names.RELATED_PODSET_ANNOTATION] == "submitter"
 
 
-def test_a_pod_in_a_pod_set_of_the_rayjob_is_left_to_the_pod_set_release() -> None:
-    assert released([pod("a", meta={"labels": {"ray.io/node-type": "head"}})]) == []
+def test_a_pod_a_job_controls_is_the_submitters_whatever_its_annotations_say() -> None:
+    head_claim = pod("a", meta={"annotations": {names.RELATED_PODSET_ANNOTATION: "head"}})
+    assert ADAPTER.pod_set_of(head_claim) == "submitter"
+    cluster_pod = {"metadata": {"annotations": {names.RELATED_PODSET_ANNOTATION: "head"}}}
+    assert ADAPTER.pod_set_of(cluster_pod) == "head"
+
+
+def test_the_submitter_job_is_the_one_named_after_the_rayjob_that_the_rayjob_controls() -> None:
+    assert job_pods.submitter_job({"ns/rj": submitter_job()}, rayjob()) == "job-rj"
+    assert job_pods.submitter_job({"ns/rj": submitter_job(owner_uid="someone-else")}, rayjob()) is None
+    assert job_pods.submitter_job({"ns/extra": submitter_job("extra")}, rayjob()) is None
+    assert job_pods.submitter_job({}, rayjob()) is None
+
+
+def admitted_unit(job: dict[str, Any]) -> dict[str, Any]:
+    unit = jobext.build_queue_unit(job, ADAPTER, {})
+    admissions = [
+        {"name": ps["name"], "replicas": ps["count"], "running": 0} for ps in unit["spec"]["podSet"]
+    ]
+    return {**unit, "status": {"phase": "Dequeued", "admissions": admissions}}
+
+
+def test_a_forged_submitter_larger_than_the_admitted_one_stays_gated() -> None:
+    """The attack: a Job the user made, named after her admitted RayJob and controlled by it, with
+    one large pod. It is counted in the submitter pod set and held to its admitted size."""
+    unit = admitted_unit(rayjob())
+    big = podplan.pod_view(pod("big", cpu="32"), "submitter")
+    plan = podplan.plan_pods(unit, [big])
+    assert plan.ungate == []
+    [(withheld, why)] = plan.withheld
+    assert withheld.name == "big"
+    assert why == "it asks for more than pod set submitter was admitted with per pod (cpu 32 > 500m)"
+
+
+def test_one_submitter_pod_of_the_admitted_size_is_released_and_no_second() -> None:
+    unit = admitted_unit(rayjob())
+    first = podplan.pod_view(pod("a", created="2026-01-01T00:00:01Z"), "submitter")
+    second = podplan.pod_view(pod("b", created="2026-01-01T00:00:02Z"), "submitter")
+    assert [p.name for p in podplan.plan_pods(unit, [second, first]).ungate] == ["a"]
+    running = podplan.pod_view(pod("a", gated=False, spec={"nodeName": "n"}), "submitter")
+    assert podplan.plan_pods(unit, [running, second]).ungate == []
 
 
 # --- the gate stays ------------------------------------------------------------------------------
@@ -233,3 +284,22 @@ def test_the_reconciler_and_a_finished_job_are_free_and_unclaimed_jobs_untouched
     free = copy.deepcopy(unlabelled)
     free["spec"]["template"]["spec"]["schedulingGates"] = []
     assert validate(free, operation="UPDATE", old=unlabelled, user="alice")["allowed"] is True
+
+
+# --- a held forged child that already ran -----------------------------------------------------------
+
+
+def test_a_started_job_is_resumed_without_touching_its_template() -> None:
+    """The apiserver refuses any template change once a Job has started (``status.startTime``), so a
+    forged child the Job controller started before the reconciler held it is resumed with its
+    template as it is; its pods are found through their controller reference
+    (docs/compatibility.md#batchv1-job). One that never started is relinked to its own unit."""
+    adapter = batch_job.BatchJobAdapter()
+    job = claiming_job(TFJOB)
+    job["metadata"].update(name="child", namespace="ns")
+    fresh = adapter.resume_patch(job, now_text=NOW)
+    assert (
+        fresh["spec"]["template"]["metadata"]["annotations"][names.RELATED_QUEUEUNIT_ANNOTATION] == "ns/child"
+    )
+    started = adapter.resume_patch({**job, "status": {"startTime": NOW}}, now_text=NOW)
+    assert "template" not in started["spec"] and started["spec"]["suspend"] is False

@@ -239,6 +239,13 @@ def test_an_unlabelled_job_is_not_managed(case: tuple[JobAdapter, dict[str, Any]
     assert adapter.is_managed(job) and adapter.quota_name(job) == "legacy"
 
 
+def kuberay_default_submitter(job: dict[str, Any], pod_set: str) -> bool:
+    """The pod set is a RayJob's submitter without a declared template (docs/compatibility.md#rayjob)."""
+    return (
+        job.get("kind") == "RayJob" and pod_set == "submitter" and "submitterPodTemplate" not in job["spec"]
+    )
+
+
 def test_suspend_patch_holds_gates_and_stamps_the_job(case: tuple[JobAdapter, dict[str, Any]]) -> None:
     adapter, job = case
     original = copy.deepcopy(job)
@@ -253,6 +260,8 @@ def test_suspend_patch_holds_gates_and_stamps_the_job(case: tuple[JobAdapter, di
     pod_sets = adapter.pod_sets(mutated)
     assert pod_sets and all(p.count >= 0 for p in pod_sets)
     for pod_set in pod_sets:
+        if kuberay_default_submitter(mutated, pod_set.name):
+            continue  # KubeRay builds its template: none in the job to gate
         gates = pod_set.template.get("spec", {}).get("schedulingGates", [])
         assert gates.count(GATE) == (1 if adapter.extension in GATED else 0)
         assert adapter.pod_set_of(pod_from(pod_set.template)) == pod_set.name
@@ -519,7 +528,7 @@ def test_ray_pod_sets_are_head_and_worker_groups() -> None:
     job = ray_job()
     job["spec"]["rayClusterSpec"] = ray_cluster_spec(("GPU", 4), (None, None))
     pod_sets = ADAPTERS["rayjob"].pod_sets(job)
-    assert [(p.name, p.count) for p in pod_sets] == [("head", 1), ("gpu", 4), ("worker", 1)]
+    assert [(p.name, p.count) for p in pod_sets] == [("head", 1), ("gpu", 4), ("worker", 1), ("submitter", 1)]
     assert pod_sets[1].per_pod == {"cpu": 2000, "memory": 4 * 1024**3 * 1000}
 
 

@@ -41,7 +41,9 @@ def rayjob(workers: Mapping[str, int | None] | None = None, *, cluster: str | No
             "uid": "job-uid",
             "labels": {names.QUOTA_NAME_LABEL: "q"},
         },
-        "spec": {"rayClusterSpec": cluster_spec(workers or {})},
+        # Submitted over HTTP, so the pod sets are the cluster's alone; the submitter pod set of the
+        # default mode is tested in test_claimed_parent_gate.py (docs/compatibility.md#rayjob).
+        "spec": {"rayClusterSpec": cluster_spec(workers or {}), "submissionMode": "HTTPMode"},
     }
     if cluster is not None:
         job["status"] = {"rayClusterName": cluster}
