@@ -1,0 +1,526 @@
+"""Kind knowledge lives on the kind: every hand-written list of job kinds agrees with the registry.
+
+Each adapter in ``shared/jobs/registry.py`` names its API group, version and resource (``api_version``
+and ``plural``). Several generic places list the kinds again, because Kubernetes wants them spelled
+out in YAML (docs/development.md#adding-a-job-kind, steps 3, 4 and 6):
+
+* the job webhooks of ``manifests/webhook-configurations.yaml`` (mutating and validating, for the
+  Koordinator quota label and for the fallback label);
+* the reconciler's ClusterRole in ``manifests/rbac/reconciler.yaml``, and the ``RBAC`` table of
+  ``tests/integration/test_manifests.py`` that pins it;
+* every ValidatingAdmissionPolicy in ``manifests/`` whose match rules name a job resource (today the
+  quota-binding policy);
+* ``webhook_configurations()`` of ``testenv/system.py`` (what the integration and e2e tests
+  register), including the webhooks for unlabelled jobs that mandatory queueing adds;
+* ``RULES`` of ``tests/tenancy.py``, the namespace user of the hostile-tenant tests;
+* the test CRDs in ``tests/crds/``.
+
+This module derives from the registry what each list must hold and names the file and the missing
+or extra entry when one disagrees, so a new kind is caught here, in the unit tier, instead of as a
+job that slips past the webhook on a real cluster. The Helm chart has no list of its own: it is
+generated from ``manifests/`` (its unlabelled-job webhooks are copies of the first job webhook,
+``testenv/chart.py``) and ``make chart CHECK=1`` keeps it equal, so only ``manifests/`` is read.
+
+Every adapter counts, the opt-in ones (``raycluster``) too: the webhook and the reconciler decide at
+run time, from ``--enabled-extensions``, which kinds they act on, so the install must let them reach
+every kind the binary knows.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shared.jobs import registry
+from shared.jobs.base import JobAdapter
+from shared.jobs.common import AdapterBase
+from testenv import binaries, system
+from tests import tenancy
+
+ROOT: Path = binaries.PROJECT_ROOT
+Doc = dict[str, Any]
+#: (API group, resource): what an RBAC rule, a webhook rule or a CRD names.
+Kind = tuple[str, str]
+#: Where a list lives (a file, then which list in it) → the objects read from there.
+Sources = dict[str, list[Doc]]
+
+WEBHOOKS_FILE = "manifests/webhook-configurations.yaml"
+RECONCILER_RBAC_FILE = "manifests/rbac/reconciler.yaml"
+TESTENV = "testenv/system.py webhook_configurations()"
+TENANCY = "tests/tenancy.py RULES"
+RBAC_TABLE = "tests/integration/test_manifests.py RBAC"
+CRD_DIR = "tests/crds"
+
+#: The job webhooks: one per quota label (an objectSelector cannot OR two labels), mutating on
+#: CREATE and validating on UPDATE. The pod webhook and the webhook for our own objects hold no job
+#: kind, and must not: a job rule there would send jobs to the wrong handler.
+JOB_WEBHOOKS = frozenset(
+    {
+        "jobs.mutate.koord-queue.x-k8s.io",
+        "jobs-fallback.mutate.koord-queue.x-k8s.io",
+        "jobs.validate.koord-queue.x-k8s.io",
+        "jobs-fallback.validate.koord-queue.x-k8s.io",
+    }
+)
+#: Added only with mandatory queueing (docs/operations.md#mandatory-queueing): by the test setup
+#: when given ``mandatory_namespaces``, and by the chart with ``config.manageJobsWithoutQuotaName``
+#: as a copy of the first job webhook; ``manifests/`` has none.
+UNLABELLED_WEBHOOKS = frozenset(
+    {"unlabelled-jobs.mutate.koord-queue.x-k8s.io", "unlabelled-jobs.validate.koord-queue.x-k8s.io"}
+)
+#: Which job webhooks each source must have (a renamed or dropped webhook would otherwise escape).
+WEBHOOKS_EXPECTED: dict[str, frozenset[str]] = {
+    WEBHOOKS_FILE: JOB_WEBHOOKS,
+    TESTENV: JOB_WEBHOOKS | UNLABELLED_WEBHOOKS,
+}
+
+#: What the reconciler does with every job kind: watch it (get, list, watch for the informer) and
+#: patch it to suspend or resume it. Exactly these, no more: the ClusterRole is least privilege (no
+#: update where a patch is used, see the header of manifests/rbac/reconciler.yaml).
+RECONCILER_VERBS = frozenset({"get", "list", "watch", "patch"})
+#: What a namespace user may do with every job kind: what ``edit`` grants for workloads.
+USER_VERBS = frozenset(tenancy.WRITE)
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """The verbs a role must grant on every job kind, and the resources besides the job kinds that it
+    legitimately holds (listed so that a kind dropped from the registry but left in a role shows up
+    as extra)."""
+
+    verbs: frozenset[str]
+    others: frozenset[Kind]
+
+
+#: The roles that must grant every job kind.
+ROLES: dict[tuple[str, str], RoleSpec] = {
+    # The reconciler's other resources: its own objects, what a pod's charge depends on, pods and
+    # events. Rows with resourceNames (webhook configurations, the APIService) grant single objects,
+    # never a kind, and are not read as coverage.
+    ("ClusterRole", "koord-queue-reconciler"): RoleSpec(
+        RECONCILER_VERBS,
+        frozenset(
+            {
+                ("scheduling.x-k8s.io", "queueunits"),
+                ("scheduling.sigs.k8s.io", "elasticquotas"),
+                ("scheduling.k8s.io", "priorityclasses"),
+                ("scheduling.k8s.io", "workloads"),
+                ("", "limitranges"),
+                ("node.k8s.io", "runtimeclasses"),
+                ("", "namespaces"),
+                ("", "pods"),
+                ("", "events"),
+            }
+        ),
+    ),
+    # The tenant's other workloads: the pods of her jobs, their config and services, the CronJobs
+    # that create Jobs (a parent kind, not a queued one), and reading events.
+    ("Role", "tenancy"): RoleSpec(
+        USER_VERBS,
+        frozenset(
+            {
+                ("", "pods"),
+                ("", "configmaps"),
+                ("", "services"),
+                ("", "events"),
+                ("batch", "cronjobs"),
+            }
+        ),
+    ),
+}
+#: Where each role must be found.
+ROLES_EXPECTED: dict[str, tuple[str, str]] = {
+    RECONCILER_RBAC_FILE: ("ClusterRole", "koord-queue-reconciler"),
+    RBAC_TABLE: ("ClusterRole", "koord-queue-reconciler"),
+    TENANCY: ("Role", "tenancy"),
+}
+#: API groups the kube-apiserver serves itself: their kinds (a ``batch/v1`` Job) need no test CRD.
+BUILT_IN_GROUPS = frozenset({"", "batch", "apps"})
+#: The policies that must list every job kind. Any other policy that names a job resource is held to
+#: the same rule (a policy about jobs that misses a kind is a hole in it).
+JOB_POLICIES = frozenset({"koord-queue-quota-binding"})
+
+
+# --- what the registry says ------------------------------------------------------------------------
+
+
+def split_api_version(api_version: str) -> tuple[str, str]:
+    """``batch/v1`` → (``batch``, ``v1``); the core group ``v1`` → (``""``, ``v1``)."""
+    group, _, version = api_version.rpartition("/")
+    return group, version
+
+
+def required_kinds(adapters: Iterable[JobAdapter]) -> dict[Kind, frozenset[str]]:
+    """(group, resource) → the versions the adapters read it in. Two adapters may share a kind in
+    two versions (RayJob ``v1`` and ``v1alpha1``): one resource, both versions."""
+    found: dict[Kind, set[str]] = {}
+    for adapter in adapters:
+        group, version = split_api_version(adapter.api_version)
+        found.setdefault((group, adapter.plural), set()).add(version)
+    return {kind: frozenset(versions) for kind, versions in found.items()}
+
+
+def registered() -> dict[Kind, frozenset[str]]:
+    """What the registry requires now (read at call time, so a test can register a kind)."""
+    return required_kinds(registry.ADAPTERS)
+
+
+# --- what the lists say ----------------------------------------------------------------------------
+
+
+def fmt(kind: Kind) -> str:
+    group, resource = kind
+    return f"{group or 'core'}/{resource}"
+
+
+@dataclass
+class Covered:
+    """What one list grants or matches per (group, resource): versions and verbs."""
+
+    versions: dict[Kind, set[str]]
+    verbs: dict[Kind, set[str]]
+
+
+def covered_by(rules: Iterable[Mapping[str, Any]]) -> Covered:
+    """Every (group, resource) of ``rules`` (each a cross product of its groups and resources).
+
+    Subresources (``pods/resize``, ``queueunits/status``) are not kinds and are skipped: no job kind
+    needs one in these lists (the reconciler patches a job's spec, the webhooks see the object). A
+    rule with ``resourceNames`` grants single objects, never a whole kind, so it covers nothing.
+    """
+    versions: dict[Kind, set[str]] = {}
+    verbs: dict[Kind, set[str]] = {}
+    for rule in rules:
+        if rule.get("resourceNames"):
+            continue
+        for group in rule.get("apiGroups") or ():
+            for resource in rule.get("resources") or ():
+                if "/" in resource:
+                    continue
+                versions.setdefault((group, resource), set()).update(rule.get("apiVersions") or ())
+                verbs.setdefault((group, resource), set()).update(rule.get("verbs") or ())
+    return Covered(versions, verbs)
+
+
+def compare(
+    where: str,
+    rules: Iterable[Mapping[str, Any]],
+    kinds: Mapping[Kind, frozenset[str]],
+    *,
+    verbs: frozenset[str] | None = None,
+    others: frozenset[Kind] = frozenset(),
+) -> list[str]:
+    """How ``rules`` (found at ``where``) disagree with ``kinds``: a kind missing, a version or verb
+    missing, or an entry no adapter has.
+
+    ``verbs`` is None for match rules (webhooks, policies), whose ``apiVersions`` must include the
+    kind's versions. More versions are allowed: one rule holds several resources (the ``ray.io``
+    rule matches ``rayclusters`` in ``v1alpha1`` too), and with the default ``matchPolicy:
+    Equivalent`` the apiserver converts a request in another served version to a listed one anyway,
+    so an extra version matches nothing new. For RBAC rules ``verbs`` is the exact set each kind
+    must be granted.
+    """
+    found = covered_by(rules)
+    problems: list[str] = []
+    for kind in sorted(kinds):
+        if kind not in found.versions:
+            what = f"versions {sorted(kinds[kind])}" if verbs is None else f"verbs {sorted(verbs)}"
+            problems.append(f"{where}: missing {fmt(kind)} ({what})")
+            continue
+        if verbs is None:
+            listed = found.versions[kind]
+            lacking = sorted(kinds[kind] - listed) if "*" not in listed else []
+            if lacking:
+                problems.append(f"{where}: {fmt(kind)} lacks version(s) {lacking}")
+        elif found.verbs[kind] != verbs:
+            problems.append(
+                f"{where}: {fmt(kind)} is granted {sorted(found.verbs[kind])}, expected {sorted(verbs)}"
+            )
+    for kind in sorted(set(found.versions) - set(kinds) - others):
+        problems.append(f"{where}: extra {fmt(kind)} (no adapter in shared/jobs/registry.py has it)")
+    return problems
+
+
+def check_webhooks(where: str, doc: Doc, kinds: Mapping[Kind, frozenset[str]], seen: set[str]) -> list[str]:
+    problems: list[str] = []
+    for webhook in doc.get("webhooks") or ():
+        name = str(webhook["name"])
+        label = f"{where} ({doc['kind']}, webhook {name})"
+        if name in JOB_WEBHOOKS | UNLABELLED_WEBHOOKS:
+            seen.add(name)
+            problems += compare(label, webhook.get("rules") or (), kinds)
+        else:
+            stray = sorted(set(covered_by(webhook.get("rules") or ()).versions) & set(kinds))
+            problems += [f"{label}: job kind {fmt(k)} in a webhook that is not a job webhook" for k in stray]
+    return problems
+
+
+def check_policy(where: str, doc: Doc, kinds: Mapping[Kind, frozenset[str]]) -> list[str]:
+    name = doc["metadata"]["name"]
+    rules = (doc.get("spec") or {}).get("matchConstraints", {}).get("resourceRules") or ()
+    if name not in JOB_POLICIES and not set(covered_by(rules).versions) & set(kinds):
+        return []  # a policy about pods or quotas, not about jobs
+    return compare(f"{where} (ValidatingAdmissionPolicy {name})", rules, kinds)
+
+
+def check_crds(sources: Sources, kinds: Mapping[Kind, frozenset[str]]) -> list[str]:
+    """Step 6 of the guide: ``tests/crds/<group>_<plural>.yaml`` for every kind, serving its versions."""
+    problems: list[str] = []
+    files = {where: docs for where, docs in sources.items() if where.startswith(CRD_DIR + "/")}
+    for kind in sorted(k for k in kinds if k[0] not in BUILT_IN_GROUPS):
+        where = f"{CRD_DIR}/{kind[0]}_{kind[1]}.yaml"
+        crds = [d for d in files.pop(where, []) if d.get("kind") == "CustomResourceDefinition"]
+        if not crds:
+            problems.append(f"{where}: missing (the test CRD of {fmt(kind)})")
+            continue
+        spec = crds[0]["spec"]
+        if (spec["group"], spec["names"]["plural"]) != kind:
+            problems.append(f"{where}: defines {spec['group']}/{spec['names']['plural']}, not {fmt(kind)}")
+        served = {v["name"] for v in spec.get("versions") or () if v.get("served")}
+        if lacking := sorted(kinds[kind] - served):
+            problems.append(f"{where}: {fmt(kind)} does not serve version(s) {lacking}")
+    problems += [
+        f"{where}: extra CRD (no adapter in shared/jobs/registry.py has it)" for where in sorted(files)
+    ]
+    return problems
+
+
+def disagreements(sources: Sources, kinds: Mapping[Kind, frozenset[str]]) -> list[str]:
+    """Every way ``sources`` disagree with ``kinds``, each naming its file; empty when they agree."""
+    problems: list[str] = []
+    webhooks_seen: dict[str, set[str]] = {where: set() for where in WEBHOOKS_EXPECTED}
+    roles_seen: set[tuple[str, tuple[str, str]]] = set()
+    policies_seen: set[str] = set()
+    for where, docs in sources.items():
+        if where.startswith(CRD_DIR + "/"):
+            continue
+        for doc in docs:
+            kind, name = str(doc.get("kind")), str((doc.get("metadata") or {}).get("name", ""))
+            if kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+                problems += check_webhooks(where, doc, kinds, webhooks_seen.setdefault(where, set()))
+            elif kind == "ValidatingAdmissionPolicy":
+                policies_seen.add(name)
+                problems += check_policy(where, doc, kinds)
+            elif (kind, name) in ROLES:
+                roles_seen.add((where, (kind, name)))
+                spec = ROLES[(kind, name)]
+                label = f"{where} ({kind} {name})"
+                problems += compare(
+                    label, doc.get("rules") or (), kinds, verbs=spec.verbs, others=spec.others
+                )
+    for where, expected in WEBHOOKS_EXPECTED.items():
+        problems += [
+            f"{where}: no job webhook {n}" for n in sorted(expected - webhooks_seen.get(where, set()))
+        ]
+    for where, role in ROLES_EXPECTED.items():
+        if (where, role) not in roles_seen:
+            problems.append(f"{where}: no {role[0]} {role[1]}")
+    problems += [
+        f"manifests/: no ValidatingAdmissionPolicy {n}" for n in sorted(JOB_POLICIES - policies_seen)
+    ]
+    return problems + check_crds(sources, kinds)
+
+
+# --- reading the lists -----------------------------------------------------------------------------
+
+
+def read_yaml(path: Path) -> list[Doc]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if isinstance(doc, dict)]
+
+
+def rbac_table_as_role() -> Doc:
+    """The cluster-wide rows of the ``RBAC`` table that pins the reconciler's permissions, as a
+    ClusterRole (imported by name: it is an integration module, read here as data only)."""
+    table = importlib.import_module("tests.integration.test_manifests").RBAC
+    rules = [
+        {"apiGroups": [group], "resources": [resource], "resourceNames": list(names), "verbs": list(verbs)}
+        for namespace, group, resource, names, verbs in table
+        if namespace == ""
+    ]
+    return {"kind": "ClusterRole", "metadata": {"name": "koord-queue-reconciler"}, "rules": rules}
+
+
+def read_sources() -> Sources:
+    """Every list of job kinds, keyed by where it lives."""
+    sources: Sources = {}
+    manifests = ROOT / "manifests"
+    for path in sorted([*manifests.glob("*.yaml"), *manifests.glob("rbac/*.yaml")]):
+        if path.name != "kustomization.yaml":
+            sources[str(path.relative_to(ROOT))] = read_yaml(path)
+    # The test setup's webhooks as the integration tests register them, with the mandatory-queueing
+    # webhooks for unlabelled jobs (any selector adds them).
+    sources[TESTENV] = system.webhook_configurations(
+        url="https://127.0.0.1:1", ca_pem=b"", mandatory_namespaces={"matchLabels": {"queueing": "mandatory"}}
+    )
+    sources[TENANCY] = [{"kind": "Role", "metadata": {"name": "tenancy"}, "rules": tenancy.RULES}]
+    sources[RBAC_TABLE] = [rbac_table_as_role()]
+    for path in sorted((ROOT / CRD_DIR).glob("*.yaml")):
+        sources[str(path.relative_to(ROOT))] = read_yaml(path)
+    return sources
+
+
+# --- the repository agrees -------------------------------------------------------------------------
+
+
+def test_the_registry_names_every_kind_it_adapts() -> None:
+    """The derivation itself: one entry per (group, resource), versions merged, opt-in kinds in."""
+    kinds = registered()
+    # The same group and resource in two versions is one kind (RayJob v1 and v1alpha1).
+    assert kinds[("ray.io", "rayjobs")] == {"v1", "v1alpha1"}
+    # Opt-in extensions count: RayCluster is off by default but the binary knows it.
+    assert ("ray.io", "rayclusters") in kinds
+    assert "raycluster" not in registry.DEFAULT_EXTENSIONS
+    assert len(kinds) == len({(a.api_version.split("/")[0], a.kind) for a in registry.ADAPTERS})
+
+
+def test_every_list_of_job_kinds_agrees_with_the_registry() -> None:
+    """The check itself, on the repository as it is."""
+    problems = disagreements(read_sources(), registered())
+    assert not problems, "lists of job kinds that disagree with shared/jobs/registry.py:\n" + "\n".join(
+        problems
+    )
+
+
+def test_the_checker_reads_every_list_it_promises() -> None:
+    """A guard on the reader: if a file moved, the comparison above would pass on nothing."""
+    sources = read_sources()
+    for where in (
+        WEBHOOKS_FILE,
+        RECONCILER_RBAC_FILE,
+        "manifests/quota-binding-policy.yaml",
+        TESTENV,
+        TENANCY,
+    ):
+        assert sources.get(where), where
+    custom = [kind for kind in registered() if kind[0] not in BUILT_IN_GROUPS]
+    assert sum(where.startswith(CRD_DIR + "/") for where in sources) == len(custom)
+
+
+# --- a new kind, following docs/development.md#adding-a-job-kind -----------------------------------
+
+
+class ToyJobAdapter(AdapterBase):
+    """A kind the repository has never heard of; only its names matter here."""
+
+    extension = "toyjob"
+    api_version = "example.com/v1"
+    kind = "ToyJob"
+    plural = "toyjobs"
+    queue_unit_suffix = "toy-qu"
+
+
+TOY: Kind = ("example.com", "toyjobs")
+
+
+def follow_the_guide(sources: Sources, group: str, version: str, resource: str) -> Sources:
+    """What steps 3, 4 and 6 of docs/development.md#adding-a-job-kind tell a developer to add, done
+    to a copy of ``sources``."""
+    done = copy.deepcopy(sources)
+    match = {"apiGroups": [group], "apiVersions": [version], "resources": [resource]}
+    for docs in done.values():
+        for doc in docs:
+            if doc.get("kind") in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+                # Step 3: every job webhook (and the test setup's job_rules, which feed its six).
+                for webhook in doc["webhooks"]:
+                    if webhook["name"] in JOB_WEBHOOKS | UNLABELLED_WEBHOOKS:
+                        ops = webhook["rules"][0]["operations"]
+                        webhook["rules"].append({**match, "operations": ops, "scope": "Namespaced"})
+            elif doc.get("kind") == "ValidatingAdmissionPolicy" and doc["metadata"]["name"] in JOB_POLICIES:
+                # Step 3: the quota-binding policy's resourceRules.
+                rules = doc["spec"]["matchConstraints"]["resourceRules"]
+                rules.append({**match, "operations": ["CREATE", "UPDATE"]})
+            elif (doc.get("kind"), doc.get("metadata", {}).get("name")) in ROLES:
+                # Step 4: the reconciler's ClusterRole and its RBAC table; the tenant's rights.
+                verbs = ROLES[(doc["kind"], doc["metadata"]["name"])].verbs
+                doc["rules"].append({"apiGroups": [group], "resources": [resource], "verbs": sorted(verbs)})
+    # Step 6: the test CRD.
+    done[f"{CRD_DIR}/{group}_{resource}.yaml"] = [
+        {
+            "kind": "CustomResourceDefinition",
+            "spec": {
+                "group": group,
+                "names": {"plural": resource},
+                "versions": [{"name": version, "served": True}],
+            },
+        }
+    ]
+    return done
+
+
+def guide_text() -> str:
+    text = (ROOT / "docs" / "development.md").read_text()
+    start = text.index("## Adding a job kind")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_a_new_kind_is_reported_in_every_list_the_guide_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 2 of the guide done, steps 3, 4 and 6 not yet: the check names exactly the lists the guide
+    tells the developer to extend, and passes once they are."""
+    monkeypatch.setattr(registry, "ADAPTERS", (*registry.ADAPTERS, ToyJobAdapter()))
+    kinds = registered()
+    # What the checker derives for the kind is what the guide says to add: its group, version and
+    # resource, nothing more.
+    assert kinds[TOY] == {"v1"}
+
+    problems = disagreements(read_sources(), kinds)
+    assert problems, "a kind no list names must fail the check"
+    assert all("example.com/toyjobs" in p or "example.com_toyjobs" in p for p in problems), problems
+    files = {p.split(" ")[0].rstrip(":") for p in problems}
+    assert files == {
+        WEBHOOKS_FILE,
+        "manifests/quota-binding-policy.yaml",
+        RECONCILER_RBAC_FILE,
+        "tests/integration/test_manifests.py",
+        "testenv/system.py",
+        "tests/tenancy.py",
+        f"{CRD_DIR}/example.com_toyjobs.yaml",
+    }
+    # One problem per list: four webhooks in manifests/, six in the test setup, the policy, the
+    # ClusterRole and its table, the tenant's Role, the CRD.
+    assert len(problems) == 4 + 6 + 1 + 1 + 1 + 1 + 1, problems
+    # Each of those files is named by the guide, which also points here.
+    guide = guide_text()
+    for file in files - {f"{CRD_DIR}/example.com_toyjobs.yaml"}:
+        assert f"`{file}`" in guide, file
+    assert "`tests/crds/<group>_<plural>.yaml`" in guide
+    assert "`tests/unit/test_kind_registry.py`" in guide
+
+    # Doing what the guide says makes the check pass.
+    assert disagreements(follow_the_guide(read_sources(), "example.com", "v1", "toyjobs"), kinds) == []
+
+
+def test_a_kind_left_behind_or_half_granted_is_named() -> None:
+    """The other ways to disagree: a kind removed from the registry but still listed, a version or a
+    verb missing for a listed kind."""
+    kinds = registered()
+    sources = read_sources()
+    # A kind dropped from the registry but still granted: extra, in every list.
+    fewer = {k: v for k, v in kinds.items() if k != ("argoproj.io", "workflows")}
+    extra = disagreements(sources, fewer)
+    assert extra and all("argoproj.io" in p for p in extra), extra
+    assert (
+        f"{RECONCILER_RBAC_FILE} (ClusterRole koord-queue-reconciler): extra argoproj.io/workflows"
+        in "\n".join(extra)
+    )
+    # A version the webhooks do not list, and a verb the reconciler lacks.
+    more = {**kinds, ("jobset.x-k8s.io", "jobsets"): frozenset({"v1alpha2", "v1"})}
+    assert any(
+        p.startswith(WEBHOOKS_FILE) and "jobset.x-k8s.io/jobsets lacks version(s) ['v1']" in p
+        for p in disagreements(sources, more)
+    )
+    role = copy.deepcopy(sources)
+    for doc in role[RECONCILER_RBAC_FILE]:
+        for rule in doc.get("rules") or ():
+            if rule.get("resources") == ["jobsets"]:
+                rule["verbs"] = ["get", "list", "watch"]
+    assert (
+        f"{RECONCILER_RBAC_FILE} (ClusterRole koord-queue-reconciler): jobset.x-k8s.io/jobsets is granted "
+        "['get', 'list', 'watch'], expected ['get', 'list', 'patch', 'watch']"
+    ) in disagreements(role, kinds)
