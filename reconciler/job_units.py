@@ -17,13 +17,13 @@ Functions take the client and what they read, so the controller keeps all state.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from reconciler.events import EventRecorder
 from shared import kube
-from shared.api import names
+from shared.api import durations, names
 from shared.jobs import adoption, base, jobext, poddefaults
 from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, is_enqueued
 
@@ -33,7 +33,9 @@ QUEUE_UNITS = kube.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, 
 
 
 def now_text() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The time to stamp a write with; asked for about a dozen times per job, and the text
+    changes once a second (``durations.format_time`` remembers it)."""
+    return durations.format_time(time.time())
 
 
 def resource_of(adapter: JobAdapter) -> kube.Resource:

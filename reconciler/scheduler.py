@@ -113,7 +113,18 @@ class SchedulerLoop:
             return  # applied from the informer store once our write settles
         if new is not None and self._written.behind(key, new):
             return  # older than what we wrote: the watch is catching up
+        if new is not None and self._holds(key, new):
+            return  # the echo of our own write, applied when it settled: nothing new to parse
         self._apply_unit(key, new)
+
+    def _holds(self, key: str, raw: kube.Obj) -> bool:
+        """Is this exact version of the unit what the cache already holds? A resourceVersion names
+        one content, so parsing it again would change nothing: typically the watch event of our
+        own admission, which :meth:`_settle_cache` applied from the write's answer
+        (docs/architecture.md#assume-and-forget)."""
+        held = self.cache.units.get(key)
+        version = (raw.get("metadata") or {}).get("resourceVersion")
+        return held is not None and bool(version) and held.resource_version == version
 
     def _apply_unit(self, key: str, raw: kube.Obj | None) -> None:
         if raw is not None and adoption.awaiting_status(raw):

@@ -17,6 +17,7 @@ epoch seconds and written back at second precision in UTC; the clock itself is n
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
 __all__ = [
     "DurationError",
@@ -151,6 +152,13 @@ def parse_time(text: object) -> float | None:
     """RFC 3339 text (``2024-05-01T10:00:00Z``, fractions and offsets allowed) -> epoch seconds."""
     if not isinstance(text, str) or not text:
         return None
+    return _parse_time_text(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_time_text(text: str) -> float | None:
+    """Remembered: every unit event carries the same few stamps again (created, admitted, the
+    conditions' transitions), and most units of a busy second share them."""
     value = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
     try:
         parsed = dt.datetime.fromisoformat(value)
@@ -163,4 +171,10 @@ def parse_time(text: object) -> float | None:
 
 def format_time(epoch: float) -> str:
     """Epoch seconds -> RFC 3339 text at second precision in UTC (``metav1.Time`` wire format)."""
-    return dt.datetime.fromtimestamp(int(epoch // 1), tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _format_second(int(epoch // 1))
+
+
+@functools.lru_cache(maxsize=64)
+def _format_second(second: int) -> str:
+    """Remembered: the writers stamp many objects within one second."""
+    return dt.datetime.fromtimestamp(second, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -81,11 +81,52 @@ def _max(a: Mapping[str, int], b: Mapping[str, int]) -> Resources:
     return {name: max(a.get(name, 0), b.get(name, 0)) for name in sorted(a.keys() | b.keys())}
 
 
+#: Answers of :func:`pod_requests` by what it reads of a spec (see :func:`_requests_key`). The same
+#: template is reduced about a dozen times in a job's life (its unit built and kept in step, the
+#: unit parsed at every event, the pods planned), always with the same answer; an entry is a few
+#: hundred bytes, and the table is emptied when full rather than kept in order.
+_REQUESTS_SEEN: dict[tuple[object, ...], Resources] = {}
+_REQUESTS_SEEN_MAX = 1024
+
+
+def _requests_key(spec: Mapping[str, object]) -> tuple[object, ...] | None:
+    """Everything :func:`pod_requests` reads of ``spec``, as text: the containers' ``resources``,
+    the init containers' ``restartPolicy``, the pod-level ``resources`` and ``overhead``. None for
+    a spec whose container lists are not lists of objects (left to the full check, which names the
+    problem)."""
+    parts: list[object] = []
+    for field in ("containers", "initContainers"):
+        raw = spec.get(field)
+        if raw is None:
+            parts.append(None)
+            continue
+        if not isinstance(raw, list) or not all(isinstance(c, Mapping) for c in raw):
+            return None
+        parts.append(tuple(repr((c.get("resources"), c.get("restartPolicy"))) for c in raw))
+    return (*parts, repr(spec.get("resources")), repr(spec.get("overhead")))
+
+
 def pod_requests(spec: Mapping[str, object] | None, *, path: str = "spec") -> Resources:
     """Return the resources one pod of ``spec`` needs, in milli-units, keys sorted, zeros dropped.
 
     Raises :class:`QuantityError` (with the field path) on a malformed quantity or structure.
+    Answers are remembered by what they depend on (not the path, which only names errors; errors
+    are never remembered), and each caller gets its own copy.
     """
+    if not isinstance(spec, Mapping):
+        return _pod_requests(spec, path)
+    key = _requests_key(spec)
+    known = _REQUESTS_SEEN.get(key) if key is not None else None
+    if known is None:
+        known = _pod_requests(spec, path)
+        if key is not None:
+            if len(_REQUESTS_SEEN) >= _REQUESTS_SEEN_MAX:
+                _REQUESTS_SEEN.clear()
+            _REQUESTS_SEEN[key] = known
+    return dict(known)
+
+
+def _pod_requests(spec: Mapping[str, object] | None, path: str) -> Resources:
     if spec is None:
         return {}
     if not isinstance(spec, Mapping):

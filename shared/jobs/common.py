@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.api import names
-from shared.jobs import base
+from shared.jobs import base, patches
 from shared.jobs.base import Job, JobPodSet, Segment
 from shared.jobs.patches import PatchBuilder
 from shared.jobs.podspec import template_requests
@@ -165,7 +165,7 @@ def template_pod_set(name: str, count: int, template: object, path: str) -> JobP
     mapping = base.require_mapping(template, path)
     per_pod = template_requests(mapping, path)
     try:
-        copied = copy.deepcopy(dict(mapping))
+        copied = patches.clone(dict(mapping))
     except RecursionError:
         raise base.JobSpecError(path, "Invalid value: nested too deeply") from None
     return JobPodSet(name=name, count=count, template=copied, per_pod=per_pod)

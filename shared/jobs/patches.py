@@ -60,21 +60,27 @@ def pointer(segments: Sequence[Segment]) -> str:
 _ATOMS: Final = frozenset({str, int, float, bool, type(None)})
 
 
-def _clone(value: Any, depth: int = 0) -> Any:
+def clone(value: Any) -> Any:
+    """``copy.deepcopy`` for a decoded JSON document such as a pod template (several times faster:
+    no memo, no dispatch per value); past 32 levels, or for any other type, it is deepcopy's."""
+    return _clone(value, 0, 32)
+
+
+def _clone(value: Any, depth: int = 0, limit: int = 4) -> Any:
     """``copy.deepcopy`` for the JSON values a patch carries, without its per-call overhead.
 
-    Plain dicts, lists and immutable scalars are copied here (a few levels deep); anything else,
+    Plain dicts, lists and immutable scalars are copied here (``limit`` levels deep); anything else,
     and anything deeper, is left to ``copy.deepcopy``.
     """
     kind = type(value)
     if kind in _ATOMS:
         return value
-    if depth < 4:
+    if depth < limit:
         deeper = depth + 1
         if kind is dict:
-            return {k: v if type(v) in _ATOMS else _clone(v, deeper) for k, v in value.items()}
+            return {k: v if type(v) in _ATOMS else _clone(v, deeper, limit) for k, v in value.items()}
         if kind is list:
-            return [v if type(v) in _ATOMS else _clone(v, deeper) for v in value]
+            return [v if type(v) in _ATOMS else _clone(v, deeper, limit) for v in value]
     return copy.deepcopy(value)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from hypothesis import given, settings
@@ -88,3 +89,38 @@ def test_shapes_it_cannot_read_are_passed_on_for_the_parser_to_reject() -> None:
     assert podspec.scheduling_template({"spec": "nonsense"}) == {"spec": "nonsense"}
     assert podspec.scheduling_template({"spec": {"containers": "x"}}) == {"spec": {"containers": "x"}}
     assert podspec.scheduling_template({}) == {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=SPEC)
+def test_a_remembered_answer_is_the_answer(spec: dict[str, Any]) -> None:
+    """``pod_requests`` remembers answers by what it reads of the spec: asked again (or for an
+    equal spec), it answers as the full computation does, and no caller can change what the next
+    one gets."""
+
+    def computed(spec: object) -> object:
+        try:
+            return podspec._pod_requests(spec, "spec")  # type: ignore[arg-type]
+        except QuantityError as err:
+            return ("error", str(err))
+
+    expected = computed(spec)
+    first = requests_or_error(spec)
+    assert first == expected
+    if isinstance(first, dict):
+        first["cpu"] = -1  # a caller's own copy
+    assert requests_or_error(spec) == expected
+    assert requests_or_error(copy.deepcopy(spec)) == expected
+
+
+def test_what_the_rule_reads_tells_remembered_answers_apart() -> None:
+    sidecar = {"name": "s", "resources": {"requests": {"cpu": "1"}}, "restartPolicy": "Always"}
+    plain = {**sidecar, "restartPolicy": "Never"}
+    main = [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]
+    assert podspec.pod_requests({"containers": main, "initContainers": [sidecar]}) == {"cpu": 3000}
+    assert podspec.pod_requests({"containers": main, "initContainers": [plain]}) == {"cpu": 2000}
+    with_overhead = {"containers": main, "overhead": {"cpu": "250m"}}
+    assert podspec.pod_requests(with_overhead) == {"cpu": 2250}
+    pod_level = {"containers": main, "resources": {"requests": {"cpu": "4"}}}
+    assert podspec.pod_requests(pod_level) == {"cpu": 4000}
+    assert podspec.pod_requests({"containers": main}) == {"cpu": 2000}

@@ -100,7 +100,9 @@ async def _first_fits_second_waits(mode: ScheduledEvents) -> list[str]:
     assert (second["metadata"]["name"], EventReason.FAILED_SCHEDULING) in events.recorded
 
     admitted = client.etcd["first"]
-    done = {**admitted, "status": {"phase": "Succeed", "message": "Succeeded"}}
+    client.rv += 1  # the job extension's write: a new version, as the apiserver gives every write
+    meta = {**admitted["metadata"], "resourceVersion": str(client.rv)}
+    done = {**admitted, "metadata": meta, "status": {"phase": "Succeed", "message": "Succeeded"}}
     client.etcd["first"] = store["ns/first"] = done
     loop.on_unit(admitted, done)
     loop.cycle()
