@@ -30,7 +30,7 @@ module by ``hack/kueue/build.sh``) in place of ours:
   QPS 50, burst 100, the per-kind concurrency it sets) with these changes only: the ``batch/job``
   integration alone, leader election off, health, metrics and webhook servers on free loopback ports,
   the webhook certificates in the run's directory. ``--kueue-qps``/``--kueue-burst`` override the
-  client limits (``--kueue-qps 200 --kueue-burst 400`` are our reconciler's defaults), so a run can
+  client limits (``--kueue-qps 500 --kueue-burst 1000`` are our reconciler's defaults), so a run can
   tell the rate limiter apart from the rest of the system; its log level is the binary's default;
 * no webhook is registered with the apiserver (no Mutating/ValidatingWebhookConfiguration is
   applied): the benchmark creates each Job already suspended with the ``kueue.x-k8s.io/queue-name``

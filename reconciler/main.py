@@ -77,9 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="act as USER (like kubectl --as), e.g. to run locally with a ServiceAccount's RBAC",
     )
     p.add_argument(
-        "--qps", type=float, default=200.0, help="client-side API rate limit (default %(default)s)"
+        "--qps", type=float, default=500.0, help="client-side API rate limit (default %(default)s)"
     )
-    p.add_argument("--burst", type=int, default=400, help="client-side API burst (default %(default)s)")
+    p.add_argument("--burst", type=int, default=1000, help="client-side API burst (default %(default)s)")
     p.add_argument("--workers", type=int, default=8, help="job-extension workers (default %(default)s)")
     p.add_argument("--health-port", type=int, default=8081, help="/healthz and /readyz port; 0 disables")
     p.add_argument("--metrics-port", type=int, default=10259, help="Prometheus /metrics port; 0 disables")

@@ -19,7 +19,7 @@ passes, and publishes each queue's ``status.queueItemDetails`` at its refresh in
 
 The loop owns all of the scheduler's state: the cache and what is being written. The writes are a
 collaborator in ``reconciler.scheduler_writes`` that works on this state and gives each result back
-through :meth:`SchedulerLoop._settle_cache`, next to the watch intake it has to agree with.
+through :meth:`SchedulerLoop.settle_cache`, next to the watch intake it has to agree with.
 """
 
 from __future__ import annotations
@@ -84,21 +84,17 @@ class SchedulerLoop:
         self.unit_store: Mapping[str, kube.Obj] = {}
         self._queue_raw: dict[str, kube.Obj] = {}
         self._wake = asyncio.Event()
-        self._writing = InFlight()
-        #: parks decided while another write of the same unit was on its way (the newest only)
-        self._deferred_parks: dict[str, Park] = {}
         #: our last write of each unit, until the watch delivers it (the store may be older)
         self._written = kube.OwnWrites()
-        self._queue_not_found: set[str] = set()
         self._queue_failures: dict[str, str] = {}
         self._reserved: set[str] = set()
         self._backoff: list[tuple[float, str]] = []
         self._published: dict[str, tuple[float, list[dict[str, object]]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._noting: set[str] = set()  # units without a quota label whose reason is being written
-        self._marking: list[asyncio.Task[None]] = []
         self._hold_until = 0.0
         self.cycles = 0
+        #: what is being written, shared with the writer (``scheduler_writes.WriteState``)
+        self.writes = scheduler_writes.WriteState()
         self.writer = scheduler_writes.Writer(self)
 
     # --- intake ------------------------------------------------------------------------------
@@ -109,7 +105,7 @@ class SchedulerLoop:
     def on_unit(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         obj = new or old or {}
         key = _key(obj)
-        if key in self._writing:
+        if key in self.writes.writing:
             return  # applied from the informer store once our write settles
         if new is not None and self._written.behind(key, new):
             return  # older than what we wrote: the watch is catching up
@@ -120,7 +116,7 @@ class SchedulerLoop:
     def _holds(self, key: str, raw: kube.Obj) -> bool:
         """Is this exact version of the unit what the cache already holds? A resourceVersion names
         one content, so parsing it again would change nothing: typically the watch event of our
-        own admission, which :meth:`_settle_cache` applied from the write's answer
+        own admission, which :meth:`settle_cache` applied from the write's answer
         (docs/architecture.md#assume-and-forget)."""
         held = self.cache.units.get(key)
         version = (raw.get("metadata") or {}).get("resourceVersion")
@@ -137,10 +133,10 @@ class SchedulerLoop:
             if gone is not None and gone.consumer_kind:
                 metrics.QUEUEUNITS_BY_JOB_TYPE.labels(gone.namespace, gone.consumer_kind).dec()
             self.cache.delete_unit(key)
-            self._queue_not_found.discard(key)
+            self.writes.queue_not_found.discard(key)
             self._reserved.discard(key)
             self._written.forget(key)
-            self._deferred_parks.pop(key, None)
+            self.writes.deferred_parks.pop(key, None)
         else:
             unit = parse_unit(raw)
             old = self.cache.units.get(key)
@@ -163,12 +159,12 @@ class SchedulerLoop:
             if old is None and unit.consumer_kind:
                 metrics.QUEUEUNITS_BY_JOB_TYPE.labels(unit.namespace, unit.consumer_kind).inc()
             note = unlabelled_message(unit) if self.leadership.leading else None
-            if note is not None and key not in self._noting:
-                self._noting.add(key)
-                self._spawn(self.writer.write_note(key, unit, note), name=f"note-{key}")
+            if note is not None and key not in self.writes.noting:
+                self.writes.noting.add(key)
+                self.spawn(self.writer.write_note(key, unit, note), name=f"note-{key}")
         self.wake()
 
-    def _settle_cache(self, key: str, written: kube.Obj | None) -> None:
+    def settle_cache(self, key: str, written: kube.Obj | None) -> None:
         """Feed the result of our write (or the latest watched object) back into the cache.
 
         Watch events of ``key`` were held back while the write was in flight, and some of them
@@ -177,8 +173,8 @@ class SchedulerLoop:
         before the handlers run), so the newer of the two wins; a missing store entry means the
         unit is gone. Applying ``written`` over a deletion would leave a ghost holding quota.
         """
-        self._writing.discard(key)
-        if key in self._writing:
+        self.writes.writing.discard(key)
+        if key in self.writes.writing:
             # Another write of this unit is still on its way (an admission decided while its
             # previous reason was being written): what the cache holds is decided when the last
             # one settles, with all results known. Deciding now from a failed or dropped write
@@ -246,9 +242,9 @@ class SchedulerLoop:
         heapq.heapify(self._backoff)
         for key, unit in sorted(self.cache.units.items()):
             note = unlabelled_message(unit)
-            if note is not None and key not in self._noting:
-                self._noting.add(key)
-                self._spawn(self.writer.write_note(key, unit, note), name=f"note-{key}")
+            if note is not None and key not in self.writes.noting:
+                self.writes.noting.add(key)
+                self.spawn(self.writer.write_note(key, unit, note), name=f"note-{key}")
 
     async def run(self) -> None:
         """The loop; runs only while leading (``reconciler/main.py``)."""
@@ -268,12 +264,12 @@ class SchedulerLoop:
                 pause = self._hold_until - time.monotonic()
                 if pause > 0:
                     await asyncio.sleep(pause)  # backoff after the apiserver failed our writes
-                if self._marking:
+                if self.writes.marking:
                     # Victims are marked before anything the freed quota allows is admitted, so
                     # the API shows "marked, then admitted" (the reserve path's order) and a
                     # failed mark is forgotten before the next decision.
-                    await asyncio.gather(*self._marking, return_exceptions=True)
-                    self._marking.clear()
+                    await asyncio.gather(*self.writes.marking, return_exceptions=True)
+                    self.writes.marking.clear()
                 wake_at = self.cycle()
                 self._settle_checks()
                 self._requeue_due()
@@ -293,13 +289,13 @@ class SchedulerLoop:
                 self.writer.mark(decision, now)
         return plan.wake_at
 
-    def _hold(self, err: kube.KubeError) -> None:
+    def hold(self, err: kube.KubeError) -> None:
         """After a transport error, a 5xx or a 429, pause the cycles briefly: the same decisions
         would fail again at once (the chaos run saw 200 retries a second during an outage)."""
         if err.status == 0 or err.status == 429 or err.status >= 500:
             self._hold_until = max(self._hold_until, time.monotonic() + 1.0)
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -310,14 +306,14 @@ class SchedulerLoop:
     def _settle_checks(self) -> None:
         for key in sorted(self._reserved):
             unit = self.cache.units.get(key)
-            if unit is None or key in self._writing:
+            if unit is None or key in self.writes.writing:
                 continue
             outcome = admission_checks.next_phase(unit.phase, unit.admission_checks)
             if outcome is None:
                 continue
             self._reserved.discard(key)
-            self._writing.add(key)
-            self._spawn(self.writer.write_check_outcome(key, unit, outcome), name=f"checks-{key}")
+            self.writes.writing.add(key)
+            self.spawn(self.writer.write_check_outcome(key, unit, outcome), name=f"checks-{key}")
 
     @staticmethod
     def _requeue_at(unit: Unit) -> float:
@@ -330,13 +326,13 @@ class SchedulerLoop:
         while self._backoff and self._backoff[0][0] <= now:
             _, key = heapq.heappop(self._backoff)
             unit = self.cache.units.get(key)
-            if unit is None or unit.phase != Phase.TIMEOUT_BACKOFF or key in self._writing:
+            if unit is None or unit.phase != Phase.TIMEOUT_BACKOFF or key in self.writes.writing:
                 continue
             if self._requeue_at(unit) > now:
                 heapq.heappush(self._backoff, (self._requeue_at(unit), key))
                 continue
-            self._writing.add(key)
-            self._spawn(self.writer.write_requeue(key, unit), name=f"requeue-{key}")
+            self.writes.writing.add(key)
+            self.spawn(self.writer.write_requeue(key, unit), name=f"requeue-{key}")
 
     # --- queue status ------------------------------------------------------------------------
 
@@ -384,28 +380,3 @@ class SchedulerLoop:
         for quota in self.cache.ledger.quotas:
             for resource, value in self.cache.ledger.used(quota).items():
                 metrics.DEQUEUED_QUOTA_USAGE.labels(quota, resource).set(value / 1000)
-
-
-class InFlight:
-    """The units with writes of ours on their way, counted: an admission may be decided while the
-    same unit's previous reason is still being written, and the unit stays "being written" (its
-    watch events held back, its cache entry settled) until the last of them has answered."""
-
-    def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
-
-    def add(self, key: str) -> None:
-        self._counts[key] = self._counts.get(key, 0) + 1
-
-    def discard(self, key: str) -> None:
-        count = self._counts.get(key, 0) - 1
-        if count > 0:
-            self._counts[key] = count
-        else:
-            self._counts.pop(key, None)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._counts
-
-    def __len__(self) -> int:
-        return len(self._counts)

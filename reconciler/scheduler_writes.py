@@ -4,9 +4,15 @@ to the API.
 Kept apart from ``reconciler.scheduler`` because writing is its own concern with its own hazards: a
 write races later cycles and the watch, so every write is conditional on the resourceVersion it was
 decided on, an ambiguous failure is resolved before an admission is forgotten, and each write ends
-by handing its result back to the loop (``SchedulerLoop._settle_cache``), which holds the unit's
+by handing its result back to the loop (``WriterHost.settle_cache``), which holds the unit's
 watch events back meanwhile. The loop owns all the state; :class:`Writer` only works on it, so there
 is one place that says what the scheduler knows.
+
+The writer sees the loop only through :class:`WriterHost`, a narrow interface of its own: the client,
+the events, the cache and the watched units to read, the state of writes in flight
+(:class:`WriteState`, which the loop's intake reads to hold watch events back) and three calls
+(spawn a write, settle it, pause after a failure). It never imports the loop, so the two modules
+do not depend on each other both ways (docs/architecture.md#import-rules).
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ import contextlib
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from reconciler import job_events, metrics
+from reconciler.events import EventRecorder
 from reconciler.job_units import QUEUE_UNITS
 from shared import kube
 from shared.api import admission_checks, conditions, quantities
@@ -29,16 +38,74 @@ from shared.api.parsing import parse_unit
 from shared.core import explain
 from shared.core.plan import announces_admission
 from shared.core.preemption import MarkVictims
-from shared.core.scheduling import Admit, Park
-
-if TYPE_CHECKING:
-    from reconciler.scheduler import SchedulerLoop
+from shared.core.scheduling import Admit, Cache, Park
 
 log = logging.getLogger(__name__)
 
 WRITE_CONCURRENCY = 64
 #: A waiting message is retried this often when others touch the unit meanwhile.
 PARK_WRITE_ATTEMPTS = 3
+
+
+class InFlight:
+    """The units with writes of ours on their way, counted: an admission may be decided while the
+    same unit's previous reason is still being written, and the unit stays "being written" (its
+    watch events held back, its cache entry settled) until the last of them has answered."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+
+    def add(self, key: str) -> None:
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    def discard(self, key: str) -> None:
+        count = self._counts.get(key, 0) - 1
+        if count > 0:
+            self._counts[key] = count
+        else:
+            self._counts.pop(key, None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._counts
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+
+@dataclass
+class WriteState:
+    """What is being written, shared by the loop (its intake holds watch events back for these
+    units) and the writer (which marks and clears them)."""
+
+    writing: InFlight = field(default_factory=InFlight)
+    #: parks decided while another write of the same unit was on its way (the newest only)
+    deferred_parks: dict[str, Park] = field(default_factory=dict)
+    queue_not_found: set[str] = field(default_factory=set)
+    #: units without a quota label whose reason is being written
+    noting: set[str] = field(default_factory=set)
+    #: victim marks on their way; a cycle waits for them before deciding again
+    marking: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class WriterHost(Protocol):
+    """What the writer needs of the scheduling loop, and nothing more."""
+
+    client: kube.Kube
+    events: EventRecorder
+    cache: Cache
+    unit_store: Mapping[str, kube.Obj]
+    writes: WriteState
+    #: ``scheduledEvents: Always``: every admission gets ``Scheduled``
+    scheduled_event_always: bool
+
+    @property
+    def verbosity(self) -> int: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]: ...
+
+    def settle_cache(self, key: str, written: kube.Obj | None) -> None: ...
+
+    def hold(self, err: kube.KubeError) -> None: ...
 
 
 def admissions_json(unit: Unit) -> list[dict[str, Any]]:
@@ -56,29 +123,28 @@ def admissions_json(unit: Unit) -> list[dict[str, Any]]:
 class Writer:
     """Turns the loop's decisions into QueueUnit status writes.
 
-    A collaborator, not an owner: what is being written (``_writing``, ``_deferred_parks``,
-    ``_marking``, ``_noting``) stays the loop's state, because its intake reads it to hold watch
-    events back. A unit is marked as being written before its write is spawned, by the loop (checks,
-    requeues) or here (:meth:`admit`, :meth:`park`, :meth:`mark`), and each such write ends in
-    :meth:`_settled`.
+    A collaborator, not an owner: what is being written (:class:`WriteState`) stays the loop's
+    state, because its intake reads it to hold watch events back. A unit is marked as being
+    written before its write is spawned, by the loop (checks, requeues) or here (:meth:`admit`,
+    :meth:`park`, :meth:`mark`), and each such write ends in :meth:`_settled`.
     """
 
-    def __init__(self, loop: SchedulerLoop) -> None:
-        self.loop = loop
+    def __init__(self, host: WriterHost) -> None:
+        self.host = host
         self._sem = asyncio.Semaphore(WRITE_CONCURRENCY)
 
     # --- admissions --------------------------------------------------------------------------
 
     def admit(self, admit: Admit, now: float) -> None:
-        before, after = self.loop.cache.assume(admit, now=now)
-        self.loop._deferred_parks.pop(admit.key, None)  # superseded by this admission
-        self.loop._writing.add(admit.key)
+        before, after = self.host.cache.assume(admit, now=now)
+        self.host.writes.deferred_parks.pop(admit.key, None)  # superseded by this admission
+        self.host.writes.writing.add(admit.key)
         metrics.JOB_SCHEDULE_ATTEMPTS.labels(admit.queue, "scheduled").inc()
         if before.created:
             metrics.ADMISSION_WAIT.labels(admit.queue).observe(max(0.0, now - before.created))
-        if self.loop.verbosity >= 2:
+        if self.host.verbosity >= 2:
             log.info("queue %s: admit %s as %s %s", admit.queue, admit.key, admit.phase, dict(admit.grants))
-        self.loop._spawn(self._write_admit(admit, before, after, now), name=f"admit-{admit.key}")
+        self.host.spawn(self._write_admit(admit, before, after, now), name=f"admit-{admit.key}")
 
     async def _write_admit(self, admit: Admit, before: Unit, after: Unit, now: float) -> None:
         stamp = format_time(now)
@@ -96,7 +162,7 @@ class Writer:
         if clear_requeue:
             status["requeueState"] = None
         if admit.phase == Phase.RESERVED:
-            config = self.loop.cache.state.configs.get(admit.queue)
+            config = self.host.cache.state.configs.get(admit.queue)
             status["admissionChecks"] = admission_checks.checks_for_admission(
                 config.admission_checks if config else (), before.labels, before.admission_checks, now=stamp
             )
@@ -107,25 +173,25 @@ class Writer:
             if before.queue != admit.queue:
                 namespace, name = admit.key.split("/", 1)
                 with contextlib.suppress(kube.KubeError):
-                    written = await self.loop.client.patch(
+                    written = await self.host.client.patch(
                         QUEUE_UNITS, name, {"spec": {"queue": admit.queue}}, namespace=namespace
                     )
         except kube.KubeError as err:
-            self.loop._hold(err)
+            self.host.hold(err)
             written = await self._outcome_of(admit.key, before, err)
             if written is None:
                 log.info("admission of %s not written (%s); it competes again", admit.key, err)
-                self.loop.cache.forget(before)
+                self.host.cache.forget(before)
         finally:
             self._settled(admit.key, written)
         if written is not None and admit.phase == Phase.DEQUEUED:
-            if announces_admission(before.phase, always=self.loop.scheduled_event_always):
-                self.loop.events.record(
+            if announces_admission(before.phase, always=self.host.scheduled_event_always):
+                self.host.events.record(
                     written, type_="Normal", reason=EventReason.SCHEDULED, message=Message.SCHEDULED_EVENT
                 )
             if before.phase == Phase.ENQUEUED:  # it waited: tell the job (none on the fast path)
                 waited = now - before.created if before.created else None
-                job_events.record_admitted(self.loop.events, written, admit.queue, waited)
+                job_events.record_admitted(self.host.events, written, admit.queue, waited)
 
     # --- parks --------------------------------------------------------------------------------
 
@@ -134,34 +200,34 @@ class Writer:
         protected = park.protected
         if protected:
             metrics.PROTECTION_SKIPS.labels(park.queue).inc(len(protected))
-            if self.loop.verbosity >= 2:
+            if self.host.verbosity >= 2:
                 log.info(
                     "queue %s: victims %s skipped by the reclaim protect time for %s",
                     park.queue,
                     list(protected),
                     park.key,
                 )
-        if park.preempt_error and self.loop.verbosity >= 2:
+        if park.preempt_error and self.host.verbosity >= 2:
             log.info("queue %s: %s preemption failed: %s", park.queue, park.key, park.preempt_error)
         if park.repeated:
             return
-        if park.key in self.loop._writing:
+        if park.key in self.host.writes.writing:
             # Another write of this unit is on its way (often its previous reason). The pure
             # state now records this reason as given, so dropping it would leave the unit showing
             # an outdated one for good: give it once that write has landed.
-            self.loop._deferred_parks[park.key] = park
+            self.host.writes.deferred_parks[park.key] = park
             return
         self._issue_park(park)
 
     def _issue_park(self, park: Park) -> None:
-        unit = self.loop.cache.units.get(park.key)
-        raw = self.loop.unit_store.get(park.key)
+        unit = self.host.cache.units.get(park.key)
+        raw = self.host.unit_store.get(park.key)
         if unit is None or raw is None or unit.message == park.message:
             return
-        if self.loop.verbosity >= 2:
+        if self.host.verbosity >= 2:
             log.info("queue %s: %s waits: %s", park.queue, park.key, park.message)
-        self.loop._writing.add(park.key)
-        self.loop._spawn(self._write_park(park, unit, raw), name=f"park-{park.key}")
+        self.host.writes.writing.add(park.key)
+        self.host.spawn(self._write_park(park, unit, raw), name=f"park-{park.key}")
 
     @staticmethod
     def _park_status(park: Park, unit: Unit) -> kube.Obj:
@@ -207,7 +273,7 @@ class Writer:
                     written = await self._write_status(park.key, body)
                     break
                 except kube.Conflict:
-                    latest = parse_unit(await self.loop.client.get(QUEUE_UNITS, name, namespace=namespace))
+                    latest = parse_unit(await self.host.client.get(QUEUE_UNITS, name, namespace=namespace))
                     if self._superseded(unit, latest):
                         dropped = True
                         break
@@ -218,24 +284,24 @@ class Writer:
             log.info("message for %s not written: %s", park.key, err)
             # Decide it again later: the core would otherwise take the message as given and the
             # unit would wait in silence (found by the chaos run: an apiserver restart mid-burst).
-            self.loop.cache.forget_park(park.key)
-            self.loop._hold(err)
+            self.host.cache.forget_park(park.key)
+            self.host.hold(err)
         finally:
             self._settled(park.key, written)
         if dropped:
             return
         target = written or raw
-        self.loop.events.record(
+        self.host.events.record(
             target, type_="Warning", reason=EventReason.FAILED_SCHEDULING, message=park.message
         )
         if not unit.phase:  # its first wait (phase "" -> Enqueued): once per unit, on the job
-            state = self.loop.cache.state.queues.get(park.queue)
+            state = self.host.cache.state.queues.get(park.queue)
             place = explain.position(state, park.key) if state is not None else None
             message = job_events.queued_message(park.queue, place, park.message)
-            job_events.record(self.loop.events, target, EventReason.QUEUED, message)
-        if park.queue_not_found and park.key not in self.loop._queue_not_found:
-            self.loop._queue_not_found.add(park.key)
-            self.loop.events.record(
+            job_events.record(self.host.events, target, EventReason.QUEUED, message)
+        if park.queue_not_found and park.key not in self.host.writes.queue_not_found:
+            self.host.writes.queue_not_found.add(park.key)
+            self.host.events.record(
                 target,
                 type_="Warning",
                 reason=EventReason.QUEUE_NOT_FOUND,
@@ -247,7 +313,7 @@ class Writer:
     def mark(self, mark: MarkVictims, now: float) -> None:
         metrics.PREEMPTION_ROUNDS.labels(mark.queue).inc()
         metrics.PREEMPTION_VICTIMS.labels(mark.queue).inc(len(mark.victims))
-        if self.loop.verbosity >= 2:
+        if self.host.verbosity >= 2:
             log.info(
                 "queue %s: %s preempts %s (%s path)",
                 mark.queue,
@@ -256,13 +322,13 @@ class Writer:
                 mark.path,
             )
         for victim in mark.victims:
-            unit = self.loop.cache.units.get(victim.key)
-            if unit is None or victim.key in self.loop._writing:
-                self.loop.cache.forget_marks(mark.queue, {victim.key})
+            unit = self.host.cache.units.get(victim.key)
+            if unit is None or victim.key in self.host.writes.writing:
+                self.host.cache.forget_marks(mark.queue, {victim.key})
                 continue
-            self.loop._writing.add(victim.key)
-            self.loop._marking.append(
-                self.loop._spawn(
+            self.host.writes.writing.add(victim.key)
+            self.host.writes.marking.append(
+                self.host.spawn(
                     self._write_mark(mark, victim.key, dict(victim.reclaim), unit, now),
                     name=f"mark-{victim.key}",
                 )
@@ -291,13 +357,13 @@ class Writer:
             written = await self._write_status(key, body)
         except kube.KubeError as err:
             log.info("reclaim mark on %s not written (%s)", key, err)
-            self.loop.cache.forget_marks(mark.queue, {key})
+            self.host.cache.forget_marks(mark.queue, {key})
         finally:
             self._settled(key, written)
         if written is not None:
             replicas = sum(reclaim.values())
             preemptor = mark.preemptor.split("/", 1)[-1]
-            self.loop.events.record(
+            self.host.events.record(
                 written,
                 type_="Warning",
                 reason=EventReason.PREEMPTED,
@@ -305,7 +371,7 @@ class Writer:
                 f"so that higher-priority QueueUnit {preemptor} can be admitted",
             )
             message = job_events.preempted_message(mark.queue, replicas, preemptor)
-            job_events.record(self.loop.events, written, EventReason.PREEMPTED, message)
+            job_events.record(self.host.events, written, EventReason.PREEMPTED, message)
 
     # --- admission checks, requeues and reasons ---------------------------------------------
 
@@ -331,11 +397,11 @@ class Writer:
         finally:
             self._settled(key, written)
         if written is not None and outcome.phase == Phase.DEQUEUED:
-            self.loop.events.record(
+            self.host.events.record(
                 written, type_="Normal", reason=EventReason.SCHEDULED, message=Message.SCHEDULED_EVENT
             )
             waited = now - unit.created if unit.created else None
-            job_events.record_admitted(self.loop.events, written, unit.quota or "", waited)
+            job_events.record_admitted(self.host.events, written, unit.quota or "", waited)
 
     async def write_requeue(self, key: str, unit: Unit) -> None:
         stamp = format_time(time.time())
@@ -373,14 +439,14 @@ class Writer:
         except kube.KubeError as err:
             log.debug("reason for unlabelled %s not written: %s", key, err)
         finally:
-            self.loop._noting.discard(key)
+            self.host.writes.noting.discard(key)
 
     # --- every write -----------------------------------------------------------------------
 
     async def _write_status(self, key: str, body: kube.Obj) -> kube.Obj:
         namespace, name = key.split("/", 1)
         async with self._sem:
-            return await self.loop.client.patch(
+            return await self.host.client.patch(
                 QUEUE_UNITS, name, body, namespace=namespace, subresource="status"
             )
 
@@ -401,7 +467,7 @@ class Writer:
             current = self._newer_in_store(key, before)
             if current is None:
                 try:
-                    current = await self.loop.client.get(QUEUE_UNITS, name, namespace=namespace)
+                    current = await self.host.client.get(QUEUE_UNITS, name, namespace=namespace)
                 except kube.NotFound:
                     return None
                 except kube.KubeError:
@@ -415,7 +481,7 @@ class Writer:
 
     def _newer_in_store(self, key: str, before: Unit) -> kube.Obj | None:
         """The watched version of ``key`` if the watch has delivered one newer than ``before``."""
-        latest = self.loop.unit_store.get(key)
+        latest = self.host.unit_store.get(key)
         if latest is None:
             return None
         version = (latest.get("metadata") or {}).get("resourceVersion")
@@ -423,7 +489,7 @@ class Writer:
 
     def _settled(self, key: str, written: kube.Obj | None) -> None:
         """Our write for ``key`` finished: update the cache, then give a deferred reason."""
-        self.loop._settle_cache(key, written)
-        deferred = self.loop._deferred_parks.pop(key, None)
-        if deferred is not None and key not in self.loop._writing:
+        self.host.settle_cache(key, written)
+        deferred = self.host.writes.deferred_parks.pop(key, None)
+        if deferred is not None and key not in self.host.writes.writing:
             self._issue_park(deferred)

@@ -136,7 +136,7 @@ async def test_a_dropped_park_settling_after_the_admission_does_not_erase_it() -
     park_gate = client.gate("x")  # x's park write is slow to answer
     loop.cycle()  # the quota is full: x is parked, its message on its way
     await settle(loop)
-    assert "ns/x" in loop._writing and client.patches == []
+    assert "ns/x" in loop.writes.writing and client.patches == []
 
     # The holder finishes (the watch delivers it): the next cycle admits x, park still in flight.
     done = unit("holder", 12, {"phase": "Succeed", "message": "Succeeded"})
@@ -220,4 +220,4 @@ async def test_a_dropped_park_settling_before_the_admission_answers_does_not_era
 
     admission_reply.set()
     await settle(loop)
-    assert held(loop) == 1000 and "ns/x" not in loop._writing
+    assert held(loop) == 1000 and "ns/x" not in loop.writes.writing
