@@ -1714,6 +1714,11 @@ class Tenant:
             while time.monotonic() - begun < 2 * WATCH_S:
                 pods = await self._own_pods(name)
                 unit = await self._own_unit(name)
+                if not unit:
+                    # Unreadable (a fault: the apiserver restarting), not a unit holding nothing:
+                    # such a read proves nothing either way.
+                    await asyncio.sleep(0.5)
+                    continue
                 held = sum(
                     int((a or {}).get("replicas") or 0)
                     for a in (unit.get("status") or {}).get("admissions") or []
