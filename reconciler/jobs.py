@@ -849,8 +849,7 @@ class JobExtensions:
         elif (adapter.api_version, adapter.kind) == _BATCH_JOB:
             # A Job whose template could not be relinked (``BatchJobAdapter.resume_patch``): its
             # pods name another unit but are its own by their controller reference.
-            uid = str((job.get("metadata") or {}).get("uid") or "")
-            keys = set(keys) | self._pods_by_controller.get(uid, set())
+            keys = self._named_or_controlled(unit_key, job)
         return job_pods.pods_of(self.pods.objects, keys, self._parents(), unit_key, adapter, job)
 
     def _mark_controlling_job(self, pod: kube.Obj) -> None:
@@ -880,9 +879,13 @@ class JobExtensions:
 
     def _all_pods_of_job(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[podplan.PodView]:
         """Every pod the job controls, named unit or not (``job_pods.all_pods_of_job``)."""
-        uid = str((job.get("metadata") or {}).get("uid") or "")
-        keys = self._pods_by_unit.get(unit_key, set()) | self._pods_by_controller.get(uid, set())
+        keys = self._named_or_controlled(unit_key, job)
         return job_pods.all_pods_of_job(self.pods.objects, keys, self._parents(), unit_key, adapter, job)
+
+    def _named_or_controlled(self, unit_key: str, job: kube.Obj) -> set[str]:
+        """Keys of the pods naming the unit and of those the job controls (the controller index)."""
+        uid = str((job.get("metadata") or {}).get("uid") or "")
+        return self._pods_by_unit.get(unit_key, set()) | self._pods_by_controller.get(uid, set())
 
     def _parents(self) -> job_pods.Parents:
         """The stores of the owners that may stand between a job and its pods (``job_pods``)."""
