@@ -24,15 +24,16 @@ COPY shared ./shared
 COPY webhook ./webhook
 COPY reconciler ./reconciler
 COPY certs ./certs
+COPY koord_queue ./koord_queue
 # Wheels exist for every dependency (aiohttp, orjson, cryptography, pyyaml, ...), so no build tools
 # are needed even here. pip byte-compiles at install time: the running containers have a read-only
-# root filesystem and never write .pyc files. Then a smoke import of both entry points; testenv
-# (the local control plane for tests) and the kubectl plugin (a client tool) are not shipped, so
-# their console scripts go; pip goes last.
-RUN /opt/venv/bin/pip install /src \
- && /opt/venv/bin/python -c "import webhook.main, reconciler.main, certs" \
- && rm -f /opt/venv/bin/koord-queue-localcluster /opt/venv/bin/kubectl-koord_queue \
-    /opt/venv/bin/kubectl_complete-koord_queue \
+# root filesystem and never write .pyc files. The package is `koord_queue` with the servers' extra;
+# `koord_queue/` links the top-level folders, which the wheel copies. Then a smoke import of both
+# entry points; the kubectl plugin (a client tool) is not used here, so its console scripts go; pip
+# goes last. The test harness (testenv/) is not part of the wheel.
+RUN /opt/venv/bin/pip install '/src[server]' \
+ && /opt/venv/bin/python -c "import koord_queue.webhook.main, koord_queue.reconciler.main, koord_queue.certs" \
+ && rm -f /opt/venv/bin/kubectl-koord_queue /opt/venv/bin/kubectl_complete-koord_queue \
  && /opt/venv/bin/pip uninstall --yes pip setuptools
 
 FROM ${PYTHON_IMAGE}

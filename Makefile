@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(PY) -m pytest
-SOURCES := shared webhook reconciler certs testenv chaos koordqueue_cli
+SOURCES := shared webhook reconciler certs koord_queue/__init__.py koord_queue/cli testenv chaos
 
 .DEFAULT_GOAL := help
 

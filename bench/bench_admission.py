@@ -109,8 +109,8 @@ from typing import Any, Final
 ROOT: Final = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from shared import kube  # noqa: E402
-from shared.api import names  # noqa: E402
+from koord_queue.shared import kube  # noqa: E402
+from koord_queue.shared.api import names  # noqa: E402
 
 RESULTS: Final = ROOT / "bench" / "results"
 NS: Final = "bench"
@@ -370,8 +370,8 @@ def as_reconciler(argv: list[str]) -> None:
         profile_out = argv.pop(0).split("=", 1)[1]
     from prometheus_client import Counter as PromCounter
 
-    from reconciler import main as reconciler_main
-    from reconciler import metrics
+    from koord_queue.reconciler import main as reconciler_main
+    from koord_queue.reconciler import metrics
 
     requests = PromCounter(
         "koord_queue_bench_requests_total",
@@ -410,7 +410,7 @@ def as_reconciler(argv: list[str]) -> None:
 
 def _accepts(flag: str) -> bool:
     """Does this checkout's reconciler know ``flag``? (Its servers default to fixed ports.)"""
-    from reconciler import main as reconciler_main
+    from koord_queue.reconciler import main as reconciler_main
 
     try:
         with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
@@ -526,8 +526,8 @@ async def realistic_unit(admin: kube.Kube) -> kube.Obj:
     """A QueueUnit shaped like the benchmark's: the Job mutated by our webhook (a dry-run create),
     turned into a unit by the reconciler's own ``jobext.build_queue_unit``; no owner (nothing to
     garbage-collect it), in the ceiling namespace."""
-    from shared.jobs import jobext
-    from shared.jobs.batch_job import BatchJobAdapter
+    from koord_queue.shared.jobs import jobext
+    from koord_queue.shared.jobs.batch_job import BatchJobAdapter
 
     probe = job_body("job-ceiling", quota_name(0), 10)
     job = await admin.request("POST", JOBS.path(NS), query={"dryRun": "All"}, body=probe)

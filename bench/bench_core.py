@@ -50,9 +50,9 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from shared.api import names
-from shared.api.model import Admission, PodSet, QueueConfig, Quota, Unit
-from shared.core.scheduling import Admit, Cache
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import Admission, PodSet, QueueConfig, Quota, Unit
+from koord_queue.shared.core.scheduling import Admit, Cache
 
 QUEUES = 100
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "core.json"

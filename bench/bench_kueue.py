@@ -137,7 +137,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_admission as ba
 from bench_admission import NS, ROOT, RunConfig
 
-from shared import kube
+from koord_queue.shared import kube
 
 KUEUE_VERSION: Final = "v0.17.0"
 BUILD_SCRIPT: Final = ROOT / "hack" / "kueue" / "build.sh"

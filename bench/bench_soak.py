@@ -56,7 +56,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_admission as ba
 from bench_admission import JOBS, NS, ROOT, UNITS, RunConfig
 
-from shared import kube
+from koord_queue.shared import kube
 
 STORE_METRIC: Final = "koord_queue_store_objects"
 #: the stores that hold one entry per job or unit: empty once every Job is deleted (our namespace

@@ -6,7 +6,7 @@ Run: ``python bench/bench_webhook.py`` (``--quick`` for a smaller run, under 20 
 Two servers run as subprocesses, with the same fresh serving certificate (``certs.pki``, IP SAN
 127.0.0.1) and the same TLS policy (``webhook.server.make_ssl_context``: TLS 1.2+, ECDHE AEAD):
 
-* the real webhook, ``python -m webhook.main`` (metrics port off, no access log);
+* the real webhook, ``python -m koord_queue.webhook.main`` (metrics port off, no access log);
 * a trivial aiohttp handler defined here (``--serve-trivial``) that reads the body and answers a
   fixed small AdmissionReview: the cost of aiohttp + TLS + HTTP alone, measured in the same run so
   the ratio survives a noisy machine.
@@ -70,11 +70,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import orjson
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from certs import pki
-from shared.admission import decisions as admission
-from shared.api import names
+from koord_queue.certs import pki
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.api import names
+from koord_queue.webhook import server
 from testenv.cluster import free_port
-from webhook import server
 
 ROOT: Final = pathlib.Path(__file__).resolve().parents[1]
 RESULTS: Final = pathlib.Path(__file__).resolve().parent / "results" / "webhook.json"
@@ -819,7 +819,7 @@ def run(settings: Settings, *, quick: bool) -> dict[str, Any]:
         webhook_argv = [
             sys.executable,
             "-m",
-            "webhook.main",
+            "koord_queue.webhook.main",
             "--bind-address=127.0.0.1",
             f"--port={webhook_port}",
         ]

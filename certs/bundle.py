@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from certs import pki
+from koord_queue.certs import pki
 
 CA_CERT_KEY: Final = "ca.crt"
 CA_KEY_KEY: Final = "ca.key"

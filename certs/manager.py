@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from certs import bundle, pki
-from shared import kube
+from koord_queue.certs import bundle, pki
+from koord_queue.shared import kube
 
 log = logging.getLogger(__name__)
 

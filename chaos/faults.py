@@ -46,8 +46,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from chaos.etcd import Etcd
 from chaos.observer import Observer
 from chaos.views import UnitView
-from shared import kube
-from shared.api import names
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
 from testenv import system
 from testenv.cluster import Component, LocalCluster
 

@@ -42,8 +42,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import kube
-from shared.api import names
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
 
 NAMESPACE = "chaos"
 BULK_NAMESPACE = "chaos-bulk"

@@ -124,7 +124,7 @@ from chaos.views import (
     parse_unit,
     resource_list,
 )
-from shared.api import names
+from koord_queue.shared.api import names
 
 #: After a quota's max is lowered, admissions decided on the older snapshot may still land.
 SHRINK_GRACE_S = 2.0

@@ -39,13 +39,13 @@ from typing import Any
 
 import aiohttp
 
-from certs import pki
 from chaos import load, security, tenant
 from chaos.etcd import Etcd
 from chaos.faults import FaultRecord, Faults
 from chaos.observer import SCHEDULABLE_GRACE_S, USAGE_MISMATCH, Mismatch, Observer, settle
 from chaos.views import TERMINAL
-from shared import kube
+from koord_queue.certs import pki
+from koord_queue.shared import kube
 from testenv import system
 from testenv.cluster import LocalCluster
 

@@ -50,8 +50,8 @@ from typing import Any, Final
 
 from chaos import load, tenant_orphans, tenant_submitter, tenant_workflows
 from chaos.observer import Observer
-from shared import kube
-from shared.api import names, quantities
+from koord_queue.shared import kube
+from koord_queue.shared.api import names, quantities
 from testenv.cluster import LocalCluster
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION
 from tests import tenancy

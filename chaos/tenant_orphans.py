@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from chaos import load
-from shared import kube
-from shared.api import names, quantities
+from koord_queue.shared import kube
+from koord_queue.shared.api import names, quantities
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION
 
 if TYPE_CHECKING:

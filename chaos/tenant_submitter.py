@@ -28,8 +28,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from shared import kube
-from shared.api import names
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION
 
 if TYPE_CHECKING:

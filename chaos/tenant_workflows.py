@@ -31,8 +31,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from shared import kube
-from shared.api import names, podtemplates, quantities
+from koord_queue.shared import kube
+from koord_queue.shared.api import names, podtemplates, quantities
 
 if TYPE_CHECKING:  # chaos.tenant imports this module's attacks
     from chaos.tenant import Tenant

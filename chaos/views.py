@@ -18,7 +18,7 @@ from decimal import ROUND_UP, Context, Decimal, InvalidOperation, localcontext
 from typing import Any, Final
 
 from chaos import k8sproto
-from shared.api import names
+from koord_queue.shared.api import names
 
 TERMINAL = frozenset({"Succeed", "Failed"})
 V1_DEQUEUED = frozenset({"Dequeued", "Reserved", "Running", "SchedReady", "SchedSucceed"})

@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from shared import kube
-from shared.api import names
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 
 import orjson
 
-from shared import kube
+from koord_queue.shared import kube
 
 log = logging.getLogger(__name__)
 

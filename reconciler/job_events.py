@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from reconciler.events import EventRecorder
-from shared.api.names import EventReason
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.shared.api.names import EventReason
 
 Obj = dict[str, Any]
 

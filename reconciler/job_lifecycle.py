@@ -20,13 +20,13 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from reconciler import job_units, metrics
-from reconciler.events import EventRecorder
-from reconciler.job_units import JobKey
-from shared import kube
-from shared.api import names
-from shared.jobs import jobext, lifecycle, podplan, running_timeout, stranded
-from shared.jobs.base import JobAdapter
+from koord_queue.reconciler import job_units, metrics
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.reconciler.job_units import JobKey
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import jobext, lifecycle, podplan, running_timeout, stranded
+from koord_queue.shared.jobs.base import JobAdapter
 
 log = logging.getLogger(__name__)
 

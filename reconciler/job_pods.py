@@ -18,13 +18,13 @@ import logging
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
-from reconciler import metrics
-from reconciler.events import EventRecorder
-from reconciler.informer import slim
-from shared import kube
-from shared.api import names
-from shared.jobs import podlinks, podplan
-from shared.jobs.base import JobAdapter
+from koord_queue.reconciler import metrics
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.reconciler.informer import slim
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import podlinks, podplan
+from koord_queue.shared.jobs.base import JobAdapter
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from reconciler.events import EventRecorder
-from shared import kube
-from shared.api import durations, names
-from shared.jobs import adoption, base, jobext, poddefaults
-from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, is_enqueued
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.shared import kube
+from koord_queue.shared.api import durations, names
+from koord_queue.shared.jobs import adoption, base, jobext, poddefaults
+from koord_queue.shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, is_enqueued
 
 log = logging.getLogger(__name__)
 

@@ -38,15 +38,15 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from reconciler import job_lifecycle, job_pods, job_units, workloads
-from reconciler.events import EventRecorder
-from reconciler.informer import Informer, key_of, slim
-from reconciler.job_units import JobKey
-from shared import kube
-from shared.api import names
-from shared.api.model import Quota
-from shared.core import mandatory
-from shared.jobs import (
+from koord_queue.reconciler import job_lifecycle, job_pods, job_units, workloads
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.reconciler.informer import Informer, key_of, slim
+from koord_queue.reconciler.job_units import JobKey
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import Quota
+from koord_queue.shared.core import mandatory
+from koord_queue.shared.jobs import (
     adoption,
     batch_job,
     jobext,
@@ -57,7 +57,7 @@ from shared.jobs import (
     registry,
     running_timeout,
 )
-from shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, owner_kinds
+from koord_queue.shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, owner_kinds
 
 log = logging.getLogger(__name__)
 

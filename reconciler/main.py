@@ -28,20 +28,20 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from certs.manager import VisibilityCertManager, WebhookCertManager
-from reconciler import metrics, visibility, workloads
-from reconciler.events import EventRecorder
-from reconciler.informer import Handler, Informer
-from reconciler.job_units import QUEUE_UNITS
-from reconciler.jobs import JobExtensions
-from reconciler.quotas import QUEUES, QUOTAS, QuotaBindingSync, QuotaQueueSync, QuotaStatusSync
-from reconciler.scheduler import SchedulerLoop
-from shared import kube
-from shared.api import names
-from shared.core import config as component_config
-from shared.core import quota as quota_rules
-from shared.core.scheduling import Cache
-from shared.jobs import base, registry
+from koord_queue.certs.manager import VisibilityCertManager, WebhookCertManager
+from koord_queue.reconciler import metrics, visibility, workloads
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.reconciler.informer import Handler, Informer
+from koord_queue.reconciler.job_units import QUEUE_UNITS
+from koord_queue.reconciler.jobs import JobExtensions
+from koord_queue.reconciler.quotas import QUEUES, QUOTAS, QuotaBindingSync, QuotaQueueSync, QuotaStatusSync
+from koord_queue.reconciler.scheduler import SchedulerLoop
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.core import config as component_config
+from koord_queue.shared.core import quota as quota_rules
+from koord_queue.shared.core.scheduling import Cache
+from koord_queue.shared.jobs import base, registry
 
 log = logging.getLogger("reconciler")
 

@@ -134,7 +134,7 @@ def count_api_request(verb: str) -> None:
 
 #: how deep :class:`StoreSizes` follows our objects from a root (scheduler → cache → state → queues)
 _MAX_DEPTH = 5
-_OURS = ("reconciler", "shared")
+_OURS = ("koord_queue.reconciler.", "koord_queue.shared.")
 
 
 def _is_component(value: object, packages: tuple[str, ...], *, element: bool = False) -> bool:
@@ -142,7 +142,7 @@ def _is_component(value: object, packages: tuple[str, ...], *, element: bool = F
     entered), an enum or a class. A container's elements are entered only if they are components
     themselves (one state per queue), not records (dataclasses: one per unit)."""
     return (
-        type(value).__module__.split(".", 1)[0] in packages
+        type(value).__module__.startswith(packages)
         and not isinstance(value, enum.Enum | Sized | type)
         and not (element and dataclasses.is_dataclass(value))
     )
@@ -168,7 +168,7 @@ def _size(value: object, packages: tuple[str, ...] = _OURS) -> int | None:
         return len(value) if value and _size(value[0], packages) is not None else None
     if isinstance(value, Sized) and (
         isinstance(value, Mapping | AbstractSet | list | collections.deque)
-        or type(value).__module__.split(".", 1)[0] in packages
+        or type(value).__module__.startswith(packages)
     ):
         return len(value)
     return None
@@ -198,7 +198,7 @@ class StoreSizes:
         packages: tuple[str, ...] = _OURS,
     ) -> None:
         self.informers = list(informers)
-        #: the top-level packages whose objects are entered
+        #: the module prefixes whose objects are entered
         self.packages = packages
         self.components = dict(components)
         #: shared objects that are not state (the API client, the leadership gate): never entered

@@ -39,14 +39,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from reconciler.events import EventRecorder
-from shared import kube
-from shared.api import names
-from shared.api.model import Quota
-from shared.api.parsing import parse_quota
-from shared.core import quotaqueues, quotastatus
-from shared.core.quota import winner, winner_key
-from shared.core.scheduling import Cache
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import Quota
+from koord_queue.shared.api.parsing import parse_quota
+from koord_queue.shared.core import quotaqueues, quotastatus
+from koord_queue.shared.core.quota import winner, winner_key
+from koord_queue.shared.core.scheduling import Cache
 
 log = logging.getLogger(__name__)
 

@@ -32,19 +32,19 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from reconciler import metrics, scheduler_writes
-from reconciler.events import EventRecorder
-from reconciler.quotas import QUEUES
-from shared import kube
-from shared.api import admission_checks, names
-from shared.api.model import Unit
-from shared.api.names import EventReason, Message, Phase
-from shared.api.parsing import parse_queue, parse_quota, parse_unit
-from shared.core.config import ScheduledEvents, Settings
-from shared.core.policies import unlabelled_message
-from shared.core.preemption import MarkVictims
-from shared.core.scheduling import Admit, Cache, Park
-from shared.jobs import adoption
+from koord_queue.reconciler import metrics, scheduler_writes
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.reconciler.quotas import QUEUES
+from koord_queue.shared import kube
+from koord_queue.shared.api import admission_checks, names
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.api.names import EventReason, Message, Phase
+from koord_queue.shared.api.parsing import parse_queue, parse_quota, parse_unit
+from koord_queue.shared.core.config import ScheduledEvents, Settings
+from koord_queue.shared.core.policies import unlabelled_message
+from koord_queue.shared.core.preemption import MarkVictims
+from koord_queue.shared.core.scheduling import Admit, Cache, Park
+from koord_queue.shared.jobs import adoption
 
 log = logging.getLogger(__name__)
 

@@ -26,19 +26,19 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from reconciler import job_events, metrics
-from reconciler.events import EventRecorder
-from reconciler.job_units import QUEUE_UNITS
-from shared import kube
-from shared.api import admission_checks, conditions, quantities
-from shared.api.durations import format_time
-from shared.api.model import Unit
-from shared.api.names import EventReason, Message, Phase
-from shared.api.parsing import parse_unit
-from shared.core import explain
-from shared.core.plan import announces_admission
-from shared.core.preemption import MarkVictims
-from shared.core.scheduling import Admit, Cache, Park
+from koord_queue.reconciler import job_events, metrics
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.reconciler.job_units import QUEUE_UNITS
+from koord_queue.shared import kube
+from koord_queue.shared.api import admission_checks, conditions, quantities
+from koord_queue.shared.api.durations import format_time
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.api.names import EventReason, Message, Phase
+from koord_queue.shared.api.parsing import parse_unit
+from koord_queue.shared.core import explain
+from koord_queue.shared.core.plan import announces_admission
+from koord_queue.shared.core.preemption import MarkVictims
+from koord_queue.shared.core.scheduling import Admit, Cache, Park
 
 log = logging.getLogger(__name__)
 

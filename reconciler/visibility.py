@@ -47,11 +47,11 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from certs import pki
-from certs.manager import read_serving_pair
-from shared import kube
-from shared.core import visibility
-from shared.core.scheduling import Cache
+from koord_queue.certs import pki
+from koord_queue.certs.manager import read_serving_pair
+from koord_queue.shared import kube
+from koord_queue.shared.core import visibility
+from koord_queue.shared.core.scheduling import Cache
 
 log = logging.getLogger(__name__)
 

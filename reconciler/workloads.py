@@ -27,12 +27,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Final
 
-from shared import kube
-from shared.api import names
-from shared.api.parsing import parse_unit
-from shared.core import workloadref
-from shared.jobs.base import JobAdapter
-from shared.jobs.podplan import PodView
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.api.parsing import parse_unit
+from koord_queue.shared.core import workloadref
+from koord_queue.shared.jobs.base import JobAdapter
+from koord_queue.shared.jobs.podplan import PodView
 
 log = logging.getLogger(__name__)
 

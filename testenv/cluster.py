@@ -36,7 +36,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from certs import pki
+from koord_queue.certs import pki
 from testenv import binaries, kwok
 
 Profile = Literal["integration", "e2e"]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from certs import pki
+from koord_queue.certs import pki
 from testenv import binaries
 from testenv.cluster import Component, LocalCluster, free_port, http_ok, retry_port_clash, spawn, wait_until
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from certs import pki
-from shared.api import names
+from koord_queue.certs import pki
+from koord_queue.shared.api import names
 from testenv import binaries
 from testenv.cluster import (
     ClusterError,
@@ -122,7 +122,7 @@ def start_webhook(
             [
                 sys.executable,
                 "-m",
-                "webhook.main",
+                "koord_queue.webhook.main",
                 f"--port={port}",
                 f"--cert-file={certdir / 'tls.crt'}",
                 f"--key-file={certdir / 'tls.key'}",
@@ -513,7 +513,7 @@ def start_reconciler(
             [
                 sys.executable,
                 "-m",
-                "reconciler.main",
+                "koord_queue.reconciler.main",
                 f"--kubeconfig={kubeconfig}",
                 *identity,
                 f"--health-port={health}",

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
-from shared import kube as kq
-from shared.api import names
+from koord_queue.shared import kube as kq
+from koord_queue.shared.api import names
 from testenv import binaries
 from testenv.cluster import LocalCluster
 
@@ -122,7 +122,7 @@ class Recorder:
         self._client: Any = None
 
     async def __aenter__(self) -> Recorder:
-        from shared import kube as kq
+        from koord_queue.shared import kube as kq
 
         self._client = await kq.Kube.connect(kubeconfig=str(self.cluster.kubeconfig))
         present, rv = await self._client.list(self.resource, namespace=self.namespace)

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client as k8s
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv.cluster import LocalCluster
 from tests import kube
 

@@ -17,10 +17,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from shared.admission import decisions as admission
-from shared.api.goparse import INT32_MAX, INT32_MIN
-from shared.jobs import registry
-from webhook import nativegangs, server
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.api.goparse import INT32_MAX, INT32_MIN
+from koord_queue.shared.jobs import registry
+from koord_queue.webhook import nativegangs, server
 
 #: Young-generation threshold of the cyclic garbage collector (Python's default is 700). A review
 #: allocates a few hundred containers (the parsed body, the patch) and frees all of them by

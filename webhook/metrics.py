@@ -24,7 +24,7 @@ from typing import Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
-from shared.jobs import registry
+from koord_queue.shared.jobs import registry
 
 _LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _KNOWN_KINDS: Final = frozenset(

@@ -14,7 +14,7 @@ import logging
 import time
 from pathlib import Path
 
-from shared.core import workloadref
+from koord_queue.shared.core import workloadref
 
 log = logging.getLogger(__name__)
 

@@ -45,10 +45,10 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from shared.admission import decisions as admission
-from shared.admission import podgate
-from shared.admission.decisions import AdmissionConfig, AdmissionRequest, Operation
-from webhook.metrics import CONTENT_TYPE, Result, WebhookMetrics
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.admission import podgate
+from koord_queue.shared.admission.decisions import AdmissionConfig, AdmissionRequest, Operation
+from koord_queue.webhook.metrics import CONTENT_TYPE, Result, WebhookMetrics
 
 log = logging.getLogger("webhook")
 

@@ -36,12 +36,12 @@ from typing import Any, Final, NamedTuple, TypeGuard
 
 import orjson
 
-from shared.admission import validation
-from shared.admission.validation import FieldError
-from shared.api import names
-from shared.core import mandatory, workloadref
-from shared.jobs import base, batch_job, patches, ray, registry
-from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
+from koord_queue.shared.admission import validation
+from koord_queue.shared.admission.validation import FieldError
+from koord_queue.shared.api import names
+from koord_queue.shared.core import mandatory, workloadref
+from koord_queue.shared.jobs import base, batch_job, patches, ray, registry
+from koord_queue.shared.jobs.base import JobAdapter, JobSpecError, JobStatus
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
 DEFAULT_RECONCILER_USERNAME: Final = "system:serviceaccount:koord-queue:koord-queue-reconciler"

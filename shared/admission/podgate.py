@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from shared.admission import validation
-from shared.admission.decisions import (
+from koord_queue.shared.admission import validation
+from koord_queue.shared.admission.decisions import (
     REVIEW_API_VERSION,
     AdmissionRequest,
     allow,
@@ -35,10 +35,10 @@ from shared.admission.decisions import (
     parse_review,
     patched,
 )
-from shared.api import names
-from shared.jobs import base
-from shared.jobs.base import JobSpecError
-from shared.jobs.patches import PatchBuilder
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import base
+from koord_queue.shared.jobs.base import JobSpecError
+from koord_queue.shared.jobs.patches import PatchBuilder
 
 _POD: Final = ("v1", "Pod")
 _GATES: Final = ("spec", "schedulingGates")

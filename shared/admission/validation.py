@@ -27,10 +27,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shared.api import durations, names, parsing, quantities
-from shared.api.goparse import INT32_MAX, INT32_MIN, parse_go_bool, parse_go_int
-from shared.jobs import base, podspec
-from shared.jobs.base import JobSpecError
+from koord_queue.shared.api import durations, names, parsing, quantities
+from koord_queue.shared.api.goparse import INT32_MAX, INT32_MIN, parse_go_bool, parse_go_int
+from koord_queue.shared.jobs import base, podspec
+from koord_queue.shared.jobs.base import JobSpecError
 
 MAX_POD_SETS: Final = 8
 _DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

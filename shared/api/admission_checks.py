@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shared.api.names import AdmissionCheckState, Message, Phase
+from koord_queue.shared.api.names import AdmissionCheckState, Message, Phase
 
 __all__ = [
     "CHECK_REMOVED_MESSAGE",

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from shared.api.durations import format_time
-from shared.api.names import ConditionType, Phase
+from koord_queue.shared.api.durations import format_time
+from koord_queue.shared.api.names import ConditionType, Phase
 
 __all__ = [
     "MAX_REQUEUE_DELAY",

@@ -17,9 +17,9 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shared.api import names
-from shared.api.admission_checks import CheckState, QueueAdmissionCheck
-from shared.api.quantities import Resources
+from koord_queue.shared.api import names
+from koord_queue.shared.api.admission_checks import CheckState, QueueAdmissionCheck
+from koord_queue.shared.api.quantities import Resources
 
 __all__ = [
     "Admission",

@@ -17,13 +17,13 @@ import json
 import re
 from collections.abc import Mapping
 
-from shared.api import model, names, quantities
-from shared.api import podtemplates as podspec
-from shared.api.admission_checks import CheckState, QueueAdmissionCheck, parse_selector
-from shared.api.durations import DurationError, parse_duration, parse_time
-from shared.api.goparse import parse_go_bool, parse_go_int, parse_lenient_int
-from shared.api.model import Admission, PodSet, QueueConfig, Quota, Unit
-from shared.api.quantities import QuantityError, Resources
+from koord_queue.shared.api import model, names, quantities
+from koord_queue.shared.api import podtemplates as podspec
+from koord_queue.shared.api.admission_checks import CheckState, QueueAdmissionCheck, parse_selector
+from koord_queue.shared.api.durations import DurationError, parse_duration, parse_time
+from koord_queue.shared.api.goparse import parse_go_bool, parse_go_int, parse_lenient_int
+from koord_queue.shared.api.model import Admission, PodSet, QueueConfig, Quota, Unit
+from koord_queue.shared.api.quantities import QuantityError, Resources
 
 __all__ = [
     "parse_namespaces_annotation",

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shared.api import quantities
-from shared.api.quantities import QuantityError, Resources
+from koord_queue.shared.api import quantities
+from koord_queue.shared.api.quantities import QuantityError, Resources
 
 __all__ = ["container_requests", "pod_requests", "scheduling_template"]
 

@@ -13,9 +13,9 @@ Pure: reads only the parsed :class:`shared.api.model.Unit`.
 
 from __future__ import annotations
 
-from shared.api import names
-from shared.api.model import PodSet, Unit
-from shared.api.names import Phase
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import PodSet, Unit
+from koord_queue.shared.api.names import Phase
 
 __all__ = [
     "TERMINAL_PHASES",

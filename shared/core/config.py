@@ -56,11 +56,11 @@ from typing import Any, Final
 
 import yaml
 
-from shared.api.durations import DurationError, parse_duration
-from shared.api.goparse import INT32_MAX, INT32_MIN
-from shared.core import mandatory
-from shared.jobs import registry
-from shared.jobs.running_timeout import RunningTimeout, RunningTimeouts
+from koord_queue.shared.api.durations import DurationError, parse_duration
+from koord_queue.shared.api.goparse import INT32_MAX, INT32_MIN
+from koord_queue.shared.core import mandatory
+from koord_queue.shared.jobs import registry
+from koord_queue.shared.jobs.running_timeout import RunningTimeout, RunningTimeouts
 
 API_VERSION: Final = "scheduling.k8s.io/v1"
 KINDS: Final = ("KoordQueueConfiguration", "KubeQueueConfiguration")

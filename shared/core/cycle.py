@@ -11,12 +11,12 @@ from __future__ import annotations
 import bisect
 import enum
 
-from shared.api.admission_checks import matched_checks
-from shared.api.names import Message, Phase, QueuePolicy
-from shared.core import gangs
-from shared.core.guarantees import Reclaim, may_claim, plan_reclaim
-from shared.core.plan import Admit, Decision, Park, Snapshot
-from shared.core.policies import (
+from koord_queue.shared.api.admission_checks import matched_checks
+from koord_queue.shared.api.names import Message, Phase, QueuePolicy
+from koord_queue.shared.core import gangs
+from koord_queue.shared.core.guarantees import Reclaim, may_claim, plan_reclaim
+from koord_queue.shared.core.plan import Admit, Decision, Park, Snapshot
+from koord_queue.shared.core.policies import (
     Entry,
     Item,
     Mark,
@@ -27,7 +27,7 @@ from shared.core.policies import (
     inactive_message,
     invalid_message,
 )
-from shared.core.preemption import (
+from koord_queue.shared.core.preemption import (
     MarkVictims,
     PreemptOutcome,
     disabled_reason,
@@ -38,7 +38,7 @@ from shared.core.preemption import (
     record_outcome,
     skip_reason,
 )
-from shared.core.quota import UsageView, grants_request, remaining_grants
+from koord_queue.shared.core.quota import UsageView, grants_request, remaining_grants
 
 __all__ = ["BLOCK_STALE_SECONDS", "Cycle"]
 

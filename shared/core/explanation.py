@@ -16,16 +16,16 @@ import bisect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from shared.api import quantities
-from shared.api.model import Unit
-from shared.api.predicates import has_reclaim
-from shared.api.quantities import Resources
-from shared.core import quotastatus
-from shared.core.policies import QueueState
-from shared.core.preemption import disabled_reason
-from shared.core.reasons import WAITING_REASONS, Classified, Reason
-from shared.core.replay import UNKNOWN_RESOURCE, View
-from shared.core.scheduling import Cache
+from koord_queue.shared.api import quantities
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.api.predicates import has_reclaim
+from koord_queue.shared.api.quantities import Resources
+from koord_queue.shared.core import quotastatus
+from koord_queue.shared.core.policies import QueueState
+from koord_queue.shared.core.preemption import disabled_reason
+from koord_queue.shared.core.reasons import WAITING_REASONS, Classified, Reason
+from koord_queue.shared.core.replay import UNKNOWN_RESOURCE, View
+from koord_queue.shared.core.scheduling import Cache
 
 __all__ = [
     "Ahead",

@@ -54,14 +54,14 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shared.api import quantities
-from shared.api.model import Quota, Unit
-from shared.api.predicates import expected_pod_sets
-from shared.api.quantities import Resources
-from shared.core import quota
-from shared.core.policies import QueueState
-from shared.core.preemption import Victim, protected_until, reclaimable
-from shared.core.quota import QuotaLedger, UsageView
+from koord_queue.shared.api import quantities
+from koord_queue.shared.api.model import Quota, Unit
+from koord_queue.shared.api.predicates import expected_pod_sets
+from koord_queue.shared.api.quantities import Resources
+from koord_queue.shared.core import quota
+from koord_queue.shared.core.policies import QueueState
+from koord_queue.shared.core.preemption import Victim, protected_until, reclaimable
+from koord_queue.shared.core.quota import QuotaLedger, UsageView
 
 __all__ = ["Reclaim", "Shares", "compute", "may_claim", "plan_reclaim", "water_fill", "weight"]
 

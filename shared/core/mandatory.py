@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shared.api import names
-from shared.api.model import Quota
-from shared.jobs import base
-from shared.jobs.base import Job, JobAdapter
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import Quota
+from koord_queue.shared.jobs import base
+from koord_queue.shared.jobs.base import Job, JobAdapter
 
 #: Never selected, whatever the selector says: the webhooks never see these namespaces
 #: (docs/architecture.md#decision-6-a-stateless-scoped-webhook).

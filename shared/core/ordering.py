@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.api.model import QueueConfig, Unit
-from shared.api.names import QueuePolicy
+from koord_queue.shared.api.model import QueueConfig, Unit
+from koord_queue.shared.api.names import QueuePolicy
 
 __all__ = [
     "SortKey",

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shared.api.model import Unit
-from shared.api.names import EventReason, Phase
-from shared.api.quantities import Resources
-from shared.core.preemption import MarkVictims
-from shared.core.quota import QuotaLedger
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.api.names import EventReason, Phase
+from koord_queue.shared.api.quantities import Resources
+from koord_queue.shared.core.preemption import MarkVictims
+from koord_queue.shared.core.quota import QuotaLedger
 
 __all__ = ["Admit", "Decision", "Park", "Plan", "Snapshot", "announces_admission"]
 

@@ -30,9 +30,9 @@ import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shared.api.model import QueueConfig, Unit
-from shared.api.names import Message, Phase, QueuePolicy
-from shared.api.predicates import (
+from koord_queue.shared.api.model import QueueConfig, Unit
+from koord_queue.shared.api.names import Message, Phase, QueuePolicy
+from koord_queue.shared.api.predicates import (
     TERMINAL_PHASES,
     has_reclaim,
     reserved_any_resource,
@@ -40,10 +40,10 @@ from shared.api.predicates import (
     satisfied,
     v1_dequeued,
 )
-from shared.api.quantities import Resources
-from shared.core import gangs
-from shared.core.ordering import SortKey, lane_of, unit_key
-from shared.core.quota import Demand, QuotaLedger, remaining_request
+from koord_queue.shared.api.quantities import Resources
+from koord_queue.shared.core import gangs
+from koord_queue.shared.core.ordering import SortKey, lane_of, unit_key
+from koord_queue.shared.core.quota import Demand, QuotaLedger, remaining_request
 
 __all__ = [
     "MARK_OBSERVE_TIMEOUT",

@@ -42,14 +42,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from shared.api import quantities
-from shared.api.model import QueueConfig, Unit
-from shared.api.names import EventReason, Message, QueuePolicy
-from shared.api.predicates import expected_pod_sets
-from shared.api.quantities import Resources
-from shared.core import gangs
-from shared.core.policies import Item, Mark, PreemptRound, QueueState
-from shared.core.quota import UsageView
+from koord_queue.shared.api import quantities
+from koord_queue.shared.api.model import QueueConfig, Unit
+from koord_queue.shared.api.names import EventReason, Message, QueuePolicy
+from koord_queue.shared.api.predicates import expected_pod_sets
+from koord_queue.shared.api.quantities import Resources
+from koord_queue.shared.core import gangs
+from koord_queue.shared.core.policies import Item, Mark, PreemptRound, QueueState
+from koord_queue.shared.core.quota import UsageView
 
 __all__ = [
     "INTELLIGENT_UNSUPPORTED",

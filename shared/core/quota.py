@@ -52,11 +52,11 @@ import bisect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from shared.api import names, quantities
-from shared.api.model import Quota, Unit
-from shared.api.names import Message
-from shared.api.predicates import TERMINAL_PHASES, expected_pod_sets, v1_dequeued
-from shared.api.quantities import Resources
+from koord_queue.shared.api import names, quantities
+from koord_queue.shared.api.model import Quota, Unit
+from koord_queue.shared.api.names import Message
+from koord_queue.shared.api.predicates import TERMINAL_PHASES, expected_pod_sets, v1_dequeued
+from koord_queue.shared.api.quantities import Resources
 
 __all__ = [
     "Chain",

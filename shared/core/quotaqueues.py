@@ -29,9 +29,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shared.api import names
-from shared.api.model import Quota
-from shared.core.quota import winner
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import Quota
+from koord_queue.shared.core.quota import winner
 
 Obj = dict[str, Any]
 

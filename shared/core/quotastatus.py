@@ -33,11 +33,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared.api import names, quantities
-from shared.api.model import Quota
-from shared.api.quantities import QuantityError, Resources
-from shared.core.policies import SchedulerState
-from shared.core.quota import QuotaLedger
+from koord_queue.shared.api import names, quantities
+from koord_queue.shared.api.model import Quota
+from koord_queue.shared.api.quantities import QuantityError, Resources
+from koord_queue.shared.core.policies import SchedulerState
+from koord_queue.shared.core.quota import QuotaLedger
 
 __all__ = [
     "PUBLISHED_ANNOTATIONS",

@@ -15,8 +15,8 @@ import enum
 import re
 from dataclasses import dataclass
 
-from shared.api.names import Message
-from shared.core.policies import inactive_message
+from koord_queue.shared.api.names import Message
+from koord_queue.shared.core.policies import inactive_message
 
 __all__ = [
     "WAITING_REASONS",

@@ -20,16 +20,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shared.api import names, quantities
-from shared.api.model import QueueConfig, Quota, Unit
-from shared.api.names import Phase
-from shared.api.quantities import Resources
-from shared.core import quotastatus
-from shared.core.plan import Admit, Park
-from shared.core.policies import is_waiting
-from shared.core.quota import remaining_request
-from shared.core.scheduling import Cache
-from shared.jobs.running_timeout import RunningTimeout
+from koord_queue.shared.api import names, quantities
+from koord_queue.shared.api.model import QueueConfig, Quota, Unit
+from koord_queue.shared.api.names import Phase
+from koord_queue.shared.api.quantities import Resources
+from koord_queue.shared.core import quotastatus
+from koord_queue.shared.core.plan import Admit, Park
+from koord_queue.shared.core.policies import is_waiting
+from koord_queue.shared.core.quota import remaining_request
+from koord_queue.shared.core.scheduling import Cache
+from koord_queue.shared.jobs.running_timeout import RunningTimeout
 
 __all__ = [
     "UNKNOWN_RESOURCE",

@@ -38,14 +38,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from shared.api.model import QueueConfig, Quota, Unit, evolve, with_grants
-from shared.api.names import Message
-from shared.core import guarantees
-from shared.core.cycle import BLOCK_STALE_SECONDS, Cycle
-from shared.core.ordering import queue_key
-from shared.core.plan import Admit, Decision, Park, Plan, Snapshot
-from shared.core.policies import SchedulerState, queue_item_details
-from shared.core.quota import QuotaLedger
+from koord_queue.shared.api.model import QueueConfig, Quota, Unit, evolve, with_grants
+from koord_queue.shared.api.names import Message
+from koord_queue.shared.core import guarantees
+from koord_queue.shared.core.cycle import BLOCK_STALE_SECONDS, Cycle
+from koord_queue.shared.core.ordering import queue_key
+from koord_queue.shared.core.plan import Admit, Decision, Park, Plan, Snapshot
+from koord_queue.shared.core.policies import SchedulerState, queue_item_details
+from koord_queue.shared.core.quota import QuotaLedger
 
 __all__ = [
     "BLOCK_STALE_SECONDS",

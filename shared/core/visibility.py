@@ -34,11 +34,11 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from shared.api import quantities
-from shared.api.model import Unit
-from shared.core import quotastatus
-from shared.core.policies import SchedulerState, queue_item_details
-from shared.core.quota import QuotaLedger, remaining_request, reserved_resources
+from koord_queue.shared.api import quantities
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.core import quotastatus
+from koord_queue.shared.core.policies import SchedulerState, queue_item_details
+from koord_queue.shared.core.quota import QuotaLedger, remaining_request, reserved_resources
 
 GROUP: Final = "visibility.koord-queue.x-k8s.io"
 VERSION: Final = "v1alpha1"

@@ -38,12 +38,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
-from shared.api import names
-from shared.api.model import PodSet, Unit
-from shared.core import gangs
-from shared.jobs import base, patches
-from shared.jobs.base import Job, JobAdapter, JobSpecError, JsonPatchOp
-from shared.jobs.patches import escape
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import PodSet, Unit
+from koord_queue.shared.core import gangs
+from koord_queue.shared.jobs import base, patches
+from koord_queue.shared.jobs.base import Job, JobAdapter, JobSpecError, JsonPatchOp
+from koord_queue.shared.jobs.patches import escape
 
 __all__ = [
     "FEATURE_GATES",

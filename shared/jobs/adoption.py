@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from shared.api import conditions
-from shared.api.names import Message, Phase
-from shared.api.parsing import parse_unit
-from shared.api.predicates import expected_pod_sets
-from shared.jobs.base import JobStatus, annotations_of, dig
+from koord_queue.shared.api import conditions
+from koord_queue.shared.api.names import Message, Phase
+from koord_queue.shared.api.parsing import parse_unit
+from koord_queue.shared.api.predicates import expected_pod_sets
+from koord_queue.shared.jobs.base import JobStatus, annotations_of, dig
 
 Obj = dict[str, Any]
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NotRequired, Protocol, TypedDict
 
-from shared.api import names, quantities
+from koord_queue.shared.api import names, quantities
 
 Job = Mapping[str, Any]
 """A job (or pod) as raw Kubernetes JSON."""

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shared.api import names
-from shared.jobs import base
-from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp
-from shared.jobs.common import AdapterBase, template_pod_set
-from shared.jobs.patches import PatchBuilder, deep_merge
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import base
+from koord_queue.shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp
+from koord_queue.shared.jobs.common import AdapterBase, template_pod_set
+from koord_queue.shared.jobs.patches import PatchBuilder, deep_merge
 
 #: API groups whose controllers create Jobs on behalf of a job we already queue.
 _MANAGED_PARENT_GROUPS: Final = frozenset(

@@ -12,11 +12,11 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared.api import names
-from shared.jobs import base, patches
-from shared.jobs.base import Job, JobPodSet, Segment
-from shared.jobs.patches import PatchBuilder
-from shared.jobs.podspec import template_requests
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import base, patches
+from koord_queue.shared.jobs.base import Job, JobPodSet, Segment
+from koord_queue.shared.jobs.patches import PatchBuilder
+from koord_queue.shared.jobs.podspec import template_requests
 
 _ANNOTATIONS = ("metadata", "annotations")
 _HAS_ENQUEUED = (*_ANNOTATIONS, names.JOB_HAS_ENQUEUED_ANNOTATION)

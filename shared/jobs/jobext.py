@@ -22,12 +22,21 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from shared.api import names, quantities
-from shared.api import podtemplates as podspec
-from shared.api.goparse import parse_go_bool, parse_lenient_int
-from shared.jobs import adoption, poddefaults, podplan, ray
-from shared.jobs.base import Job, JobAdapter, JobPodSet, JobSpecError, annotations_of, dig, labels_of, text
-from shared.jobs.podspec import template_requests
+from koord_queue.shared.api import names, quantities
+from koord_queue.shared.api import podtemplates as podspec
+from koord_queue.shared.api.goparse import parse_go_bool, parse_lenient_int
+from koord_queue.shared.jobs import adoption, poddefaults, podplan, ray
+from koord_queue.shared.jobs.base import (
+    Job,
+    JobAdapter,
+    JobPodSet,
+    JobSpecError,
+    annotations_of,
+    dig,
+    labels_of,
+    text,
+)
+from koord_queue.shared.jobs.podspec import template_requests
 
 Obj = dict[str, Any]
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from shared.jobs import base
-from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp, Segment
-from shared.jobs.common import AdapterBase, template_pod_set
-from shared.jobs.patches import deep_merge
+from koord_queue.shared.jobs import base
+from koord_queue.shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp, Segment
+from koord_queue.shared.jobs.common import AdapterBase, template_pod_set
+from koord_queue.shared.jobs.patches import deep_merge
 
 #: The label the JobSet controller puts on every child Job's pods: the replicated job's name.
 REPLICATED_JOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"

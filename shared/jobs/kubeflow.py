@@ -24,11 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shared.api import names
-from shared.jobs import base
-from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp
-from shared.jobs.common import AdapterBase, template_pod_set
-from shared.jobs.patches import deep_merge
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import base
+from koord_queue.shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp
+from koord_queue.shared.jobs.common import AdapterBase, template_pod_set
+from koord_queue.shared.jobs.patches import deep_merge
 
 _SUSPEND_PATH = f"metadata.annotations[{names.SUSPEND_ANNOTATION}]"
 _OPERATOR_ROLE_LABEL = "training.kubeflow.org/replica-type"

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.api import conditions, names
-from shared.api.durations import parse_time
-from shared.jobs import podplan
+from koord_queue.shared.api import conditions, names
+from koord_queue.shared.api.durations import parse_time
+from koord_queue.shared.jobs import podplan
 
 Obj = dict[str, Any]
 

@@ -17,7 +17,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from shared.jobs.base import JobSpecError, JsonPatchOp, Segment, dig, field_path
+from koord_queue.shared.jobs.base import JobSpecError, JsonPatchOp, Segment, dig, field_path
 
 
 def escape(segment: Segment) -> str:

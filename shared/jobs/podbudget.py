@@ -30,10 +30,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.api import quantities
+from koord_queue.shared.api import quantities
 
 if TYPE_CHECKING:  # ``shared.jobs.podplan`` calls this module, so its type is named only here
-    from shared.jobs.podplan import PodView
+    from koord_queue.shared.jobs.podplan import PodView
 
 
 @dataclass

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.api import quantities
+from koord_queue.shared.api import quantities
 
 Obj = dict[str, Any]
 

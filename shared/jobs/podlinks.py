@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shared.jobs.base import Job, dig, text
+from koord_queue.shared.jobs.base import Job, dig, text
 
 #: ``(kind, name)`` → the object of that kind and name in the pod's namespace, if known.
 ParentLookup = Callable[[str, str], Mapping[str, Any] | None]

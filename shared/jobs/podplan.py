@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.api import conditions, names, podtemplates, quantities
-from shared.jobs import podbudget, registry
-from shared.jobs.base import Job, JobStatus, dig, text
+from koord_queue.shared.api import conditions, names, podtemplates, quantities
+from koord_queue.shared.jobs import podbudget, registry
+from koord_queue.shared.jobs.base import Job, JobStatus, dig, text
 
 Obj = dict[str, Any]
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from shared.api import podtemplates as shared_podspec
-from shared.api import quantities
-from shared.jobs.base import JobSpecError, optional_mapping, require_mapping
+from koord_queue.shared.api import podtemplates as shared_podspec
+from koord_queue.shared.api import quantities
+from koord_queue.shared.jobs.base import JobSpecError, optional_mapping, require_mapping
 
 # libyaml when available: the pure-Python loader is ~10x slower on large annotations.
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -41,12 +41,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from shared.api import names
-from shared.jobs import base, podlinks
-from shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp, Segment
-from shared.jobs.batch_job import ParentClaim, controller_claim
-from shared.jobs.common import AdapterBase, template_pod_set
-from shared.jobs.patches import PatchBuilder, deep_merge
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import base, podlinks
+from koord_queue.shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp, Segment
+from koord_queue.shared.jobs.batch_job import ParentClaim, controller_claim
+from koord_queue.shared.jobs.common import AdapterBase, template_pod_set
+from koord_queue.shared.jobs.patches import PatchBuilder, deep_merge
 
 _PARENT_KINDS: Final = frozenset({"RayJob", "RayService"})
 _ORIGIN_LABEL: Final = "ray.io/originated-from-crd"

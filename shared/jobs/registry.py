@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from shared.jobs import batch_job, jobset, kubeflow, ray, spark, workflow
-from shared.jobs.base import JobAdapter
+from koord_queue.shared.jobs import batch_job, jobset, kubeflow, ray, spark, workflow
+from koord_queue.shared.jobs.base import JobAdapter
 
 ADAPTERS: Final[tuple[JobAdapter, ...]] = (
     batch_job.BatchJobAdapter(),

@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shared.api import conditions, names
-from shared.api.durations import format_duration, parse_time
-from shared.jobs import podplan, registry
+from koord_queue.shared.api import conditions, names
+from koord_queue.shared.api.durations import format_duration, parse_time
+from koord_queue.shared.jobs import podplan, registry
 
 __all__ = ["Decision", "RunningTimeout", "RunningTimeouts", "admitted_at", "backoff_patch", "decide"]
 

@@ -40,11 +40,11 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from shared.api import names, quantities
-from shared.jobs import base
-from shared.jobs.base import Job, JobPodSet, JobSpecError, JobStatus, JsonPatchOp
-from shared.jobs.common import AdapterBase, synthetic_template
-from shared.jobs.patches import deep_merge
+from koord_queue.shared.api import names, quantities
+from koord_queue.shared.jobs import base
+from koord_queue.shared.jobs.base import Job, JobPodSet, JobSpecError, JobStatus, JsonPatchOp
+from koord_queue.shared.jobs.common import AdapterBase, synthetic_template
+from koord_queue.shared.jobs.patches import deep_merge
 
 _JVM_SIZE: Final = re.compile(r"([0-9]+)([kmgtp]?)b?", re.IGNORECASE)
 _JVM_UNITS: Final = {"": "Mi", "k": "Ki", "m": "Mi", "g": "Gi", "t": "Ti", "p": "Pi"}

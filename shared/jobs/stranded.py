@@ -47,9 +47,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shared.api import names
-from shared.api.durations import format_duration
-from shared.jobs import podplan, running_timeout
+from koord_queue.shared.api import names
+from koord_queue.shared.api.durations import format_duration
+from koord_queue.shared.jobs import podplan, running_timeout
 
 __all__ = ["KINDS", "Decision", "decide"]
 

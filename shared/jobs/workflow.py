@@ -57,12 +57,12 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from shared.api import names, quantities
-from shared.jobs import base
-from shared.jobs.base import Job, JobPodSet, JobSpecError, JobStatus, JsonPatchOp
-from shared.jobs.common import AdapterBase, synthetic_template
-from shared.jobs.patches import deep_merge
-from shared.jobs.podspec import parse_min_resources
+from koord_queue.shared.api import names, quantities
+from koord_queue.shared.jobs import base
+from koord_queue.shared.jobs.base import Job, JobPodSet, JobSpecError, JobStatus, JsonPatchOp
+from koord_queue.shared.jobs.common import AdapterBase, synthetic_template
+from koord_queue.shared.jobs.patches import deep_merge
+from koord_queue.shared.jobs.podspec import parse_min_resources
 
 POD_SET: Final = "default"
 _WORKFLOW_LABEL: Final = "workflows.argoproj.io/workflow"

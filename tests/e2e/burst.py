@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv.cluster import LocalCluster
 from tests import kube
 

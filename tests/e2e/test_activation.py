@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv.cluster import LocalCluster
 from tests import kube
 

@@ -24,11 +24,11 @@ from collections.abc import AsyncIterator
 import pytest
 import yaml
 
-from shared import kube as kq
-from shared.api import names
-from shared.api.durations import parse_time
-from shared.api.names import Message
-from shared.jobs import podplan
+from koord_queue.shared import kube as kq
+from koord_queue.shared.api import names
+from koord_queue.shared.api.durations import parse_time
+from koord_queue.shared.api.names import Message
+from koord_queue.shared.jobs import podplan
 from testenv import system
 from testenv.cluster import LocalCluster
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION

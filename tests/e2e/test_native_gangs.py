@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.api import names
-from shared.core import workloadref
+from koord_queue.shared.api import names
+from koord_queue.shared.core import workloadref
 from testenv import system
 from testenv.cluster import LocalCluster, wait_until
 from tests import kube

@@ -48,8 +48,8 @@ from typing import Any
 
 import pytest
 
-from shared import kube as kq
-from shared.api import names, podtemplates, quantities
+from koord_queue.shared import kube as kq
+from koord_queue.shared.api import names, podtemplates, quantities
 from testenv import binaries, operators, system
 from testenv.cluster import LocalCluster
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION

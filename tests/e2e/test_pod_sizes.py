@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from shared.api import names, podtemplates
+from koord_queue.shared.api import names, podtemplates
 from testenv import system
 from testenv.cluster import LocalCluster
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from shared import kube as kq
-from shared.api import names
+from koord_queue.shared import kube as kq
+from koord_queue.shared.api import names
 from testenv import system
 from testenv.cluster import Component, LocalCluster
 from tests import kube

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from shared import kube as kq
-from shared.api import names
-from shared.api.durations import parse_time
+from koord_queue.shared import kube as kq
+from koord_queue.shared.api import names
+from koord_queue.shared.api.durations import parse_time
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from shared import kube as kq
-from shared.api import names
-from shared.jobs import registry
+from koord_queue.shared import kube as kq
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import registry
 from testenv import binaries, operators, system
 from testenv.cluster import LocalCluster
 from tests import kube, tenancy

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION

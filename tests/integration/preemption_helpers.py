@@ -20,9 +20,9 @@ from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
-from shared import kube as kq
-from shared.api import names
-from shared.api.durations import parse_time
+from koord_queue.shared import kube as kq
+from koord_queue.shared.api import names
+from koord_queue.shared.api.durations import parse_time
 from testenv.cluster import LocalCluster
 from tests import kube
 from tests.scenario import Scenario, admissions, condition, message, phase, status

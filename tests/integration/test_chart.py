@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.core import config as component_config
+from koord_queue.shared.core import config as component_config
 from testenv import binaries, chart, system
 from testenv.cluster import LocalCluster
 from tests import kube

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv.cluster import LocalCluster
 from tests import kube
 

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from shared import kube as kq
+from koord_queue.shared import kube as kq
 from testenv.cluster import LocalCluster
 from tests import kube
 

@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.api import names, quantities
-from shared.api.names import Message
+from koord_queue.shared.api import names, quantities
+from koord_queue.shared.api.names import Message
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests.scenario import Obj, Scenario, phase, scenario, status

@@ -27,16 +27,16 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from reconciler import main as reconciler_main
-from reconciler import visibility as reconciler_visibility
-from shared.admission import decisions as admission
-from shared.api import names
-from shared.core import config as component_config
-from shared.core import visibility, workloadref
+from koord_queue.reconciler import main as reconciler_main
+from koord_queue.reconciler import visibility as reconciler_visibility
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.api import names
+from koord_queue.shared.core import config as component_config
+from koord_queue.shared.core import visibility, workloadref
+from koord_queue.webhook import main as webhook_main
 from testenv import binaries, system
 from testenv.cluster import LocalCluster, wait_until
 from tests import kube
-from webhook import main as webhook_main
 
 pytestmark = pytest.mark.integration
 

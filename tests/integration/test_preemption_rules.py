@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.api import names
-from shared.api.names import ConditionType, EventReason, Message
-from shared.core.preemption import INTELLIGENT_UNSUPPORTED
+from koord_queue.shared.api import names
+from koord_queue.shared.api.names import ConditionType, EventReason, Message
+from koord_queue.shared.core.preemption import INTELLIGENT_UNSUPPORTED
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube

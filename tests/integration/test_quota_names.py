@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube, tenancy

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from shared.api import names
-from shared.api.names import Message
+from koord_queue.shared.api import names
+from koord_queue.shared.api.names import Message
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from shared.api import names
-from shared.api.durations import parse_time
-from shared.api.names import ConditionType, Message
+from koord_queue.shared.api import names
+from koord_queue.shared.api.durations import parse_time
+from koord_queue.shared.api.names import ConditionType, Message
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import scenario as s

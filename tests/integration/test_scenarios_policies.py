@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from shared.api import names
-from shared.api.names import Message
+from koord_queue.shared.api import names
+from koord_queue.shared.api.names import Message
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import scenario as s

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster, wait_until
 from tests import kube

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube, tenancy

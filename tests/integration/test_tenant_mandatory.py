@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube, tenancy

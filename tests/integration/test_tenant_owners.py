@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from shared.api import names
+from koord_queue.shared.api import names
 from tests.integration.test_job_kinds import TOO_SMALL
 from tests.integration.test_tenant_hold import alice, batch_job, queued_job
 from tests.scenario import Scenario

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv import system
 from tests import kube
 from tests.integration.test_tenant_hold import ALICE, ROOM, alice, batch_job, owned_pod

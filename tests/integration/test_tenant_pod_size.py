@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv import system
 from testenv.cluster import wait_until
 from tests import kube, tenancy

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from shared.api import names
+from koord_queue.shared.api import names
 from tests.integration.test_tenant_quotas import World, alice_may_submit, job
 from tests.integration.test_tenant_quotas import w as w  # the fixture: alice's namespace and her rights
 

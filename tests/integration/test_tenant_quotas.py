@@ -36,7 +36,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import client as k8s
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube, tenancy

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.api import names
+from koord_queue.shared.api import names
 from tests import kube, tenancy
 from tests.integration.test_job_kinds import metadata
 from tests.scenario import Scenario, phase

@@ -32,9 +32,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from certs import bundle
-from shared import kube as kq
-from shared.api import names
+from koord_queue.certs import bundle
+from koord_queue.shared import kube as kq
+from koord_queue.shared.api import names
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests import kube

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.api import names
+from koord_queue.shared.api import names
 from testenv import system
 from testenv.cluster import Component, LocalCluster
 from tests import kube

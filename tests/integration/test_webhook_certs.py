@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from certs import bundle, pki
-from certs.manager import (
+from koord_queue.certs import bundle, pki
+from koord_queue.certs.manager import (
     APISERVICES,
     MUTATING,
     VALIDATING,
@@ -24,7 +24,7 @@ from certs.manager import (
     WebhookCertManager,
     read_serving_pair,
 )
-from shared import kube as kq
+from koord_queue.shared import kube as kq
 from testenv.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import decisions as admission
-from shared.admission.decisions import AdmissionConfig, MalformedReview, Operation
-from shared.api import names
-from shared.jobs import patches, registry
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.admission.decisions import AdmissionConfig, MalformedReview, Operation
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import patches, registry
 from tests.unit.test_job_adapters import SAMPLES, apply_patch, batch_job
 
 NOW = "2025-01-02T03:04:05Z"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.api.admission_checks import (
+from koord_queue.shared.api.admission_checks import (
     CHECK_REMOVED_MESSAGE,
     CheckOutcome,
     CheckState,
@@ -16,7 +16,7 @@ from shared.api.admission_checks import (
     next_phase,
     parse_selector,
 )
-from shared.api.names import Message, Phase
+from koord_queue.shared.api.names import Message, Phase
 from tests.unit.test_model import unit
 
 NOW = "2024-05-01T00:00:00Z"

@@ -22,13 +22,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import decisions as admission
-from shared.api import names
-from shared.jobs import base
-from shared.jobs.base import JobSpecError, JsonPatchOp, Segment, dig, field_path
-from shared.jobs.patches import PatchBuilder, pointer
-from webhook import server
-from webhook.metrics import FLUSH_EVERY, Result, WebhookMetrics
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import base
+from koord_queue.shared.jobs.base import JobSpecError, JsonPatchOp, Segment, dig, field_path
+from koord_queue.shared.jobs.patches import PatchBuilder, pointer
+from koord_queue.webhook import server
+from koord_queue.webhook.metrics import FLUSH_EVERY, Result, WebhookMetrics
 
 # --- the oracle: the builder as it was before the fast paths -------------------------------------
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from reconciler import scheduler_writes
-from shared import kube
-from shared.api.parsing import parse_unit
+from koord_queue.reconciler import scheduler_writes
+from koord_queue.shared import kube
+from koord_queue.shared.api.parsing import parse_unit
 
 UNIT: dict[str, Any] = {
     "apiVersion": "scheduling.x-k8s.io/v1alpha1",
@@ -50,7 +50,7 @@ def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     async def instant(_: float) -> None:
         return None
 
-    monkeypatch.setattr("reconciler.scheduler_writes.asyncio.sleep", instant)
+    monkeypatch.setattr("koord_queue.reconciler.scheduler_writes.asyncio.sleep", instant)
 
 
 async def test_a_write_that_landed_is_kept_however_long_the_cluster_takes_to_answer() -> None:

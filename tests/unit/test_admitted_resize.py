@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from shared import kube
-from shared.api import names
-from shared.jobs import jobext, lifecycle, registry
-from shared.jobs.running_timeout import RunningTimeout
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import jobext, lifecycle, registry
+from koord_queue.shared.jobs.running_timeout import RunningTimeout
 from tests.unit.test_jobext import job
 from tests.unit.test_running_timeout import KEY, FakeClient, admitted_unit, extensions, released_job
 

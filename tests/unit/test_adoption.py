@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.api import names
-from shared.api.parsing import parse_unit
-from shared.api.predicates import satisfied
-from shared.core.policies import is_waiting
-from shared.jobs import adoption, jobext, podplan, registry
-from shared.jobs.base import JobStatus
+from koord_queue.shared.api import names
+from koord_queue.shared.api.parsing import parse_unit
+from koord_queue.shared.api.predicates import satisfied
+from koord_queue.shared.core.policies import is_waiting
+from koord_queue.shared.jobs import adoption, jobext, podplan, registry
+from koord_queue.shared.jobs.base import JobStatus
 
 JOB = registry.by_extension("job")
 NOW = "2024-05-01T10:00:00Z"

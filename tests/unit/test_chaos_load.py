@@ -11,8 +11,8 @@ from typing import Any
 
 from chaos import load
 from chaos.views import milli
-from shared import kube
-from shared.api import names
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
 
 
 def test_the_borrowing_tree_is_oversubscribed_and_its_guarantees_fit_the_parent() -> None:

@@ -14,7 +14,7 @@ from chaos import k8sproto, views
 from chaos import observer as obs
 from chaos.guarantee_watch import GUARANTEE_ROUND_S
 from chaos.observer import Observer
-from shared.api import names
+from koord_queue.shared.api import names
 
 NS = "chaos"
 SCHEDULABLE = "unadmitted-pod-schedulable"

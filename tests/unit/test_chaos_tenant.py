@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from chaos import run, tenant
-from shared import kube
-from shared.api import names
-from shared.core import config
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.core import config
 
 
 def job(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from chaos import tenant_orphans as orphans
-from shared.api import names
+from koord_queue.shared.api import names
 
 REF = "chaos-mallory/mallory-orphan-0"
 

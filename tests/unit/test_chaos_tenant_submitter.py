@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from chaos import tenant_submitter as submitter
-from shared.api import names
+from koord_queue.shared.api import names
 
 JOB_UID = "job-1"
 GATE = {"name": names.ADMISSION_GATE}

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from reconciler import job_pods
-from shared.admission import decisions as admission
-from shared.admission.decisions import Operation
-from shared.api import names
-from shared.jobs import batch_job, jobext, patches, podplan, ray
+from koord_queue.reconciler import job_pods
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.admission.decisions import Operation
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import batch_job, jobext, patches, podplan, ray
 from tests.unit.test_admission import CONFIG, NOW, decoded_patch, mutate, review_body, validate
 
 GATE = {"name": names.ADMISSION_GATE}

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from shared.api.conditions import (
+from koord_queue.shared.api.conditions import (
     MAX_REQUEUE_DELAY,
     evicted,
     next_requeue_state,
     set_condition,
     sync_conditions,
 )
-from shared.api.names import Phase
+from koord_queue.shared.api.names import Phase
 
 T0 = "2024-01-01T00:00:00Z"
 T1 = "2024-01-01T00:01:00Z"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared.core import config
-from shared.jobs import registry
-from shared.jobs.running_timeout import RunningTimeout
+from koord_queue.shared.core import config
+from koord_queue.shared.jobs import registry
+from koord_queue.shared.jobs.running_timeout import RunningTimeout
 
 HEAD = "apiVersion: scheduling.k8s.io/v1\nkind: KoordQueueConfiguration\n"
 MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "config.yaml"

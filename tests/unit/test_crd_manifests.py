@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.api import names
+from koord_queue.shared.api import names
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT_CRD_DIR = REPO / "manifests" / "crds"

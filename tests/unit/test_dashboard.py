@@ -9,8 +9,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from reconciler import metrics as reconciler_metrics
-from webhook import metrics as webhook_metrics
+from koord_queue.reconciler import metrics as reconciler_metrics
+from koord_queue.webhook import metrics as webhook_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "manifests" / "dashboards" / "koord-queue.json"
 

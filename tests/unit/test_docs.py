@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 OPERATIONS = DOCS / "operations.md"
 PROCESS_MODULES = (ROOT / "webhook" / "main.py", ROOT / "reconciler" / "main.py")
-CONFIG_MODULE = "shared.core.config"
+CONFIG_MODULE = "koord_queue.shared.core.config"
 #: Names of a module-level function returning the process's ``argparse.ArgumentParser``.
 PARSER_BUILDERS = ("build_parser", "make_parser", "create_parser")
 
@@ -285,7 +285,7 @@ def process_flags(path: Path) -> set[str]:
     functions = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
     builder = next((name for name in functions if name in PARSER_BUILDERS), None)
     if builder is not None:
-        module_name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        module_name = "koord_queue." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
         parser = getattr(importlib.import_module(module_name), builder)()
         for action in parser._actions:
             flags.update(option for option in action.option_strings if option.startswith("--"))

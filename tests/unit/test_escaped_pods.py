@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler import job_pods
-from shared.api import names
+from koord_queue.reconciler import job_pods
+from koord_queue.shared.api import names
 
 UNIT = "team/train"
 JOB: dict[str, Any] = {"metadata": {"name": "train", "namespace": "team", "uid": "job-uid"}}

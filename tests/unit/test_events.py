@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from reconciler.events import EventRecorder
-from shared import kube
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.shared import kube
 
 
 class FakeClient:

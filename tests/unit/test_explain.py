@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from koordqueue_cli import client, commands, completion, render
-from shared.api import durations, model, names, parsing
-from shared.api.names import Message
-from shared.core import explain, reasons, replay
-from shared.core.reasons import Reason
-from shared.jobs.running_timeout import RunningTimeout
+from koord_queue.cli import client, commands, completion, render
+from koord_queue.shared.api import durations, model, names, parsing
+from koord_queue.shared.api.names import Message
+from koord_queue.shared.core import explain, reasons, replay
+from koord_queue.shared.core.reasons import Reason
+from koord_queue.shared.jobs.running_timeout import RunningTimeout
 
 NOW = 1_800_000_000.0
 T0 = "2027-01-01T00:00:00Z"
@@ -343,7 +343,7 @@ def test_find_unit_by_unit_name_job_name_or_kind_and_name() -> None:
 
 
 def test_rbac_refusals_name_the_missing_permission() -> None:
-    from shared import kube
+    from koord_queue.shared import kube
 
     err = kube.KubeError(403, "Forbidden", 'User "alice" cannot list resource "queueunits" in API group "x"')
     failure = client.denied(err, "list", client.QUEUE_UNITS, "team")

@@ -34,11 +34,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.admission import validation
-from shared.api import durations, names, parsing, quantities
-from shared.core import config
-from shared.jobs import jobext, poddefaults, podspec, registry
-from shared.jobs.base import JobSpecError
+from koord_queue.shared.admission import validation
+from koord_queue.shared.api import durations, names, parsing, quantities
+from koord_queue.shared.core import config
+from koord_queue.shared.jobs import jobext, poddefaults, podspec, registry
+from koord_queue.shared.jobs.base import JobSpecError
 from tests.unit.test_job_adapters import SAMPLES
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

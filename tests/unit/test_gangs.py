@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.api import names
-from shared.api.model import Unit
-from shared.core import gangs
-from shared.core.preemption import MarkVictims, reclaimable
-from shared.jobs import jobext, registry
-from shared.jobs.base import JobSpecError
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.core import gangs
+from koord_queue.shared.core.preemption import MarkVictims, reclaimable
+from koord_queue.shared.jobs import jobext, registry
+from koord_queue.shared.jobs.base import JobSpecError
 from tests.unit.test_model import UnitBuilder, queue, quota, unit
 from tests.unit.test_scheduling import World, admits
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.api import goparse
+from koord_queue.shared.api import goparse
 
 
 @pytest.mark.parametrize(

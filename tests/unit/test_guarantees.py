@@ -17,12 +17,12 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.api import names, parsing
-from shared.api.model import Quota
-from shared.api.names import Message
-from shared.core import guarantees
-from shared.core.preemption import MarkVictims
-from shared.core.scheduling import Cache
+from koord_queue.shared.api import names, parsing
+from koord_queue.shared.api.model import Quota
+from koord_queue.shared.api.names import Message
+from koord_queue.shared.core import guarantees
+from koord_queue.shared.core.preemption import MarkVictims
+from koord_queue.shared.core.scheduling import Cache
 from tests.unit.test_model import queue, unit
 from tests.unit.test_scheduling import World, admits, parked
 
@@ -391,7 +391,7 @@ def test_units_arriving_one_by_one_mark_one_victim_each_and_never_count_twice() 
 
 
 def test_tree_data_lists_parents_mins_sums_and_flat_families() -> None:
-    from shared.core import quotaqueues
+    from koord_queue.shared.core import quotaqueues
 
     quotas = [
         eq("p", min_cpu="10", max_cpu="10", is_parent=True),
@@ -436,8 +436,8 @@ def test_a_resource_min_does_not_name_does_not_stop_a_guaranteed_unit() -> None:
 
 
 def test_the_guarantee_texts_are_read_back_as_their_own_reasons() -> None:
-    from shared.core import reasons
-    from shared.core.reasons import Reason
+    from koord_queue.shared.core import reasons
+    from koord_queue.shared.core.reasons import Reason
 
     share = Message.share_limited("a", "p", "cpu") + Message.PREEMPT_FAILED_SUFFIX
     assert reasons.classify(share, "a") == reasons.Classified(Reason.SHARE, "a", "cpu", "failed")
@@ -498,7 +498,7 @@ def test_a_child_whose_units_fit_no_share_leaves_it_to_a_sibling_whose_unit_fits
 def test_a_queue_s_least_units_are_judged_whole_not_per_resource() -> None:
     """``Demand.floors`` keeps every waiting unit no other one is below on every resource: a wide
     and a tall unit both stay (per-resource minimums would invent a unit that is small on both)."""
-    from shared.core.quota import Demand, smallest_units
+    from koord_queue.shared.core.quota import Demand, smallest_units
 
     demand = Demand()
     wide, tall, big = (

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from shared.api import names, parsing
-from shared.core.scheduling import Cache
+from koord_queue.shared.api import names, parsing
+from koord_queue.shared.core.scheduling import Cache
 from tests.unit.test_model import queue, unit
 from tests.unit.test_scheduling import World, admits
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler import job_lifecycle
-from reconciler.job_units import JobKey
-from shared import kube
-from shared.jobs import podplan, registry
+from koord_queue.reconciler import job_lifecycle
+from koord_queue.reconciler.job_units import JobKey
+from koord_queue.shared import kube
+from koord_queue.shared.jobs import podplan, registry
 
 
 class Client:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.informer import Informer, PackedStore
-from shared import kube
+from koord_queue.reconciler.informer import Informer, PackedStore
+from koord_queue.shared import kube
 
 RES = kube.Resource("example.io", "v1", "things", "Thing")
 

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.api import names
-from shared.jobs import base, registry
-from shared.jobs.base import JobAdapter, JobSpecError, JobStatus
-from shared.jobs.patches import escape, pointer
-from shared.jobs.podspec import parse_min_resources, pod_requests
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import base, registry
+from koord_queue.shared.jobs.base import JobAdapter, JobSpecError, JobStatus
+from koord_queue.shared.jobs.patches import escape, pointer
+from koord_queue.shared.jobs.podspec import parse_min_resources, pod_requests
 
 NOW = "2025-01-02T03:04:05Z"
 QUOTA = {names.QUOTA_NAME_LABEL: "team-a"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler import job_events
-from reconciler.events import EventRecorder
-from shared.api.names import EventReason
+from koord_queue.reconciler import job_events
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.shared.api.names import EventReason
 
 
 def unit(owners: list[dict[str, Any]], kind: str | None = "Job") -> dict[str, Any]:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.job_units import JobKey
-from reconciler.jobs import JobExtensions
-from reconciler.scheduler import SchedulerLoop
-from shared import kube
-from shared.api import names
-from shared.core.config import Settings
-from shared.jobs import adoption, jobext, podplan, registry
-from shared.jobs.base import JobStatus
+from koord_queue.reconciler.job_units import JobKey
+from koord_queue.reconciler.jobs import JobExtensions
+from koord_queue.reconciler.scheduler import SchedulerLoop
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.core.config import Settings
+from koord_queue.shared.jobs import adoption, jobext, podplan, registry
+from koord_queue.shared.jobs.base import JobStatus
 
 NOW = "2024-05-01T10:00:00Z"
 

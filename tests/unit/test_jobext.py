@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from shared.api import names
-from shared.jobs import jobext, podplan, registry
-from shared.jobs.base import JobStatus
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import jobext, podplan, registry
+from koord_queue.shared.jobs.base import JobStatus
 
 JOB = registry.by_extension("job")
 

@@ -38,9 +38,9 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.jobs import registry
-from shared.jobs.base import JobAdapter
-from shared.jobs.common import AdapterBase
+from koord_queue.shared.jobs import registry
+from koord_queue.shared.jobs.base import JobAdapter
+from koord_queue.shared.jobs.common import AdapterBase
 from testenv import binaries, system
 from tests import tenancy
 

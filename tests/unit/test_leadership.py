@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s_client
 
-from reconciler.events import EventRecorder
-from reconciler.job_units import JobKey
-from reconciler.jobs import JobExtensions
-from reconciler.scheduler import SchedulerLoop
-from shared import kube
-from shared.api import names
-from shared.core.config import Settings
-from shared.jobs import jobext, registry
+from koord_queue.reconciler.events import EventRecorder
+from koord_queue.reconciler.job_units import JobKey
+from koord_queue.reconciler.jobs import JobExtensions
+from koord_queue.reconciler.scheduler import SchedulerLoop
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.core.config import Settings
+from koord_queue.shared.jobs import jobext, registry
 
 NOW = "2024-05-01T10:00:00Z"
 

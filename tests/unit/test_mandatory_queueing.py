@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from shared.admission import decisions as admission
-from shared.admission.decisions import Operation
-from shared.api import names
-from shared.api.model import Quota
-from shared.core import config, mandatory
-from shared.jobs import registry
-from shared.jobs.batch_job import BatchJobAdapter
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.admission.decisions import Operation
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import Quota
+from koord_queue.shared.core import config, mandatory
+from koord_queue.shared.jobs import registry
+from koord_queue.shared.jobs.batch_job import BatchJobAdapter
 from tests.unit.test_admission import CONFIG, NOW, decoded_patch, review_body
 from tests.unit.test_job_adapters import SAMPLES, apply_patch, batch_job
 

@@ -5,13 +5,13 @@ left alone where queueing is not mandatory (the default)."""
 
 from __future__ import annotations
 
-from reconciler.job_units import JobKey
-from reconciler.jobs import JobExtensions
-from shared import kube
-from shared.api import names
-from shared.api.model import Quota
-from shared.core import mandatory
-from shared.jobs import registry
+from koord_queue.reconciler.job_units import JobKey
+from koord_queue.reconciler.jobs import JobExtensions
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import Quota
+from koord_queue.shared.core import mandatory
+from koord_queue.shared.jobs import registry
 from tests.unit.test_job_extensions_wiring import FakeClient
 
 KEY = JobKey("batch/v1", "Job", "team-a", "train")

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from shared.api import durations, model, names, parsing, quantities
-from shared.api import podtemplates as podspec
-from shared.api.admission_checks import LabelSelector, Requirement
-from shared.api.model import QueueConfig, Quota, Unit
-from shared.api.quantities import QuantityError
+from koord_queue.shared.api import durations, model, names, parsing, quantities
+from koord_queue.shared.api import podtemplates as podspec
+from koord_queue.shared.api.admission_checks import LabelSelector, Requirement
+from koord_queue.shared.api.model import QueueConfig, Quota, Unit
+from koord_queue.shared.api.quantities import QuantityError
 
 BASE_TIME = 1_700_000_000.0
 _SEQ = itertools.count()

@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from reconciler import workloads
-from shared import kube
-from shared.admission.decisions import AdmissionConfig
-from shared.api import names
-from shared.core import config, workloadref
-from shared.jobs import registry
-from shared.jobs.podplan import PodView
+from koord_queue.reconciler import workloads
+from koord_queue.shared import kube
+from koord_queue.shared.admission.decisions import AdmissionConfig
+from koord_queue.shared.api import names
+from koord_queue.shared.core import config, workloadref
+from koord_queue.shared.jobs import registry
+from koord_queue.shared.jobs.podplan import PodView
+from koord_queue.webhook.nativegangs import PublishedState
 from tests.unit.test_admission import decoded_patch, mutate
 from tests.unit.test_job_adapters import apply_patch, batch_job, kubeflow_job, ray_job
-from webhook.nativegangs import PublishedState
 
 HEADER = "apiVersion: scheduling.k8s.io/v1\nkind: KoordQueueConfiguration\n"
 
@@ -214,7 +214,7 @@ async def test_with_the_api_absent_the_switch_is_refused_with_an_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     client: Any = FakeKube({})
-    with caplog.at_level(logging.ERROR, logger="reconciler.workloads"):
+    with caplog.at_level(logging.ERROR, logger="koord_queue.reconciler.workloads"):
         state = await workloads.detect(client, enabled=True)
     assert state.enabled and not state.served and not workloads.STATE.active
     message = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
@@ -233,7 +233,7 @@ async def test_a_workload_api_of_another_version_is_refused_and_named(
             "/apis/scheduling.k8s.io/v1beta9": {"resources": [{"name": "workloads"}]},
         }
     )
-    with caplog.at_level(logging.ERROR, logger="reconciler.workloads"):
+    with caplog.at_level(logging.ERROR, logger="koord_queue.reconciler.workloads"):
         state = await workloads.detect(client, enabled=True)
     assert not state.served and state.other == "scheduling.k8s.io/v1beta9"
     assert "serves scheduling.k8s.io/v1beta9 instead" in caplog.text

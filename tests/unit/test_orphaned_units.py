@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from reconciler import job_pods, job_units
-from shared.api import names
+from koord_queue.reconciler import job_pods, job_units
+from koord_queue.shared.api import names
 
 KEY = job_units.JobKey("batch/v1", "Job", "ns", "train")
 UNIT_KEY = "ns/train"

@@ -8,13 +8,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from reconciler.job_units import JobKey
-from reconciler.jobs import JobExtensions
-from shared import kube
-from shared.admission import decisions as admission
-from shared.admission.decisions import Operation
-from shared.api import names
-from shared.jobs import batch_job, registry
+from koord_queue.reconciler.job_units import JobKey
+from koord_queue.reconciler.jobs import JobExtensions
+from koord_queue.shared import kube
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.admission.decisions import Operation
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import batch_job, registry
 from tests.unit.test_admission import CONFIG, NOW, review_body
 from tests.unit.test_job_extensions_wiring import FakeClient, FakeEvents
 

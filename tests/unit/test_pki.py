@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from certs import bundle, pki
+from koord_queue.certs import bundle, pki
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 HANDSHAKE_TIMEOUT_SECONDS = 10.0

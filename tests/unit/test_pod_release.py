@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from shared.jobs import podplan
-from shared.jobs.base import JobStatus
+from koord_queue.shared.jobs import podplan
+from koord_queue.shared.jobs.base import JobStatus
 
 ADMITTED = {"cpu": "1", "memory": "1Gi"}
 

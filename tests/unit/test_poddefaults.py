@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from shared.api import names
-from shared.jobs import jobext, poddefaults, registry
-from shared.jobs.poddefaults import PodDefaults
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import jobext, poddefaults, registry
+from koord_queue.shared.jobs.poddefaults import PodDefaults
 
 JOB = registry.by_extension("job")
 Obj = dict[str, Any]

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import decisions as admission
-from shared.admission import podgate
-from shared.api import names
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.admission import podgate
+from koord_queue.shared.api import names
 from tests.unit.test_admission import review_body
 from tests.unit.test_job_adapters import apply_patch
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shared.jobs import podlinks
+from koord_queue.shared.jobs import podlinks
 
 JOB_UID = "job-uid"
 

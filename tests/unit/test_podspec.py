@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.api import podtemplates as podspec
-from shared.api.quantities import QuantityError
+from koord_queue.shared.api import podtemplates as podspec
+from koord_queue.shared.api.quantities import QuantityError
 
 QUANTITY = st.sampled_from(["100m", "1", "2Gi", "500Mi", "3", "bad", 7, None])
 RESOURCES = st.dictionaries(st.sampled_from(["cpu", "memory", "nvidia.com/gpu"]), QUANTITY, max_size=3)

@@ -8,11 +8,11 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.api import names
-from shared.api.model import Unit
-from shared.api.names import Message
-from shared.core.policies import QueueState, beyond_depth_message, is_waiting
-from shared.core.scheduling import BLOCK_STALE_SECONDS
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.api.names import Message
+from koord_queue.shared.core.policies import QueueState, beyond_depth_message, is_waiting
+from koord_queue.shared.core.scheduling import BLOCK_STALE_SECONDS
 from tests.unit.test_model import queue, quota, unit
 from tests.unit.test_scheduling import World, admits, parked
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.api import names, predicates
-from shared.api.model import Unit
-from shared.api.parsing import parse_unit
+from koord_queue.shared.api import names, predicates
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.api.parsing import parse_unit
 from tests.unit.test_model import unit
 
 

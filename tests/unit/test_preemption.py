@@ -11,13 +11,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from shared.api import quantities
-from shared.api.model import Unit
-from shared.api.names import Message
-from shared.api.predicates import expected_pod_sets
-from shared.core.ordering import priority_key
-from shared.core.policies import RECLAIM_TIMEOUT, is_waiting
-from shared.core.preemption import (
+from koord_queue.shared.api import quantities
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.api.names import Message
+from koord_queue.shared.api.predicates import expected_pod_sets
+from koord_queue.shared.core.ordering import priority_key
+from koord_queue.shared.core.policies import RECLAIM_TIMEOUT, is_waiting
+from koord_queue.shared.core.preemption import (
     NO_VICTIMS,
     PREEMPTION_DISABLED,
     PREEMPTION_NEEDS_WAIT,
@@ -25,7 +25,7 @@ from shared.core.preemption import (
     Reclaimable,
     reclaimable,
 )
-from shared.core.scheduling import Admit, Park, Plan
+from koord_queue.shared.core.scheduling import Admit, Park, Plan
 from tests.unit.test_model import BASE_TIME, QueueBuilder, queue, quota, unit
 from tests.unit.test_scheduling import World, admits, parked
 

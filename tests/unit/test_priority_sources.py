@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from shared.admission import validation
-from shared.api import names, parsing
-from shared.jobs import jobext, registry
+from koord_queue.shared.admission import validation
+from koord_queue.shared.api import names, parsing
+from koord_queue.shared.jobs import jobext, registry
 from tests.unit.test_job_adapters import batch_job, job_set, kubeflow_job, ray_job, workflow
 
 RAW = 1_000_000

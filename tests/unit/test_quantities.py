@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.api import quantities
-from shared.api.quantities import QuantityError
+from koord_queue.shared.api import quantities
+from koord_queue.shared.api.quantities import QuantityError
 
 KI = 1024
 MILLI_PER_UNIT = 1000

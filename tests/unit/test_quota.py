@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.api import names
-from shared.api.model import Admission, Unit
-from shared.api.names import Message
-from shared.core.quota import QuotaLedger, remaining_grants, remaining_request, reserved_resources
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import Admission, Unit
+from koord_queue.shared.api.names import Message
+from koord_queue.shared.core.quota import QuotaLedger, remaining_grants, remaining_request, reserved_resources
 from tests.unit.test_model import quota, unit
 
 

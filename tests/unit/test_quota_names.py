@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from reconciler.quotas import QuotaQueueSync
-from shared import kube
-from shared.api import names, parsing
-from shared.api.model import QueueConfig
-from shared.core import quotaqueues
-from shared.core.quota import QuotaLedger, winner
-from shared.core.scheduling import Cache
+from koord_queue.reconciler.quotas import QuotaQueueSync
+from koord_queue.shared import kube
+from koord_queue.shared.api import names, parsing
+from koord_queue.shared.api.model import QueueConfig
+from koord_queue.shared.core import quotaqueues
+from koord_queue.shared.core.quota import QuotaLedger, winner
+from koord_queue.shared.core.scheduling import Cache
 from tests.unit.test_model import queue, unit
 from tests.unit.test_quota_sync import Events, FakeAPI, quota_obj
 from tests.unit.test_tenancy import Tenants, admitted, eq, park_of

@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from reconciler import main
-from reconciler.quotas import QuotaStatusSync
-from shared import kube
-from shared.api import names
-from shared.core import quotastatus
-from shared.core.config import Settings
-from shared.core.quotastatus import Figures
-from shared.core.scheduling import Cache
+from koord_queue.reconciler import main
+from koord_queue.reconciler.quotas import QuotaStatusSync
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.core import quotastatus
+from koord_queue.shared.core.config import Settings
+from koord_queue.shared.core.quotastatus import Figures
+from koord_queue.shared.core.scheduling import Cache
 from tests.unit.test_guarantees import eq, jobs, settle, tree
 from tests.unit.test_model import queue, quota, unit
 from tests.unit.test_scheduling import World

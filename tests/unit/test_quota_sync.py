@@ -11,12 +11,12 @@ import copy
 import json
 from typing import Any
 
-from reconciler.job_units import JobKey
-from reconciler.jobs import JobExtensions
-from reconciler.quotas import QuotaBindingSync, QuotaQueueSync
-from shared import kube
-from shared.api import names, parsing
-from shared.jobs import registry
+from koord_queue.reconciler.job_units import JobKey
+from koord_queue.reconciler.jobs import JobExtensions
+from koord_queue.reconciler.quotas import QuotaBindingSync, QuotaQueueSync
+from koord_queue.shared import kube
+from koord_queue.shared.api import names, parsing
+from koord_queue.shared.jobs import registry
 
 NOW = "2026-01-01T00:00:00Z"
 

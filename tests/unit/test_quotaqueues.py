@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.api import names
-from shared.core import quotaqueues
+from koord_queue.shared.api import names
+from koord_queue.shared.core import quotaqueues
 
 
 def quota(

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.api import names
-from shared.jobs import jobext, ray, registry
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import jobext, ray, registry
 
 RAYJOB = registry.by_extension("rayjob")
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from reconciler.jobs import JobExtensions
-from shared.admission import decisions as admission
-from shared.admission.decisions import AdmissionConfig, Operation
-from shared.api import names
-from shared.jobs import patches, ray
+from koord_queue.reconciler.jobs import JobExtensions
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.admission.decisions import AdmissionConfig, Operation
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import patches, ray
 from tests.unit.test_admission import CONFIG, NOW, decoded_patch, mutate, review_body, validate
 from tests.unit.test_rayjob_cluster_guard import rayjobs_cluster
 

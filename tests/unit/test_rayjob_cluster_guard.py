@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from shared.admission import decisions as admission
-from shared.admission.decisions import AdmissionConfig, Operation
-from shared.api import names
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.admission.decisions import AdmissionConfig, Operation
+from koord_queue.shared.api import names
 from tests.unit.test_admission import CONFIG, NOW, RECONCILER, decoded_patch, mutate, review_body, validate
 from tests.unit.test_job_adapters import SAMPLES, apply_patch
 

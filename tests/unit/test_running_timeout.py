@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from reconciler.job_units import JobKey
-from reconciler.jobs import JobExtensions
-from shared import kube
-from shared.api import names
-from shared.api.durations import format_time, parse_time
-from shared.jobs import jobext, podplan, registry
-from shared.jobs.running_timeout import Decision, RunningTimeout, RunningTimeouts, decide
+from koord_queue.reconciler.job_units import JobKey
+from koord_queue.reconciler.jobs import JobExtensions
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.api.durations import format_time, parse_time
+from koord_queue.shared.jobs import jobext, podplan, registry
+from koord_queue.shared.jobs.running_timeout import Decision, RunningTimeout, RunningTimeouts, decide
 
 T0 = "2024-05-01T10:00:00Z"
 START = parse_time(T0) or 0.0

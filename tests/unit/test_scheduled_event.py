@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
-from reconciler.scheduler import SchedulerLoop
-from shared import kube
-from shared.api.names import EventReason, Phase
-from shared.core import config
-from shared.core.config import ScheduledEvents, Settings
-from shared.core.plan import announces_admission
+from koord_queue.reconciler.scheduler import SchedulerLoop
+from koord_queue.shared import kube
+from koord_queue.shared.api.names import EventReason, Phase
+from koord_queue.shared.core import config
+from koord_queue.shared.core.config import ScheduledEvents, Settings
+from koord_queue.shared.core.plan import announces_admission
 from tests.unit.test_scheduler_settle_order import QUEUE, QUOTA, ScriptedClient, settle, unit
 
 HEADER = "apiVersion: scheduling.k8s.io/v1\nkind: KoordQueueConfiguration\n"

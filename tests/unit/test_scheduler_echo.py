@@ -11,11 +11,11 @@ from collections.abc import Mapping
 
 import pytest
 
-from reconciler import scheduler
-from reconciler.scheduler import SchedulerLoop
-from shared.api import parsing
-from shared.api.model import Unit
-from shared.core.config import Settings
+from koord_queue.reconciler import scheduler
+from koord_queue.reconciler.scheduler import SchedulerLoop
+from koord_queue.shared.api import parsing
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.core.config import Settings
 from tests.unit.test_scheduler_settle_order import (
     QUEUE,
     QUOTA,

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from reconciler.scheduler import SchedulerLoop
-from shared import kube
-from shared.api import names
-from shared.core.config import Settings
+from koord_queue.reconciler.scheduler import SchedulerLoop
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.core.config import Settings
 
 NOW = "2024-05-01T10:00:00Z"
 CONTAINER: kube.Obj = {"name": "c", "image": "i", "resources": {"requests": {"cpu": "1"}}}

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.api.model import Admission, QueueConfig, Quota, Unit, with_reclaim
-from shared.api.names import Message, Phase
-from shared.core.policies import unlabelled_message
-from shared.core.preemption import MarkVictims
-from shared.core.scheduling import Admit, Cache, Park, Plan
+from koord_queue.shared.api.model import Admission, QueueConfig, Quota, Unit, with_reclaim
+from koord_queue.shared.api.names import Message, Phase
+from koord_queue.shared.core.policies import unlabelled_message
+from koord_queue.shared.core.preemption import MarkVictims
+from koord_queue.shared.core.scheduling import Admit, Cache, Park, Plan
 from tests.unit.test_model import BASE_TIME, QueueBuilder, UnitBuilder, queue, quota, unit
 
 

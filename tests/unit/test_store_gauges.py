@@ -13,12 +13,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from reconciler import metrics
-from reconciler.informer import Informer, PackedStore
-from reconciler.scheduler import SchedulerLoop
-from shared import kube
-from shared.api import names
-from shared.core.config import Settings
+from koord_queue.reconciler import metrics
+from koord_queue.reconciler.informer import Informer, PackedStore
+from koord_queue.reconciler.scheduler import SchedulerLoop
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.core.config import Settings
 
 NOW = "2024-05-01T10:00:00Z"
 JOBS = kube.Resource("batch", "v1", "jobs", "Job")
@@ -97,7 +97,7 @@ def test_every_container_is_measured_once_under_its_path() -> None:
     shared = Shared()
     jobs = informer({"ns/a": {"metadata": {"name": "a"}}, "ns/b": {"metadata": {"name": "b"}}})
     parts = {"part": Part(shared), "gone": None}
-    sizes = metrics.StoreSizes([jobs], parts, skip=[shared], packages=("tests",)).sizes()
+    sizes = metrics.StoreSizes([jobs], parts, skip=[shared], packages=("tests.",)).sizes()
     assert sizes["informer:jobs.batch"] == 2
     assert sizes["part.by_job"] == 2
     assert "part.alias" not in sizes
@@ -174,7 +174,7 @@ class EventClient:
 async def test_the_event_memory_of_objects_gone_for_a_window_is_dropped(monkeypatch: Any) -> None:
     """The leak the soak found: one ``EventRecorder._seen`` entry per evented job, kept until the
     map held 50,000. Entries past the window fold nothing any more and go as time passes."""
-    from reconciler import events as events_module
+    from koord_queue.reconciler import events as events_module
 
     clock = [1000.0]
     monkeypatch.setattr(events_module.time, "monotonic", lambda: clock[0])

@@ -19,16 +19,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import decisions as admission
-from shared.admission import validation
-from shared.api import durations, model, names, parsing
-from shared.api.model import Quota
-from shared.api.names import Message
-from shared.core import config, quotaqueues
-from shared.core.quota import QuotaLedger, priority_cap, winner, winner_key
-from shared.core.scheduling import Cache, Park, Plan
-from shared.jobs import jobext
-from shared.jobs.batch_job import BatchJobAdapter
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.admission import validation
+from koord_queue.shared.api import durations, model, names, parsing
+from koord_queue.shared.api.model import Quota
+from koord_queue.shared.api.names import Message
+from koord_queue.shared.core import config, quotaqueues
+from koord_queue.shared.core.quota import QuotaLedger, priority_cap, winner, winner_key
+from koord_queue.shared.core.scheduling import Cache, Park, Plan
+from koord_queue.shared.jobs import jobext
+from koord_queue.shared.jobs.batch_job import BatchJobAdapter
 from tests.unit.test_model import BASE_TIME, QueueBuilder, UnitBuilder, queue, unit
 
 
@@ -626,7 +626,7 @@ def test_the_webhook_denies_a_priority_above_its_cap_and_allows_it_without_one()
 
 
 def test_the_webhook_flag_sets_the_cap() -> None:
-    from webhook import main as webhook_main
+    from koord_queue.webhook import main as webhook_main
 
     cfg, _ = webhook_main.parse_config(["--max-user-priority=250"])
     assert cfg.admission.max_user_priority == 250

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import validation
-from shared.admission.validation import FieldError
-from shared.api import names
+from koord_queue.shared.admission import validation
+from koord_queue.shared.admission.validation import FieldError
+from koord_queue.shared.api import names
 
 ANN = "metadata.annotations"
 

@@ -23,14 +23,14 @@ import pytest
 from aiohttp import web
 from cryptography import x509
 
-from certs import bundle, pki
-from reconciler import main, visibility
-from reconciler.visibility import RequestHeader, ServingTLS, Unauthorized
-from shared import kube
-from shared.api import parsing
-from shared.api.names import QUOTA_NAMESPACES_ANNOTATION
-from shared.core import visibility as answers
-from shared.core.scheduling import Admit, Cache
+from koord_queue.certs import bundle, pki
+from koord_queue.reconciler import main, visibility
+from koord_queue.reconciler.visibility import RequestHeader, ServingTLS, Unauthorized
+from koord_queue.shared import kube
+from koord_queue.shared.api import parsing
+from koord_queue.shared.api.names import QUOTA_NAMESPACES_ANNOTATION
+from koord_queue.shared.core import visibility as answers
+from koord_queue.shared.core.scheduling import Admit, Cache
 from tests.unit.test_model import queue, quota, unit
 
 NOW = datetime.now(UTC)

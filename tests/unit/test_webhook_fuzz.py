@@ -24,12 +24,12 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.admission.decisions import AdmissionConfig
-from shared.api import names
-from shared.jobs import registry
+from koord_queue.shared.admission.decisions import AdmissionConfig
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import registry
+from koord_queue.webhook import server
 from tests.unit.test_admission import review_body
 from tests.unit.test_job_adapters import SAMPLES
-from webhook import server
 
 LIMIT = 64 * 1024
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

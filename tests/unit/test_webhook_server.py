@@ -27,15 +27,15 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from shared.admission import decisions as admission
-from shared.admission import podgate
-from shared.api import names
+from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.admission import podgate
+from koord_queue.shared.api import names
+from koord_queue.webhook import main, server
+from koord_queue.webhook.server import ServerConfig
 from testenv.cluster import free_port
 from tests.unit import test_podgate as pod_gate
 from tests.unit.test_admission import review_body
 from tests.unit.test_job_adapters import batch_job
-from webhook import main, server
-from webhook.server import ServerConfig
 
 # --- certificates ---------------------------------------------------------------------------------
 

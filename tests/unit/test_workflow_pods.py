@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from reconciler import job_pods
-from shared.api import names
-from shared.jobs import podplan, registry
-from shared.jobs.base import JobAdapter
-from shared.jobs.patches import applied
+from koord_queue.reconciler import job_pods
+from koord_queue.shared.api import names
+from koord_queue.shared.jobs import podplan, registry
+from koord_queue.shared.jobs.base import JobAdapter
+from koord_queue.shared.jobs.patches import applied
 from tests.unit.test_job_adapters import merge_patch
 
 

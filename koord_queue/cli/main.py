@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from koordqueue_cli import commands, completion, render
-from koordqueue_cli.client import CliError, Reader, connect, default_namespace, kubeconfig_path
-from shared import kube
+from koord_queue.cli import commands, completion, render
+from koord_queue.cli.client import CliError, Reader, connect, default_namespace, kubeconfig_path
+from koord_queue.shared import kube
 
 EPILOG = """\
 exit status:

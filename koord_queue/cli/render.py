@@ -8,8 +8,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from shared.api import quantities
-from shared.core.replay import UNKNOWN_RESOURCE
+from koord_queue.shared.api import quantities
+from koord_queue.shared.core.replay import UNKNOWN_RESOURCE
 
 _CODES = {"bold": "1", "red": "31", "green": "32", "yellow": "33", "blue": "34", "dim": "2"}
 

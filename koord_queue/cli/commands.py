@@ -1,4 +1,4 @@
-"""The commands of ``kubectl koord-queue``: each reads through :class:`~koordqueue_cli.client.Reader`,
+"""The commands of ``kubectl koord-queue``: each reads through :class:`~koord_queue.cli.client.Reader`,
 decides with the core (``shared.core.explain`` replays the scheduler's own code), and prints."""
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ from typing import Any, TextIO
 
 import yaml
 
-from koordqueue_cli import render
-from koordqueue_cli.client import CliError, Gathered, Reader, find_unit
-from shared.api import goparse, names
-from shared.api.model import Unit
-from shared.api.names import Phase
-from shared.api.parsing import parse_quota, parse_unit
-from shared.api.predicates import TERMINAL_PHASES, all_running, has_reclaim
-from shared.core import explain, reasons, replay
-from shared.core.explanation import Explanation, Level
-from shared.core.policies import is_waiting
-from shared.core.quota import priority_cap, remaining_request, reserved_resources
-from shared.core.reasons import Reason
-from shared.jobs import registry
-from shared.jobs.running_timeout import RunningTimeout
+from koord_queue.cli import render
+from koord_queue.cli.client import CliError, Gathered, Reader, find_unit
+from koord_queue.shared.api import goparse, names
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.api.names import Phase
+from koord_queue.shared.api.parsing import parse_quota, parse_unit
+from koord_queue.shared.api.predicates import TERMINAL_PHASES, all_running, has_reclaim
+from koord_queue.shared.core import explain, reasons, replay
+from koord_queue.shared.core.explanation import Explanation, Level
+from koord_queue.shared.core.policies import is_waiting
+from koord_queue.shared.core.quota import priority_cap, remaining_request, reserved_resources
+from koord_queue.shared.core.reasons import Reason
+from koord_queue.shared.jobs import registry
+from koord_queue.shared.jobs.running_timeout import RunningTimeout
 
 Obj = dict[str, Any]
 

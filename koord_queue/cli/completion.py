@@ -86,8 +86,8 @@ def _flag_value(words: Sequence[str], *flags: str) -> str | None:
 
 
 def _job_names(words: Sequence[str]) -> list[str]:
-    from koordqueue_cli import client as cli_client
-    from shared import kube
+    from koord_queue.cli import client as cli_client
+    from koord_queue.shared import kube
 
     async def read() -> list[str]:
         path = cli_client.kubeconfig_path(_flag_value(words, "--kubeconfig"))

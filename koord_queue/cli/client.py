@@ -19,13 +19,13 @@ from urllib.parse import quote
 
 import yaml
 
-from shared import kube
-from shared.api import names
-from shared.api.model import QueueConfig, Quota, Unit
-from shared.api.parsing import parse_queue, parse_quota, parse_unit
-from shared.core import config as component_config
-from shared.core import quotaqueues, visibility
-from shared.jobs import registry
+from koord_queue.shared import kube
+from koord_queue.shared.api import names
+from koord_queue.shared.api.model import QueueConfig, Quota, Unit
+from koord_queue.shared.api.parsing import parse_queue, parse_quota, parse_unit
+from koord_queue.shared.core import config as component_config
+from koord_queue.shared.core import quotaqueues, visibility
+from koord_queue.shared.jobs import registry
 
 Obj = dict[str, Any]
 
