@@ -29,7 +29,7 @@ from koord_queue.shared.api import names
 from koord_queue.shared.api.names import Message, Phase
 from koord_queue.shared.api.predicates import TERMINAL_PHASES, all_running, has_reclaim
 from koord_queue.shared.core import explanation, reasons, replay
-from koord_queue.shared.core.explanation import Explanation, Round
+from koord_queue.shared.core.explanation import Explanation, Level, Round
 from koord_queue.shared.core.plan import Admit, Park
 from koord_queue.shared.core.policies import QueueState, inactive_message, is_waiting
 from koord_queue.shared.core.preemption import disabled_reason, plan_preempt
@@ -59,56 +59,75 @@ def position(state: QueueState, key: str) -> tuple[int, int] | None:
 
 def explain(view: View, key: str, now: float) -> Explanation:
     """Why the unit ``key`` (``namespace/name``) is where it is, and what would let it run."""
-    unit = view.units[key]
     cache, decisions = replay.replay(view, now)
-    unit = cache.units[key]
-    quota = unit.quota or ""
-    qs = cache.state.queues.get(quota)
-    request = remaining_request(unit)
-    unknowns = list(view.unknowns)
-    base: dict[str, object] = {
-        "key": key,
-        "phase": unit.phase or "Pending",
-        "quota": quota,
-        "recorded": unit.message,
-        "request": request,
-        "holds": reserved_resources(unit),
-        "waited_since": unit.created or None,
-        "round": explanation.preemption_round(qs),
-    }
-    if qs is not None:
-        config = qs.config
-        why_not = disabled_reason(config)
-        base.update(
-            policy=str(config.policy or ""),
-            blocked=qs.blocked,
-            wait_for_pods_running=config.wait_for_pods_running,
-            preemption="enabled" if why_not is None else why_not,
-        )
-        if not view.queues_known:
-            unknowns.append(
-                f"Queue {names.COMPONENT_NAMESPACE}/{quota} could not be read; its settings are those the "
-                f"reconciler derives from ElasticQuota {quota} (a hand-made Queue may differ)"
-            )
-    timeout = view.running_timeout
-    if timeout is not None and timeout.running_timeout > 0:
-        base["running_timeout"] = timeout.running_timeout
-    elif timeout is None and not any("running timeout" in u for u in unknowns):
-        unknowns.append("the running timeout could not be read (the component configuration is admins')")
+    story = _Story(view, cache, key)
+    return _not_waiting(story) or _unqueued(story) or _waiting(story, decisions, now)
 
-    def done(reason: Reason, summary: str, steps: Sequence[str] = (), **extra: object) -> Explanation:
+
+class _Story:
+    """What every answer about one unit shares: the replayed cache, the unit, its queue, the
+    fields every :class:`Explanation` carries (``base``) and what the reader could not see."""
+
+    def __init__(self, view: View, cache: Cache, key: str) -> None:
+        self.view, self.cache, self.key = view, cache, key
+        self.unit = unit = cache.units[key]
+        self.quota = quota = unit.quota or ""
+        self.qs = qs = cache.state.queues.get(quota)
+        self.request = remaining_request(unit)
+        self.unknowns = list(view.unknowns)
+        #: the quota chain with its figures, and the units ahead the reader cannot see (set by
+        #: :func:`_unqueued` for a waiting unit)
+        self.levels: tuple[Level, ...] = ()
+        self.unseen = 0
+        self.base: dict[str, object] = {
+            "key": key,
+            "phase": unit.phase or "Pending",
+            "quota": quota,
+            "recorded": unit.message,
+            "request": self.request,
+            "holds": reserved_resources(unit),
+            "waited_since": unit.created or None,
+            "round": explanation.preemption_round(qs),
+        }
+        if qs is not None:
+            config = qs.config
+            why_not = disabled_reason(config)
+            self.base.update(
+                policy=str(config.policy or ""),
+                blocked=qs.blocked,
+                wait_for_pods_running=config.wait_for_pods_running,
+                preemption="enabled" if why_not is None else why_not,
+            )
+            if not view.queues_known:
+                self.unknowns.append(
+                    f"Queue {names.COMPONENT_NAMESPACE}/{quota} could not be read; its settings are those "
+                    f"the reconciler derives from ElasticQuota {quota} (a hand-made Queue may differ)"
+                )
+        timeout = view.running_timeout
+        if timeout is not None and timeout.running_timeout > 0:
+            self.base["running_timeout"] = timeout.running_timeout
+        elif timeout is None and not any("running timeout" in u for u in self.unknowns):
+            self.unknowns.append(
+                "the running timeout could not be read (the component configuration is admins')"
+            )
+
+    def done(self, reason: Reason, summary: str, steps: Sequence[str] = (), **extra: object) -> Explanation:
         """The explanation with ``base`` and ``extra`` (``extra`` wins)."""
-        fields = {**base, **extra}
-        fields.setdefault("message", unit.message)
+        fields = {**self.base, **extra}
+        fields.setdefault("message", self.unit.message)
         return Explanation(
             reason=reason,
             summary=summary,
             next_steps=tuple(steps),
-            unknowns=tuple(dict.fromkeys(unknowns)),
+            unknowns=tuple(dict.fromkeys(self.unknowns)),
             **fields,  # type: ignore[arg-type]
         )
 
-    # --- not waiting -----------------------------------------------------------------------------
+
+def _not_waiting(story: _Story) -> Explanation | None:
+    """A unit that does not wait in its queue: finished, unlabelled, being reclaimed, reserved for its
+    admission checks, backing off, or admitted; None for a waiting unit."""
+    unit, quota, done = story.unit, story.quota, story.done
     if unit.phase in TERMINAL_PHASES:
         return done(Reason.FINISHED, f"finished ({unit.phase}); it holds no quota")
     if not quota:
@@ -157,38 +176,51 @@ def explain(view: View, key: str, now: float) -> Explanation:
             requeue_at=unit.requeue_at,
             checks=checks,
         )
-    if not is_waiting(unit):
-        admitted_at = unit.last_allocate_time
-        timeout_at = (
-            admitted_at + timeout.running_timeout
-            if timeout is not None and timeout.running_timeout > 0 and admitted_at is not None
-            else None
-        )
-        if all_running(unit):
-            return done(Reason.RUNNING, f"admitted in {quota}; all its pods run", admitted_at=admitted_at)
-        return done(
-            Reason.ADMITTED,
-            f"admitted in {quota}; it holds {explanation.resources_text(reserved_resources(unit))} and its "
-            "pods are not all running yet",
-            ["its pods need nodes to run on; the running timeout (if set) requeues it if they never do"],
-            admitted_at=admitted_at,
-            timeout_at=timeout_at,
-        )
+    if is_waiting(unit):
+        return None
+    admitted_at = unit.last_allocate_time
+    timeout = story.view.running_timeout
+    timeout_at = (
+        admitted_at + timeout.running_timeout
+        if timeout is not None and timeout.running_timeout > 0 and admitted_at is not None
+        else None
+    )
+    if all_running(unit):
+        return done(Reason.RUNNING, f"admitted in {quota}; all its pods run", admitted_at=admitted_at)
+    return done(
+        Reason.ADMITTED,
+        f"admitted in {quota}; it holds {explanation.resources_text(reserved_resources(unit))} and its "
+        "pods are not all running yet",
+        ["its pods need nodes to run on; the running timeout (if set) requeues it if they never do"],
+        admitted_at=admitted_at,
+        timeout_at=timeout_at,
+    )
 
-    # --- waiting ---------------------------------------------------------------------------------
-    replayed = next((d for d in decisions if d.key == key), None)
-    recorded = reasons.classify(unit.message, quota)
+
+def _unqueued(story: _Story) -> Explanation | None:
+    """A waiting unit the scheduler never considers: its queue is missing or unreadable, or its
+    entry is inactive (a parent quota, an unbound namespace, an unreadable spec, ``spec.active``
+    false). Fills in the waiting fields of ``base`` on the way; None for an active entry."""
+    view, cache, unit, quota, qs, key, done = (
+        story.view,
+        story.cache,
+        story.unit,
+        story.quota,
+        story.qs,
+        story.key,
+        story.done,
+    )
     place = position(qs, key) if qs is not None else None
     seen_position = view.positions.get(key) or (place[0] if place else None)
-    base["position"] = seen_position
-    base["waiting"] = place[1] if place else None
+    story.base["position"] = seen_position
+    story.base["waiting"] = place[1] if place else None
     ahead = explanation.units_ahead(qs, cache, key) if qs is not None else ()
     unseen = 0
     if seen_position is not None and not view.complete:
         unseen = max(0, seen_position - 1 - len(ahead))
-    base["ahead"], base["unseen_ahead"] = ahead, unseen
-    levels = explanation.level_chain(cache, view, unit, request)
-    base["levels"] = levels
+    story.unseen = unseen
+    story.levels = explanation.level_chain(cache, view, unit, story.request)
+    story.base["ahead"], story.base["unseen_ahead"], story.base["levels"] = ahead, unseen, story.levels
 
     if quota in view.queue_missing or (qs is None and quota not in view.unreadable_quotas):
         found = cache.state.configs.get(quota)
@@ -206,40 +238,55 @@ def explain(view: View, key: str, now: float) -> Explanation:
         return done(
             Reason.UNKNOWN,
             f"its quota {quota} cannot be read, so its queue cannot be replayed",
-            unknowns_steps(recorded),
+            unknowns_steps(reasons.classify(unit.message, quota)),
         )
-
-    entry = qs.entries[key]
-    if not entry.active:
-        refusal = cache.ledger.binding_problem(quota, unit.namespace)
-        if refusal is not None and refusal == Message.parent_quota(quota):
-            return done(
-                Reason.PARENT_ONLY,
-                f"its quota {quota} is a parent quota (is-parent): it takes no jobs",
-                ["label the job with one of its child quotas"],
-                message=refusal,
-            )
-        if refusal is not None:
-            return done(
-                Reason.NOT_BOUND,
-                f"its namespace {unit.namespace} may not use quota {quota}",
-                [refusal.split("; ", 1)[-1]],
-                message=refusal,
-            )
-        if entry.invalid is not None:
-            return done(
-                Reason.INVALID,
-                f"its spec cannot be read: {entry.invalid}",
-                ["fix the job's spec (delete and re-create it)"],
-            )
+    if qs.entries[key].active:
+        return None
+    refusal = cache.ledger.binding_problem(quota, unit.namespace)
+    if refusal is not None and refusal == Message.parent_quota(quota):
         return done(
-            Reason.INACTIVE,
-            f"it is inactive (spec.active is false): it keeps its place in queue {quota} but is never "
-            "admitted",
-            [f'set the job\'s annotation {names.ACTIVE_ANNOTATION} to "true" (kubectl koord-queue release)'],
-            message=inactive_message(quota),
+            Reason.PARENT_ONLY,
+            f"its quota {quota} is a parent quota (is-parent): it takes no jobs",
+            ["label the job with one of its child quotas"],
+            message=refusal,
         )
+    if refusal is not None:
+        return done(
+            Reason.NOT_BOUND,
+            f"its namespace {unit.namespace} may not use quota {quota}",
+            [refusal.split("; ", 1)[-1]],
+            message=refusal,
+        )
+    invalid = qs.entries[key].invalid
+    if invalid is not None:
+        return done(
+            Reason.INVALID,
+            f"its spec cannot be read: {invalid}",
+            ["fix the job's spec (delete and re-create it)"],
+        )
+    return done(
+        Reason.INACTIVE,
+        f"it is inactive (spec.active is false): it keeps its place in queue {quota} but is never admitted",
+        [f'set the job\'s annotation {names.ACTIVE_ANNOTATION} to "true" (kubectl koord-queue release)'],
+        message=inactive_message(quota),
+    )
 
+
+def _waiting(story: _Story, decisions: Sequence[Admit | Park], now: float) -> Explanation:
+    """An active waiting unit: the reason the replayed cycle gives (or, for a reader who cannot see
+    every unit, the one the scheduler last recorded), in words from ``shared.core.explanation``."""
+    view, cache, unit, quota, key, base = (
+        story.view,
+        story.cache,
+        story.unit,
+        story.quota,
+        story.key,
+        story.base,
+    )
+    qs = story.qs
+    assert qs is not None  # _unqueued answered for a unit without a queue
+    replayed = next((d for d in decisions if d.key == key), None)
+    recorded = reasons.classify(unit.message, quota)
     record = qs.parked.get(key)
     from_replay: Classified | None = None
     park = replayed if isinstance(replayed, Park) else None
@@ -282,7 +329,7 @@ def explain(view: View, key: str, now: float) -> Explanation:
     ):
         # Units the reader cannot see hold quota or stand ahead: the scheduler's own word wins.
         chosen = recorded
-        unknowns.append(
+        story.unknowns.append(
             "the QueueUnits of other namespaces cannot be read: usage shown is a lower bound, and the "
             "reason is the one the scheduler last recorded"
         )
@@ -295,14 +342,14 @@ def explain(view: View, key: str, now: float) -> Explanation:
 
     if chosen is None:
         if replay_fits:
-            return done(
+            return story.done(
                 Reason.NEXT_CYCLE,
-                f"it fits in {quota} now ({explanation.resources_text(request)}); the scheduler admits it in "
-                "its next cycle",
+                f"it fits in {quota} now ({explanation.resources_text(story.request)}); the scheduler admits "
+                "it in its next cycle",
                 ["nothing to do"],
                 message="",
             )
-        return done(
+        return story.done(
             Reason.UNKNOWN,
             "it waits, but the scheduler has not written a reason yet and the replay gives none",
             ["look again in a moment"],
@@ -310,7 +357,9 @@ def explain(view: View, key: str, now: float) -> Explanation:
     message = park.message if chosen is from_replay and park is not None else unit.message
     if upgraded and chosen is from_replay and message.endswith(Message.PREEMPT_FAILED_SUFFIX):
         message = message.removesuffix(Message.PREEMPT_FAILED_SUFFIX) + Message.PREEMPT_SUCCEED_SUFFIX
-    return explanation.for_waiting(done, chosen, message, quota, levels, qs, cache, unit, request, unseen)
+    return explanation.for_waiting(
+        story.done, chosen, message, quota, story.levels, qs, cache, unit, story.request, story.unseen
+    )
 
 
 def _counting_on(qs: QueueState, cache: Cache, key: str, now: float, protect: float) -> tuple[str, ...]:
