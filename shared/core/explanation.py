@@ -248,37 +248,8 @@ def for_waiting(
     holders = (
         _holders(cache, level) if c.reason in (Reason.QUOTA, Reason.PARENT_QUOTA, Reason.PREEMPTOR) else ()
     )
-    ahead_text = ""
     if c.reason in (Reason.QUOTA, Reason.PARENT_QUOTA):
-        found = next((lv for lv in levels if lv.name == level), None)
-        where = "its own quota" if c.reason is Reason.QUOTA else f"parent quota {level} of {quota}"
-        resource = c.resource or "a resource"
-        numbers = ""
-        if found is not None and found.readable and c.resource in found.max:
-            used = found.used.get(c.resource, 0)
-            bound = "" if found.used_complete else "at least "
-            numbers = (
-                f": it asks for {quantities.format_milli(request.get(c.resource, 0), resource=c.resource)} "
-                f"{c.resource}, {level} has max "
-                f"{quantities.format_milli(found.max[c.resource], resource=c.resource)}"
-                f" and {bound}{quantities.format_milli(used, resource=c.resource)} in use"
-            )
-        steps = [
-            f"{level} must free {resource}: units holding it finish or are preempted"
-            + (" (preemption cannot help here: " + preempt_reason(qs) + ")" if preempt_reason(qs) else ""),
-            f"or a cluster admin raises spec.max of ElasticQuota {level}",
-        ]
-        if c.preempt == "failed" and qs.round is not None and qs.round.preemptor != unit.key:
-            steps.insert(0, f"the preemption round of {_name(qs.round.preemptor)} must finish first")
-        return finish(
-            c.reason,
-            f"{where} has no room for {resource}{numbers}",
-            steps,
-            message=message,
-            refusing_quota=level,
-            refusing_resource=c.resource,
-            holders=holders,
-        )
+        return _no_room(finish, c, message, quota, levels, qs, unit, request, holders)
     if c.reason is Reason.PREEMPTOR:
         keys = c.victims or tuple(sorted(qs.round.victims if qs.round is not None else ()))
         victims = [f"{_name(v)} ({sum(qs.reclaim_on_the_way(v).values())} replica(s))" for v in keys]
@@ -358,6 +329,51 @@ def for_waiting(
             message=message,
         )
     return finish(c.reason, message or c.reason.value, [], message=message)
+
+
+def _no_room(
+    finish: Finish,
+    c: Classified,
+    message: str,
+    quota: str,
+    levels: tuple[Level, ...],
+    qs: QueueState,
+    unit: Unit,
+    request: Resources,
+    holders: tuple[Holder, ...],
+) -> Explanation:
+    """A unit its own quota, or a parent quota, has no room for: the figures at the refusing level
+    and what would free it."""
+    level = c.quota or quota
+    found = next((lv for lv in levels if lv.name == level), None)
+    where = "its own quota" if c.reason is Reason.QUOTA else f"parent quota {level} of {quota}"
+    resource = c.resource or "a resource"
+    numbers = ""
+    if found is not None and found.readable and c.resource in found.max:
+        used = found.used.get(c.resource, 0)
+        bound = "" if found.used_complete else "at least "
+        numbers = (
+            f": it asks for {quantities.format_milli(request.get(c.resource, 0), resource=c.resource)} "
+            f"{c.resource}, {level} has max "
+            f"{quantities.format_milli(found.max[c.resource], resource=c.resource)}"
+            f" and {bound}{quantities.format_milli(used, resource=c.resource)} in use"
+        )
+    steps = [
+        f"{level} must free {resource}: units holding it finish or are preempted"
+        + (" (preemption cannot help here: " + preempt_reason(qs) + ")" if preempt_reason(qs) else ""),
+        f"or a cluster admin raises spec.max of ElasticQuota {level}",
+    ]
+    if c.preempt == "failed" and qs.round is not None and qs.round.preemptor != unit.key:
+        steps.insert(0, f"the preemption round of {_name(qs.round.preemptor)} must finish first")
+    return finish(
+        c.reason,
+        f"{where} has no room for {resource}{numbers}",
+        steps,
+        message=message,
+        refusing_quota=level,
+        refusing_resource=c.resource,
+        holders=holders,
+    )
 
 
 def preempt_reason(qs: QueueState) -> str:

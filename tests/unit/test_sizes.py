@@ -62,7 +62,6 @@ ALLOWED: Final[Mapping[str, Allowed]] = {
     "reconciler/main.py::parse_args": Allowed(153, "flat: one add_argument per reconciler flag"),
     "reconciler/main.py::run": Allowed(220, "the reconciler's wiring, every loop started in one place"),
     "shared/api/parsing.py::parse_unit": Allowed(101, "a flat field-by-field reader of a QueueUnit"),
-    "shared/core/explanation.py::for_waiting": Allowed(127, "a summary and next steps per waiting reason"),
     "shared/core/guarantees.py::plan_reclaim": Allowed(120, "victims across borrowing siblings in one pass"),
     "testenv/system.py::webhook_configurations": Allowed(188, "webhook objects as literals, as manifests/"),
 }
