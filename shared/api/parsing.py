@@ -148,18 +148,9 @@ def _metadata(r: _Reader, raw: Mapping[str, object]) -> tuple[str, str, Mapping[
 # --- QueueUnit -------------------------------------------------------------------------------------
 
 
-def parse_unit(raw: Mapping[str, object]) -> Unit:
-    """Parse a QueueUnit object. Never raises on malformed content (see the module docstring)."""
-    r = _Reader()
-    raw = r.obj(raw, "")
-    name, namespace, meta = _metadata(r, raw)
-    spec = r.obj(raw.get("spec"), "spec")
-    status = r.obj(raw.get("status"), "status")
-    labels = r.str_map(meta.get("labels"), "metadata.labels")
-    created = parse_time(meta.get("creationTimestamp"))
-    if created is None:
-        r.problems.append(f"metadata.creationTimestamp: {meta.get('creationTimestamp')!r} is not RFC 3339")
-    invalid: list[str] = []
+def _pod_sets(r: _Reader, spec: Mapping[str, object], invalid: list[str]) -> list[PodSet]:
+    """``spec.podSet`` of a QueueUnit; a pod set whose requests cannot be read is kept with no
+    per-pod size, and the reason goes to ``invalid`` (the unit then waits as invalid)."""
     pod_sets: list[PodSet] = []
     for i, item in enumerate(r.items(spec.get("podSet"), "spec.podSet")):
         path = f"spec.podSet[{i}]"
@@ -181,10 +172,11 @@ def parse_unit(raw: Mapping[str, object]) -> Unit:
                 per_pod=per_pod,
             )
         )
-    request, ok = r.resources(spec.get("request"), "spec.request")
-    if not ok and not pod_sets:
-        invalid.append("spec.request has an invalid quantity")
-    resource, _ = r.resources(spec.get("resource"), "spec.resource")
+    return pod_sets
+
+
+def _admissions(r: _Reader, status: Mapping[str, object]) -> list[Admission]:
+    """``status.admissions`` of a QueueUnit."""
     admissions: list[Admission] = []
     for i, item in enumerate(r.items(status.get("admissions"), "status.admissions")):
         path = f"status.admissions[{i}]"
@@ -203,6 +195,27 @@ def parse_unit(raw: Mapping[str, object]) -> Unit:
                 ),
             )
         )
+    return admissions
+
+
+def parse_unit(raw: Mapping[str, object]) -> Unit:
+    """Parse a QueueUnit object. Never raises on malformed content (see the module docstring)."""
+    r = _Reader()
+    raw = r.obj(raw, "")
+    name, namespace, meta = _metadata(r, raw)
+    spec = r.obj(raw.get("spec"), "spec")
+    status = r.obj(raw.get("status"), "status")
+    labels = r.str_map(meta.get("labels"), "metadata.labels")
+    created = parse_time(meta.get("creationTimestamp"))
+    if created is None:
+        r.problems.append(f"metadata.creationTimestamp: {meta.get('creationTimestamp')!r} is not RFC 3339")
+    invalid: list[str] = []
+    pod_sets = _pod_sets(r, spec, invalid)
+    request, ok = r.resources(spec.get("request"), "spec.request")
+    if not ok and not pod_sets:
+        invalid.append("spec.request has an invalid quantity")
+    resource, _ = r.resources(spec.get("resource"), "spec.resource")
+    admissions = _admissions(r, status)
     checks = tuple(
         CheckState(
             name=r.text(item.get("name"), f"status.admissionChecks[{i}].name"),

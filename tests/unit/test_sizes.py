@@ -61,7 +61,6 @@ ALLOWED: Final[Mapping[str, Allowed]] = {
     "reconciler/jobs.py::JobExtensions.reconcile": Allowed(225, "one job's reconcile, its steps in order"),
     "reconciler/main.py::parse_args": Allowed(153, "flat: one add_argument per reconciler flag"),
     "reconciler/main.py::run": Allowed(220, "the reconciler's wiring, every loop started in one place"),
-    "shared/api/parsing.py::parse_unit": Allowed(101, "a flat field-by-field reader of a QueueUnit"),
     "shared/core/guarantees.py::plan_reclaim": Allowed(120, "victims across borrowing siblings in one pass"),
     "testenv/system.py::webhook_configurations": Allowed(188, "webhook objects as literals, as manifests/"),
 }
