@@ -235,6 +235,8 @@ def _refusal_mark(level: Level, style: render.Style) -> str:
 
 
 def render_explanation(e: Explanation, unit: Unit, raw: Obj, style: render.Style, now: float) -> str:
+    """The answer of ``explain`` as text, top to bottom: the unit, why, what it is charged, the
+    quota chain, who stands ahead and who holds the quota, the queue, and what would let it run."""
     lines: list[str] = []
     ref = (raw.get("spec") or {}).get("consumerRef") or {}
     job = f"{ref.get('kind')} {ref.get('name')}" if ref.get("kind") and ref.get("name") else ""
@@ -269,30 +271,7 @@ def render_explanation(e: Explanation, unit: Unit, raw: Obj, style: render.Style
             "pod-level requests, RuntimeClass overhead and the namespace's LimitRange default requests "
             "(docs/compatibility.md#requests-the-apiserver-fills-in)."
         )
-    if e.levels:
-        lines.append("")
-        lines.append(style(f"Quota chain (request {render.resources(e.request)}):", "bold"))
-        rows = []
-        for lv in e.levels:
-            bound = "" if lv.used_complete else "≥"
-            rows.append(
-                [
-                    lv.name + ("" if lv.readable else " (not readable)"),
-                    lv.namespace or "-",
-                    render.resources(lv.min) if lv.readable else "?",
-                    render.resources(lv.max, empty="unlimited") if lv.readable else "?",
-                    bound + render.resources(lv.used, empty="0"),
-                    render.resources(lv.free) if lv.readable else "?",
-                    render.resources(lv.over_min, empty="0"),
-                    _refusal_mark(lv, style),
-                ]
-            )
-        headers = ["QUOTA", "NAMESPACE", "MIN", "MAX", "USED", "FREE", "BORROWED", "FITS"]
-        lines.extend("  " + line for line in render.table(headers, rows).splitlines())
-        lines.append(
-            "  BORROWED is usage above min: below a parent quota, siblings within their min may reclaim it "
-            "(docs/compatibility.md#reclaim-across-quotas)."
-        )
+    lines.extend(_quota_chain(e, style))
     if e.ahead or e.unseen_ahead:
         lines.append("")
         count = len(e.ahead) + e.unseen_ahead
@@ -317,6 +296,52 @@ def render_explanation(e: Explanation, unit: Unit, raw: Obj, style: render.Style
         if len(e.holders) > 10:
             lines.append(f"  ... and {len(e.holders) - 10} more")
     lines.append("")
+    lines.extend(_queue_facts(e, style, now))
+    if e.next_steps:
+        lines.append("")
+        lines.append(style("What would let it run:" if e.waiting_now else "Next:", "bold"))
+        lines.extend(f"  - {step}" for step in e.next_steps)
+    if e.unknowns:
+        lines.append("")
+        lines.append(style("Not known, or assumed:", "bold"))
+        lines.extend(f"  - {u}" for u in e.unknowns)
+    return "\n".join(lines)
+
+
+def _quota_chain(e: Explanation, style: render.Style) -> list[str]:
+    """The quota chain from the unit's quota up, with each level's figures and whether it fits."""
+    lines: list[str] = []
+    if not e.levels:
+        return lines
+    lines.append("")
+    lines.append(style(f"Quota chain (request {render.resources(e.request)}):", "bold"))
+    rows = []
+    for lv in e.levels:
+        bound = "" if lv.used_complete else "≥"
+        rows.append(
+            [
+                lv.name + ("" if lv.readable else " (not readable)"),
+                lv.namespace or "-",
+                render.resources(lv.min) if lv.readable else "?",
+                render.resources(lv.max, empty="unlimited") if lv.readable else "?",
+                bound + render.resources(lv.used, empty="0"),
+                render.resources(lv.free) if lv.readable else "?",
+                render.resources(lv.over_min, empty="0"),
+                _refusal_mark(lv, style),
+            ]
+        )
+    headers = ["QUOTA", "NAMESPACE", "MIN", "MAX", "USED", "FREE", "BORROWED", "FITS"]
+    lines.extend("  " + line for line in render.table(headers, rows).splitlines())
+    lines.append(
+        "  BORROWED is usage above min: below a parent quota, siblings within their min may reclaim it "
+        "(docs/compatibility.md#reclaim-across-quotas)."
+    )
+    return lines
+
+
+def _queue_facts(e: Explanation, style: render.Style, now: float) -> list[str]:
+    """The queue's policy, its preemption round, admission checks, requeue and running timeout."""
+    lines: list[str] = []
     lines.append(style("Queue:", "bold"))
     if e.policy:
         lines.append(
@@ -347,15 +372,7 @@ def render_explanation(e: Explanation, unit: Unit, raw: Obj, style: render.Style
         )
     elif not any("running timeout" in u for u in e.unknowns):
         lines.append("  running timeout off")
-    if e.next_steps:
-        lines.append("")
-        lines.append(style("What would let it run:" if e.waiting_now else "Next:", "bold"))
-        lines.extend(f"  - {step}" for step in e.next_steps)
-    if e.unknowns:
-        lines.append("")
-        lines.append(style("Not known, or assumed:", "bold"))
-        lines.extend(f"  - {u}" for u in e.unknowns)
-    return "\n".join(lines)
+    return lines
 
 
 # --- quotas ----------------------------------------------------------------------------------------

@@ -57,7 +57,6 @@ ALLOWED: Final[Mapping[str, Allowed]] = {
     "shared/core/quota.py": Allowed(732, "usage accounting and the quota filter; the filter can move out"),
     "testenv/cluster.py": Allowed(738, "both control-plane profiles and their process supervision"),
     # --- functions (limit: FUNCTION_LIMIT) ---
-    "koord_queue/cli/commands.py::render_explanation": Allowed(122, "one screen of output, top to bottom"),
     "reconciler/jobs.py::JobExtensions.reconcile": Allowed(225, "one job's reconcile, its steps in order"),
     "reconciler/main.py::parse_args": Allowed(153, "flat: one add_argument per reconciler flag"),
     "reconciler/main.py::run": Allowed(220, "the reconciler's wiring, every loop started in one place"),
