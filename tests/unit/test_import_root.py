@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import email.parser
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -26,14 +27,19 @@ LINKED: Final = ("certs", "reconciler", "shared", "webhook")
 SERVER_ONLY: Final = ("cryptography", "prometheus_client", "tenacity")
 
 
-def tracked_python_files() -> Iterator[Path]:
+def tracked_files(*patterns: str) -> Iterator[Path]:
+    """The repository's tracked files (those matching ``patterns``, if given) that exist now."""
     listed = subprocess.run(
-        ["git", "ls-files", "-z", "*.py"], cwd=ROOT, capture_output=True, check=True
+        ["git", "ls-files", "-z", *patterns], cwd=ROOT, capture_output=True, check=True
     ).stdout.decode()
     for name in filter(None, listed.split("\0")):
         path = ROOT / name
-        if path.is_file() and not path.is_symlink():
+        if path.is_symlink() or path.is_file():
             yield path
+
+
+def tracked_python_files() -> Iterator[Path]:
+    yield from (path for path in tracked_files("*.py") if not path.is_symlink())
 
 
 def bare_imports(source: str) -> list[str]:
@@ -73,7 +79,14 @@ def test_the_package_links_the_design_folders() -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built offline from the repository with the virtual environment's setuptools."""
+    """The wheel, built offline with the virtual environment's setuptools from a copy of the
+    repository's tracked files (links kept as links): setuptools builds in the source tree, and its
+    ``build/`` would otherwise outlive the test and carry deleted modules into the next wheel."""
+    source = tmp_path_factory.mktemp("source")
+    for path in tracked_files():
+        target = source / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target, follow_symlinks=False)
     out = tmp_path_factory.mktemp("wheel")
     command = [
         sys.executable,
@@ -86,7 +99,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "-w",
         str(out),
     ]
-    subprocess.run([*command, str(ROOT)], check=True, capture_output=True, timeout=300)
+    subprocess.run([*command, str(source)], check=True, capture_output=True, timeout=300)
     (built,) = out.glob("koord_queue_py-*.whl")
     return built
 
