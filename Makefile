@@ -94,7 +94,7 @@ manifests: ## Render the install manifests (kubectl kustomize manifests/)
 	kubectl kustomize manifests/
 
 .PHONY: chart
-chart: venv ## Generate the Helm chart charts/koord-queue from manifests/ (CHECK=1: only check it is up to date)
+chart: venv ## Generate the job-kind lists of manifests/ from the adapter registry, then the Helm chart charts/koord-queue from manifests/ (CHECK=1: only check both are up to date)
 	$(PY) -m testenv.chart $(if $(CHECK),--check,)
 
 .PHONY: helm

@@ -27,6 +27,8 @@ What the values reach (everything else is the manifests, verbatim):
 
 The default values are read from the manifests too (the image, replicas, resources and the
 configuration file), so changing ``manifests/`` and running ``make chart`` is the whole workflow.
+Before the chart, ``make chart`` refills the generated job-kind blocks of ``manifests/`` from the
+adapter registry (``testenv/kinds.py``), so a new job kind reaches both with no hand edit.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import Any, Final
 
 import yaml
 
-from testenv import binaries, system
+from testenv import binaries, kinds, system
 
 ROOT = binaries.PROJECT_ROOT
 CHART: Final = ROOT / "charts" / "koord-queue"
@@ -462,18 +464,32 @@ def differences(committed: Path = CHART) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """First the job-kind lists of ``manifests/`` (``testenv/kinds.py``), then the chart made from them."""
     parser = argparse.ArgumentParser(prog="make chart", description=__doc__)
-    parser.add_argument("--check", action="store_true", help="only report whether charts/ is up to date")
+    parser.add_argument(
+        "--check", action="store_true", help="only report whether manifests/ and charts/ are up to date"
+    )
     args = parser.parse_args(argv)
     if args.check:
-        stale = differences()
-        if stale:
+        failed = False
+        if stale_kinds := kinds.stale_manifests():
+            print(
+                "job-kind lists out of date with shared/jobs/registry.py (run `make chart`): "
+                + ", ".join(stale_kinds),
+                file=sys.stderr,
+            )
+            failed = True
+        if stale := differences():
             print(
                 "charts/koord-queue is out of date (run `make chart`): " + ", ".join(stale), file=sys.stderr
             )
+            failed = True
+        if failed:
             raise SystemExit(1)
-        print("charts/koord-queue is up to date")
+        print("manifests/ job kinds and charts/koord-queue are up to date")
         return
+    for name in kinds.write_manifests():
+        print(f"wrote the job kinds of {name}")
     generate(CHART)
     print(f"wrote {CHART.relative_to(ROOT)}")
 

@@ -22,7 +22,7 @@ import yaml
 
 from koord_queue.certs import pki
 from koord_queue.shared.api import names
-from testenv import binaries
+from testenv import binaries, kinds
 from testenv.cluster import (
     ClusterError,
     Component,
@@ -54,7 +54,11 @@ def crd_names(path: Path) -> list[str]:
 
 
 def install_crds(cluster: LocalCluster) -> None:
-    """Apply our CRDs and the foreign job kinds' test CRDs; wait until all are Established."""
+    """Apply our CRDs and the foreign job kinds' test CRDs; wait until all are Established.
+
+    A registry kind without a file in tests/crds gets a minimal CRD derived from its adapter
+    (``kinds.generated_crds``), so only kinds whose tests need a schema keep a file there.
+    """
     names: list[str] = []
     for directory in CRD_DIRS:
         for path in sorted(directory.glob("*.yaml")):
@@ -62,6 +66,22 @@ def install_crds(cluster: LocalCluster) -> None:
                 continue
             cluster.apply_file(path)
             names.extend(crd_names(path))
+    if generated := kinds.generated_crds():
+        subprocess.run(
+            [
+                str(binaries.kubectl()),
+                f"--kubeconfig={cluster.kubeconfig}",
+                "apply",
+                "--server-side",
+                "-f",
+                "-",
+            ],
+            input=yaml.safe_dump_all(generated),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        names.extend(crd["metadata"]["name"] for crd in generated)
     cluster.wait_for_crds(names)
     with contextlib.suppress(urllib.error.HTTPError):  # 409: it exists already
         cluster.request(
@@ -186,23 +206,8 @@ def webhook_configurations(
     fallback_label = {
         "objectSelector": {"matchExpressions": [{"key": "alibabacloud.com/quota-name", "operator": "Exists"}]}
     }
-    job_rules = [
-        {"apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"]},
-        {
-            "apiGroups": ["kubeflow.org"],
-            "apiVersions": ["v1"],
-            "resources": ["tfjobs", "pytorchjobs", "paddlejobs", "xgboostjobs", "jaxjobs"],
-        },
-        {"apiGroups": ["kubeflow.org"], "apiVersions": ["v2beta1"], "resources": ["mpijobs"]},
-        {"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "resources": ["jobsets"]},
-        {"apiGroups": ["ray.io"], "apiVersions": ["v1", "v1alpha1"], "resources": ["rayjobs", "rayclusters"]},
-        {"apiGroups": ["argoproj.io"], "apiVersions": ["v1alpha1"], "resources": ["workflows"]},
-        {
-            "apiGroups": ["sparkoperator.k8s.io"],
-            "apiVersions": ["v1beta2"],
-            "resources": ["sparkapplications"],
-        },
-    ]
+    # Every kind in the registry (testenv/kinds.py; manifests/ has the same list, generated).
+    job_rules = kinds.match_rules()
 
     gated_label = {
         "objectSelector": {"matchExpressions": [{"key": names.GATED_POD_LABEL, "operator": "Exists"}]}

@@ -3,8 +3,8 @@
 ``grant`` binds user ``alice`` (or any name) in one namespace to the built-in ``edit`` ClusterRole
 (as a cluster admin would) and, because a cluster without the controller-manager's aggregation
 controller leaves that role's rules empty, to a Role with the same job and pod rights ``edit``
-aggregates in a real cluster. ``as_user`` runs kubectl impersonating that user, so every request
-goes through the real authorization and admission chain.
+aggregates in a real cluster (:func:`rules`). ``as_user`` runs kubectl impersonating that user, so
+every request goes through the real authorization and admission chain.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from testenv import kinds
 from testenv.cluster import LocalCluster
 from tests import kube
 
@@ -21,20 +22,17 @@ from tests import kube
 ALICE = "alice"
 #: What ``edit`` lets a namespace user do with workloads (read and write, not RBAC).
 WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
-RULES: list[dict[str, Any]] = [
-    {"apiGroups": [""], "resources": ["pods", "configmaps", "services"], "verbs": WRITE},
-    {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": WRITE},
-    {
-        "apiGroups": ["kubeflow.org"],
-        "resources": ["tfjobs", "pytorchjobs", "paddlejobs", "xgboostjobs", "jaxjobs", "mpijobs"],
-        "verbs": WRITE,
-    },
-    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": WRITE},
-    {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayclusters"], "verbs": WRITE},
-    {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": WRITE},
-    {"apiGroups": ["sparkoperator.k8s.io"], "resources": ["sparkapplications"], "verbs": WRITE},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
-]
+
+
+def rules() -> list[dict[str, Any]]:
+    """The Role's rules: pods and their config, CronJobs (a parent kind, not a queued one), reading
+    events, and every job kind of the registry (``testenv/kinds.py``), so a new kind needs no line."""
+    return [
+        {"apiGroups": [""], "resources": ["pods", "configmaps", "services"], "verbs": WRITE},
+        {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": WRITE},
+        *kinds.rbac_rules(WRITE),
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+    ]
 
 
 def grant(cluster: LocalCluster, namespace: str, user: str = "alice") -> None:
@@ -44,7 +42,7 @@ def grant(cluster: LocalCluster, namespace: str, user: str = "alice") -> None:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": {"name": f"{user}-workloads", "namespace": namespace},
-            "rules": RULES,
+            "rules": rules(),
         },
         *(
             {

@@ -27,10 +27,6 @@ from koord_queue.shared.jobs.base import Job, JobPodSet, JobStatus, JsonPatchOp
 from koord_queue.shared.jobs.common import AdapterBase, template_pod_set
 from koord_queue.shared.jobs.patches import PatchBuilder, deep_merge
 
-#: API groups whose controllers create Jobs on behalf of a job we already queue.
-_MANAGED_PARENT_GROUPS: Final = frozenset(
-    {"kubeflow.org", "jobset.x-k8s.io", "ray.io", "argoproj.io", "sparkoperator.k8s.io"}
-)
 _TEMPLATE: Final = ("spec", "template")
 _TEMPLATE_ANNOTATIONS: Final = (*_TEMPLATE, "metadata", "annotations")
 
@@ -160,9 +156,19 @@ def controller_claim(obj: Job, accepts: Callable[[str, str], bool]) -> ParentCla
     return None
 
 
+def _managed_parent_groups() -> frozenset[str]:
+    """API groups whose controllers create Jobs on behalf of a job we already queue: every registered
+    kind's but ``batch`` (``registry.PARENT_GROUPS``). Read when first needed, not at import, since
+    the registry imports this module; so a new kind needs no line here."""
+    from koord_queue.shared.jobs import registry
+
+    return registry.PARENT_GROUPS
+
+
 def claimed_parent(job: Job) -> ParentClaim | None:
     """The first controller owner reference of ``job`` whose API group is one we queue, if any."""
-    return controller_claim(job, lambda group, _kind: group in _MANAGED_PARENT_GROUPS)
+    groups = _managed_parent_groups()
+    return controller_claim(job, lambda group, _kind: group in groups)
 
 
 def gate_claimed_child(job: Job, *, parent_unit_ref: str | None) -> list[JsonPatchOp]:

@@ -34,6 +34,20 @@ EXTENSIONS: Final[tuple[str, ...]] = tuple(adapter.extension for adapter in ADAP
 DEFAULT_EXTENSIONS: Final[tuple[str, ...]] = tuple(e for e in EXTENSIONS if e != "raycluster")
 
 
+def parent_groups(adapters: Iterable[JobAdapter]) -> frozenset[str]:
+    """The API groups of every kind we queue except ``batch/v1`` Job itself: a Job controlled by one of
+    them is its child, accounted under the parent's unit (docs/compatibility.md#batchv1-job). Their
+    controllers create Jobs for them (a RayJob's submitter, an MPIJob's launcher, a JobSet's
+    replicated jobs, an Argo resource step), so a new kind is a parent as soon as it is registered."""
+    return frozenset(
+        group for adapter in adapters if (group := adapter.api_version.rpartition("/")[0]) != "batch"
+    )
+
+
+#: What ``shared/jobs/batch_job.py`` reads (lazily: this module imports it) as its managed parents.
+PARENT_GROUPS: Final[frozenset[str]] = parent_groups(ADAPTERS)
+
+
 class UnknownExtensionError(ValueError):
     """An extension name that no adapter has."""
 

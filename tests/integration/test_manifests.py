@@ -34,7 +34,7 @@ from koord_queue.shared.api import names
 from koord_queue.shared.core import config as component_config
 from koord_queue.shared.core import visibility, workloadref
 from koord_queue.webhook import main as webhook_main
-from testenv import binaries, system
+from testenv import binaries, kinds, system
 from testenv.cluster import LocalCluster, wait_until
 from tests import kube
 
@@ -77,62 +77,69 @@ Doc = dict[str, Any]
 #: The reconciler's permissions: (namespace or "" for the ClusterRole, apiGroup, resource,
 #: resourceNames, verbs). Each line is a call the code makes (or, for reads, the informer's
 #: get/list/watch); change it together with manifests/rbac/reconciler.yaml.
-RBAC: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = (
-    ("", "scheduling.x-k8s.io", "queueunits", (), ("get", "list", "watch", "create", "patch", "delete")),
-    ("", "scheduling.x-k8s.io", "queueunits/status", (), ("patch",)),
-    # patch: only the ignored-reason annotation and the published figures, with status.used where
-    # the CRD has no status subresource (the policy koord-queue-reconciler-quota-writes).
-    ("", "scheduling.sigs.k8s.io", "elasticquotas", (), ("get", "list", "watch", "patch")),
-    ("", "scheduling.sigs.k8s.io", "elasticquotas/status", (), ("patch",)),
-    ("", "scheduling.k8s.io", "priorityclasses", (), ("get", "list", "watch")),
-    # docs/compatibility.md#requests-the-apiserver-fills-in: what the apiserver adds to pods
-    ("", "", "limitranges", (), ("get", "list", "watch")),
-    ("", "node.k8s.io", "runtimeclasses", (), ("get", "list", "watch")),
-    # docs/operations.md#mandatory-queueing: namespace labels select where queueing is mandatory
-    ("", "", "namespaces", (), ("get", "list", "watch")),
-    ("", "batch", "jobs", (), ("get", "list", "watch", "patch")),
-    ("", "kubeflow.org", "tfjobs", (), ("get", "list", "watch", "patch")),
-    ("", "kubeflow.org", "pytorchjobs", (), ("get", "list", "watch", "patch")),
-    ("", "kubeflow.org", "paddlejobs", (), ("get", "list", "watch", "patch")),
-    ("", "kubeflow.org", "xgboostjobs", (), ("get", "list", "watch", "patch")),
-    ("", "kubeflow.org", "jaxjobs", (), ("get", "list", "watch", "patch")),
-    ("", "kubeflow.org", "mpijobs", (), ("get", "list", "watch", "patch")),
-    ("", "jobset.x-k8s.io", "jobsets", (), ("get", "list", "watch", "patch")),
-    ("", "ray.io", "rayjobs", (), ("get", "list", "watch", "patch")),
-    ("", "ray.io", "rayclusters", (), ("get", "list", "watch", "patch")),
-    ("", "argoproj.io", "workflows", (), ("get", "list", "watch", "patch")),
-    ("", "sparkoperator.k8s.io", "sparkapplications", (), ("get", "list", "watch", "patch")),
-    ("", "", "pods", (), ("get", "list", "watch", "patch", "delete")),
-    ("", "", "events", (), ("create", "patch")),
-    # docs/compatibility.md#native-gang-hand-off: a gang's Workload, created before its pods are ungated
-    ("", "scheduling.k8s.io", "workloads", (), ("create", "get")),
-    (
-        "",
-        "admissionregistration.k8s.io",
-        "mutatingwebhookconfigurations",
-        (WEBHOOK_CONFIGURATION,),
-        ("get", "update", "patch"),
-    ),
-    (
-        "",
-        "admissionregistration.k8s.io",
-        "validatingwebhookconfigurations",
-        (WEBHOOK_CONFIGURATION,),
-        ("get", "update", "patch"),
-    ),
-    ("", "apiregistration.k8s.io", "apiservices", (APISERVICE,), ("get", "patch")),
-    (NAMESPACE, "scheduling.x-k8s.io", "queues", (), ("get", "list", "watch", "create", "patch", "delete")),
-    (NAMESPACE, "scheduling.x-k8s.io", "queues/status", (), ("patch",)),
-    (NAMESPACE, "coordination.k8s.io", "leases", (), ("create",)),
-    (NAMESPACE, "coordination.k8s.io", "leases", (LEASE,), ("get", "update")),
-    (NAMESPACE, "", "secrets", (), ("create",)),
-    (NAMESPACE, "", "secrets", (CERT_SECRET, VISIBILITY_SECRET), ("get", "update")),
-    (NAMESPACE, "", "configmaps", (), ("create",)),
-    (NAMESPACE, "", "configmaps", (BINDINGS_CONFIGMAP,), ("get", "update")),
-    # where the webhook learns whether gang pod templates are stamped (the native gang hand-off)
-    (NAMESPACE, "", "configmaps", (workloadref.STATE_CONFIGMAP,), ("delete", "get", "update")),
-    (AUTH_NAMESPACE, "", "configmaps", (AUTH_CONFIGMAP,), ("get",)),
-)
+Grant = tuple[str, str, str, tuple[str, ...], tuple[str, ...]]
+
+
+def rbac() -> tuple[Grant, ...]:
+    """The table, with the job kinds of the registry as it is now (a test may register one more)."""
+    return (
+        ("", "scheduling.x-k8s.io", "queueunits", (), ("get", "list", "watch", "create", "patch", "delete")),
+        ("", "scheduling.x-k8s.io", "queueunits/status", (), ("patch",)),
+        # patch: only the ignored-reason annotation and the published figures, with status.used where
+        # the CRD has no status subresource (the policy koord-queue-reconciler-quota-writes).
+        ("", "scheduling.sigs.k8s.io", "elasticquotas", (), ("get", "list", "watch", "patch")),
+        ("", "scheduling.sigs.k8s.io", "elasticquotas/status", (), ("patch",)),
+        ("", "scheduling.k8s.io", "priorityclasses", (), ("get", "list", "watch")),
+        # docs/compatibility.md#requests-the-apiserver-fills-in: what the apiserver adds to pods
+        ("", "", "limitranges", (), ("get", "list", "watch")),
+        ("", "node.k8s.io", "runtimeclasses", (), ("get", "list", "watch")),
+        # docs/operations.md#mandatory-queueing: namespace labels select where queueing is mandatory
+        ("", "", "namespaces", (), ("get", "list", "watch")),
+        # Every job kind of the registry: watched, and patched to hold or resume it (testenv/kinds.py).
+        *(
+            ("", group, resource, (), ("get", "list", "watch", "patch"))
+            for group, resource in kinds.resources()
+        ),
+        ("", "", "pods", (), ("get", "list", "watch", "patch", "delete")),
+        ("", "", "events", (), ("create", "patch")),
+        # docs/compatibility.md#native-gang-hand-off: a gang's Workload, created before its pods are ungated
+        ("", "scheduling.k8s.io", "workloads", (), ("create", "get")),
+        (
+            "",
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            (WEBHOOK_CONFIGURATION,),
+            ("get", "update", "patch"),
+        ),
+        (
+            "",
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
+            (WEBHOOK_CONFIGURATION,),
+            ("get", "update", "patch"),
+        ),
+        ("", "apiregistration.k8s.io", "apiservices", (APISERVICE,), ("get", "patch")),
+        (
+            NAMESPACE,
+            "scheduling.x-k8s.io",
+            "queues",
+            (),
+            ("get", "list", "watch", "create", "patch", "delete"),
+        ),
+        (NAMESPACE, "scheduling.x-k8s.io", "queues/status", (), ("patch",)),
+        (NAMESPACE, "coordination.k8s.io", "leases", (), ("create",)),
+        (NAMESPACE, "coordination.k8s.io", "leases", (LEASE,), ("get", "update")),
+        (NAMESPACE, "", "secrets", (), ("create",)),
+        (NAMESPACE, "", "secrets", (CERT_SECRET, VISIBILITY_SECRET), ("get", "update")),
+        (NAMESPACE, "", "configmaps", (), ("create",)),
+        (NAMESPACE, "", "configmaps", (BINDINGS_CONFIGMAP,), ("get", "update")),
+        # where the webhook learns whether gang pod templates are stamped (the native gang hand-off)
+        (NAMESPACE, "", "configmaps", (workloadref.STATE_CONFIGMAP,), ("delete", "get", "update")),
+        (AUTH_NAMESPACE, "", "configmaps", (AUTH_CONFIGMAP,), ("get",)),
+    )
+
+
+RBAC: tuple[Grant, ...] = rbac()
 CLUSTER_SCOPED = {
     "priorityclasses",
     "runtimeclasses",

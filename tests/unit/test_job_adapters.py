@@ -10,6 +10,8 @@ template.
 from __future__ import annotations
 
 import copy
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -211,8 +213,24 @@ def pod_from(pod_template: dict[str, Any]) -> dict[str, Any]:
 # --- the contract ---------------------------------------------------------------------------------
 
 
+def sample_disagreements(samples: Mapping[str, Callable[[], dict[str, Any]]] = SAMPLES) -> list[str]:
+    """Registered extensions without a sample in ``SAMPLES`` and samples of no registered extension
+    (docs/development.md#adding-a-job-kind); read at call time, so a test may register a kind."""
+    extensions = set(registry.EXTENSIONS)
+    return [
+        *(
+            f"tests/unit/test_job_adapters.py: no sample in SAMPLES for {e!r}"
+            for e in sorted(extensions - set(samples))
+        ),
+        *(
+            f"tests/unit/test_job_adapters.py: SAMPLES has {e!r}, no adapter does"
+            for e in sorted(set(samples) - extensions)
+        ),
+    ]
+
+
 def test_every_registered_adapter_has_a_sample() -> None:
-    assert set(SAMPLES) == set(registry.EXTENSIONS)
+    assert sample_disagreements() == []
 
 
 @pytest.fixture(params=registry.EXTENSIONS)
@@ -338,12 +356,53 @@ def test_predicates_are_total_on_garbage(case: tuple[JobAdapter, dict[str, Any]]
         adapter.priority(garbage)
         adapter.pod_set_of(garbage)
         assert all(isinstance(e, JobSpecError) for e in adapter.admission_errors(None, garbage))
+
         assert all(isinstance(e, JobSpecError) for e in adapter.admission_errors(garbage, garbage))
         try:  # an unreadable spec is reported, never a KeyError/TypeError
             ops = adapter.suspend_patch({"metadata": {"labels": QUOTA}, "spec": 5}, now_text=NOW)
         except JobSpecError:
             continue
         assert all(not op["path"].startswith("/spec/") for op in ops)
+
+
+#: The contract every adapter meets on its sample (the ``case`` tests above, in order).
+CONTRACT: tuple[Callable[[tuple[JobAdapter, dict[str, Any]]], None], ...] = (
+    test_a_fresh_labelled_job_is_managed_and_not_started,
+    test_an_unlabelled_job_is_not_managed,
+    test_suspend_patch_holds_gates_and_stamps_the_job,
+    test_mutating_a_mutated_job_gives_a_valid_patch_and_no_duplicates,
+    test_resume_then_suspend_merge_patches,
+    test_a_held_job_passes_its_own_kind_rules,
+    test_only_the_workflow_crd_lacks_a_status_subresource,
+    test_identity_and_queue_unit_name,
+    test_total_request_is_the_sum_over_pod_sets,
+    test_predicates_are_total_on_garbage,
+)
+
+
+def contract_failures(adapter: JobAdapter, sample: Callable[[], dict[str, Any]]) -> list[str]:
+    """The contract run on ``adapter`` outside the ``case`` fixture (whose kinds are fixed when this
+    module is collected): tests/unit/test_kind_registry.py runs it on a kind it registers itself.
+    Empty when the adapter meets it; else the failing checks by name."""
+    if (sample()["apiVersion"], sample()["kind"]) != (adapter.api_version, adapter.kind):
+        return [f"the sample is not a {adapter.api_version} {adapter.kind}"]
+    failures = []
+    for check in CONTRACT:
+        try:
+            check((adapter, sample()))
+        except AssertionError as error:
+            failures.append(f"{check.__name__}: {error}")
+    return failures
+
+
+def test_the_contract_list_is_every_case_test() -> None:
+    """A contract test added above but not to ``CONTRACT`` would skip a registered-by-test kind."""
+    case_tests = {
+        name
+        for name, value in globals().items()
+        if name.startswith("test_") and callable(value) and "case" in inspect.signature(value).parameters
+    }
+    assert case_tests == {check.__name__ for check in CONTRACT}
 
 
 # --- JSON Patch construction ----------------------------------------------------------------------
