@@ -37,12 +37,8 @@ admission that passes ``max`` fits; and below a parent whose children all have `
 nobody can borrow. In both cases (:func:`_may_borrow`) no runtime is computed there at all, and
 admission is exactly as upstream's.
 
-:func:`plan_reclaim` is the *reclaim across quotas*: a unit that fits within its quota's ``min`` at
-its own level (and upward while that holds) but does not fit because siblings borrowed marks
-admitted-but-not-running units of the borrowing siblings, lowest priority first (among equals,
-those with no bound pod), then newest, protect time respected, never taking a sibling (or any
-quota on the victim's chain below it) below its own ``min``. Running borrowers are never
-disrupted; the unit then waits saying for whom.
+The *reclaim across quotas*, which makes ``min`` hold against borrowers that already hold it, is
+``shared.core.reclaim``.
 
 Pure: standard library and sibling modules only.
 """
@@ -54,16 +50,12 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from koord_queue.shared.api import quantities
-from koord_queue.shared.api.model import Quota, Unit
-from koord_queue.shared.api.predicates import expected_pod_sets
+from koord_queue.shared.api.model import Quota
 from koord_queue.shared.api.quantities import Resources
 from koord_queue.shared.core import quota
-from koord_queue.shared.core.policies import QueueState
-from koord_queue.shared.core.preemption import Victim, protected_until, reclaimable
-from koord_queue.shared.core.quota import QuotaLedger, UsageView
+from koord_queue.shared.core.quota import QuotaLedger
 
-__all__ = ["Reclaim", "Shares", "compute", "may_claim", "plan_reclaim", "water_fill", "weight"]
+__all__ = ["Shares", "compute", "water_fill", "weight"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,195 +469,3 @@ def _order(alloc: int, weight: int) -> float:
     """Who takes the next leftover step: the lowest share per weight, unweighted last (an order
     between children, never a quantity: ties fall to the name)."""
     return alloc / weight if weight > 0 else math.inf
-
-
-# --- reclaim across quotas -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Reclaim:
-    """What a guaranteed unit's failed admission decided: ``victims`` per queue to mark now;
-    ``waiting_for`` victims already on the way it counts on; ``borrowers`` the borrowing quotas
-    (for the message); ``wake_at`` when a protected candidate becomes reclaimable."""
-
-    victims: Mapping[str, tuple[Victim, ...]] = field(default_factory=dict)
-    waiting_for: tuple[str, ...] = ()
-    borrowers: tuple[str, ...] = ()
-    wake_at: float | None = None
-    protected: tuple[str, ...] = ()
-
-    @property
-    def succeeded(self) -> bool:
-        return bool(self.victims or self.waiting_for)
-
-
-def _within_min(view: UsageView, name: str, short: Mapping[str, int]) -> bool:
-    """The unit's request on the ``short`` resources fits within ``name``'s ``min``."""
-    floor = view.ledger.quotas[name].min
-    return all(view.used(name, r) + v <= floor.get(r, 0) for r, v in short.items())
-
-
-def may_claim(view: UsageView, leaf: str) -> bool:
-    """Cheap test: could a unit of ``leaf`` be guaranteed (the quota has a parent quota and is
-    below its ``min`` on some resource)? Keeps an exhausted queue from being skipped unseen."""
-    quotas = view.ledger.quotas
-    spec = quotas.get(leaf)
-    if spec is None or spec.parent not in quotas or not spec.min:
-        return False
-    return any(view.used(leaf, r) < v for r, v in spec.min.items())
-
-
-def _subtree(children: Mapping[str, tuple[str, ...]], top: str) -> list[str]:
-    out, todo = [], [top]
-    while todo:
-        name = todo.pop()
-        if name in out:
-            continue
-        out.append(name)
-        todo.extend(children.get(name, ()))
-    return sorted(out)
-
-
-def plan_reclaim(
-    request: Mapping[str, int],
-    leaf: str,
-    *,
-    view: UsageView,
-    units: Mapping[str, Unit],
-    queues: Mapping[str, QueueState],
-    now: float,
-    protect: float,
-    claimed: frozenset[str] | set[str] = frozenset(),
-) -> Reclaim | None:
-    """Victims among borrowing siblings for a unit of ``leaf`` that the filter refused.
-
-    ``None`` when the guarantee does not apply (the unit does not fit within ``min`` at its own
-    level, or nobody borrows where it is short): the ordinary preempt path decides then.
-    ``claimed`` are victims another waiting unit already counts on in this cycle: a victim's
-    capacity is promised to one unit at a time."""
-    ledger = view.ledger
-    quotas = ledger.quotas
-    chain = ledger.chain(leaf)
-    if chain.error is not None or not request:
-        return None
-    levels = chain.names
-    need: dict[str, int] = {}
-    for name in levels[1:]:
-        limits, share = view._limits(name)
-        for bound in (limits, share or {}):
-            for r, v in request.items():
-                if r in bound:
-                    excess = view.used(name, r) + v - bound[r]
-                    if excess > 0:
-                        need[r] = max(need.get(r, 0), excess)
-    if not need:
-        return None
-    # The guarantee is judged on the resources that are short: a resource nobody lacks (or one
-    # its min does not name but the parent has room for) does not stop a unit's claim.
-    short = {r: request[r] for r in need}
-    pairs: list[tuple[str, str]] = []
-    for i, name in enumerate(levels[:-1]):
-        if not _within_min(view, name, short):
-            break
-        pairs.append((levels[i + 1], name))
-    if not pairs:
-        return None
-    children = ledger.children()
-    borrowers: list[str] = []
-    candidates: list[tuple[tuple[int, int, float, float, str], str, str, Victim]] = []
-    released: dict[str, int] = {}
-    waiting: list[str] = []
-    protected: list[str] = []
-    wake: float | None = None
-    stops: dict[str, str] = {}  # candidate leaf -> the borrowing sibling it belongs to
-    for parent, own in pairs:
-        for sibling in children.get(parent, ()):
-            if sibling == own:
-                continue
-            floor = quotas[sibling].min
-            if not any(view.used(sibling, r) > floor.get(r, 0) for r in need):
-                continue
-            borrowers.append(sibling)
-            for name in _subtree(children, sibling):
-                stops[name] = sibling
-    for name in sorted(stops):
-        qs = queues.get(name)
-        if qs is None:
-            continue
-        for key in sorted(qs.in_flight.keys() | qs.marks.keys()):
-            unit = units.get(key)
-            if unit is None or key in claimed:
-                continue
-            if quantities.covers(released, need):
-                break  # enough on the way already: the rest is for other waiting units
-            per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
-            for podset, replicas in qs.reclaim_on_the_way(key).items():
-                released = quantities.add(released, quantities.scale(per_pod.get(podset, {}), replicas))
-            waiting.append(key)
-        for item in qs.assumed:
-            key = str(item[-1])
-            unit = units.get(key)
-            if unit is None or key in claimed or qs.on_the_way(key):
-                continue
-            found = reclaimable(unit, now=now, protect=protect)
-            if found is None:
-                until = protected_until(unit, now=now, protect=protect)
-                if until is not None:
-                    protected.append(key)
-                    wake = until if wake is None else min(wake, until)
-                continue
-            has_bound = any(adm.running > 0 for adm in unit.admissions)
-            order = (unit.priority, int(has_bound), -(unit.last_allocate_time or 0.0), -unit.created, key)
-            candidates.append(
-                (order, name, stops[name], Victim(key, unit.name, found.reclaim, found.resources))
-            )
-    if not borrowers:
-        return None
-    if quantities.covers(released, need):
-        return Reclaim(waiting_for=tuple(sorted(waiting)), borrowers=tuple(borrowers), wake_at=wake)
-    taken: dict[str, dict[str, int]] = {}
-    chosen: dict[str, list[Victim]] = {}
-    total = dict(released)
-    # Timestamps have a second's resolution: among equal ones the later name goes first.
-    candidates.sort(key=lambda c: c[0][-1], reverse=True)
-    candidates.sort(key=lambda c: c[0][:-1])
-    for _, name, sibling, victim in candidates:
-        path = _path(ledger, name, sibling)
-        if not all(_keeps_min(view, x, taken.get(x, {}), victim.resources, need) for x in path):
-            continue
-        for x in path:
-            taken[x] = quantities.add(taken.get(x, {}), victim.resources)
-        chosen.setdefault(name, []).append(victim)
-        total = quantities.add(total, victim.resources)
-        if quantities.covers(total, need):
-            return Reclaim(
-                victims={q: tuple(v) for q, v in sorted(chosen.items())},
-                waiting_for=tuple(sorted(waiting)),
-                borrowers=tuple(borrowers),
-                wake_at=wake,
-                protected=tuple(protected),
-            )
-    return Reclaim(borrowers=tuple(borrowers), wake_at=wake, protected=tuple(protected))
-
-
-def _path(ledger: QuotaLedger, leaf: str, top: str) -> list[str]:
-    """The quotas from ``leaf`` up to ``top`` (both included)."""
-    out: list[str] = []
-    for name in ledger.chain(leaf).names:
-        out.append(name)
-        if name == top:
-            break
-    return out
-
-
-def _keeps_min(
-    view: UsageView, name: str, taken: Mapping[str, int], freed: Mapping[str, int], short: Mapping[str, int]
-) -> bool:
-    """Taking ``freed`` on top of ``taken`` leaves quota ``name`` at or above its ``min`` on the
-    resources that are ``short`` (the others are not what the reclaim is for)."""
-    floor = view.ledger.quotas[name].min
-    return all(
-        view.used(name, r) - taken.get(r, 0) - v >= floor[r]
-        for r, v in freed.items()
-        if v > 0 and r in floor and r in short
-    )

@@ -161,7 +161,8 @@ def repository_files(root: Path) -> Iterator[Path]:
     """The text files of the repository that may cite the documentation."""
     for path in sorted(root.iterdir()):
         if path.is_dir():
-            if path.name in SKIPPED_DIRS or path.name.endswith(".egg-info"):
+            # koord_queue/'s links to the top-level folders would scan each file twice
+            if path.is_symlink() or path.name in SKIPPED_DIRS or path.name.endswith(".egg-info"):
                 continue
             yield from repository_files(path)
         elif path.suffix in SCANNED_SUFFIXES or path.name in SCANNED_NAMES:

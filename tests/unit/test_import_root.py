@@ -28,9 +28,13 @@ SERVER_ONLY: Final = ("cryptography", "prometheus_client", "tenacity")
 
 
 def tracked_files(*patterns: str) -> Iterator[Path]:
-    """The repository's tracked files (those matching ``patterns``, if given) that exist now."""
+    """The repository's files (those matching ``patterns``, if given) that exist now: tracked, or new
+    and not ignored (about to be added)."""
     listed = subprocess.run(
-        ["git", "ls-files", "-z", *patterns], cwd=ROOT, capture_output=True, check=True
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", *patterns],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
     ).stdout.decode()
     for name in filter(None, listed.split("\0")):
         path = ROOT / name
