@@ -18,9 +18,10 @@ from koord_queue.shared.api.names import Phase
 from koord_queue.shared.api.parsing import parse_quota, parse_unit
 from koord_queue.shared.api.predicates import TERMINAL_PHASES, all_running, has_reclaim
 from koord_queue.shared.core import explain, reasons, replay
+from koord_queue.shared.core.charges import remaining_request, reserved_resources
 from koord_queue.shared.core.explanation import Explanation, Level
 from koord_queue.shared.core.policies import is_waiting
-from koord_queue.shared.core.quota import priority_cap, remaining_request, reserved_resources
+from koord_queue.shared.core.quota import priority_cap
 from koord_queue.shared.core.reasons import Reason
 from koord_queue.shared.jobs import registry
 from koord_queue.shared.jobs.running_timeout import RunningTimeout

@@ -14,6 +14,7 @@ import enum
 from koord_queue.shared.api.admission_checks import matched_checks
 from koord_queue.shared.api.names import Message, Phase, QueuePolicy
 from koord_queue.shared.core import gangs
+from koord_queue.shared.core.charges import grants_request, remaining_grants
 from koord_queue.shared.core.plan import Admit, Decision, Park, Snapshot
 from koord_queue.shared.core.policies import (
     Entry,
@@ -37,7 +38,7 @@ from koord_queue.shared.core.preemption import (
     record_outcome,
     skip_reason,
 )
-from koord_queue.shared.core.quota import UsageView, grants_request, remaining_grants
+from koord_queue.shared.core.quota import UsageView
 from koord_queue.shared.core.reclaim import Reclaim, may_claim, plan_reclaim
 
 __all__ = ["BLOCK_STALE_SECONDS", "Cycle"]

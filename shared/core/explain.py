@@ -29,11 +29,11 @@ from koord_queue.shared.api import names
 from koord_queue.shared.api.names import Message, Phase
 from koord_queue.shared.api.predicates import TERMINAL_PHASES, all_running, has_reclaim
 from koord_queue.shared.core import explanation, reasons, replay
+from koord_queue.shared.core.charges import remaining_request, reserved_resources
 from koord_queue.shared.core.explanation import Explanation, Level, Round
 from koord_queue.shared.core.plan import Admit, Park
 from koord_queue.shared.core.policies import QueueState, inactive_message, is_waiting
 from koord_queue.shared.core.preemption import disabled_reason, plan_preempt
-from koord_queue.shared.core.quota import remaining_request, reserved_resources
 from koord_queue.shared.core.reasons import Classified, Reason
 from koord_queue.shared.core.replay import View
 from koord_queue.shared.core.scheduling import Cache

@@ -30,7 +30,7 @@ from typing import Final
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.predicates import expected_pod_sets
 from koord_queue.shared.api.quantities import Resources
-from koord_queue.shared.core.quota import grants_request
+from koord_queue.shared.core.charges import grants_request
 
 __all__ = ["WHOLE_WORKER_KINDS", "floor", "partial_grants", "reclaim_count", "smallest_request"]
 

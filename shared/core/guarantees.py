@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 from koord_queue.shared.api.model import Quota
 from koord_queue.shared.api.quantities import Resources
-from koord_queue.shared.core import quota
+from koord_queue.shared.core import charges
 from koord_queue.shared.core.quota import QuotaLedger
 
 __all__ = ["Shares", "compute", "water_fill", "weight"]
@@ -171,7 +171,7 @@ def compute(
             )
             gathered.setdefault(name, []).extend(small)
     for name, found in gathered.items():
-        sub_small[name] = quota.smallest_units(found) if len(found) > 1 else tuple(found)
+        sub_small[name] = charges.smallest_units(found) if len(found) > 1 else tuple(found)
     below = _claims_below(ledger, sub_pending, usage)
     runtime: dict[str, Resources] = {}
     request: dict[str, Resources] = {}

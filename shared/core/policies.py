@@ -42,8 +42,9 @@ from koord_queue.shared.api.predicates import (
 )
 from koord_queue.shared.api.quantities import Resources
 from koord_queue.shared.core import gangs
+from koord_queue.shared.core.charges import Demand, remaining_request
 from koord_queue.shared.core.ordering import SortKey, lane_of, unit_key
-from koord_queue.shared.core.quota import Demand, QuotaLedger, remaining_request
+from koord_queue.shared.core.quota import QuotaLedger
 
 __all__ = [
     "MARK_OBSERVE_TIMEOUT",

@@ -2,10 +2,10 @@
 (docs/compatibility.md#reclaim-across-quotas).
 
 A unit that fits within its quota's ``min`` at its own level (and upward while that holds) but does
-not fit because siblings borrowed marks admitted-but-not-running units of the borrowing siblings, lowest priority first (among equals,
-those with no bound pod), then newest, protect time respected, never taking a sibling (or any
-quota on the victim's chain below it) below its own ``min``. Running borrowers are never
-disrupted; the unit then waits saying for whom.
+not fit because siblings borrowed marks admitted-but-not-running units of the borrowing siblings,
+lowest priority first (among equals, those with no bound pod), then newest, protect time respected,
+never taking a sibling (or any quota on the victim's chain below it) below its own ``min``. Running
+borrowers are never disrupted; the unit then waits saying for whom.
 
 The search has three steps, each a function: which siblings borrow where the unit is short
 (:func:`_borrowers`), which of their units could be taken and which are already on the way

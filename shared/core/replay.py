@@ -25,9 +25,9 @@ from koord_queue.shared.api.model import QueueConfig, Quota, Unit
 from koord_queue.shared.api.names import Phase
 from koord_queue.shared.api.quantities import Resources
 from koord_queue.shared.core import quotastatus
+from koord_queue.shared.core.charges import remaining_request
 from koord_queue.shared.core.plan import Admit, Park
 from koord_queue.shared.core.policies import is_waiting
-from koord_queue.shared.core.quota import remaining_request
 from koord_queue.shared.core.scheduling import Cache
 from koord_queue.shared.jobs.running_timeout import RunningTimeout
 

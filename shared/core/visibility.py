@@ -37,8 +37,9 @@ from typing import Any, Final
 from koord_queue.shared.api import quantities
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.core import quotastatus
+from koord_queue.shared.core.charges import remaining_request, reserved_resources
 from koord_queue.shared.core.policies import SchedulerState, queue_item_details
-from koord_queue.shared.core.quota import QuotaLedger, remaining_request, reserved_resources
+from koord_queue.shared.core.quota import QuotaLedger
 
 GROUP: Final = "visibility.koord-queue.x-k8s.io"
 VERSION: Final = "v1alpha1"

@@ -498,7 +498,7 @@ def test_a_child_whose_units_fit_no_share_leaves_it_to_a_sibling_whose_unit_fits
 def test_a_queue_s_least_units_are_judged_whole_not_per_resource() -> None:
     """``Demand.floors`` keeps every waiting unit no other one is below on every resource: a wide
     and a tall unit both stay (per-resource minimums would invent a unit that is small on both)."""
-    from koord_queue.shared.core.quota import Demand, smallest_units
+    from koord_queue.shared.core.charges import Demand, smallest_units
 
     demand = Demand()
     wide, tall, big = (

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from koord_queue.shared.api import names
 from koord_queue.shared.api.model import Admission, Unit
 from koord_queue.shared.api.names import Message
-from koord_queue.shared.core.quota import QuotaLedger, remaining_grants, remaining_request, reserved_resources
+from koord_queue.shared.core.charges import remaining_grants, remaining_request, reserved_resources
+from koord_queue.shared.core.quota import QuotaLedger
 from tests.unit.test_model import quota, unit
 
 
