@@ -5,7 +5,7 @@ its labels (quota label included) copied; the cluster is not managed itself, and
 charges the pods KubeRay makes from the cluster's templates. So a user's edit of the cluster's
 templates, owner references, quota label or gates is refused as it would be on the admitted
 RayJob, while KubeRay's own writes (replicas, ``workersToDelete``, worker-group ``suspend``,
-finalizers) and the reconciler's pass (``shared.admission.decisions._guard_rayjob_cluster``).
+finalizers) and the reconciler's pass (``shared.admission.jobguards.guard_rayjob_cluster``).
 """
 
 from __future__ import annotations
