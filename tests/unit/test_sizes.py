@@ -52,7 +52,6 @@ class Allowed:
 ALLOWED: Final[Mapping[str, Allowed]] = {
     # --- modules (limit: MODULE_LIMIT) ---
     "reconciler/jobs.py": Allowed(917, "the job controller's wiring and handlers; its steps live apart"),
-    "shared/admission/decisions.py": Allowed(763, "every webhook decision in one table-tested module"),
     "testenv/cluster.py": Allowed(738, "both control-plane profiles and their process supervision"),
     # --- functions (limit: FUNCTION_LIMIT) ---
     "reconciler/jobs.py::JobExtensions.reconcile": Allowed(225, "one job's reconcile, its steps in order"),
