@@ -1,15 +1,18 @@
-"""A job's QueueUnit: the names the job extension's modules share, which unit is whose, creating
-it (adoption included) and releasing a unit whose job was orphaned.
+"""A job's QueueUnit: the names the job extension's modules share, and the writes on units that
+the job path's executor (``reconciler.job_actions``, docs/architecture.md#the-job-path-view-decide-act)
+makes: creating a unit (adoption included), finishing an adoption, releasing a unit whose job was
+orphaned, and orphaning a job's unit itself.
 
-* :class:`JobKey` is the controller's unit of work (``reconciler.jobs``), :data:`QUEUE_UNITS` the
-  resource every writer of units uses (the scheduler too);
+* :data:`QUEUE_UNITS` is the resource every writer of units uses (the scheduler too);
+  :class:`JobKey` (the controller's unit of work) and the predicates telling whose a unit is
+  (:func:`orphaned`, :func:`owned_by_another`, :func:`owns`, :func:`disown_patch`) are pure and live
+  in ``shared.jobs.unitowners``; they are re-exported here;
 * a released job whose unit was deleted gets it back admitted
   (docs/compatibility.md#adoption-of-released-jobs): the unit is created marked for adoption and
   its status written right after (``shared.jobs.adoption``);
-* :func:`orphaned` / :func:`owned_by_another` tell a unit left behind by a deleted job from the
-  job's own, and :func:`release_orphan` deletes the former once none of the pods naming it runs,
-  whatever their owner; :func:`disown` orphans a job's unit itself when the job is deleted with
-  ``--cascade=orphan``, so a garbage collector that has not seen the unit cannot delete it later.
+* :func:`release_orphan` deletes a unit left behind by a deleted job once none of the pods naming
+  it runs, whatever their owner; :func:`disown` orphans a job's unit itself when the job is deleted
+  with ``--cascade=orphan``, so a garbage collector that has not seen the unit cannot delete it later.
 
 Functions take the client and what they read, so the controller keeps all state.
 """
@@ -18,14 +21,38 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 from koord_queue.reconciler.events import EventRecorder
 from koord_queue.shared import kube
 from koord_queue.shared.api import durations, names
-from koord_queue.shared.jobs import adoption, base, jobext, poddefaults
-from koord_queue.shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, is_enqueued
+from koord_queue.shared.jobs import adoption
+from koord_queue.shared.jobs.base import JobAdapter, JobStatus
+from koord_queue.shared.jobs.unitowners import (
+    ORPHAN_FINALIZER,
+    JobKey,
+    disown_patch,
+    orphaned,
+    owned_by_another,
+    owns,
+    uid_of,
+)
+
+__all__ = [
+    "ORPHAN_FINALIZER",
+    "QUEUE_UNITS",
+    "JobKey",
+    "create_built",
+    "disown",
+    "disown_patch",
+    "finish_adoption",
+    "now_text",
+    "orphaned",
+    "owned_by_another",
+    "owns",
+    "release_orphan",
+    "resource_of",
+    "uid_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,53 +70,22 @@ def resource_of(adapter: JobAdapter) -> kube.Resource:
     return kube.Resource(group, version, adapter.plural, adapter.kind)
 
 
-@dataclass(frozen=True, slots=True)
-class JobKey:
-    api_version: str
-    kind: str
-    namespace: str
-    name: str
+async def create_built(
+    client: kube.Kube, events: EventRecorder, unit: kube.Obj, job: kube.Obj, adapter: JobAdapter
+) -> kube.Obj | None:
+    """Create the unit the job path built for ``job`` (``shared.jobs.jobext.build_queue_unit``);
+    the created unit, or None when it was not created.
 
-
-async def create_unit(
-    client: kube.Kube,
-    events: EventRecorder,
-    job: kube.Obj,
-    adapter: JobAdapter,
-    *,
-    priority_classes: Mapping[str, int],
-    max_user_priority: int | None,
-    allowed_classes: frozenset[str] | None = None,
-    default_class: str | None = None,
-    live_cluster: Job | None,
-    adopt: bool,
-    defaults: poddefaults.PodDefaults | None = None,
-) -> None:
-    """Create the job's unit; for a released job (``adopt``) finish its adoption at once."""
+    AlreadyExists means our store lagged: the unit's event brings the job back. Invalid (the
+    apiserver refused the unit) is told on the job as a Warning ``InvalidJob``.
+    """
     meta = job.get("metadata") or {}
     try:
-        unit = jobext.build_queue_unit(
-            job,
-            adapter,
-            priority_classes,
-            live_cluster=live_cluster,
-            adopted=adopt,
-            max_user_priority=max_user_priority,
-            allowed_classes=allowed_classes,
-            default_class=default_class,
-            defaults=defaults,
-        )
-    except JobSpecError as err:
-        events.record(
-            job, type_="Warning", reason="InvalidJob", message=f"cannot queue this {adapter.kind}: {err}"
-        )
-        return
-    try:
-        created = await client.create(QUEUE_UNITS, unit, namespace=str(meta.get("namespace", "")))
+        created: kube.Obj = await client.create(QUEUE_UNITS, unit, namespace=str(meta.get("namespace", "")))
     except kube.Conflict as err:
         if err.reason != "AlreadyExists":
             raise
-        return  # our store lagged; the unit's event brings us back
+        return None  # our store lagged; the unit's event brings us back
     except kube.Invalid as err:
         events.record(
             job,
@@ -97,32 +93,8 @@ async def create_unit(
             reason="InvalidJob",
             message=f"cannot create the QueueUnit for this {adapter.kind}: {err.message}",
         )
-        return
-    warn_refused_class(events, job, adapter, allowed_classes)
-    if adopt:
-        log.info(
-            "adopted %s/%s: its unit was missing while the job runs",
-            meta.get("namespace"),
-            meta.get("name"),
-        )
-        await finish_adoption(
-            client,
-            created,
-            adapter.job_status(job),
-            suspended=adapter.is_suspended(job),
-            stamped=is_dequeued(job),
-        )
-
-
-def warn_refused_class(
-    events: EventRecorder, job: kube.Obj, adapter: JobAdapter, allowed_classes: frozenset[str] | None
-) -> None:
-    """A Warning ``PriorityClassNotAllowed`` on a job naming a class its quota does not allow
-    (docs/compatibility.md#priority-cap): its unit is queued as if it named none."""
-    refused = jobext.refused_priority_class(job, adapter, allowed_classes)
-    if refused is not None and allowed_classes is not None:
-        message = jobext.refused_class_message(refused, adapter.quota_name(job) or "", allowed_classes)
-        events.record(job, type_="Warning", reason="PriorityClassNotAllowed", message=message)
+        return None
+    return created
 
 
 async def finish_adoption(
@@ -185,100 +157,15 @@ async def release_orphan(client: kube.Kube, unit: kube.Obj, unit_key: str, *, po
     log.info("released QueueUnit %s: its %s %s is gone", unit_key, ref.get("kind"), ref.get("name"))
 
 
-#: The finalizer the apiserver puts on an object deleted with ``propagationPolicy: Orphan``: the
-#: garbage collector removes the object's owner reference from its dependents, then the finalizer.
-ORPHAN_FINALIZER = "orphan"
-
-
-def disown_patch(unit: kube.Obj, key: JobKey, job: kube.Obj) -> kube.Obj | None:
-    """The merge patch that drops ``job``'s owner reference from its own ``unit`` when the job is
-    being deleted with ``--cascade=orphan`` (deletion timestamp and the ``orphan`` finalizer), or
-    None. Conditional on the unit's version.
-
-    The garbage collector does this too, but only for the dependents it has seen: one that does
-    not watch QueueUnits yet (it discovers a CRD on its next resync), or whose QueueUnit watch is
-    behind (relisting after an apiserver restart), leaves the owner reference on the unit, and
-    once the job is gone deletes the unit as the dependent of a missing owner while the orphaned
-    pods still run on its quota (docs/compatibility.md#jobs-deleted-with---cascadeorphan). Dropped
-    by us, the unit is orphaned whatever the collector has seen, and stays until its pods are gone
-    (:func:`release_orphan`)."""
-    meta = job.get("metadata") or {}
-    if meta.get("deletionTimestamp") is None or ORPHAN_FINALIZER not in (meta.get("finalizers") or []):
-        return None
-    uid = uid_of(job)
-    if uid is None or not owns(unit, key, job):
-        return None
-    unit_meta = unit.get("metadata") or {}
-    kept = [ref for ref in unit_meta.get("ownerReferences") or [] if ref.get("uid") != uid]
-    return {"metadata": {"ownerReferences": kept, "resourceVersion": unit_meta.get("resourceVersion")}}
-
-
-async def disown(client: kube.Kube, unit: kube.Obj, unit_key: str, key: JobKey, job: kube.Obj) -> bool:
-    """Orphan the unit of a job deleted with ``--cascade=orphan`` (:func:`disown_patch`) before the
-    garbage collector may miss it; True if written (the unit's update brings the job back)."""
-    patch = disown_patch(unit, key, job)
-    if patch is None:
-        return False
+async def disown(client: kube.Kube, patch: kube.Obj, unit_key: str, key: JobKey) -> None:
+    """Orphan the unit of a job deleted with ``--cascade=orphan`` with ``patch``
+    (:func:`disown_patch`) before the garbage collector may miss it; the unit's update brings the
+    job back (a unit already gone: its deletion does)."""
     namespace, _, name = unit_key.partition("/")
     try:
         await client.patch(QUEUE_UNITS, name, patch, namespace=namespace)
     except kube.NotFound:
-        return False
+        return
     log.info(
         "orphaned QueueUnit %s: its %s %s is deleted with --cascade=orphan", unit_key, key.kind, key.name
     )
-    return True
-
-
-def _names_consumer(unit: kube.Obj, key: JobKey) -> bool:
-    ref = (unit.get("spec") or {}).get("consumerRef") or {}
-    namespace = ref.get("namespace") or (unit.get("metadata") or {}).get("namespace")
-    return (ref.get("kind"), ref.get("name"), namespace) == (key.kind, key.name, key.namespace)
-
-
-def _owners(unit: kube.Obj, key: JobKey) -> list[str]:
-    """UIDs of the unit's owner references to a job of ``key``'s kind and name."""
-    return [uid for kind, name, uid in base.owner_uids(unit) if (kind, name) == (key.kind, key.name)]
-
-
-def orphaned(unit: kube.Obj, key: JobKey, job: kube.Obj | None) -> bool:
-    """``unit`` was made for a job called like ``key`` that was deleted with ``--cascade=orphan``.
-
-    The job extension creates every unit owned by its job; the garbage collector removes that
-    owner reference only when the job is deleted with orphan propagation. So a unit naming the job
-    as its consumer, without an owner reference to it, carrying the webhook's enqueue stamp
-    (copied from the job it was made from) is orphaned when no such job exists, or when the job
-    of that name (``job``) is not older than the unit: a unit is never made before its job, and
-    timestamps have whole seconds, so a job re-created within the second its predecessor's unit
-    was made ties with it; the tie is an orphan too, since every unit the job extension makes
-    carries its job's owner reference, and taking it for the new job's own would hand that job
-    its predecessor's admission while the orphaned pods still run on it
-    (docs/compatibility.md#jobs-deleted-with---cascadeorphan). A unit
-    without the stamp was created directly and stands on its own
-    (docs/architecture.md#decision-8-the-queueunit-api-stands-on-its-own), never ours to release.
-    """
-    if not _names_consumer(unit, key) or _owners(unit, key) or not is_enqueued(unit):
-        return False
-    if job is None:
-        return True
-    made = str((unit.get("metadata") or {}).get("creationTimestamp") or "")
-    born = str((job.get("metadata") or {}).get("creationTimestamp") or "")
-    return bool(made and born and made <= born)  # RFC 3339 in UTC: ordered as text
-
-
-def owned_by_another(unit: kube.Obj, key: JobKey, job: kube.Obj) -> bool:
-    """``unit`` still belongs to an earlier job of ``job``'s name, deleted (only one job has a name
-    at a time): garbage collection deletes it, and ``job`` must neither use its admission nor
-    take it for its own."""
-    owners = _owners(unit, key)
-    return _names_consumer(unit, key) and bool(owners) and uid_of(job) not in owners
-
-
-def owns(unit: kube.Obj, key: JobKey, job: kube.Obj) -> bool:
-    """``unit`` is ``job``'s own: it names the job as its consumer and is owned by the job's UID."""
-    uid = uid_of(job)
-    return uid is not None and _names_consumer(unit, key) and uid in _owners(unit, key)
-
-
-def uid_of(obj: kube.Obj | None) -> str | None:
-    return str(((obj or {}).get("metadata") or {}).get("uid") or "") or None

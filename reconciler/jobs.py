@@ -4,12 +4,15 @@
 For every managed job of an enabled kind this controller keeps a QueueUnit (created owned by the
 job, spec kept in step), resumes the job once its unit is admitted, releases (ungates) at most the
 admitted number of pods per pod set, carries out reclaims (deleting unbound pods only), and reports
-bound pods and the job's end back into the unit's status. Decisions come from ``shared.jobs``
-(``jobext``, ``podplan``, ``lifecycle``, ``running_timeout``, ``adoption``); this module keeps the
-state (stores, pod index, work queue, timeout memory), takes events in and runs each job's pass;
-the writes of its steps live apart: the unit's creation, adoption and orphans in
-``reconciler.job_units``, pod reclaims and ungates in ``reconciler.job_pods``, the budget,
-deactivation and running timeout in ``reconciler.job_lifecycle``.
+bound pods and the job's end back into the unit's status.
+
+Each job's pass has the scheduler's shape (docs/architecture.md#the-job-path-view-decide-act):
+:meth:`JobExtensions.view` builds one view of the job from the stores, ``shared.jobs.jobpath.decide``
+(pure) answers the actions in order, and ``reconciler.job_actions`` performs them; the writes
+themselves live in ``reconciler.job_units`` (the unit's creation, adoption and orphans),
+``reconciler.job_pods`` (pod reclaims and ungates) and ``reconciler.job_lifecycle`` (holding a job
+before its quota is given back). This module keeps the state (stores, pod index, work queue, the
+timeouts' memory and re-checks), takes events in and runs each job's pass.
 
 Work is keyed by job: events on the job, its unit or its pods mark the job dirty; a small pool of
 workers drains the dirty set so one job is never handled by two workers at once and a burst of
@@ -33,31 +36,31 @@ Three refinements of "a job and its unit":
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import random
+import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 
-from koord_queue.reconciler import job_lifecycle, job_pods, job_units, workloads
+from koord_queue.reconciler import job_actions, job_pods, job_units
 from koord_queue.reconciler.events import EventRecorder
 from koord_queue.reconciler.informer import Informer, key_of, slim
 from koord_queue.reconciler.job_units import JobKey
 from koord_queue.shared import kube
-from koord_queue.shared.api import names
 from koord_queue.shared.api.model import Quota
 from koord_queue.shared.core import mandatory
 from koord_queue.shared.jobs import (
-    adoption,
     batch_job,
     jobext,
-    jobset,
+    jobpath,
     poddefaults,
     podplan,
     ray,
     registry,
     running_timeout,
+    stranded,
 )
-from koord_queue.shared.jobs.base import Job, JobAdapter, JobSpecError, JobStatus, is_dequeued, owner_kinds
+from koord_queue.shared.jobs.base import Job, JobAdapter, JobStatus, owner_kinds
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +68,6 @@ _BATCH_JOB: Final = (batch_job.BatchJobAdapter.api_version, batch_job.BatchJobAd
 #: After a 409 the watch event of the write we lost to marks the job again; this is only the net
 #: for a watch that never delivers it.
 CONFLICT_RECHECK_SECONDS: Final = 1.0
-#: Kinds whose ``job_status`` is Running as soon as pods are active, gated or unbound ones included
-#: (a Job's ``status.active``, a JobSet's active child Jobs): reported Pending until one is bound.
-_RUNNING_ONCE_BOUND: Final = frozenset(
-    {_BATCH_JOB, (jobset.JobSetAdapter.api_version, jobset.JobSetAdapter.kind)}
-)
 
 
 class JobExtensions:
@@ -115,7 +113,7 @@ class JobExtensions:
         #: the pending running-timeout re-check of each job (one at a time)
         self._timeout_checks: dict[JobKey, asyncio.TimerHandle] = {}
         #: unit key -> when a pod of it was last seen, and each job's pending re-check, for the
-        #: jobs left without pods (``job_lifecycle.requeue_stranded``)
+        #: jobs left without pods (``shared.jobs.stranded``)
         self._pods_seen_at: dict[str, float] = {}
         self._no_pods_checks: dict[JobKey, asyncio.TimerHandle] = {}
         #: UIDs of pods counted as running beyond their admission (``job_pods.report_beyond``)
@@ -171,6 +169,28 @@ class JobExtensions:
         self._urgent: dict[JobKey, None] = {}
         self._wake = asyncio.Event()
         self._busy: set[JobKey] = set()
+
+    # --- the memory the job path's executor updates (``reconciler.job_actions``) -------------------
+
+    @property
+    def unit_written(self) -> kube.OwnWrites:
+        return self._unit_written
+
+    @property
+    def short_since(self) -> dict[str, Mapping[str, float]]:
+        return self._short_since
+
+    @property
+    def pods_seen_at(self) -> dict[str, float]:
+        return self._pods_seen_at
+
+    @property
+    def report_since(self) -> dict[JobKey, float]:
+        return self._report_since
+
+    @property
+    def beyond_seen(self) -> dict[str, None]:
+        return self._beyond_seen
 
     # --- event intake ---------------------------------------------------------------------------
 
@@ -280,42 +300,6 @@ class JobExtensions:
             uid = (parent.get("metadata") or {}).get("uid")
             return bool(claim.uid) and uid == claim.uid and self.managed(parent_adapter, parent)
         return False
-
-    async def _default_quota(self, key: JobKey, adapter: JobAdapter, job: kube.Obj) -> None:
-        """An unlabelled job where queueing is mandatory: hold it if it runs past the webhook, then
-        label it with its namespace's default quota, or say why it stays held."""
-        status = adapter.job_status(job)
-        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
-            return
-        meta = job.get("metadata") or {}
-        if meta.get("deletionTimestamp") is not None:
-            return
-        if adoption.escaped_hold(status, suspended=adapter.is_suspended(job), stamped=is_dequeued(job)):
-            await job_lifecycle.hold_escaped(self.client, self.events, key, adapter, job)
-            return
-        found = mandatory.default_quota(key.namespace, self.quotas())
-        if found.name is None:
-            self.events.record(
-                job,
-                type_="Warning",
-                reason=names.EventReason.NO_DEFAULT_QUOTA,
-                message=found.message or names.no_default_quota_message(key.namespace),
-            )
-            return
-        try:
-            await self.client.patch(
-                job_units.resource_of(adapter),
-                key.name,
-                mandatory.label_patch(job, found.name),
-                namespace=key.namespace,
-            )
-        except (kube.NotFound, kube.Conflict):
-            return  # gone, or changed meanwhile: its watch event brings us back
-        message = (
-            f"queueing is mandatory in namespace {key.namespace}: the job had no quota label and is "
-            f"queued on the namespace's default quota {found.name}"
-        )
-        self.events.record(job, type_="Normal", reason=names.EventReason.DEFAULT_QUOTA, message=message)
 
     def on_quota(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         """A quota changed: unlabelled held jobs may have a default quota now."""
@@ -495,7 +479,7 @@ class JobExtensions:
         new_ref = job_pods.unit_ref_of(new) if new is not None else None
         if old_uid is not None or new_uid is not None:
             # The Job looks again whatever unit the pod names (a pod may name another unit than
-            # its Job's, see ``_pods_of``); marking twice is free.
+            # its Job's, see ``pods_of``); marking twice is free.
             self._mark_controlling_job(new or old or {})
         if old_ref is None and new_ref is None:
             return
@@ -561,264 +545,119 @@ class JobExtensions:
     # --- one job --------------------------------------------------------------------------------
 
     async def reconcile(self, key: JobKey) -> None:
+        """One pass over a job: build its view, decide, act
+        (docs/architecture.md#the-job-path-view-decide-act); the stages are ``shared.jobs.jobpath``'s."""
+        view = await self.view(key)
+        await job_actions.execute(self, view, jobpath.decide(view))
+
+    async def view(self, key: JobKey) -> jobpath.JobView:
+        """What the decision needs about the job of ``key``: its unit, the flags lookups answer, its
+        pods, the settings, the controller's memory and the time. No API read, except for a job that
+        does not look queued but claims a parent (``_genuine_child``)."""
         adapter = self.adapters[(key.api_version, key.kind)]
-        store = self.job_informers[(key.api_version, key.kind)].objects
-        job = store.get(f"{key.namespace}/{key.name}")
+        job = self.job_informers[(key.api_version, key.kind)].objects.get(f"{key.namespace}/{key.name}")
         if job is None:
-            self._forget_report(key)
-            # A unit left behind by a job deleted with --cascade=orphan; any other unit of a
-            # deleted job still has its owner reference, and garbage collection deletes it.
             gone_key = f"{key.namespace}/{adapter.queue_unit_name({'metadata': {'name': key.name}})}"
             gone = self.units().get(gone_key)
-            if gone is not None and job_units.orphaned(gone, key, None):
-                await self._release_orphan(gone, gone_key, None)
-            return
-        if not adapter.is_managed(job) and not self.has_own_unit(adapter, job, key):
-            if not self.managed(adapter, job):
-                return
-            if await self._genuine_child(adapter, job, key.namespace):
-                return  # its parent's unit accounts for it
-            if adapter.quota_name(job) is None:
-                await self._default_quota(key, adapter, job)
-                return  # the label's watch event brings us back
-        # A job with its own unit stays managed until it finishes, even if it no longer looks
-        # managed (its label or owners changed past the webhook): its unit keeps it held, or keeps
-        # charging it and is reported finished (docs/architecture.md#trust-boundaries).
-        unit_name = adapter.queue_unit_name(job)
-        unit_key = f"{key.namespace}/{unit_name}"
+            run = gone is not None and self._orphan_pods_run(gone, gone_key, key, None)
+            return jobpath.JobView(key, adapter, None, gone, gone_key, orphan_pods_run=run)
+        unit_key = f"{key.namespace}/{adapter.queue_unit_name(job)}"
         unit = self.units().get(unit_key)
-        if unit is not None and await job_units.disown(self.client, unit, unit_key, key, job):
-            return  # orphaned by its job's deletion; the unit's update brings us back
-        if unit is not None and job_units.orphaned(unit, key, job):
-            await self._release_orphan(unit, unit_key, job)
-            return  # a predecessor's unit: its deletion brings us back to create this job's own
-        if unit is not None and job_units.owned_by_another(unit, key, job):
-            return  # a predecessor's unit, which garbage collection deletes: that brings us back
-        if unit is not None and self._unit_written.behind(unit_key, unit):
-            return  # our own status write is not in the store yet; its watch event brings us back
-        live = self._live_cluster(adapter, job)
-        status = ray.hold_while_cluster_lives(adapter.job_status(job), live)
-        finished = status in (JobStatus.SUCCEEDED, JobStatus.FAILED)
-        suspended, stamped = adapter.is_suspended(job), is_dequeued(job)
-        if adoption.escaped_hold(status, suspended=suspended, stamped=stamped):
-            await job_lifecycle.hold_escaped(self.client, self.events, key, adapter, job)
-            return  # the job's update brings us back
-        if unit is None:
-            if not finished and (job.get("metadata") or {}).get("deletionTimestamp") is None:
-                adopt = adoption.needs_adoption(status, suspended=suspended, stamped=stamped)
-                await job_units.create_unit(
-                    self.client,
-                    self.events,
-                    job,
-                    adapter,
-                    priority_classes=self.priority_classes(),
-                    max_user_priority=self.priority_cap(job),
-                    allowed_classes=self.allowed_priority_classes(job),
-                    default_class=self.default_priority_class(),
-                    live_cluster=live,
-                    adopt=adopt,
-                    defaults=self.pod_defaults(key.namespace),
-                )
-            return
-        if await job_units.finish_adoption(self.client, unit, status, suspended=suspended, stamped=stamped):
-            return  # the unit's update brings us back
-
-        def desired_for(admitted: kube.Obj | None) -> kube.Obj:
-            return jobext.desired_spec(
-                job,
-                adapter,
-                self.priority_classes(),
-                live_cluster=live,
-                max_user_priority=self.priority_cap(job),
+        managed, child, default = True, False, mandatory.DefaultQuota(None)
+        if not adapter.is_managed(job) and not (unit is not None and job_units.owns(unit, key, job)):
+            managed = self.managed(adapter, job)
+            child = managed and await self._genuine_child(adapter, job, key.namespace)
+            if managed and not child and adapter.quota_name(job) is None:
+                default = mandatory.default_quota(key.namespace, self.quotas())
+        timeouts = self.running_timeouts.for_extension(adapter.extension)
+        loop_now = asyncio.get_running_loop().time()
+        return jobpath.JobView(
+            key,
+            adapter,
+            job,
+            unit,
+            unit_key,
+            managed=managed,
+            genuine_child=child,
+            default_quota=default.name,
+            default_quota_message=default.message,
+            own_write_pending=unit is not None and self._unit_written.behind(unit_key, unit),
+            orphan_pods_run=unit is not None and self._orphan_pods_run(unit, unit_key, key, job),
+            live_cluster=self._live_cluster(adapter, job),
+            **self._pods_in_view(unit, unit_key, adapter, job, timeouts),
+            settings=jobpath.Settings(
+                priority_classes=self.priority_classes(),
+                priority_cap=self.priority_cap(job),
                 allowed_classes=self.allowed_priority_classes(job),
                 default_class=self.default_priority_class(),
-                defaults=self.pod_defaults(key.namespace),
-                admitted=admitted,
-            )
-
-        desired = None
-        if not finished:  # a finished job's pod sets shrink to 0: nothing left to keep in step
-            with contextlib.suppress(JobSpecError):
-                desired = desired_for(unit if jobext.holds_admission(unit) else None)
-        resized = jobext.admitted_resize(unit, desired) if desired is not None else ()
-        if resized and desired is not None:
-            # Queued again, the unit is sized like a new one: with the namespace's fill-ins as they
-            # are now, not those frozen at its admission (its next admission is decided on them).
-            if await job_lifecycle.requeue_resized(
-                self.client,
-                self.events,
-                key,
-                adapter,
-                job,
-                unit,
-                unit_name,
-                resized,
-                desired_for(None),
-                pods_of=lambda: self._pods_of(unit_key, adapter, job),
-                unit_written=self._unit_written,
-            ):
-                return  # the unit's update brings us back, queued at its new size
-        elif desired is not None:
-            drift = jobext.spec_drift(unit, desired)
-            if drift is not None:
-                # Conditional on the version seen: had the scheduler admitted the unit meanwhile
-                # (at its old pod sets), following the job now would leave it admitted for less
-                # than it asks; the 409 brings the next pass, which finds the admitted pod sets
-                # changed (docs/compatibility.md#admitted-pod-size).
-                rv = (unit.get("metadata") or {}).get("resourceVersion")
-                body = {**drift, "metadata": {"resourceVersion": rv}}
-                await self.client.patch(job_units.QUEUE_UNITS, unit_name, body, namespace=key.namespace)
-                if "priorityClassName" in drift["spec"]:
-                    job_units.warn_refused_class(
-                        self.events, job, adapter, self.allowed_priority_classes(job)
-                    )
-        if not finished and await job_lifecycle.budget_and_activation(
-            self.client,
-            self.events,
-            key,
-            adapter,
-            job,
-            unit,
-            unit_name,
-            mark=self.mark,
-            pods_of=lambda: self._pods_of(unit_key, adapter, job),
-            unit_written=self._unit_written,
-        ):
-            return  # the unit's update brings us back
-        # Before the resume below: a job held by a running timeout whose unit write failed must be
-        # decided again, not released again (see ``job_lifecycle.enforce_running_timeout``).
-        if not finished and await job_lifecycle.enforce_running_timeout(
-            self.client,
-            self.events,
-            key,
-            adapter,
-            job,
-            unit,
-            unit_name,
-            unit_key,
-            running_timeouts=self.running_timeouts,
-            pods_of=lambda: self._pods_of(unit_key, adapter, job),
-            short_since=self._short_since,
-            check_again=self._check_again,
-            unit_written=self._unit_written,
-        ):
-            return  # the unit's update brings us back
-        # Also before the resume, for the same reason (``job_lifecycle.requeue_stranded``).
-        if not finished and await job_lifecycle.requeue_stranded(
-            self.client,
-            self.events,
-            key,
-            adapter,
-            job,
-            unit,
-            unit_name,
-            unit_key,
-            running_timeouts=self.running_timeouts,
-            pods_of=lambda: self._all_pods_of_job(unit_key, adapter, job),
-            pods_seen_at=self._pods_seen_at,
-            check_again=self._check_no_pods_again,
-            unit_written=self._unit_written,
-        ):
-            return  # the unit's update brings us back
-        phase = (unit.get("status") or {}).get("phase", "")
-        if phase in podplan.ADMITTED_PHASES and not finished and adapter.is_suspended(job):
-            await self.client.patch(
-                job_units.resource_of(adapter),
-                key.name,
-                adapter.resume_patch(job, now_text=job_units.now_text()),
-                namespace=key.namespace,
-            )
-            return  # the job's update brings us back with fresh objects
-        pods = self._pods_of(unit_key, adapter, job)
-        plan = podplan.plan_pods(unit, pods, now_text=job_units.now_text())
-        plan.escaped = job_pods.escaped_of(
-            self.pods.objects, self._pods_by_unit.get(unit_key, ()), self._parents(), unit_key, job
+                pod_defaults=self.pod_defaults(key.namespace),
+                timeouts=timeouts,
+            ),
+            short_since=self._short_since.get(unit_key),
+            pods_seen_at=self._pods_seen_at.get(unit_key),
+            report_since=self._report_since.get(key),
+            report_check_pending=key in self._report_checks,
+            now=time.time(),
+            now_text=job_units.now_text(),
+            jitter=random.random(),
+            monotonic=loop_now,
         )
-        if phase in podplan.ADMITTED_PHASES:
-            plan.withheld.extend(
-                job_pods.withheld_of(
-                    self.pods.objects, self._pods_by_unit.get(unit_key, ()), self._parents(), unit_key, job
-                )
-            )
-        stale = await job_pods.delete_planned(
-            self.client, self.events, self.pods.objects, plan, job, unit_key
-        )
-        if stale:
-            # Plan again from fresh state (once the watch delivered it); no reclaim status yet.
-            asyncio.get_running_loop().call_later(0.2, self.mark, key)
-            return
-        if plan.status is not None:
-            body = {
-                **plan.status,
-                "metadata": {"resourceVersion": (unit.get("metadata") or {}).get("resourceVersion")},
-            }
-            self._unit_written.wrote(
-                unit_key,
-                await self.client.patch(
-                    job_units.QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
-                ),
-            )
-            # No event here: the scheduler records Reclaimed when it sees the reclaim done and
-            # replicas taken back (shared.core.scheduling.reclaim_took_back), for bare units too.
-            return  # the unit's update brings us back
-        job_pods.report_withheld(self.events, plan, job)
-        job_pods.report_beyond(self.events, plan, job, self._beyond_seen)
-        await workloads.before_ungate(self.client, job, adapter, unit, plan.ungate)  # native gangs
-        await asyncio.gather(*(job_pods.ungate(self.client, self.pods.objects, p) for p in plan.ungate))
-        running_once_bound = (adapter.api_version, adapter.kind) in _RUNNING_ONCE_BOUND
-        if running_once_bound and status == JobStatus.RUNNING and not any(p.bound for p in pods):
-            status = JobStatus.PENDING  # active pods that are all gated or unbound are not running
-        patch = podplan.report(unit, pods, status, now_text=job_units.now_text())
-        if patch is not None and podplan.can_wait(unit, patch) and self._report_waits(key):
-            return  # a re-check writes it, unless a write that matters took it along first
-        self._forget_report(key)
-        if patch is not None:
-            body = {
-                **patch,
-                "metadata": {"resourceVersion": (unit.get("metadata") or {}).get("resourceVersion")},
-            }
-            self._unit_written.wrote(
-                unit_key,
-                await self.client.patch(
-                    job_units.QUEUE_UNITS, unit_name, body, namespace=key.namespace, subresource="status"
-                ),
-            )
 
-    def _report_waits(self, key: JobKey) -> bool:
-        """True while a pod-count report may still wait (docs/compatibility.md#coalesced-pod-reports);
-        the first time, a re-check is set for when it may wait no longer."""
-        loop = asyncio.get_running_loop()
-        since = self._report_since.setdefault(key, loop.time())
-        left = since + podplan.COALESCE_SECONDS - loop.time()
-        if left <= 0:
+    def _pods_in_view(
+        self,
+        unit: kube.Obj | None,
+        unit_key: str,
+        adapter: JobAdapter,
+        job: kube.Obj,
+        timeouts: running_timeout.RunningTimeout,
+    ) -> dict[str, Any]:
+        """The pods of the view, read from the pod index once per pass: the unit's, those that name
+        it but are not the job's (withheld ones matter only to an admitted unit), and every pod of the
+        job only where the jobs-without-pods clock runs for its kind."""
+        if unit is None:
+            return {}
+        named = self._pods_by_unit.get(unit_key, set())
+        admitted = (unit.get("status") or {}).get("phase") in podplan.ADMITTED_PHASES
+        watched = timeouts.no_pods_timeout > 0 and adapter.extension in stranded.KINDS
+        parents = self._parents()
+        return {
+            "pods": tuple(self.pods_of(unit_key, adapter, job)),
+            "job_pods": tuple(self.all_pods_of_job(unit_key, adapter, job)) if watched else (),
+            "escaped": tuple(job_pods.escaped_of(self.pods.objects, named, parents, unit_key, job)),
+            "withheld": tuple(job_pods.withheld_of(self.pods.objects, named, parents, unit_key, job))
+            if admitted
+            else (),
+        }
+
+    def _orphan_pods_run(self, unit: kube.Obj, unit_key: str, key: JobKey, job: kube.Obj | None) -> bool:
+        """For an orphaned unit only (``job_units.orphaned``): whether one of its pods still runs. A
+        new job of the same name is no exception: a pod the unit released counts for it whatever
+        owner it has now (docs/compatibility.md#jobs-deleted-with---cascadeorphan)."""
+        if not job_units.orphaned(unit, key, job):
             return False
-        if key not in self._report_checks:
-            self._recheck(self._report_checks, key, left)
-        return True
+        return job_pods.orphaned_pods_run(self.pods.objects, self._pods_by_unit.get(unit_key, ()), unit_key)
 
-    def _forget_report(self, key: JobKey) -> None:
+    def forget_report(self, key: JobKey) -> None:
         """The job's report was written, is not needed, or the job is gone."""
         self._report_since.pop(key, None)
         check = self._report_checks.pop(key, None)
         if check is not None:
             check.cancel()
 
-    def _check_again(self, key: JobKey, delay: float | None) -> None:
-        """Look at the job again in ``delay`` seconds (replacing any earlier re-check), or never."""
-        pending = self._timeout_checks.pop(key, None)
+    def schedule_check(self, timer: str, key: JobKey, delay: float | None) -> None:
+        """Look at the job again in ``delay`` seconds, or never, replacing the pending re-check of
+        ``timer``: the running timeout's, the jobs-without-pods timeout's, or the coalesced report's;
+        each has its own timers, so no check cancels another."""
+        timers = {
+            "timeout": self._timeout_checks,
+            "no_pods": self._no_pods_checks,
+            "report": self._report_checks,
+        }[timer]
+        pending = timers.pop(key, None)
         if pending is not None:
             pending.cancel()
         if delay is not None:
-            self._recheck(self._timeout_checks, key, delay)
-
-    def _check_no_pods_again(self, key: JobKey, delay: float | None) -> None:
-        """Like ``_check_again``, for the jobs-without-pods timeout (its own timer, so neither
-        check cancels the other)."""
-        pending = self._no_pods_checks.pop(key, None)
-        if pending is not None:
-            pending.cancel()
-        if delay is not None:
-            self._recheck(self._no_pods_checks, key, delay)
+            self._recheck(timers, key, delay)
 
     def _recheck(self, timers: dict[JobKey, asyncio.TimerHandle], key: JobKey, delay: float) -> None:
         """Mark the job in ``delay`` seconds (a little after, so the deadline has passed), keeping
@@ -830,16 +669,7 @@ class JobExtensions:
 
         timers[key] = asyncio.get_running_loop().call_later(delay + 0.05, due)
 
-    async def _release_orphan(self, unit: kube.Obj, unit_key: str, job: kube.Obj | None) -> None:
-        """Release an orphaned unit (``job_units.release_orphan``) unless one of its pods runs.
-        ``job`` (a new job of the same name, if any) is no exception: a pod the unit released
-        counts for it whatever owner it has now (docs/compatibility.md#jobs-deleted-with---cascadeorphan)."""
-        pods_run = job_pods.orphaned_pods_run(
-            self.pods.objects, self._pods_by_unit.get(unit_key, ()), unit_key
-        )
-        await job_units.release_orphan(self.client, unit, unit_key, pods_run=pods_run)
-
-    def _pods_of(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[podplan.PodView]:
+    def pods_of(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[podplan.PodView]:
         """The unit's pods, from the pod index (``job_pods.pods_of``); a RayJob's also those of its
         submitter Job, which carry no link where KubeRay's Job is not gated (docs/compatibility.md#rayjob)."""
         keys: Iterable[str] = self._pods_by_unit.get(unit_key, ())
@@ -855,7 +685,7 @@ class JobExtensions:
     def _mark_controlling_job(self, pod: kube.Obj) -> None:
         """A pod controlled by a batch/v1 Job changed: the Job's jobs-without-pods clock counts it
         (``job_pods.all_pods_of_job``) and its release may count it whatever unit it names
-        (``_pods_of``), so a Job with a unit looks again; its going may leave the Job podless, and
+        (``pods_of``), so a Job with a unit looks again; its going may leave the Job podless, and
         nothing else would wake it. A RayJob's submitter Job wakes its RayJob."""
         adapter = self.adapters.get(("batch/v1", "Job"))
         name = job_pods.controller_job_name(pod)
@@ -877,7 +707,7 @@ class JobExtensions:
             if kind == "RayJob" and f"{namespace}/{rayjob}" in informer.objects:
                 self.mark(JobKey(api_version, kind, namespace, str(rayjob)))
 
-    def _all_pods_of_job(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[podplan.PodView]:
+    def all_pods_of_job(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[podplan.PodView]:
         """Every pod the job controls, named unit or not (``job_pods.all_pods_of_job``)."""
         keys = self._named_or_controlled(unit_key, job)
         return job_pods.all_pods_of_job(self.pods.objects, keys, self._parents(), unit_key, adapter, job)

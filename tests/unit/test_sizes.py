@@ -51,10 +51,11 @@ class Allowed:
 #: ``path`` for a module, ``path::Qualified.name`` for a function.
 ALLOWED: Final[Mapping[str, Allowed]] = {
     # --- modules (limit: MODULE_LIMIT) ---
-    "reconciler/jobs.py": Allowed(917, "the job controller's wiring and handlers; its steps live apart"),
+    "reconciler/jobs.py": Allowed(
+        750, "the job controller's wiring, handlers and the view; decision and actions live apart"
+    ),
     "testenv/cluster.py": Allowed(738, "both control-plane profiles and their process supervision"),
     # --- functions (limit: FUNCTION_LIMIT) ---
-    "reconciler/jobs.py::JobExtensions.reconcile": Allowed(225, "one job's reconcile, its steps in order"),
     "reconciler/main.py::parse_args": Allowed(153, "flat: one add_argument per reconciler flag"),
     "reconciler/main.py::run": Allowed(220, "the reconciler's wiring, every loop started in one place"),
     "testenv/system.py::webhook_configurations": Allowed(188, "webhook objects as literals, as manifests/"),
