@@ -8,7 +8,9 @@ Job), and whether a pod of an orphaned unit still runs. Writes: deleting an unbo
 reclaim and removing the admission gate, both conditional so that a pod bound meanwhile is never
 touched. Apart from the
 controller (``reconciler.jobs``) because these are the only pod writes, each with its own race to
-close; the controller passes its stores in and keeps all state.
+close; the controller passes its stores in and keeps all state. The controller reads the pods into
+the job path's view, and its executor (``reconciler.job_actions``) makes the writes
+(docs/architecture.md#the-job-path-view-decide-act).
 """
 
 from __future__ import annotations

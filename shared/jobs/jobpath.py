@@ -273,7 +273,10 @@ def _create(view: JobView, job: Obj, status: JobStatus, *, suspended: bool, stam
     if adopt:
         key = view.key
         message = f"adopted {key.namespace}/{key.name}: its unit was missing while the job runs"
-        actions += [Log("info", message), FinishAdoption(status, suspended, stamped)]
+        # The job's own status, as the adoption was always finished on a created unit (a RayJob
+        # held while its cluster lives only decides whether it is adopted).
+        finish = FinishAdoption(adapter.job_status(job), suspended, stamped)
+        actions += [Log("info", message), finish]
     return tuple(actions)
 
 
