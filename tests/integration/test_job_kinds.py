@@ -35,6 +35,7 @@ import yaml
 
 from koord_queue.shared.api import names, quantities
 from koord_queue.shared.api.names import Message
+from koord_queue.shared.jobs import registry
 from testenv import system
 from testenv.cluster import LocalCluster
 from tests.scenario import Obj, Scenario, phase, scenario, status
@@ -234,7 +235,6 @@ class Kind:
 
     id: str
     build: Callable[[str, str], Obj]
-    suffix: str
     pod_sets: list[tuple[str, int]]
     resource: dict[str, str]
     held: Callable[[Obj], bool]
@@ -243,11 +243,19 @@ class Kind:
     owner_version: str | None = None
 
 
+def unit_name_of(job: Obj) -> str:
+    """The QueueUnit name the job's adapter gives it (``<name>`` plus the kind's suffix), the one
+    declaration of a kind's unit name; tests/unit/test_kind_registry.py checks it against
+    docs/compatibility.md#unit-names-and-pod-sets."""
+    adapter = registry.by_kind(job["apiVersion"], job["kind"])
+    assert adapter is not None, f"no adapter for {job['apiVersion']} {job['kind']}"
+    return adapter.queue_unit_name(job)
+
+
 KINDS = [
     Kind(
         "Job",
         lambda n, q: batch_job(n, q, parallelism=2),
-        "",
         [("<name>", 2)],
         {"cpu": "2", "memory": "2Gi"},
         held=lambda j: _spec_suspend(j) is True,
@@ -256,7 +264,6 @@ KINDS = [
     Kind(
         "TFJob",
         tf_job,
-        "-tf-qu",
         [("ps", 1), ("worker", 2)],
         {"cpu": "3", "memory": "3Gi"},
         held=lambda j: _kubeflow_suspend(j) == (True, "true"),
@@ -265,7 +272,6 @@ KINDS = [
     Kind(
         "PyTorchJob",
         pytorch_job,
-        "-py-qu",
         [("master", 1), ("worker", 3)],
         {"cpu": "4", "memory": "4Gi"},
         held=lambda j: _kubeflow_suspend(j) == (True, "true"),
@@ -274,7 +280,6 @@ KINDS = [
     Kind(
         "PaddleJob",
         kubeflow_job("PaddleJob", "paddleReplicaSpecs", {"Master": 1, "Worker": 2}),
-        "-paddle-qu",
         [("master", 1), ("worker", 2)],
         {"cpu": "3", "memory": "3Gi"},
         held=lambda j: _kubeflow_suspend(j) == (True, "true"),
@@ -283,7 +288,6 @@ KINDS = [
     Kind(
         "XGBoostJob",
         kubeflow_job("XGBoostJob", "xgbReplicaSpecs", {"Master": 1, "Worker": 1}),
-        "-xgb-qu",
         [("master", 1), ("worker", 1)],
         {"cpu": "2", "memory": "2Gi"},
         held=lambda j: _kubeflow_suspend(j) == (True, "true"),
@@ -292,7 +296,6 @@ KINDS = [
     Kind(
         "JAXJob",
         kubeflow_job("JAXJob", "jaxReplicaSpecs", {"Worker": 2}),
-        "-jax-qu",
         [("worker", 2)],
         {"cpu": "2", "memory": "2Gi"},
         held=lambda j: _kubeflow_suspend(j) == (True, "true"),
@@ -301,7 +304,6 @@ KINDS = [
     Kind(
         "MPIJob",
         mpi_job,
-        "-mpi-qu",
         [("launcher", 1), ("worker", 2)],
         {"cpu": "3", "memory": "3Gi"},
         held=lambda j: _kubeflow_suspend(j) == (True, "true"),
@@ -310,7 +312,6 @@ KINDS = [
     Kind(
         "JobSet",
         job_set,
-        "-jobset-qu",
         # workers: 2 Jobs x 2 pods
         [("driver", 1), ("workers", 4)],
         {"cpu": "5", "memory": "5Gi"},
@@ -320,7 +321,6 @@ KINDS = [
     Kind(
         "RayJob-v1",
         ray_job("v1"),
-        "-ray-qu",
         # and KubeRay's default submitter, 500m and 200Mi (docs/compatibility.md#rayjob)
         [("head", 1), ("gpu", 2), ("submitter", 1)],
         {"cpu": "3500m", "memory": "3272Mi"},
@@ -330,7 +330,6 @@ KINDS = [
     Kind(
         "RayJob-v1alpha1",
         ray_job("v1alpha1"),
-        "-ray-qu",
         # and KubeRay's default submitter, 500m and 200Mi (docs/compatibility.md#rayjob)
         [("head", 1), ("gpu", 2), ("submitter", 1)],
         {"cpu": "3500m", "memory": "3272Mi"},
@@ -342,7 +341,6 @@ KINDS = [
     Kind(
         "Workflow",
         workflow,
-        "",
         [("default", 1)],
         {"cpu": "5", "memory": "5Gi"},
         held=lambda j: _spec_suspend(j) is True,
@@ -351,7 +349,6 @@ KINDS = [
     Kind(
         "SparkApplication",
         spark_app,
-        "-spark-qu",
         # driver 1 cpu 1Gi; executors 2 x (1 cpu, 2Gi + 512Mi overhead)
         [("driver", 1), ("executor", 2)],
         {"cpu": "3", "memory": "6Gi"},
@@ -402,7 +399,7 @@ async def test_a_job_of_every_kind_gets_its_queue_unit_waits_for_room_and_is_rel
     assert "suspend" not in obj["spec"]
     stored = env.submit(obj)
     assert kind.held(stored), f"the webhook did not hold the {kind.id}: {stored}"
-    unit_name = name + kind.suffix
+    unit_name = unit_name_of(stored)
 
     # The unit: name, owner, labels and annotations, consumer, pod sets, totals.
     unit = await env.wait_unit(unit_name)
@@ -504,13 +501,13 @@ async def test_a_job_created_with_generate_name_has_its_templates_linked_when_re
     name = out.stdout.strip().split("/")[-1]
     obj["metadata"]["name"] = name
     env.remember(obj)
-    await env.wait_unit(name + kind.suffix, lambda u: phase(u) == "Dequeued", what="Dequeued")
+    await env.wait_unit(unit_name_of(obj), lambda u: phase(u) == "Dequeued", what="Dequeued")
     released = await env.wait_job(obj, kind.released, what="released")
     templates = pod_templates(released)
     assert templates
     for template in templates:
         found = template["metadata"]["annotations"]
-        assert found[names.RELATED_QUEUEUNIT_ANNOTATION] == f"{env.ns}/{name}{kind.suffix}", found
+        assert found[names.RELATED_QUEUEUNIT_ANNOTATION] == f"{env.ns}/{unit_name_of(obj)}", found
         assert found[names.RELATED_PODSET_ANNOTATION], found
         assert {"name": names.ADMISSION_GATE} in template["spec"]["schedulingGates"]
 

@@ -33,6 +33,7 @@ from koord_queue.shared.admission import decisions as admission
 from koord_queue.shared.api import names
 from koord_queue.shared.core import config as component_config
 from koord_queue.shared.core import visibility, workloadref
+from koord_queue.shared.jobs import batch_job
 from koord_queue.webhook import main as webhook_main
 from testenv import binaries, kinds, system
 from testenv.cluster import LocalCluster, wait_until
@@ -949,3 +950,74 @@ def test_the_quota_binding_policy_covers_what_the_job_webhooks_cover(rendered: l
     assert " ".join(validation["messageExpression"].split()) == cel
     writes = find(rendered, "ValidatingAdmissionPolicyBinding", "koord-queue-reconciler-quota-writes")["spec"]
     assert writes["validationActions"] == ["Deny"]
+
+
+class _ToyAdapter(batch_job.BatchJobAdapter):
+    """A kind with no file in tests/crds, in two versions (only its identity matters here)."""
+
+    extension = "toyjob"
+    api_version = "example.com/v1"
+    kind = "ToyJob"
+    plural = "toyjobs"
+    queue_unit_suffix = "toy-qu"
+
+
+class _ToyV1Beta1Adapter(_ToyAdapter):
+    api_version = "example.com/v1beta1"
+
+
+class _StatuslessToyAdapter(_ToyAdapter):
+    """As Argo's Workflow: the CRD has no status subresource."""
+
+    api_version = "example.com/v1"
+    kind = "StatuslessToy"
+    plural = "statuslesstoys"
+    status_subresource = False
+
+
+@pytest.mark.parametrize(
+    ("adapters", "status"),
+    [((_ToyAdapter(), _ToyV1Beta1Adapter()), True), ((_StatuslessToyAdapter(),), False)],
+)
+def test_a_kind_without_a_crd_file_gets_a_minimal_crd_the_apiserver_serves(
+    integration_cluster: LocalCluster, adapters: tuple[batch_job.BatchJobAdapter, ...], status: bool
+) -> None:
+    """``testenv/system.py`` installs, for a registry kind without a file in tests/crds, the CRD that
+    ``testenv/kinds.py`` derives from its adapter: the apiserver accepts it, serves every version the
+    adapters read, keeps every field, and serves the status subresource exactly when the adapter says
+    its CRD has one (docs/development.md#adding-a-job-kind)."""
+    plural = adapters[0].plural
+    crd = kinds.minimal_crd("example.com", plural, adapters)
+    kube.kubectl(integration_cluster, "apply", "--server-side", "-f", "-", input_text=yaml.safe_dump(crd))
+    name = crd["metadata"]["name"]
+    try:
+        integration_cluster.wait_for_crds([name])
+        ensure_namespace(integration_cluster, "toys")
+        for adapter in adapters:
+            version = adapter.api_version.split("/")[1]
+            base_path = f"/apis/example.com/{version}/namespaces/toys/{plural}"
+            body = {
+                "apiVersion": adapter.api_version,
+                "kind": adapter.kind,
+                "metadata": {"name": f"t-{version}"},
+                "spec": {"suspend": True, "template": {"spec": {"containers": [{"name": "a"}]}}},
+            }
+            stored = json.loads(integration_cluster.request("POST", base_path, body))
+            assert stored["spec"] == body["spec"], stored  # nothing pruned
+            patch = {"status": {"phase": "Running"}}
+            code = 200
+            try:
+                integration_cluster.request(
+                    "PATCH",
+                    f"{base_path}/t-{version}/status",
+                    patch,
+                    content_type="application/merge-patch+json",
+                )
+            except urllib.error.HTTPError as err:
+                err.close()  # the error holds the response open
+                code = err.code
+            assert code == (200 if status else 404), (adapter, code)
+    finally:
+        integration_cluster.request(
+            "DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+        )

@@ -316,7 +316,7 @@ _DOCS_ROW = re.compile(
 )
 
 
-def docs_disagreements(text: str) -> list[str]:
+def extension_table_disagreements(text: str) -> list[str]:
     """How the table of docs/compatibility.md#enabled-extensions disagrees with the registry: a row per
     extension, with its API version, kind and default (``on`` exactly for ``DEFAULT_EXTENSIONS``)."""
     start = text.index("### Enabled extensions")
@@ -332,6 +332,40 @@ def docs_disagreements(text: str) -> list[str]:
             expected = f"`{adapter.api_version}` {adapter.kind}, {default}"
             problems.append(f"{where}: {adapter.extension!r} says {row[0]!r}, expected {expected}")
     return problems + [f"{where} has a row for {ext!r}, which no adapter has" for ext in sorted(rows)]
+
+
+_UNIT_ROW = re.compile(r"^\| (?P<kind>[^|]+?) \| `(?P<unit>[^`]+)` \|", re.M)
+
+
+def unit_name_disagreements(text: str) -> list[str]:
+    """How the table of docs/compatibility.md#unit-names-and-pod-sets disagrees with the adapters'
+    ``queue_unit_suffix``: the docs are the spec of upstream's unit names, the adapter the one
+    declaration the code and the integration tests use. A row is keyed by the kind's name (its last
+    word, without versions: "RayJob (`v1`, `v1alpha1`)" is RayJob)."""
+    start = text.index("### Unit names and pod sets")
+    section = text[start : text.index("\n### ", start + 1)]
+    rows = {
+        re.sub(r"\(.*\)|`[^`]*`", "", m["kind"]).split()[-1]: m["unit"]
+        for m in _UNIT_ROW.finditer(section)
+        if m["kind"] != "kind"
+    }
+    where = f"{COMPATIBILITY}: the table of #unit-names-and-pod-sets"
+    problems: list[str] = []
+    for adapter in registry.ADAPTERS:
+        expected = "<name>" + (f"-{adapter.queue_unit_suffix}" if adapter.queue_unit_suffix else "")
+        if adapter.kind not in rows:
+            problems.append(f"{where} has no row for {adapter.kind} ({adapter.extension!r})")
+        elif rows[adapter.kind] != expected:
+            problems.append(
+                f"{where}: {adapter.kind} ({adapter.extension!r}) is {rows[adapter.kind]}, "
+                f"expected {expected}"
+            )
+    return problems
+
+
+def docs_disagreements(text: str) -> list[str]:
+    """Both tables of docs/compatibility.md that step 4 of the guide extends."""
+    return extension_table_disagreements(text) + unit_name_disagreements(text)
 
 
 def disagreements(sources: Sources, kinds: Mapping[Kind, frozenset[str]]) -> list[str]:
@@ -462,8 +496,11 @@ class ToyJobAdapter(batch_job.BatchJobAdapter):
 
 
 TOY: Kind = ("example.com", "toyjobs")
-#: Step 4: its row in the table of docs/compatibility.md#enabled-extensions (opt-in).
-TOY_DOCS_ROW = "| `toyjob` | `example.com/v1` ToyJob | off |\n"
+#: Step 4: its rows in docs/compatibility.md#enabled-extensions (opt-in) and #unit-names-and-pod-sets.
+TOY_DOCS_ROWS = {
+    "| `sparkapp` |": "| `toyjob` | `example.com/v1` ToyJob | off |\n",
+    "| Argo Workflow |": "| ToyJob | `<name>-toy-qu` | `spec.suspend` | one, named after the job |\n",
+}
 
 
 def contract_module() -> Any:
@@ -524,7 +561,7 @@ def test_a_toy_kind_added_by_following_the_guide_passes_every_check(monkeypatch:
         "tests/unit/test_job_adapters.py",
         COMPATIBILITY,
     }, problems
-    assert len(problems) == 4 + 1 + 1 + 1 + 1, problems
+    assert len(problems) == 4 + 1 + 1 + 1 + 2, problems
     guide = guide_text()
     for file in files | {"shared/jobs/registry.py", "tests/unit/test_kind_registry.py", "make chart"}:
         assert f"`{file}`" in guide, file
@@ -540,10 +577,10 @@ def test_a_toy_kind_added_by_following_the_guide_passes_every_check(monkeypatch:
     monkeypatch.setattr(contract, "GATED", contract.GATED | {toy.extension})
     assert contract.contract_failures(toy, toy_job) == []
     samples = {**contract.SAMPLES, toy.extension: toy_job}
-    anchor = "| `sparkapp` |"
-    end_of_row = docs.index("\n", docs.index(anchor)) + 1
-    followed = docs[:end_of_row] + TOY_DOCS_ROW + docs[end_of_row:]
-    assert every_problem(sources, samples, followed) == []
+    for anchor, row in TOY_DOCS_ROWS.items():
+        end_of_row = docs.index("\n", docs.index(anchor)) + 1
+        docs = docs[:end_of_row] + row + docs[end_of_row:]
+    assert every_problem(sources, samples, docs) == []
 
 
 def test_the_generated_blocks_are_up_to_date() -> None:
@@ -563,10 +600,18 @@ def test_a_job_controlled_by_any_registered_kind_is_a_child() -> None:
         assert claimed is (adapter.kind != "Job"), adapter
 
 
-def test_the_docs_table_and_the_samples_agree_with_the_registry() -> None:
+def test_the_docs_tables_and_the_samples_agree_with_the_registry() -> None:
+    """And a row that disagrees is named, in each table."""
     assert docs_disagreements((ROOT / COMPATIBILITY).read_text()) == []
+    units = "### Unit names and pod sets\n| kind | unit name |\n| TFJob | `<name>-tfjob-qu` |\n\n### N"
+    assert (
+        f"{COMPATIBILITY}: the table of #unit-names-and-pod-sets: TFJob ('tfjob') is <name>-tfjob-qu, "
+        "expected <name>-tf-qu" in unit_name_disagreements(units)
+    )
     assert contract_module().sample_disagreements() == []
-    assert docs_disagreements("### Enabled extensions\n| `job` | `batch/v2` Job | on |\n\n### Next") == [
+    assert extension_table_disagreements(
+        "### Enabled extensions\n| `job` | `batch/v2` Job | on |\n\n### N"
+    ) == [
         f"{COMPATIBILITY}: the table of #enabled-extensions: 'job' says '| `job` | `batch/v2` Job | on', "
         "expected `batch/v1` Job, on",
         *(
