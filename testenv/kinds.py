@@ -65,14 +65,16 @@ def split_api_version(api_version: str) -> tuple[str, str]:
 
 
 def resources(of: Iterable[JobAdapter] | None = None) -> dict[tuple[str, str], list[str]]:
-    """(group, resource) → the versions the adapters read it in, in registry order. Two adapters may
-    be one resource in two versions (RayJob ``v1`` and ``v1alpha1``)."""
+    """(group, resource) → the versions the adapters read it in, in registry order, then the older
+    versions an adapter asks the rules to match too (``older_versions``). Two adapters may be one
+    resource in two versions (RayJob ``v1`` and ``v1alpha1``)."""
     found: dict[tuple[str, str], list[str]] = {}
     for adapter in adapters() if of is None else of:
         group, version = split_api_version(adapter.api_version)
         versions = found.setdefault((group, adapter.plural), [])
-        if version not in versions:
-            versions.append(version)
+        for wanted in (version, *adapter.older_versions):
+            if wanted not in versions:
+                versions.append(wanted)
     return found
 
 

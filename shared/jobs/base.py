@@ -118,6 +118,14 @@ class JobAdapter(Protocol):
         managed (docs/compatibility.md#pod-gating)."""
 
     @property
+    def older_versions(self) -> tuple[str, ...]:
+        """Other versions of the same resource that the admission rules must also match, though no
+        adapter reads them (an operator release that serves only those). The RayCluster's
+        ``v1alpha1``: the webhook guards a queued RayJob's cluster in any ``ray.io`` version
+        (``shared.admission.jobguards``), and a rule naming only ``v1`` would not send it a cluster
+        served in ``v1alpha1`` alone."""
+
+    @property
     def status_subresource(self) -> bool:
         """The kind's CRD serves ``status`` as a subresource. Where it does not (Argo Workflow), a
         namespace user can write the status with the object, so the webhook strips it on CREATE

@@ -37,6 +37,7 @@ class AdapterBase:
     pods_within_reservation: bool = False
     pods_through_jobs: bool = False
     status_subresource: bool = True
+    older_versions: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.api_version}/{self.kind}>"

@@ -255,6 +255,8 @@ class RayClusterAdapter(_RayAdapter):
     plural = "rayclusters"
     queue_unit_suffix = "raycluster-qu"
     cluster = ("spec",)
+    #: KubeRay releases before v1 serve RayClusters only in ``v1alpha1`` (same paths)
+    older_versions = ("v1alpha1",)
 
     def is_managed(self, job: Job) -> bool:
         """Labelled and claiming no parent (:func:`claimed_parent`). Neither a non-controller owner

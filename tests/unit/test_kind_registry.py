@@ -465,6 +465,26 @@ def test_every_list_of_job_kinds_agrees_with_the_registry() -> None:
     )
 
 
+def test_every_job_webhook_also_matches_the_older_versions_an_adapter_names() -> None:
+    """``older_versions`` (the RayCluster's ``v1alpha1``): a cluster served only in that version
+    still reaches the webhook's guard, in manifests/ and in the test setup alike."""
+    older = {
+        (split_api_version(a.api_version)[0], a.plural): set(a.older_versions)
+        for a in registry.ADAPTERS
+        if a.older_versions
+    }
+    assert older, "the RayCluster adapter names v1alpha1"
+    sources = read_sources()
+    for where in (WEBHOOKS_FILE, TESTENV):
+        for doc in sources[where]:
+            for webhook in doc.get("webhooks") or ():
+                if webhook["name"] not in JOB_WEBHOOKS:
+                    continue
+                matched = covered_by(webhook.get("rules") or ()).versions
+                for kind, versions in older.items():
+                    assert versions <= matched.get(kind, set()), (where, webhook["name"], kind)
+
+
 def test_the_checker_reads_every_list_it_promises() -> None:
     """A guard on the reader: if a file moved, the comparison above would pass on nothing."""
     sources = read_sources()
