@@ -423,7 +423,7 @@ def _accepts(flag: str) -> bool:
 def start_reconciler(cluster: Any, logdir: pathlib.Path, cfg: RunConfig, profile_out: str) -> Any:
     """Like ``testenv.system.start_reconciler`` (its ServiceAccount, impersonated), but counted."""
     from testenv import system
-    from testenv.cluster import free_port, spawn, wait_until
+    from testenv.processes import free_port, spawn, wait_until
 
     system.install_rbac(cluster)
     health, metrics_port = free_port(), free_port()

@@ -253,7 +253,7 @@ def kueue_config(
 
 
 def start_kueue(cluster: Any, build: pathlib.Path, workdir: pathlib.Path, qps: float, burst: int) -> Any:
-    from testenv.cluster import free_port, spawn, wait_until
+    from testenv.processes import free_port, spawn, wait_until
 
     ports = {"health": free_port(), "metrics": free_port(), "webhook": free_port()}
     cfg = kueue_config(build / "controller_manager_config.yaml", workdir, ports, qps, burst)

@@ -346,7 +346,7 @@ def start_garbage_collector(cluster: Any) -> Any:
     Jobs, and deleting a Job deletes its unit only through it. Registered with the cluster, so
     ``cluster.stop()`` stops it."""
     from testenv import binaries
-    from testenv.cluster import free_port
+    from testenv.processes import free_port
 
     port = free_port()
     bins = binaries.resolve(("kube-controller-manager",))
@@ -372,9 +372,9 @@ def start_garbage_collector(cluster: Any) -> Any:
 
 
 def _healthy(port: int) -> bool:
-    from testenv.cluster import _https_ok
+    from testenv.processes import https_ok
 
-    return bool(_https_ok(f"https://127.0.0.1:{port}/healthz"))
+    return bool(https_ok(f"https://127.0.0.1:{port}/healthz"))
 
 
 async def cycle_once(cfg: SoakConfig, run_cfg: RunConfig, client: kube.Kube) -> dict[str, Any]:

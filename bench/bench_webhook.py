@@ -74,7 +74,7 @@ from koord_queue.certs import pki
 from koord_queue.shared.admission import decisions as admission
 from koord_queue.shared.api import names
 from koord_queue.webhook import server
-from testenv.cluster import free_port
+from testenv.processes import free_port
 
 ROOT: Final = pathlib.Path(__file__).resolve().parents[1]
 RESULTS: Final = pathlib.Path(__file__).resolve().parent / "results" / "webhook.json"

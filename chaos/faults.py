@@ -49,7 +49,8 @@ from chaos.views import UnitView
 from koord_queue.shared import kube
 from koord_queue.shared.api import names
 from testenv import system
-from testenv.cluster import Component, LocalCluster
+from testenv.cluster import LocalCluster
+from testenv.processes import Component
 
 UNITS = kube.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
 QUOTAS = kube.Resource(names.QUOTA_GROUP, names.QUOTA_VERSION, names.QUOTA_PLURAL, "ElasticQuota")

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from testenv import binaries, system
-from testenv.cluster import ClusterError, LocalCluster
+from testenv.cluster import LocalCluster
+from testenv.processes import ClusterError
 
 LOCAL = binaries.PROJECT_ROOT / ".local"
 

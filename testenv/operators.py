@@ -26,7 +26,8 @@ import yaml
 
 from koord_queue.certs import pki
 from testenv import binaries
-from testenv.cluster import Component, LocalCluster, free_port, http_ok, retry_port_clash, spawn, wait_until
+from testenv.cluster import LocalCluster
+from testenv.processes import Component, free_port, http_ok, retry_port_clash, spawn, wait_until
 
 START_TIMEOUT_S = 60.0
 

@@ -23,16 +23,8 @@ import yaml
 from koord_queue.certs import pki
 from koord_queue.shared.api import names
 from testenv import binaries, kinds
-from testenv.cluster import (
-    ClusterError,
-    Component,
-    LocalCluster,
-    free_port,
-    http_ok,
-    retry_port_clash,
-    spawn,
-    wait_until,
-)
+from testenv.cluster import LocalCluster
+from testenv.processes import ClusterError, Component, free_port, http_ok, retry_port_clash, spawn, wait_until
 
 ROOT = binaries.PROJECT_ROOT
 CRD_DIRS = (ROOT / "manifests" / "crds", ROOT / "tests" / "crds")

@@ -16,7 +16,8 @@ import pytest
 from koord_queue.shared import kube as kq
 from koord_queue.shared.api import names
 from testenv import system
-from testenv.cluster import Component, LocalCluster
+from testenv.cluster import LocalCluster
+from testenv.processes import Component
 from tests import kube
 from tests.e2e import burst
 

@@ -27,7 +27,8 @@ import yaml
 from koord_queue.shared.api import names
 from koord_queue.shared.core import workloadref
 from testenv import system
-from testenv.cluster import LocalCluster, wait_until
+from testenv.cluster import LocalCluster
+from testenv.processes import wait_until
 from tests import kube
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from testenv import binaries, system
-from testenv.cluster import LocalCluster, wait_until
+from testenv.cluster import LocalCluster
+from testenv.processes import wait_until
 from tests import kube
 
 pytestmark = pytest.mark.e2e

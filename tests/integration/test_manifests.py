@@ -36,7 +36,8 @@ from koord_queue.shared.core import visibility, workloadref
 from koord_queue.shared.jobs import batch_job
 from koord_queue.webhook import main as webhook_main
 from testenv import binaries, kinds, system
-from testenv.cluster import LocalCluster, wait_until
+from testenv.cluster import LocalCluster
+from testenv.processes import wait_until
 from tests import kube
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,8 @@ import pytest
 
 from koord_queue.shared.api import names
 from testenv import system
-from testenv.cluster import LocalCluster, wait_until
+from testenv.cluster import LocalCluster
+from testenv.processes import wait_until
 from tests import kube
 from tests import scenario as s
 from tests.scenario import Scenario

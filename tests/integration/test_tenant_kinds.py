@@ -42,7 +42,8 @@ import yaml
 
 from koord_queue.shared.api import names
 from testenv import system
-from testenv.cluster import LocalCluster, wait_until
+from testenv.cluster import LocalCluster
+from testenv.processes import wait_until
 from tests import kube
 from tests.integration.test_job_kinds import (
     KINDS,

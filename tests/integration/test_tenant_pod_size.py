@@ -42,7 +42,7 @@ import yaml
 
 from koord_queue.shared.api import names
 from testenv import system
-from testenv.cluster import wait_until
+from testenv.processes import wait_until
 from tests import kube, tenancy
 from tests.integration.test_job_kinds import batch_job, metadata, milli, template
 from tests.scenario import Scenario, phase, status

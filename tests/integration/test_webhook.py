@@ -19,7 +19,8 @@ import yaml
 
 from koord_queue.shared.api import names
 from testenv import system
-from testenv.cluster import Component, LocalCluster
+from testenv.cluster import LocalCluster
+from testenv.processes import Component
 from tests import kube
 
 pytestmark = pytest.mark.integration
@@ -59,7 +60,7 @@ def webhook(
 
 def _wait_until_webhook_serves(cluster: LocalCluster) -> None:
     """Configurations take effect asynchronously: dry-run a labelled Job until it comes back held."""
-    from testenv.cluster import wait_until
+    from testenv.processes import wait_until
 
     probe = batch_job("probe", labelled=True)
     probe["metadata"]["namespace"] = "default"

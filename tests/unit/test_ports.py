@@ -1,5 +1,5 @@
 """The test harness's port picking: ports outside the kernel's ephemeral range, and one more try
-when a child still finds its port taken (testenv.cluster.free_port, retry_port_clash).
+when a child still finds its port taken (testenv.processes.free_port, retry_port_clash).
 
 The children here are real processes binding real sockets; a port is "taken" by a listening
 socket this test holds.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from testenv import cluster
-from testenv.cluster import (
+from testenv import processes
+from testenv.processes import (
     ClusterError,
     Component,
     PortTaken,
@@ -61,7 +61,7 @@ def _says_listening(child: Component) -> bool:
 
 
 def test_ports_come_from_outside_the_ephemeral_range_and_are_never_handed_out_twice() -> None:
-    low, high = cluster._ephemeral_range()
+    low, high = processes._ephemeral_range()
     ports = [free_port() for _ in range(300)]
     assert len(set(ports)) == len(ports)
     assert all(not low <= p <= high for p in ports), [p for p in ports if low <= p <= high]
@@ -70,10 +70,10 @@ def test_ports_come_from_outside_the_ephemeral_range_and_are_never_handed_out_tw
 
 def test_a_port_someone_listens_on_is_skipped(held: socket.socket, monkeypatch: pytest.MonkeyPatch) -> None:
     taken, other = _port(held), free_port()
-    cluster._handed_out.discard(taken)
-    cluster._handed_out.discard(other)
+    processes._handed_out.discard(taken)
+    processes._handed_out.discard(other)
     draws = iter([taken, other])
-    monkeypatch.setattr(cluster.random, "choice", lambda pool: next(draws))
+    monkeypatch.setattr(processes.random, "choice", lambda pool: next(draws))
     assert free_port() == other
 
 

@@ -54,7 +54,6 @@ ALLOWED: Final[Mapping[str, Allowed]] = {
     "reconciler/jobs.py": Allowed(
         750, "the job controller's wiring, handlers and the view; decision and actions live apart"
     ),
-    "testenv/cluster.py": Allowed(738, "both control-plane profiles and their process supervision"),
     # --- functions (limit: FUNCTION_LIMIT) ---
     "reconciler/main.py::parse_args": Allowed(153, "flat: one add_argument per reconciler flag"),
     "reconciler/main.py::run": Allowed(220, "the reconciler's wiring, every loop started in one place"),

@@ -32,7 +32,7 @@ from koord_queue.shared.admission import podgate
 from koord_queue.shared.api import names
 from koord_queue.webhook import main, server
 from koord_queue.webhook.server import ServerConfig
-from testenv.cluster import free_port
+from testenv.processes import free_port
 from tests.unit import test_podgate as pod_gate
 from tests.unit.test_admission import review_body
 from tests.unit.test_job_adapters import batch_job
