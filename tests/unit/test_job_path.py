@@ -471,3 +471,23 @@ def test_a_waiting_report_with_its_recheck_pending_sets_no_other() -> None:
 def test_a_report_that_waited_long_enough_is_written() -> None:
     actions = counting(report_since=100.0 - podplan.COALESCE_SECONDS, report_check_pending=True)
     assert kinds(actions)[-2:] == ["ForgetReport", "WriteUnitStatus"]
+
+
+def test_a_queued_unit_following_a_refused_class_warns_the_job() -> None:
+    asking = job()
+    asking["spec"]["template"]["spec"]["priorityClassName"] = "gold"
+    settings = Settings(priority_classes={"gold": 100}, allowed_classes=frozenset(), timeouts=QUIET.timeouts)
+    unit = unit_of(job(), phase=None)
+    unit["spec"]["priorityClassName"] = "silver"  # named before the quota refused the class
+    actions = decide(view(asking, unit, settings=settings))
+    assert kinds(actions)[:2] == ["PatchUnit", "RecordEvent"]
+    assert isinstance(actions[1], steps.RecordEvent) and actions[1].reason == "PriorityClassNotAllowed"
+
+
+def test_a_resized_job_whose_unit_is_being_reclaimed_waits_for_the_reclaim() -> None:
+    bigger = job(released=True)
+    bigger["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "2"
+    unit = unit_of(job(released=True))
+    unit["status"]["admissions"][0]["reclaimState"] = {"replicas": 1}
+    actions = decide(view(bigger, unit))
+    assert "HoldThenRelease" not in kinds(actions) and "PatchUnit" not in kinds(actions)
