@@ -29,7 +29,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from koord_queue.certs.manager import VisibilityCertManager, WebhookCertManager
-from koord_queue.reconciler import metrics, visibility, workloads
+from koord_queue.reconciler import metrics, priorities, visibility, workloads
 from koord_queue.reconciler.events import EventRecorder
 from koord_queue.reconciler.informer import Handler, Informer
 from koord_queue.reconciler.job_units import QUEUE_UNITS
@@ -39,9 +39,8 @@ from koord_queue.reconciler.scheduler import SchedulerLoop
 from koord_queue.shared import kube
 from koord_queue.shared.api import names
 from koord_queue.shared.core import config as component_config
-from koord_queue.shared.core import quota as quota_rules
 from koord_queue.shared.core.scheduling import Cache
-from koord_queue.shared.jobs import base, registry
+from koord_queue.shared.jobs import registry
 
 log = logging.getLogger("reconciler")
 
@@ -249,104 +248,34 @@ async def run(args: argparse.Namespace) -> None:
     for warning in settings.warnings:
         log.warning("%s", warning)
     adapters = registry.enabled_adapters(args.enabled_extensions.split(","))
-    # The one leadership gate (``kube.Leadership``): closed from the start with --leader-elect, so
-    # not even the first watch event can lead to a write before the Lease is held; ``kube.lead``
-    # opens it. The client refuses every write while it is closed; the parts that queue work from
-    # watch events get it too, so a follower queues nothing.
-    leadership = kube.Leadership(leading=not args.leader_elect)
-    # One identity per replica, in the Lease and in the user agent, so an audit log tells the
-    # replicas apart (docs/operations.md#reconciler-flags).
-    args.leader_election_identity = args.leader_election_identity or (
-        f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    )
-    client = await kube.Kube.connect(
-        kubeconfig=args.kubeconfig,
-        qps=args.qps,
-        burst=args.burst,
-        user_agent=f"koord-queue-reconciler/{args.leader_election_identity}",
-        impersonate=args.impersonate or None,
-        leadership=leadership,
-    )
+    leadership, client = await _connect(args)
     client.on_request = metrics.count_api_request
     runners: list[web.AppRunner] = []
     try:
         # docs/compatibility.md#native-gang-hand-off: refused (with an error) without the API.
         handoff = await workloads.detect(client, enabled=settings.native_gang_handoff)
         events = EventRecorder(client, instance=socket.gethostname(), leadership=leadership)
-        priority_classes: dict[str, int] = {}
-        #: the classes marked globalDefault (normally one) and their values
-        default_classes: dict[str, int] = {}
 
-        def on_priority_class(old: kube.Obj | None, new: kube.Obj | None) -> None:
-            obj = new or old or {}
-            name = str((obj.get("metadata") or {}).get("name"))
-            value = obj.get("value")
-            default = new is not None and obj.get("globalDefault") is True and isinstance(value, int)
-            if new is None:
-                priority_classes.pop(name, None)
-            elif isinstance(value, int):
-                if priority_classes.get(name) == value and (name in default_classes) == default:
-                    return
-                priority_classes[name] = value
-            if default and isinstance(value, int):
-                default_classes[name] = value
-            else:
-                default_classes.pop(name, None)
-            if jobs_ready():
-                # A class created or changed after its jobs: their units' priorities follow.
+        def jobs_changed() -> None:
+            if all(i.synced.is_set() for i in jobs.informers()):
                 jobs.mark_all()
 
-        def default_priority_class() -> str | None:
-            """The cluster's globalDefault PriorityClass; of several (a race the apiserver allows),
-            the lowest, as the apiserver's priority admission picks it."""
-            return min(default_classes, key=lambda n: (default_classes[n], n), default=None)
-
-        def jobs_ready() -> bool:
-            return all(i.synced.is_set() for i in jobs.informers())
-
+        classes = priorities.PriorityClasses(changed=jobs_changed)
         scheduler = SchedulerLoop(client, events=events, settings=settings, leadership=leadership)
         ledger = scheduler.cache.ledger
-
-        def priority_cap(job: base.Job) -> int | None:
-            """The smaller of the cluster's maxUserPriority and the job's quota's own cap."""
-            return quota_rules.priority_cap(
-                settings.max_user_priority, ledger.quotas.get(base.quota_name(job) or "")
-            )
-
-        def allowed_priority_classes(job: base.Job) -> frozenset[str] | None:
-            """The PriorityClasses the job's quota allows (docs/compatibility.md#priority-cap)."""
-            quota = ledger.quotas.get(base.quota_name(job) or "")
-            return quota.allowed_priority_classes if quota is not None else None
-
-        caps: dict[str, tuple[int | None, frozenset[str] | None]] = {}
-
-        def on_quota_cap(old: kube.Obj | None, new: kube.Obj | None) -> None:
-            """A quota's priority cap or allowed classes changed: its jobs' unit priorities follow
-            (after the scheduler has folded the event into the ledger, which decides which
-            same-named quota counts)."""
-            now = {
-                name: (q.max_user_priority, q.allowed_priority_classes)
-                for name, q in ledger.quotas.items()
-                if q.max_user_priority is not None or q.allowed_priority_classes is not None
-            }
-            if now != caps:
-                caps.clear()
-                caps.update(now)
-                if jobs_ready():
-                    jobs.mark_all()
-
-        pcs = Informer(client, kube.PRIORITY_CLASSES, handler=on_priority_class)
+        rules = priorities.QuotaPriorityRules(ledger, settings.max_user_priority, jobs_changed)
+        pcs = Informer(client, kube.PRIORITY_CLASSES, handler=classes.on_event)
         units: Informer
         jobs = JobExtensions(
             client,
             adapters=adapters,
             units=lambda: units.objects,
-            priority_classes=lambda: priority_classes,
+            priority_classes=lambda: classes.values,
             events=events,
             workers=args.workers,
-            priority_cap=priority_cap,
-            allowed_priority_classes=allowed_priority_classes,
-            default_priority_class=default_priority_class,
+            priority_cap=rules.priority_cap,
+            allowed_priority_classes=rules.allowed_classes,
+            default_priority_class=classes.default,
             running_timeouts=settings.running_timeouts,
             leadership=leadership,
             mandatory_queueing=settings.mandatory_queueing,
@@ -384,7 +313,7 @@ async def run(args: argparse.Namespace) -> None:
             scheduler.on_quota,
             quota_sync.on_quota,
             bindings.on_quota,
-            on_quota_cap,
+            rules.on_quota,
             jobs.on_quota,
         ]
         if figures is not None:
@@ -392,69 +321,26 @@ async def run(args: argparse.Namespace) -> None:
         quotas = Informer(client, QUOTAS, handler=_fanout(*quota_handlers))
         informers = [pcs, units, queues, quotas, *jobs.informers()]
         components = {"scheduler": scheduler, "jobs": jobs, "events": events, "quota_sync": quota_sync}
-        components |= {"bindings": bindings, "figures": figures, "priority_classes": priority_classes}
+        components |= {"bindings": bindings, "figures": figures, "priority_classes": classes.values}
         metrics.watch_stores(informers, components, skip=(client, leadership, settings))
 
         def ready() -> bool:
             return all(i.synced.is_set() for i in informers)
 
-        visibility_app, tls = _visibility_server(args, client, lambda: scheduler.cache)
-        servers = (
-            (health_app(ready), args.health_port, None),
-            (metrics_app(), args.metrics_port, None),
-            (visibility_app, args.visibility_port, tls.listening if tls else None),
-        )
-        for app, port, context in servers:
-            runner = await _serve(app, args.bind_address, port, context)
-            if runner is not None:
-                runners.append(runner)
+        await _start_servers(args, client, ready, lambda: scheduler.cache, started=runners)
 
-        async def act() -> None:
-            """What only the leader does; every replica keeps its caches warm for a fast take-over.
-
-            Runs while ``leadership`` is open. Every writer starts here, and each begins from its
-            warm cache, since a follower queued nothing: the job extensions and the scheduler with
-            a full pass (``_take_over``), the Queue sync with every quota it saw, the binding sync,
-            the quota figures and the certificate managers with a first comparison against the
-            cluster.
-            """
-            for inf in informers:
-                await inf.synced.wait()
-            log.info(
-                "caches synced: %d units, %d queues, %d quotas",
-                len(units.objects),
-                len(queues.objects),
-                len(quotas.objects),
-            )
-            async with asyncio.TaskGroup() as acting:
-                acting.create_task(events.run(), name="events")
-                acting.create_task(scheduler.run(), name="scheduler")
-                acting.create_task(jobs.run(), name="job-extensions")
-                acting.create_task(quota_sync.run(), name="quota-queues")
-                acting.create_task(bindings.run(), name="quota-bindings")
-                acting.create_task(workloads.publish(client, handoff), name="native-gangs")
-                if figures is not None:
-                    acting.create_task(figures.run(), name="quota-figures")
-                if args.manage_webhook_certs:
-                    certs = WebhookCertManager(
-                        client,
-                        namespace=args.webhook_namespace,
-                        secret=args.webhook_secret,
-                        service=args.webhook_service,
-                        configuration=args.webhook_configuration,
-                        interval_s=args.cert_sync_interval,
-                    )
-                    acting.create_task(certs.run(), name="webhook-certs")
-                if args.manage_visibility_certs:
-                    visibility_certs = VisibilityCertManager(
-                        client,
-                        namespace=args.visibility_namespace,
-                        secret=args.visibility_secret,
-                        service=args.visibility_service,
-                        apiservice=args.visibility_apiservice,
-                        interval_s=args.cert_sync_interval,
-                    )
-                    acting.create_task(visibility_certs.run(), name="visibility-certs")
+        loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            "events": events.run,
+            "scheduler": scheduler.run,
+            "job-extensions": jobs.run,
+            "quota-queues": quota_sync.run,
+            "quota-bindings": bindings.run,
+            "native-gangs": lambda: workloads.publish(client, handoff),
+        }
+        if figures is not None:
+            loops["quota-figures"] = figures.run
+        loops |= _cert_managers(args, client)
+        act = _leader_work(informers, loops, counted=(units, queues, quotas))
 
         try:
             await _supervise(informers, act, args, client)
@@ -464,6 +350,103 @@ async def run(args: argparse.Namespace) -> None:
         for runner in runners:
             await runner.cleanup()
         await client.close()
+
+
+async def _connect(args: argparse.Namespace) -> tuple[kube.Leadership, kube.Kube]:
+    """The leadership gate and the API client behind it."""
+    # The one leadership gate (``kube.Leadership``): closed from the start with --leader-elect, so
+    # not even the first watch event can lead to a write before the Lease is held; ``kube.lead``
+    # opens it. The client refuses every write while it is closed; the parts that queue work from
+    # watch events get it too, so a follower queues nothing.
+    leadership = kube.Leadership(leading=not args.leader_elect)
+    # One identity per replica, in the Lease and in the user agent, so an audit log tells the
+    # replicas apart (docs/operations.md#reconciler-flags).
+    args.leader_election_identity = args.leader_election_identity or (
+        f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    )
+    client = await kube.Kube.connect(
+        kubeconfig=args.kubeconfig,
+        qps=args.qps,
+        burst=args.burst,
+        user_agent=f"koord-queue-reconciler/{args.leader_election_identity}",
+        impersonate=args.impersonate or None,
+        leadership=leadership,
+    )
+    return leadership, client
+
+
+async def _start_servers(
+    args: argparse.Namespace,
+    client: kube.Kube,
+    ready: Callable[[], bool],
+    cache: Callable[[], Cache],
+    *,
+    started: list[web.AppRunner],
+) -> None:
+    """Health, metrics and the visibility API, on every replica; a port of 0 turns one off. Each
+    server joins ``started`` as it starts, so the caller stops those that did if a later one fails."""
+    visibility_app, tls = _visibility_server(args, client, cache)
+    servers = (
+        (health_app(ready), args.health_port, None),
+        (metrics_app(), args.metrics_port, None),
+        (visibility_app, args.visibility_port, tls.listening if tls else None),
+    )
+    for app, port, context in servers:
+        runner = await _serve(app, args.bind_address, port, context)
+        if runner is not None:
+            started.append(runner)
+
+
+def _leader_work(
+    informers: list[Informer],
+    loops: Mapping[str, Callable[[], Coroutine[Any, Any, None]]],
+    *,
+    counted: tuple[Informer, ...],
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """What only the leader does; every replica keeps its caches warm for a fast take-over.
+
+    Runs while ``leadership`` is open. Every writer (``loops``) starts here, and each begins from
+    its warm cache, since a follower queued nothing: the job extensions and the scheduler with a
+    full pass (``_take_over``), the Queue sync with every quota it saw, the binding sync, the quota
+    figures and the certificate managers with a first comparison against the cluster.
+    """
+
+    async def act() -> None:
+        for inf in informers:
+            await inf.synced.wait()
+        log.info("caches synced: %s", ", ".join(f"{len(i.objects)} {i.resource.plural}" for i in counted))
+        async with asyncio.TaskGroup() as acting:
+            for name, start in loops.items():
+                acting.create_task(start(), name=name)
+
+    return act
+
+
+def _cert_managers(
+    args: argparse.Namespace, client: kube.Kube
+) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
+    """The certificate managers the flags turn on: the webhook's serving certificate and the
+    visibility API's (docs/operations.md#reconciler-flags)."""
+    found: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {}
+    if args.manage_webhook_certs:
+        found["webhook-certs"] = WebhookCertManager(
+            client,
+            namespace=args.webhook_namespace,
+            secret=args.webhook_secret,
+            service=args.webhook_service,
+            configuration=args.webhook_configuration,
+            interval_s=args.cert_sync_interval,
+        ).run
+    if args.manage_visibility_certs:
+        found["visibility-certs"] = VisibilityCertManager(
+            client,
+            namespace=args.visibility_namespace,
+            secret=args.visibility_secret,
+            service=args.visibility_service,
+            apiservice=args.visibility_apiservice,
+            interval_s=args.cert_sync_interval,
+        ).run
+    return found
 
 
 def quota_status_sync(

@@ -1,7 +1,7 @@
 """Running timeout, backoff timeout and partial running timeout (docs/compatibility.md#running-timeout).
 
 The decision (``shared.jobs.running_timeout.decide``) is a table over a unit, its pods, the timeouts and
-the time; the job extension's step around it (``reconciler.job_lifecycle.enforce_running_timeout``)
+the time; the job path around it (``shared.jobs.jobpath``, carried out by ``reconciler.job_actions``)
 is checked with a fake client for the order of its writes: the job is held before its unit gives
 the quota back, and a failed second write is decided again instead of resuming the job.
 """

@@ -52,11 +52,11 @@ class Allowed:
 ALLOWED: Final[Mapping[str, Allowed]] = {
     # --- modules (limit: MODULE_LIMIT) ---
     "reconciler/jobs.py": Allowed(
-        750, "the job controller's wiring, handlers and the view; decision and actions live apart"
+        742, "the job controller's wiring, handlers and the view; decision and actions live apart"
     ),
     # --- functions (limit: FUNCTION_LIMIT) ---
     "reconciler/main.py::parse_args": Allowed(153, "flat: one add_argument per reconciler flag"),
-    "reconciler/main.py::run": Allowed(220, "the reconciler's wiring, every loop started in one place"),
+    "reconciler/main.py::run": Allowed(107, "the reconciler's wiring, every part in one place"),
     "testenv/system.py::webhook_configurations": Allowed(173, "webhook objects as literals, as manifests/"),
 }
 

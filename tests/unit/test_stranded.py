@@ -1,8 +1,8 @@
 """Admitted jobs left without pods (docs/compatibility.md#jobs-without-pods).
 
 The decision (``shared.jobs.stranded.decide``) is a table over a unit, its pods, the timeout, the
-last pod sighting and the time; the job extension's step around it
-(``reconciler.job_lifecycle.requeue_stranded``) is checked with a fake client: the job is held
+last pod sighting and the time; the job path around it (``shared.jobs.jobpath``, carried out by
+``reconciler.job_actions``) is checked with a fake client: the job is held
 before its unit gives the quota back, with a ``NoPodsAfterAdmission`` event and the metric, and
 after a failed status write the held job is decided again, never resumed on a stale view.
 """
