@@ -14,19 +14,54 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from koord_queue.reconciler import job_lifecycle, job_pods, job_units, metrics, workloads
+from koord_queue.reconciler.events import EventRecorder
 from koord_queue.shared import kube
 from koord_queue.shared.core import mandatory
 from koord_queue.shared.jobs import jobsteps as steps
+from koord_queue.shared.jobs.base import JobAdapter
 from koord_queue.shared.jobs.jobpath import JobView
 from koord_queue.shared.jobs.podplan import PodView
+from koord_queue.shared.jobs.unitowners import JobKey
 
-if TYPE_CHECKING:
-    from koord_queue.reconciler.jobs import JobExtensions
+
+class PodStore(Protocol):
+    """The pod informer, as far as the executor reads it."""
+
+    objects: MutableMapping[str, kube.Obj]
+
+
+class ActionHost(Protocol):
+    """What the executor needs of the controller (``reconciler.jobs.JobExtensions``): the client and
+    the event recorder, the pod store and the unit's pods, and the controller's memory and timers.
+    Its own interface, so the executor never imports the controller that calls it."""
+
+    client: kube.Kube
+    events: EventRecorder
+
+    @property
+    def pods(self) -> PodStore: ...
+    @property
+    def unit_written(self) -> kube.OwnWrites: ...
+    @property
+    def short_since(self) -> dict[str, Mapping[str, float]]: ...
+    @property
+    def pods_seen_at(self) -> dict[str, float]: ...
+    @property
+    def report_since(self) -> dict[JobKey, float]: ...
+    @property
+    def beyond_seen(self) -> dict[str, None]: ...
+
+    def mark(self, key: JobKey, *, urgent: bool = False) -> None: ...
+    def forget_report(self, key: JobKey) -> None: ...
+    def schedule_check(self, timer: str, key: JobKey, delay: float | None) -> None: ...
+    def pods_of(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[PodView]: ...
+    def all_pods_of_job(self, unit_key: str, adapter: JobAdapter, job: kube.Obj) -> list[PodView]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +75,7 @@ class _Pass:
     """One execution: the controller, the view decided on, and the unit our last write of it in this
     pass answered (a created unit, or the version a conditional write follows)."""
 
-    host: JobExtensions
+    host: ActionHost
     view: JobView
     last_unit: kube.Obj | None = None
 
@@ -73,7 +108,7 @@ class _Pass:
         return lambda: host.pods_of(view.unit_key, view.adapter, job)
 
 
-async def execute(host: JobExtensions, view: JobView, actions: steps.Actions) -> None:
+async def execute(host: ActionHost, view: JobView, actions: steps.Actions) -> None:
     """Perform ``actions`` in order, stopping at one that ends the pass."""
     run = _Pass(host, view)
     for action in actions:

@@ -275,7 +275,7 @@ class JobExtensions:
             return ray.claimed_parent(job)
         if (adapter.api_version, adapter.kind) != _BATCH_JOB:
             return None
-        return batch_job.claimed_parent(job)
+        return batch_job.claimed_parent(job, registry.PARENT_GROUPS)
 
     async def _genuine_child(self, adapter: JobAdapter, job: kube.Obj, namespace: str) -> bool:
         """Whether ``job`` is the child of a managed job, by resolving its claimed parent: the owner

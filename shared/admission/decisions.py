@@ -312,7 +312,7 @@ def _gate_claimed_child(
     parent, so the claim is the reconciler's to resolve; until it has, no pod of the Job can be
     scheduled (docs/architecture.md#trust-boundaries)."""
     if isinstance(adapter, batch_job.BatchJobAdapter):
-        claim = batch_job.claimed_parent(job)
+        claim = batch_job.claimed_parent(job, registry.PARENT_GROUPS)
     elif isinstance(adapter, ray.RayClusterAdapter):  # docs/compatibility.md#raycluster
         claim = ray.claimed_parent(job)
     else:
@@ -342,7 +342,9 @@ def _guard_claimed_gate(
     """
     if old is None or not isinstance(adapter, batch_job.BatchJobAdapter):
         return []
-    if batch_job.claimed_parent(old) is None or (adapter.quota_name(old) is None and not all_jobs):
+    if batch_job.claimed_parent(old, registry.PARENT_GROUPS) is None or (
+        adapter.quota_name(old) is None and not all_jobs
+    ):
         return []
     if adapter.job_status(old) in _FINISHED or not _template_gated(old) or _template_gated(new):
         return []

@@ -17,7 +17,7 @@ after the job. Two deliberate differences from upstream:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -38,8 +38,18 @@ class BatchJobAdapter(AdapterBase):
     plural = "jobs"
     queue_unit_suffix = ""
 
+    def __init__(self, parent_groups: Iterable[str] = ()) -> None:
+        #: The API groups of every other kind we queue: their controllers create Jobs for them, so a
+        #: Job one of them controls is that job's child (docs/compatibility.md#batchv1-job). The
+        #: registry passes them in (``registry.PARENT_GROUPS``), so this module names no kind.
+        self.parent_groups = frozenset(parent_groups)
+
+    def claimed_parent(self, job: Job) -> ParentClaim | None:
+        """The parent ``job`` claims by its controller owner reference, among the kinds we queue."""
+        return claimed_parent(job, self.parent_groups)
+
     def is_managed(self, job: Job) -> bool:
-        return self.quota_name(job) is not None and claimed_parent(job) is None
+        return self.quota_name(job) is not None and self.claimed_parent(job) is None
 
     def is_suspended(self, job: Job) -> bool:
         return base.dig(job, "spec", "suspend") is True
@@ -156,18 +166,10 @@ def controller_claim(obj: Job, accepts: Callable[[str, str], bool]) -> ParentCla
     return None
 
 
-def _managed_parent_groups() -> frozenset[str]:
-    """API groups whose controllers create Jobs on behalf of a job we already queue: every registered
-    kind's but ``batch`` (``registry.PARENT_GROUPS``). Read when first needed, not at import, since
-    the registry imports this module; so a new kind needs no line here."""
-    from koord_queue.shared.jobs import registry
-
-    return registry.PARENT_GROUPS
-
-
-def claimed_parent(job: Job) -> ParentClaim | None:
-    """The first controller owner reference of ``job`` whose API group is one we queue, if any."""
-    groups = _managed_parent_groups()
+def claimed_parent(job: Job, parent_groups: Iterable[str]) -> ParentClaim | None:
+    """The first controller owner reference of ``job`` whose API group is one of ``parent_groups``
+    (the kinds we queue), if any."""
+    groups = frozenset(parent_groups)
     return controller_claim(job, lambda group, _kind: group in groups)
 
 

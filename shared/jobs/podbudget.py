@@ -28,12 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from koord_queue.shared.api import quantities
-
-if TYPE_CHECKING:  # ``shared.jobs.podplan`` calls this module, so its type is named only here
-    from koord_queue.shared.jobs.podplan import PodView
+from koord_queue.shared.jobs.podview import PodView
 
 
 @dataclass

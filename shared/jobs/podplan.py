@@ -6,7 +6,7 @@ a reclaim, and the usage report.
   ``admissions[i].replicas`` pods per pod set are ungated; reclaim deletes only pods that are neither
   bound nor terminal, so running pods are never touched);
 * :func:`report`: the ``status`` patch that reports bound pods, pod states and the job's phase;
-* :func:`slim_pod`: what the pod informer keeps, exactly what :func:`pod_view` reads.
+* :func:`slim_pod`: what the pod informer keeps, exactly what ``shared.jobs.podview.pod_view`` reads.
 
 The views of a unit's status they read (:func:`admissions_of`, :func:`conditions_of`) serve the
 other decisions on a unit too (``shared.jobs.lifecycle``, ``shared.jobs.running_timeout``). Every
@@ -22,66 +22,15 @@ from typing import Any
 
 from koord_queue.shared.api import conditions, names, podtemplates, quantities
 from koord_queue.shared.jobs import podbudget, registry
-from koord_queue.shared.jobs.base import Job, JobStatus, dig, text
+from koord_queue.shared.jobs.base import JobStatus, dig, text
+from koord_queue.shared.jobs.podview import PodView as PodView
+from koord_queue.shared.jobs.podview import pod_view as pod_view
 
 Obj = dict[str, Any]
 
 #: Phases in which a unit's admission releases pods. ``Reserved`` holds quota while admission checks
 #: run: its pods stay gated until the checks pass (and go back behind the gate if they fail).
 ADMITTED_PHASES = frozenset({names.Phase.DEQUEUED, names.Phase.RUNNING, names.Phase.SCHED_SUCCEED})
-
-
-@dataclass(frozen=True, slots=True)
-class PodView:
-    """What the extensions need of a pod."""
-
-    namespace: str
-    name: str
-    uid: str
-    pod_set: str
-    created: str
-    bound: bool
-    gated: bool
-    terminal: bool
-    deleting: bool
-    resource_version: str = ""
-    #: The pod's effective requests as stored (``podtemplates.pod_requests``, sorted pairs), or
-    #: None when they cannot be read.
-    requests: tuple[tuple[str, int], ...] | None = ()
-
-    @property
-    def live(self) -> bool:
-        """The pod holds (or may take) what its pod set was admitted for: not finished, and not
-        being deleted unless it is bound. A bound pod being deleted runs on for its grace period,
-        so it counts until it is gone; an unbound one is never scheduled again
-        (docs/compatibility.md#pod-gating)."""
-        return not self.terminal and (self.bound or not self.deleting)
-
-
-def pod_view(pod: Job, pod_set: str) -> PodView:
-    gates = dig(pod, "spec", "schedulingGates")
-    gated = isinstance(gates, list) and any(dig(g, "name") == names.ADMISSION_GATE for g in gates)
-    return PodView(
-        namespace=text(dig(pod, "metadata", "namespace")),
-        name=text(dig(pod, "metadata", "name")),
-        uid=text(dig(pod, "metadata", "uid")),
-        pod_set=pod_set,
-        created=text(dig(pod, "metadata", "creationTimestamp")),
-        bound=bool(dig(pod, "spec", "nodeName")),
-        gated=gated,
-        terminal=dig(pod, "status", "phase") in ("Succeeded", "Failed"),
-        deleting=dig(pod, "metadata", "deletionTimestamp") is not None,
-        resource_version=text(dig(pod, "metadata", "resourceVersion")),
-        requests=_requests_of(dig(pod, "spec")),
-    )
-
-
-def _requests_of(spec: object) -> tuple[tuple[str, int], ...] | None:
-    """A pod's effective requests by the one rule the quota uses (``podtemplates.pod_requests``)."""
-    try:
-        return tuple(sorted(podtemplates.pod_requests(spec if isinstance(spec, Mapping) else {}).items()))
-    except quantities.QuantityError:
-        return None
 
 
 def admitted_sizes(unit: Obj) -> dict[str, dict[str, int] | None]:

@@ -14,25 +14,6 @@ from typing import Final
 from koord_queue.shared.jobs import batch_job, jobset, kubeflow, ray, spark, workflow
 from koord_queue.shared.jobs.base import JobAdapter
 
-ADAPTERS: Final[tuple[JobAdapter, ...]] = (
-    batch_job.BatchJobAdapter(),
-    *kubeflow.adapters(),
-    jobset.JobSetAdapter(),
-    ray.RayJobAdapter(api_version="ray.io/v1", extension="rayjob"),
-    ray.RayJobAdapter(api_version="ray.io/v1alpha1", extension="rayjobv1alpha1"),
-    ray.RayClusterAdapter(),
-    workflow.WorkflowAdapter(),
-    spark.SparkApplicationAdapter(),
-)
-
-_BY_EXTENSION: Final = {adapter.extension: adapter for adapter in ADAPTERS}
-_BY_KIND: Final = {(adapter.api_version, adapter.kind): adapter for adapter in ADAPTERS}
-
-EXTENSIONS: Final[tuple[str, ...]] = tuple(adapter.extension for adapter in ADAPTERS)
-#: Enabled unless configured otherwise. RayCluster is opt-in, as upstream's chart has it: most
-#: RayClusters are created by RayJobs, and long-lived interactive clusters rarely want queueing.
-DEFAULT_EXTENSIONS: Final[tuple[str, ...]] = tuple(e for e in EXTENSIONS if e != "raycluster")
-
 
 def parent_groups(adapters: Iterable[JobAdapter]) -> frozenset[str]:
     """The API groups of every kind we queue except ``batch/v1`` Job itself: a Job controlled by one of
@@ -44,8 +25,29 @@ def parent_groups(adapters: Iterable[JobAdapter]) -> frozenset[str]:
     )
 
 
-#: What ``shared/jobs/batch_job.py`` reads (lazily: this module imports it) as its managed parents.
-PARENT_GROUPS: Final[frozenset[str]] = parent_groups(ADAPTERS)
+#: Every kind but ``batch/v1`` Job, in registry order: a new kind is one line here.
+_OTHERS: Final[tuple[JobAdapter, ...]] = (
+    *kubeflow.adapters(),
+    jobset.JobSetAdapter(),
+    ray.RayJobAdapter(api_version="ray.io/v1", extension="rayjob"),
+    ray.RayJobAdapter(api_version="ray.io/v1alpha1", extension="rayjobv1alpha1"),
+    ray.RayClusterAdapter(),
+    workflow.WorkflowAdapter(),
+    spark.SparkApplicationAdapter(),
+)
+#: The API groups whose controllers create ``batch/v1`` Jobs for a job we queue, handed to the
+#: Job's adapter (so ``shared/jobs/batch_job.py`` names no kind and imports no registry).
+PARENT_GROUPS: Final[frozenset[str]] = parent_groups(_OTHERS)
+
+ADAPTERS: Final[tuple[JobAdapter, ...]] = (batch_job.BatchJobAdapter(PARENT_GROUPS), *_OTHERS)
+
+_BY_EXTENSION: Final = {adapter.extension: adapter for adapter in ADAPTERS}
+_BY_KIND: Final = {(adapter.api_version, adapter.kind): adapter for adapter in ADAPTERS}
+
+EXTENSIONS: Final[tuple[str, ...]] = tuple(adapter.extension for adapter in ADAPTERS)
+#: Enabled unless configured otherwise. RayCluster is opt-in, as upstream's chart has it: most
+#: RayClusters are created by RayJobs, and long-lived interactive clusters rarely want queueing.
+DEFAULT_EXTENSIONS: Final[tuple[str, ...]] = tuple(e for e in EXTENSIONS if e != "raycluster")
 
 
 class UnknownExtensionError(ValueError):

@@ -99,11 +99,14 @@ def test_a_finished_job_is_free_to_change_owners() -> None:
 
 def test_the_claim_is_the_first_controller_reference_into_a_queued_group() -> None:
     job = labelled_job(suspended=True, owners=[{**OWNER, "controller": False}, {**OWNER, "name": "other"}])
-    assert batch_job.claimed_parent(job) == batch_job.ParentClaim(
+    assert batch_job.claimed_parent(job, registry.PARENT_GROUPS) == batch_job.ParentClaim(
         "kubeflow.org/v1", "TFJob", "other", TFJOB_UID
     )
     foreign = {"apiVersion": "example.com/v1", "kind": "Thing", "name": "x", "uid": "u", "controller": True}
-    assert batch_job.claimed_parent(labelled_job(suspended=True, owners=[foreign])) is None
+    assert (
+        batch_job.claimed_parent(labelled_job(suspended=True, owners=[foreign]), registry.PARENT_GROUPS)
+        is None
+    )
 
 
 # --- in the reconciler ----------------------------------------------------------------------------
