@@ -45,11 +45,56 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from chaos import load, tenant_orphans, tenant_submitter, tenant_workflows
 from chaos.observer import Observer
+from chaos.tenant_common import (
+    JOBS as JOBS,
+)
+from chaos.tenant_common import (
+    MANDATORY_NAMESPACE as MANDATORY_NAMESPACE,
+)
+from chaos.tenant_common import (
+    NAMESPACE as NAMESPACE,
+)
+from chaos.tenant_common import (
+    QUOTA as QUOTA,
+)
+from chaos.tenant_common import (
+    QUOTAS as QUOTAS,
+)
+from chaos.tenant_common import (
+    UNDO_S as UNDO_S,
+)
+from chaos.tenant_common import (
+    UNITS as UNITS,
+)
+from chaos.tenant_common import (
+    WATCH_S as WATCH_S,
+)
+from chaos.tenant_common import (
+    WORKFLOWS as WORKFLOWS,
+)
+from chaos.tenant_common import (
+    Sent as Sent,
+)
+from chaos.tenant_common import (
+    _meta,
+)
+from chaos.tenant_common import (
+    gated as gated,
+)
+from chaos.tenant_common import (
+    held_cpu_milli as held_cpu_milli,
+)
+from chaos.tenant_common import (
+    is_admitted_unit as is_admitted_unit,
+)
+from chaos.tenant_common import (
+    runs as runs,
+)
 from koord_queue.shared import kube
 from koord_queue.shared.api import names, quantities
 from testenv.cluster import LocalCluster
@@ -57,15 +102,11 @@ from testenv.kwok import COMPLETE_DELAY_ANNOTATION
 from tests import tenancy
 
 USER: Final = "mallory"
-#: Mallory's own namespace; its quota (same name) is bound to it by living there.
-NAMESPACE: Final = "chaos-mallory"
-QUOTA: Final = "chaos-mallory"
 QUOTA_CPU: Final = "2"
 #: Her second namespace, where queueing is mandatory (docs/operations.md#mandatory-queueing): the
 #: run's configuration selects namespaces with :data:`MANDATORY_LABEL`, and the namespace's default
 #: quota is the one named after it. Its quota is too small for her jobs there, so they stay queued.
 MANDATORY_LABEL: Final = "koord-queue/mandatory"
-MANDATORY_NAMESPACE: Final = "chaos-mallory-queued"
 MANDATORY_QUOTA_CPU: Final = "1"
 #: ``maxUserPriority`` of the run (the reconciler's configuration and the webhook's flag).
 CLUSTER_PRIORITY_CAP: Final = 1000
@@ -92,19 +133,12 @@ RAW_TEMPLATE_PRIORITY: Final = 1_000_000
 #: alone: the annotation is capped at the cluster's cap (her quota has none of its own), and the
 #: only class her quota allows is the low one.
 OWN_PRIORITY_BOUND: Final = max(CLUSTER_PRIORITY_CAP, ALLOWED_CLASS_VALUE)
-#: How long an accepted attack is watched for its harm (or its repair).
-WATCH_S: Final = 6.0
-UNDO_S: Final = 30.0
 #: How long the relabel attack waits for the Job controller to let go of the relabelled pod (it
 #: may be relisting after a fault); the reconciler's UNDO_S starts only then.
 LET_GO_S: Final = 90.0
 #: How long a round looks for a gated pod when its listing had none.
 HUNT_S: Final = 20.0
 
-JOBS = load.JOBS
-UNITS = load.UNITS
-QUOTAS = load.QUOTA_RESOURCE
-WORKFLOWS = kube.Resource("argoproj.io", "v1alpha1", "workflows", "Workflow")
 TFJOBS = kube.Resource("kubeflow.org", "v1", "tfjobs", "TFJob")
 CRDS = kube.Resource(
     "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
@@ -210,22 +244,6 @@ class Attempt:
     seconds: float | None = None
 
 
-@dataclass
-class Sent:
-    """What became of one request: ``accepted`` (with the stored object), ``refused`` or ``gone``
-    (with the message), ``changed`` (the target changed since it was read: 409 on our
-    resourceVersion), ``exists`` (a create answered AlreadyExists: no decision to judge)."""
-
-    status: str
-    obj: kube.Obj = field(default_factory=dict)
-    message: str = ""
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return _meta(obj).get("annotations") or {}
 
@@ -279,11 +297,6 @@ def forged_controller(job: Mapping[str, Any]) -> bool:
     )
 
 
-def gated(spec: object) -> bool:
-    gates = (spec or {}).get("schedulingGates") if isinstance(spec, Mapping) else None
-    return any(isinstance(g, Mapping) and g.get("name") == names.ADMISSION_GATE for g in gates or [])
-
-
 def running_reported(unit: Mapping[str, Any]) -> int:
     """The running pods a unit's admissions report (``status.admissions[].running``, what the job
     extension counts; ``podState`` is not read: the chaos status writer scribbles on it)."""
@@ -291,43 +304,8 @@ def running_reported(unit: Mapping[str, Any]) -> int:
     return sum(int(a.get("running") or 0) for a in status.get("admissions") or [])
 
 
-def is_admitted_unit(unit: Mapping[str, Any]) -> bool:
-    status = unit.get("status") or {}
-    phase = status.get("phase")
-    replicas = sum(int(a.get("replicas") or 0) for a in status.get("admissions") or [])
-    return replicas > 0 and phase not in ("Succeed", "Failed")
-
-
 #: A finalizer of hers: keeps a deleted pod terminating until she removes it.
 HOLD_FINALIZER: Final = "chaos.koord-queue.io/mallory-hold"
-
-
-def runs(pod: Mapping[str, Any]) -> bool:
-    """The pod runs or may start: not finished, and bound (terminating or not) or out of the
-    admission gate and not being deleted. Read from the pod alone."""
-    spec = pod.get("spec") or {}
-    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-        return False
-    if spec.get("nodeName"):
-        return True
-    return not gated(spec) and not _meta(pod).get("deletionTimestamp")
-
-
-def held_cpu_milli(unit: Mapping[str, Any]) -> int:
-    """CPU a unit holds: admitted replicas of each pod set times the CPU its template's containers
-    ask for (the chaos jobs have no init containers, pod-level requests or overhead)."""
-    per_pod: dict[str, int] = {}
-    for pod_set in (unit.get("spec") or {}).get("podSet") or []:
-        milli = 0
-        for c in ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or []:
-            cpu = ((c.get("resources") or {}).get("requests") or {}).get("cpu")
-            with contextlib.suppress(quantities.QuantityError, TypeError):
-                milli += quantities.parse_milli(cpu) if cpu is not None else 0
-        per_pod[str(pod_set.get("name"))] = milli
-    return sum(
-        int((a or {}).get("replicas") or 0) * per_pod.get(str((a or {}).get("name")), 0)
-        for a in (unit.get("status") or {}).get("admissions") or []
-    )
 
 
 def _container_cpu_milli(container: Mapping[str, Any], default_cpu_milli: int) -> int:

@@ -1,11 +1,10 @@
 """Hostile-tenant attacks on the orphan rule: a unit keeps its charge until its own pods are gone,
 whatever owner they get later (docs/compatibility.md#jobs-deleted-with---cascadeorphan).
 
-Each attack is an async function taking the :class:`chaos.tenant.Tenant` (mallory, her clients
-and her record of outcomes) and the round; ``chaos/tenant.py`` lists it in ``ATTACKS`` under
-:data:`ATTACK` with :data:`DEFENCE` and calls it from ``Tenant.round``. ``chaos.tenant`` is imported
-when an attack runs, not when this module is loaded, so ``chaos/tenant.py`` may import this module
-at its top.
+Each attack is an async function taking the tenant (``chaos.tenant_common.Attacker``: mallory, her
+clients and her record of outcomes) and the round; ``chaos/tenant.py`` lists it in ``ATTACKS`` under
+:data:`ATTACK` with :data:`DEFENCE` and calls it from ``Tenant.round``. This module never imports
+``chaos.tenant``, which imports it.
 """
 
 from __future__ import annotations
@@ -14,15 +13,23 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from chaos import load
+from chaos.tenant_common import (
+    JOBS,
+    NAMESPACE,
+    QUOTA,
+    QUOTAS,
+    UNDO_S,
+    UNITS,
+    WATCH_S,
+    Attacker,
+    is_admitted_unit,
+)
 from koord_queue.shared import kube
 from koord_queue.shared.api import names, quantities
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION
-
-if TYPE_CHECKING:
-    from chaos.tenant import Tenant
 
 ATTACK: Final = "orphan-admitted-job-and-recreate"
 DEFENCE: Final = (
@@ -76,7 +83,6 @@ def read_finding(unit: Mapping[str, Any] | None, unit_uid: str, present: int, un
     of pods taken after it still showed. Exact: a pod shown by the later list was there at the
     earlier one too, so a unit gone, re-created or without admission at the earlier one was
     released while the pod was there. An unreadable unit is no read at all (the caller skips it)."""
-    from chaos.tenant import is_admitted_unit
 
     if not present:
         return None
@@ -130,10 +136,9 @@ def deleted_owners(events: list[tuple[str, kube.Obj]], uid: str) -> list[str] | 
     return None
 
 
-async def _listed(tenant: Tenant, res: kube.Resource) -> tuple[list[kube.Obj], str] | None:
+async def _listed(tenant: Attacker, res: kube.Resource) -> tuple[list[kube.Obj], str] | None:
     """Her namespace's objects of ``res`` as the admin lists them, with the list's revision; None
     while unreadable (a fault: no finding either way)."""
-    from chaos.tenant import NAMESPACE
 
     try:
         return await tenant.admin.list(res, namespace=NAMESPACE)
@@ -141,10 +146,9 @@ async def _listed(tenant: Tenant, res: kube.Resource) -> tuple[list[kube.Obj], s
         return None
 
 
-async def _record_since(tenant: Tenant, res: kube.Resource, revision: str) -> list[tuple[str, kube.Obj]]:
+async def _record_since(tenant: Attacker, res: kube.Resource, revision: str) -> list[tuple[str, kube.Obj]]:
     """Every event of ``res`` in her namespace since ``revision`` up to now; raises KubeError when
     the record is gone (410) or the watch broke off before its end."""
-    from chaos.tenant import NAMESPACE
 
     events: list[tuple[str, kube.Obj]] = []
     begun = time.monotonic()
@@ -162,7 +166,7 @@ async def _record_since(tenant: Tenant, res: kube.Resource, revision: str) -> li
 
 
 async def _released_before_gone(
-    tenant: Tenant, revision: str, unit_uid: str, pod_uids: set[str], units: kube.Resource
+    tenant: Attacker, revision: str, unit_uid: str, pod_uids: set[str], units: kube.Resource
 ) -> tuple[bool | None, list[str] | None]:
     """:func:`released_before_gone` over the record since ``revision`` (read after the pods were
     seen gone, so it reaches past their deletion), and the unit's owners when it was deleted
@@ -174,7 +178,7 @@ async def _released_before_gone(
     return order, deleted_owners(unit_events, unit_uid)
 
 
-async def _who_deleted(tenant: Tenant, revision: str, unit_uid: str, units: kube.Resource) -> str:
+async def _who_deleted(tenant: Attacker, revision: str, unit_uid: str, units: kube.Resource) -> str:
     """Best effort, for a breach's detail: the owner references the unit had when it was deleted,
     from the record since ``revision``; they tell the garbage collector's delete from a release."""
     if not revision:
@@ -192,7 +196,7 @@ def _owners_note(owners: list[str]) -> str:
     return "; it had no owner left when deleted (a release)"
 
 
-async def orphan_and_recreate(tenant: Tenant, r: int) -> None:
+async def orphan_and_recreate(tenant: Attacker, r: int) -> None:
     """Her admitted one-pod Job (500m, its pod running on a kwok node): she deletes it with
     ``--cascade=orphan`` (the pod runs on, ownerless), re-creates a Job of the same name at once,
     and writes a controller reference to the new Job onto the orphaned pod, so that "its job's
@@ -207,7 +211,6 @@ async def orphan_and_recreate(tenant: Tenant, r: int) -> None:
     admission with the pod there (:func:`released_before_gone`): the unit deleted before the pod
     was gone is a breach, the pod gone first (say the reconciler deleted it as a pod the new Job
     does not own) is not."""
-    from chaos.tenant import JOBS, NAMESPACE, QUOTA, QUOTAS, UNDO_S, UNITS, WATCH_S
 
     m = tenant.mallory
     assert m is not None

@@ -8,7 +8,7 @@ webhook gates the template of any Job claiming a parent, so the submitter's pod 
 the reconciler alone may release it, within that pod set's admitted count and per-pod size.
 
 Mallory makes the claim herself: once her small RayJob (no ``submitterPodTemplate``) is admitted
-in :data:`chaos.tenant.MANDATORY_NAMESPACE`, she creates a Job of the RayJob's name whose
+in :data:`chaos.tenant_common.MANDATORY_NAMESPACE`, she creates a Job of the RayJob's name whose
 controller is the RayJob (its real UID, which she may read), with no quota label and one pod asking
 for :data:`POD_CPU`, far more than the submitter's size but within one kwok node (8 CPU), so a
 release would really bind it. Judged on the API alone (:func:`judge`): every version of that Job's
@@ -26,14 +26,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from chaos.tenant_common import JOBS, MANDATORY_NAMESPACE, UNDO_S, UNITS, Attacker, is_admitted_unit
 from koord_queue.shared import kube
 from koord_queue.shared.api import names
 from testenv.kwok import COMPLETE_DELAY_ANNOTATION
-
-if TYPE_CHECKING:
-    from chaos.tenant import Tenant
 
 ATTACK: Final = "forged-rayjob-submitter"
 DEFENCE: Final = (
@@ -183,14 +181,13 @@ def kept_gated_seen(events: Sequence[Mapping[str, Any]], pods: set[str]) -> bool
 
 
 async def _watch_versions(
-    tenant: Tenant, namespace: str, selector: str, revision: str, job_uid: str, created: float
+    tenant: Attacker, namespace: str, selector: str, revision: str, job_uid: str, created: float
 ) -> tuple[list[kube.Obj], int, float]:
     """Every version of the pods matching ``selector`` from ``revision`` on, until :data:`WINDOW_S`
     after the first pod of the Job ``job_uid`` was seen (or ``UNDO_S`` after ``created`` while none
     was); how many times the watch had to be begun again from a fresh list (each may have missed a
     version in between; a watch that merely ended resumes from its last revision); and how long the
     first pod was watched (seconds, 0 when none was seen)."""
-    from chaos.tenant import UNDO_S
 
     seen: list[kube.Obj] = []
     relists = 0
@@ -247,10 +244,9 @@ async def _watch_versions(
     return seen, relists, watched
 
 
-async def _unit_held(tenant: Tenant, namespace: str, unit: str, stop: asyncio.Event) -> bool:
+async def _unit_held(tenant: Attacker, namespace: str, unit: str, stop: asyncio.Event) -> bool:
     """Did every read of the unit ``unit`` until ``stop`` show it holding an admission? A read the
     apiserver does not answer (a fault) shows nothing; a unit gone did not hold it."""
-    from chaos.tenant import UNITS, is_admitted_unit
 
     held = True
     while not stop.is_set():
@@ -265,10 +261,9 @@ async def _unit_held(tenant: Tenant, namespace: str, unit: str, stop: asyncio.Ev
     return held
 
 
-async def _list_revision(tenant: Tenant, namespace: str, selector: str) -> str | None:
+async def _list_revision(tenant: Attacker, namespace: str, selector: str) -> str | None:
     """The revision of a list of the pods matching ``selector``, retried through faults for up to
     ``UNDO_S``; None when the apiserver never answered."""
-    from chaos.tenant import UNDO_S
 
     begun = time.monotonic()
     while time.monotonic() - begun < UNDO_S:
@@ -280,10 +275,9 @@ async def _list_revision(tenant: Tenant, namespace: str, selector: str) -> str |
     return None
 
 
-async def forged_submitter(tenant: Tenant, r: int) -> None:
+async def forged_submitter(tenant: Attacker, r: int) -> None:
     """Her admitted RayJob, then a Job of its name controlled by it whose pod is far larger than
     the submitter pod set (module docstring); judged by :func:`judge`."""
-    from chaos.tenant import JOBS, MANDATORY_NAMESPACE, UNDO_S, UNITS, is_admitted_unit
 
     m = tenant.mallory
     assert m is not None

@@ -29,13 +29,11 @@ import functools
 import json
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from chaos.tenant_common import NAMESPACE, QUOTA, WORKFLOWS, Attacker, held_cpu_milli, is_admitted_unit, runs
 from koord_queue.shared import kube
 from koord_queue.shared.api import names, podtemplates, quantities
-
-if TYPE_CHECKING:  # chaos.tenant imports this module's attacks
-    from chaos.tenant import Tenant
 
 STRIP: Final = "workflow-strip-pod-gate-label"
 OUTGROW: Final = "workflow-steps-beyond-reservation"
@@ -85,44 +83,42 @@ def step_pod(workflow: Mapping[str, Any], index: int, cpu_milli: int) -> kube.Ob
 
 
 def running_cpu_milli(pods: list[kube.Obj]) -> int:
-    """Summed cpu requests of the pods that run or may start (``chaos.tenant.runs``)."""
-    from chaos import tenant
+    """Summed cpu requests of the pods that run or may start (``chaos.tenant_common.runs``)."""
 
     total = 0
     for pod in pods:
-        if tenant.runs(pod):
+        if runs(pod):
             with contextlib.suppress(quantities.QuantityError):
                 total += podtemplates.pod_requests(pod.get("spec") or {}).get("cpu", 0)
     return total
 
 
-async def workflow_reservation(t: Tenant, r: int) -> None:
+async def workflow_reservation(t: Attacker, r: int) -> None:
     """Both attacks of this module on one admitted Workflow of hers (module docstring)."""
-    from chaos import tenant
 
     m = t.mallory
     assert m is not None
     name = f"mallory-wfr-{r}"
-    target = f"{tenant.NAMESPACE}/{name}"
+    target = f"{NAMESPACE}/{name}"
     body = {
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "Workflow",
         "metadata": {
             "name": name,
-            "namespace": tenant.NAMESPACE,
-            "labels": {names.QUOTA_NAME_LABEL: tenant.QUOTA},
+            "namespace": NAMESPACE,
+            "labels": {names.QUOTA_NAME_LABEL: QUOTA},
             "annotations": {names.MIN_RESOURCES_ANNOTATION: json.dumps({"cpu": f"{RESERVE_MILLI}m"})},
         },
         "spec": {"entrypoint": "main", "templates": [{"name": "main", "container": {"image": "busybox"}}]},
     }
-    sent = await t.send(lambda: m.create(tenant.WORKFLOWS, body, namespace=tenant.NAMESPACE))
+    sent = await t.send(lambda: m.create(WORKFLOWS, body, namespace=NAMESPACE))
     if sent.status != "accepted":
         for attack in (STRIP, OUTGROW):
             t.record(attack, r, target, "skipped", f"her workflow was not accepted: {sent.message}")
         return
     try:
         begun = time.monotonic()
-        while not tenant.is_admitted_unit(await t._own_unit(name)):
+        while not is_admitted_unit(await t._own_unit(name)):
             if time.monotonic() - begun > ADMIT_S:
                 for attack in (STRIP, OUTGROW):
                     t.record(attack, r, target, "skipped", "her workflow was not admitted in time")
@@ -132,17 +128,16 @@ async def workflow_reservation(t: Tenant, r: int) -> None:
         await _outgrow(t, r, name, target)
     finally:
         with contextlib.suppress(kube.KubeError):
-            await m.delete(tenant.WORKFLOWS, name, namespace=tenant.NAMESPACE, propagation="Background")
+            await m.delete(WORKFLOWS, name, namespace=NAMESPACE, propagation="Background")
 
 
-async def _strip(t: Tenant, r: int, name: str, target: str) -> None:
+async def _strip(t: Attacker, r: int, name: str, target: str) -> None:
     """Remove the gate's label from her admitted Workflow's ``spec.podMetadata``."""
-    from chaos import tenant
 
     m = t.mallory
     assert m is not None
     patch = {"spec": {"podMetadata": {"labels": {names.GATED_POD_LABEL: None}}}}
-    sent = await t.send(lambda: m.patch(tenant.WORKFLOWS, name, patch, namespace=tenant.NAMESPACE))
+    sent = await t.send(lambda: m.patch(WORKFLOWS, name, patch, namespace=NAMESPACE))
     if sent.status == "refused":
         t.record(STRIP, r, target, "refused", sent.message)
     elif sent.status == "accepted":
@@ -155,21 +150,18 @@ async def _strip(t: Tenant, r: int, name: str, target: str) -> None:
         t.record(STRIP, r, target, "skipped", sent.message)
 
 
-async def _outgrow(t: Tenant, r: int, name: str, target: str) -> None:
+async def _outgrow(t: Attacker, r: int, name: str, target: str) -> None:
     """Step pods far larger in sum than the reservation, judged by reading them (module docstring)."""
-    from chaos import tenant
 
     m = t.mallory
     assert m is not None
-    workflow = await t._read(lambda: m.get(tenant.WORKFLOWS, name, namespace=tenant.NAMESPACE))
+    workflow = await t._read(lambda: m.get(WORKFLOWS, name, namespace=NAMESPACE))
     if not workflow:
         t.record(OUTGROW, r, target, "skipped", "her workflow is gone")
         return
     for index, milli in enumerate(STEP_MILLI):
         sent = await t.send(
-            functools.partial(
-                m.create, kube.PODS, step_pod(workflow, index, milli), namespace=tenant.NAMESPACE
-            )
+            functools.partial(m.create, kube.PODS, step_pod(workflow, index, milli), namespace=NAMESPACE)
         )
         if sent.status not in ("accepted", "exists"):
             t.record(OUTGROW, r, target, "refused", f"step pod {index}: {sent.message}")
@@ -178,23 +170,25 @@ async def _outgrow(t: Tenant, r: int, name: str, target: str) -> None:
     begun = time.monotonic()
     while time.monotonic() - begun < WATCH_S:
         unit = await t._own_unit(name)
-        held = tenant.held_cpu_milli(unit)
+        held = held_cpu_milli(unit)
         listed = await t._read(
             lambda: m.list(
-                kube.PODS, namespace=tenant.NAMESPACE, label_selector=f"workflows.argoproj.io/workflow={name}"
+                kube.PODS,
+                namespace=NAMESPACE,
+                label_selector=f"workflows.argoproj.io/workflow={name}",
             )
         )
         pods = list(listed or [])
         running = running_cpu_milli(pods)
         if running > worst:
             worst, worst_held = running, held
-        if running > held and tenant.is_admitted_unit(unit):
+        if running > held and is_admitted_unit(unit):
             detail = f"her workflow's pods ran {running}m cpu at once; its unit holds {held}m"
             t.record(OUTGROW, r, target, "SUCCEEDED", detail)
             return
-        released = max(released, sum(1 for p in pods if tenant.runs(p)))
+        released = max(released, sum(1 for p in pods if runs(p)))
         big_ran = big_ran or any(
-            tenant.runs(p) and p["metadata"]["name"].endswith(f"-step-{len(STEP_MILLI) - 1}") for p in pods
+            runs(p) and p["metadata"]["name"].endswith(f"-step-{len(STEP_MILLI) - 1}") for p in pods
         )
         await asyncio.sleep(0.5)
     if big_ran:

@@ -1,7 +1,7 @@
 """No import cycles (docs/development.md#lint-and-import-rules).
 
 A cycle makes two modules one unit to read, test and change; the import rules would not catch one
-inside a layer. So every module of the product and of the test harness is checked: no group of
+inside a layer. So every module of the product, the test harness and chaos is checked: no group of
 modules reaches itself through imports, counting those made inside a function or under
 ``TYPE_CHECKING`` (each is a dependency a reader must follow). A module that needs what its caller
 offers takes it through an interface of its own (a ``Protocol``), as the scheduler's writer and the
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 import grimp
 import pytest
 
-PACKAGES = ("koord_queue", "testenv")
+PACKAGES = ("koord_queue", "testenv", "chaos")
 
 
 def cycles(imports: Mapping[str, Iterable[str]]) -> list[list[str]]:
