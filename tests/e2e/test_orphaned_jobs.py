@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes_asyncio import client as k8s
 
 from koord_queue.shared.api import names
 from koord_queue.shared.api.names import Message
@@ -174,6 +175,19 @@ async def alice_orphans(env: Scenario, name: str, q: str) -> tuple[str, str]:
         return found is not None and not found["metadata"].get("ownerReferences")
 
     await kube.eventually(owner_gone, what=f"the garbage collector orphaning {name}'s unit")
+
+    # The unit lets go first; the Job itself is gone only once the garbage collector has also taken
+    # its orphan finalizer off. A test that re-creates the name waits for that, not for the unit.
+    async def job_gone() -> bool:
+        try:
+            await env.get_job(name)
+        except k8s.ApiException as err:
+            if err.status == 404:
+                return True
+            raise
+        return False
+
+    await kube.eventually(job_gone, what=f"the garbage collector deleting the Job {name}")
     return str(pod.metadata.name), str(unit["metadata"]["uid"])
 
 
