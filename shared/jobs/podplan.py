@@ -313,9 +313,13 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
         return None
     live = [p for p in pods if p.live]
     bound_by_set: dict[str, int] = {}
+    #: live pods that hold their replica: bound, or released and not yet bound
+    holding_by_set: dict[str, int] = {}
     for pod in live:
         if pod.bound:
             bound_by_set[pod.pod_set] = bound_by_set.get(pod.pod_set, 0) + 1
+        if pod.bound or not pod.gated:
+            holding_by_set[pod.pod_set] = holding_by_set.get(pod.pod_set, 0) + 1
     bound_total = sum(bound_by_set.values())
     pending_total = len(live) - bound_total
     if _synthetic_pods(unit) and job_status in (JobStatus.RUNNING, JobStatus.PENDING):
@@ -336,11 +340,14 @@ def report(unit: Obj, pods: Sequence[PodView], job_status: JobStatus, *, now_tex
             entry["running"] = running
             changed = True
         wanted = counts.get(name)
-        if wanted is not None and _int(entry.get("replicas")) > max(wanted, running):
+        holding = max(running, holding_by_set.get(name, 0))
+        if wanted is not None and _int(entry.get("replicas")) > max(wanted, holding):
             # Over-admission: the pod set shrank (completed pods of a Job, lowered parallelism),
             # so the quota of the replicas it no longer needs is given back, and the unit is not
-            # "assumed" for pods that will never run. Never below the pods that still run.
-            entry["replicas"] = max(wanted, running)
+            # "assumed" for pods that will never run. Never below the pods that hold a replica:
+            # bound ones, and released ones not bound yet (a Job controller that lost a status
+            # write may start a pod its count no longer needs; it runs charged until it is gone).
+            entry["replicas"] = max(wanted, holding)
             changed = True
         new_admissions.append(entry)
     if changed:

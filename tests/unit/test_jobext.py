@@ -241,6 +241,19 @@ def test_an_admission_larger_than_its_pod_set_shrinks_to_what_is_still_needed() 
     assert patch is not None and patch["status"]["admissions"][0]["replicas"] == 2
 
 
+def test_an_admission_never_shrinks_below_a_released_pod_not_yet_bound() -> None:
+    # The Job's count fell to 0 (its pod succeeded) while its controller, which lost a status write,
+    # started one more pod, and the unit released it: that pod holds its replica until it is gone.
+    unit = unit_with(1, running=0, count=0)
+    released = [pod("done", phase="Succeeded", gated=False, bound=True), pod("extra", gated=False)]
+    patch = podplan.report(unit, released, JobStatus.RUNNING, now_text="T")
+    assert patch is None or patch["status"].get("admissions", [{"replicas": 1}])[0]["replicas"] == 1
+    # A gated extra pod holds nothing: the replica is given back.
+    gated = [pod("done", phase="Succeeded", gated=False, bound=True), pod("extra")]
+    patch = podplan.report(unit_with(1, running=0, count=0), gated, JobStatus.RUNNING, now_text="T")
+    assert patch is not None and patch["status"]["admissions"][0]["replicas"] == 0
+
+
 def test_spec_drift_follows_a_grown_template_of_a_queued_job() -> None:
     unit = jobext.build_queue_unit(job(cpu="1"), JOB, {})
     patch = jobext.spec_drift(unit, jobext.desired_spec(job(cpu="4"), JOB, {}))
