@@ -363,6 +363,20 @@ QUOTA_REQUEST_ANNOTATION: Final = "quota.scheduling.koordinator.sh/request"
 #: Ours: ``used - min`` where positive (a ResourceList as JSON), for the printer column.
 QUOTA_BORROWED_ANNOTATION: Final = "koord-queue/borrowed"
 
+# --- Node pools (docs/pools.md) ---------------------------------------------------------------
+
+#: Koordinator's labels on a pool's root quota (kept by the profile controller): the profile's name,
+#: the tree id, and ``"true"``. A root labelled with both ``is-root`` and ``profile`` is read with
+#: its ``min`` as its limit (docs/pools.md#a-tree-roots-limit).
+QUOTA_PROFILE_LABEL: Final = "quota.scheduling.koordinator.sh/profile"
+QUOTA_TREE_ID_LABEL: Final = "quota.scheduling.koordinator.sh/tree-id"
+QUOTA_IS_ROOT_LABEL: Final = "quota.scheduling.koordinator.sh/is-root"
+#: Ours, on an ElasticQuota outside any pool: the quotas inside pools its units may be admitted
+#: through, in order (docs/pools.md#fallback-between-pools).
+POOL_QUOTAS_ANNOTATION: Final = "koord-queue/pool-quotas"
+#: Ours, on a job (copied to its unit): the pools it accepts, in its order of preference.
+POOLS_ANNOTATION: Final = "koord-queue/pools"
+
 #: Warning on an ElasticQuota whose koord-queue-relevant annotation cannot be read.
 INVALID_QUOTA_ANNOTATION_REASON: Final = "InvalidQuotaAnnotation"
 
