@@ -8,7 +8,9 @@ SIGTERM stops every process it started. Every log is under ``.local/``.
 
 Environment: ``KWOK_NODES`` (default 2; 0 leaves pods Pending and unbound), ``KWOK_NODE_CPU``
 (default 8), ``KWOK_NODE_MEMORY`` (default 32Gi), ``KWOK_POD_DURATION`` (seconds a Job pod runs on a
-fake node before it succeeds; default 30).
+fake node before it succeeds; default 30), ``KWOK_GPU_POOLS`` (GPU node pools beside those nodes, e.g.
+``h100:4x8:taint,a100:4x8,l4:4x4``: name:NODESxGPUS[:taint], each pool's nodes and its
+ElasticQuotaProfile; see testenv/pools.py and docs/pools.md).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from testenv import binaries, system
+from testenv import binaries, pools, system
 from testenv.cluster import LocalCluster
 from testenv.processes import ClusterError
 
@@ -66,6 +68,10 @@ def main(argv: list[str] | None = None) -> None:
         help="start only the control plane, without the webhook and the reconciler",
     )
     args = parser.parse_args(argv)
+    try:
+        gpu_pools = pools.parse(os.environ.get(pools.ENV_VAR, ""))
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
     workdir: Path = args.workdir.resolve()
     cluster_dir = workdir / "cluster"
@@ -88,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cluster.start()
         system.install_crds(cluster)
+        pools.create(cluster, gpu_pools)
         kubeconfig = workdir / "kubeconfig"
         shutil.copyfile(cluster.kubeconfig, kubeconfig)
         kubeconfig.chmod(0o600)
