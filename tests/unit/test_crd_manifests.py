@@ -1,6 +1,6 @@
 """Static checks of the CustomResourceDefinitions we ship and the test-only CRDs of foreign job kinds.
 
-Covers manifests/crds (Queue, QueueUnit, ElasticQuota and their kustomization) and tests/crds (TFJob,
+Covers manifests/crds (Queue, QueueUnit, ElasticQuota, ElasticQuotaProfile and their kustomization) and tests/crds (TFJob,
 PyTorchJob, PaddleJob, XGBoostJob, JAXJob, MPIJob, JobSet, RayJob, RayCluster, Workflow,
 SparkApplication). No cluster is needed: the files are parsed with PyYAML and checked against the
 apiextensions.k8s.io/v1 rules that a kube-apiserver would enforce on creation (structural schema,
@@ -119,6 +119,7 @@ def test_the_expected_crd_files_exist() -> None:
         "scheduling.x-k8s.io_queues.yaml",
         "scheduling.x-k8s.io_queueunits.yaml",
         "scheduling.sigs.k8s.io_elasticquotas.yaml",
+        "quota.koordinator.sh_elasticquotaprofiles.yaml",
     }
     names = {crd["metadata"]["name"] for crd in TEST_CRDS.values()}
     assert names == {
@@ -195,6 +196,7 @@ def test_x_k8s_io_is_not_a_protected_group() -> None:
     [
         ("queueunits.scheduling.x-k8s.io", ["qu", "qus"]),
         ("elasticquotas.scheduling.sigs.k8s.io", ["eq", "eqs"]),
+        ("elasticquotaprofiles.quota.koordinator.sh", ["eqp"]),
         ("queues.scheduling.x-k8s.io", None),
     ],
 )
@@ -641,6 +643,54 @@ def test_elastic_quota_resource_lists_and_columns() -> None:
     }
     assert paths["BORROWED"] == escaped[names.QUOTA_BORROWED_ANNOTATION]
     assert paths["RUNTIME"] == escaped[names.QUOTA_RUNTIME_ANNOTATION]
+
+
+# --- ElasticQuotaProfile ------------------------------------------------------------------------
+
+PROFILE = crd_by_name("elasticquotaprofiles.quota.koordinator.sh")
+PROFILE_SCHEMA = version_schema(PROFILE)
+
+
+def test_elastic_quota_profile_version_columns_and_open_status() -> None:
+    """docs/pools.md#pools-are-elasticquotaprofiles: Koordinator's kind, with our columns."""
+    (version,) = PROFILE["spec"]["versions"]
+    assert (PROFILE["spec"]["group"], version["name"]) == ("quota.koordinator.sh", "v1alpha1")
+    assert version["subresources"] == {"status": {}}
+    columns = [(c["name"], c["jsonPath"], c["type"]) for c in version["additionalPrinterColumns"]]
+    assert columns == [
+        ("QUOTA", ".spec.quotaName", "string"),
+        ("RATIO", ".spec.resourceRatio", "string"),
+        ("AGE", ".metadata.creationTimestamp", "date"),
+    ]
+    assert at(PROFILE_SCHEMA, "status") == {
+        "description": at(PROFILE_SCHEMA, "status")["description"],
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("spec.quotaName", {"type": "string"}),
+        ("spec.resourceRatio", {"type": "string"}),
+        ("spec.quotaLabels.{}", {"type": "string"}),
+        ("spec.nodeSelector.matchLabels.{}", {"type": "string"}),
+        ("spec.nodeSelector.matchExpressions.[].key", {"type": "string"}),
+        ("spec.nodeSelector.matchExpressions.[].operator", {"type": "string"}),
+        ("spec.nodeSelector.matchExpressions.[].values.[]", {"type": "string"}),
+    ],
+)
+def test_elastic_quota_profile_fields(path: str, expected: dict[str, str]) -> None:
+    node = at(PROFILE_SCHEMA, path)
+    assert {k: node[k] for k in expected if k in node} == expected
+
+
+def test_elastic_quota_profile_requires_its_quota_name_and_keeps_the_selector_atomic() -> None:
+    assert at(PROFILE_SCHEMA, "spec")["required"] == ["quotaName"]
+    selector = at(PROFILE_SCHEMA, "spec.nodeSelector")
+    assert selector["x-kubernetes-map-type"] == "atomic"
+    assert sorted(selector["properties"]["matchExpressions"]["items"]["required"]) == ["key", "operator"]
 
 
 # --- test-only CRDs of foreign job kinds ---------------------------------------------------------
