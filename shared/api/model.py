@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from koord_queue.shared.api import names
 from koord_queue.shared.api.admission_checks import CheckState, QueueAdmissionCheck
+from koord_queue.shared.api.placement import PodPlacement
 from koord_queue.shared.api.quantities import Resources
 
 __all__ = [
@@ -56,6 +57,9 @@ class PodSet:
     count: int
     min_count: int | None
     per_pod: Resources
+    #: What the pod set's template says about nodes, None when it says nothing
+    #: (docs/pools.md#fallback-between-pools).
+    placement: PodPlacement | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,13 @@ class Unit:
     resource_version: str = ""
     problems: tuple[str, ...] = ()
     invalid: str | None = None
+    #: The pool the unit was admitted to (``status.pool``) and the quota inside that pool it was
+    #: charged through (``status.poolQuota``, empty when its own quota is in the pool); ``pools``
+    #: the job's own list of pools in its order (``koord-queue/pools``), None for no preference
+    #: (docs/pools.md#fallback-between-pools).
+    pool: str = ""
+    pool_quota: str = ""
+    pools: tuple[str, ...] | None = None
 
     @property
     def preemptible(self) -> bool:
@@ -156,6 +167,12 @@ class Quota:
     #: The PriorityClasses its jobs may take their priority from; None: every class
     #: (docs/compatibility.md#priority-cap).
     allowed_priority_classes: frozenset[str] | None = None
+    #: The pool (ElasticQuotaProfile) this quota is the root of, empty when it roots none; such a
+    #: root's ``max`` is read as its ``min`` (docs/pools.md#a-tree-roots-limit).
+    pool: str = ""
+    #: ``koord-queue/pool-quotas``: the quotas inside pools its units are admitted through, in order
+    #: (docs/pools.md#fallback-between-pools).
+    pool_quotas: tuple[str, ...] = ()
 
     @property
     def bound_namespaces(self) -> frozenset[str]:

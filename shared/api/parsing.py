@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from koord_queue.shared.api import model, names, quantities
+from koord_queue.shared.api import model, names, placement, quantities
 from koord_queue.shared.api import podtemplates as podspec
 from koord_queue.shared.api.admission_checks import CheckState, QueueAdmissionCheck, parse_selector
 from koord_queue.shared.api.durations import DurationError, parse_duration, parse_time
@@ -164,12 +164,22 @@ def _pod_sets(r: _Reader, spec: Mapping[str, object], invalid: list[str]) -> lis
             r.problems.append(str(err))
             invalid.append(str(err))
             per_pod = {}
+        template_spec = template.get("spec")
+        placed = (
+            placement.pod_placement(template_spec)
+            if isinstance(template_spec, Mapping)
+            and ("nodeSelector" in template_spec or "affinity" in template_spec)
+            else None
+        )
         pod_sets.append(
             PodSet(
                 name=ps_name,
                 count=count,
                 min_count=None if min_count is None else r.integer(min_count, f"{path}.minCount", 1),
                 per_pod=per_pod,
+                placement=placed
+                if placed is not None and (placed.node_selector or placed.required_terms)
+                else None,
             )
         )
     return pod_sets
@@ -261,7 +271,27 @@ def parse_unit(raw: Mapping[str, object]) -> Unit:
         resource_version=r.text(meta.get("resourceVersion"), "metadata.resourceVersion"),
         problems=tuple(r.problems),
         invalid="; ".join(invalid) or None,
+        pool=r.text(status.get("pool"), "status.pool"),
+        pool_quota=r.text(status.get("poolQuota"), "status.poolQuota"),
+        pools=_pools_of(meta),
     )
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names, blanks dropped, each kept once in its first place."""
+    out: list[str] = []
+    for part in text.split(","):
+        item = part.strip()
+        if item and item not in out:
+            out.append(item)
+    return tuple(out)
+
+
+def _pools_of(meta: Mapping[str, object]) -> tuple[str, ...] | None:
+    """The job's pools in its order (``koord-queue/pools``, copied to its unit), None when absent."""
+    annotations = meta.get("annotations")
+    text = annotations.get(names.POOLS_ANNOTATION) if isinstance(annotations, Mapping) else None
+    return name_list(text) if isinstance(text, str) else None
 
 
 # --- Queue and ElasticQuota ----------------------------------------------------------------------
@@ -461,6 +491,9 @@ def parse_quota(raw: Mapping[str, object]) -> Quota:
         for key in r.obj(spec.get("max"), "spec.max"):
             maximum.setdefault(str(key), 0)
         maximum = dict(sorted(maximum.items()))
+    pool = labels.get(names.QUOTA_PROFILE_LABEL, "") if _is_pool_root(labels) else ""
+    if pool:
+        maximum = dict(minimum)  # a pool's root admits what its nodes hold (docs/pools.md#a-tree-roots-limit)
     return Quota(
         name=name,
         namespace=namespace,
@@ -478,4 +511,12 @@ def parse_quota(raw: Mapping[str, object]) -> Quota:
         lends=labels.get(names.QUOTA_ALLOW_LENT_LABEL, "").strip().lower() != "false",
         shared_weight=weight,
         allowed_priority_classes=allowed,
+        pool=pool,
+        pool_quotas=name_list(annotations.get(names.POOL_QUOTAS_ANNOTATION, "")),
+    )
+
+
+def _is_pool_root(labels: Mapping[str, str]) -> bool:
+    return labels.get(names.QUOTA_IS_ROOT_LABEL, "").strip().lower() == "true" and bool(
+        labels.get(names.QUOTA_PROFILE_LABEL)
     )

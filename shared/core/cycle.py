@@ -13,7 +13,8 @@ import enum
 
 from koord_queue.shared.api.admission_checks import matched_checks
 from koord_queue.shared.api.names import Message, Phase, QueuePolicy
-from koord_queue.shared.core import gangs
+from koord_queue.shared.api.quantities import Resources
+from koord_queue.shared.core import gangs, pools
 from koord_queue.shared.core.charges import grants_request, remaining_grants
 from koord_queue.shared.core.plan import Admit, Decision, Park, Snapshot
 from koord_queue.shared.core.policies import (
@@ -38,8 +39,9 @@ from koord_queue.shared.core.preemption import (
     record_outcome,
     skip_reason,
 )
-from koord_queue.shared.core.quota import UsageView
+from koord_queue.shared.core.quota import Route
 from koord_queue.shared.core.reclaim import Reclaim, may_claim, plan_reclaim
+from koord_queue.shared.core.usage import UsageView
 
 __all__ = ["BLOCK_STALE_SECONDS", "Cycle"]
 
@@ -65,10 +67,11 @@ class Cycle:
         self.state = state
         self.now = now
         self.guarantees = snapshot.guarantees
+        self.placements = snapshot.placements
         self.view: UsageView = (
-            snapshot.ledger.view(state.runtime, state.guaranteed)
+            UsageView(snapshot.ledger, state.runtime, state.guaranteed)
             if snapshot.guarantees
-            else snapshot.ledger.view()
+            else UsageView(snapshot.ledger)
         )
         self.decisions: list[Decision] = []
         self.examined = 0
@@ -228,19 +231,12 @@ class Cycle:
         cfg = qs.config
         entry = qs.entries[key]
         admitted = self.admitted.setdefault(qs.name, [])
-        failure = self.view.check(entry.request, qs.name, item=key)
-        grants: dict[str, int] | None = None
-        request = entry.request
-        if failure is not None:
-            # Partial admission: a pod set with minCount may start smaller, without any reclaim.
-            grants = gangs.partial_grants(
-                self.units[key],
-                remaining_grants(self.units[key]),
-                lambda req: self.view.check(req, qs.name, item=key) is None,
-            )
-            if grants is not None:
-                failure = None
-                request = grants_request(self.units[key], grants)
+        failure, grants, request, route, plain = self.fit(qs, key, entry.request)
+        if failure is not None and not plain:
+            # Several pools, or a pool that was skipped: queue-level preemption and reclaim look at
+            # the quota's own chain only (docs/pools.md#limits-of-this-version).
+            self.park(qs, key, failure, quota_failure=True, preempt_error=pools.NOT_ACROSS_POOLS)
+            return False
         if failure is not None and self.guarantees:
             claim = plan_reclaim(
                 entry.request,
@@ -301,7 +297,7 @@ class Cycle:
             return outcome.succeeded
         unit = self.units[key]
         checks = matched_checks(cfg.admission_checks, unit.labels)
-        self.view.reserve(qs.name, request)
+        self.view.reserve(qs.name, request, route.via)
         admitted.append(item)
         qs.updating.add(key)
         qs.updating_versions[key] = unit.resource_version
@@ -316,9 +312,55 @@ class Cycle:
                 message=Message.RESERVED if checks else Message.DEQUEUED,
                 admission_checks=checks,
                 request=request,
+                pool=route.pool,
+                pool_quota=route.via,
             )
         )
         return None
+
+    def fit(
+        self, qs: QueueState, key: str, request: Resources
+    ) -> tuple[str | None, dict[str, int] | None, Resources, Route, bool]:
+        """Whether ``key`` fits, and where: ``(failure, grants, request, route, plain)``.
+
+        ``plain`` is a unit with one route and nothing skipped (every unit before pools): its
+        failure text is the quota's own. Otherwise each route is tried in order and a failure
+        names every pool and why it did not fit (docs/pools.md#what-users-see)."""
+        unit = self.units[key]
+        choices = pools.options(unit, self.ledger, self.placements)
+        if len(choices) == 1 and choices[0].skip is None and not choices[0].route.via:
+            route = choices[0].route
+            return (*self.fit_route(qs, key, request, route), route, True)
+        texts: list[str] = []
+        for choice in choices:
+            if choice.skip is not None:
+                texts.append(pools.describe(choice.route, choice.skip))
+                continue
+            failure, grants, fitted = self.fit_route(qs, key, request, choice.route)
+            if failure is None:
+                return None, grants, fitted, choice.route, False
+            texts.append(pools.describe(choice.route, failure))
+        self.view.level = None  # any release on any route may help
+        text = "; ".join(texts) if texts else pools.nothing_to_try(unit, self.ledger)
+        return text, None, request, pools.NO_POOL, False
+
+    def fit_route(
+        self, qs: QueueState, key: str, request: Resources, route: Route
+    ) -> tuple[str | None, dict[str, int] | None, Resources]:
+        """One route: the whole request, else a partial admission (a pod set with ``minCount``
+        may start smaller, without any reclaim)."""
+        failure = self.view.check(request, qs.name, item=key, via=route.via)
+        if failure is None:
+            return None, None, request
+        unit = self.units[key]
+        grants = gangs.partial_grants(
+            unit,
+            remaining_grants(unit),
+            lambda req: self.view.check(req, qs.name, item=key, via=route.via) is None,
+        )
+        if grants is None:
+            return failure, None, request
+        return None, grants, grants_request(unit, grants)
 
     def claim(self, qs: QueueState, key: str, failure: str, claim: Reclaim) -> bool:
         """A unit within its quota's ``min`` was refused because siblings borrowed: mark their
@@ -391,8 +433,10 @@ class Cycle:
                 continue
             if stop is None:
                 continue
-            failure = self.view.check(qs.entries[key].request, qs.name, item=key)
-            if failure is not None:
+            failure, _, _, _, plain = self.fit(qs, key, qs.entries[key].request)
+            if failure is not None and not plain:
+                self.park(qs, key, failure, quota_failure=True, preempt_error=pools.NOT_ACROSS_POOLS)
+            elif failure is not None:
                 text, why = failure + Message.PREEMPT_FAILED_SUFFIX, skip_reason(qs, key)
                 self.park(qs, key, text, quota_failure=True, preempt_error=why)
             elif stop is not _Stop.EXHAUSTED:  # it fits but was not tried: say what it waits for

@@ -37,6 +37,7 @@ from koord_queue.shared.core.preemption import disabled_reason, plan_preempt
 from koord_queue.shared.core.reasons import Classified, Reason
 from koord_queue.shared.core.replay import View
 from koord_queue.shared.core.scheduling import Cache
+from koord_queue.shared.core.usage import UsageView
 
 __all__ = [
     "explain",
@@ -373,7 +374,7 @@ def _counting_on(qs: QueueState, cache: Cache, key: str, now: float, protect: fl
         entry.request,
         state=qs,
         units=cache.units,
-        view=cache.ledger.view(),
+        view=UsageView(cache.ledger),
         now=now,
         protect=protect,
         admitted=[],

@@ -26,6 +26,7 @@ from koord_queue.shared.core.preemption import disabled_reason
 from koord_queue.shared.core.reasons import WAITING_REASONS, Classified, Reason
 from koord_queue.shared.core.replay import UNKNOWN_RESOURCE, View
 from koord_queue.shared.core.scheduling import Cache
+from koord_queue.shared.core.usage import UsageView
 
 __all__ = [
     "Ahead",
@@ -149,7 +150,7 @@ def level_chain(cache: Cache, view: View, unit: Unit, request: Resources) -> tup
     assert unit.quota is not None
     ledger = cache.ledger
     levels: list[Level] = []
-    check_view = ledger.view()  # usage as the units hold it, without this cycle's admissions
+    check_view = UsageView(ledger)  # usage as the units hold it, without this cycle's admissions
     for name in ledger.chain(unit.quota).names:
         quota = ledger.quotas[name]
         readable = name not in view.unreadable_quotas or any(q.name == name for q in view.quotas)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.names import EventReason, Phase
+from koord_queue.shared.api.placement import PoolPlacement
 from koord_queue.shared.api.quantities import Resources
 from koord_queue.shared.core.preemption import MarkVictims
 from koord_queue.shared.core.quota import QuotaLedger
@@ -33,6 +34,10 @@ class Admit:
     admission_checks: tuple[str, ...]
     request: Resources
     reason: EventReason = EventReason.SCHEDULED
+    #: where it was admitted (docs/pools.md#fallback-between-pools): the pool, and the quota inside
+    #: it charged besides the unit's own (empty when none)
+    pool: str = ""
+    pool_quota: str = ""
 
 
 def announces_admission(phase_before: str, *, always: bool) -> bool:
@@ -104,3 +109,6 @@ class Snapshot:
     #: the ``quotaGuarantees`` switch: ``min``, lending and fair shares below parent quotas
     #: (docs/compatibility.md#quota-guarantees); off, admission checks ``max`` only as upstream.
     guarantees: bool = True
+    #: each pool's placement by name (docs/pools.md#placement); None checks no placement (a replay
+    #: by a user who cannot read the ElasticQuotaProfiles)
+    placements: Mapping[str, PoolPlacement] | None = field(default_factory=dict)

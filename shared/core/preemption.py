@@ -49,7 +49,7 @@ from koord_queue.shared.api.predicates import expected_pod_sets
 from koord_queue.shared.api.quantities import Resources
 from koord_queue.shared.core import gangs
 from koord_queue.shared.core.policies import Item, Mark, PreemptRound, QueueState
-from koord_queue.shared.core.quota import UsageView
+from koord_queue.shared.core.usage import UsageView
 
 __all__ = [
     "INTELLIGENT_UNSUPPORTED",

@@ -60,7 +60,7 @@ from koord_queue.shared.core import charges
 __all__ = [
     "Chain",
     "QuotaLedger",
-    "UsageView",
+    "Route",
     "priority_cap",
     "winner",
     "winner_key",
@@ -85,6 +85,16 @@ class Chain:
         if self.error == "missing":
             return Message.quota_missing(item, self.error_quota, list(self.names))
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One way a unit of a quota can be admitted (docs/pools.md#fallback-between-pools): into
+    ``pool`` (empty: no pool, nothing placed), charged to its own quota's chain and, when ``via``
+    names a quota inside the pool, to that quota's chain too."""
+
+    pool: str
+    via: str = ""
 
 
 def winner_key(quota: Quota, arrival: int = 0) -> tuple[float, int, str, str]:
@@ -114,7 +124,16 @@ def winner(
 
 def _limits(quota: Quota) -> tuple[object, ...]:
     """What of a quota decides admissions (a change wakes the queues that depend on it)."""
-    return (quota.parent, quota.max, quota.min, quota.is_parent, quota.lends, quota.shared_weight)
+    return (
+        quota.parent,
+        quota.max,
+        quota.min,
+        quota.is_parent,
+        quota.lends,
+        quota.shared_weight,
+        quota.pool,
+        quota.pool_quotas,
+    )
 
 
 def priority_cap(cluster_cap: int | None, quota: Quota | None) -> int | None:
@@ -153,8 +172,15 @@ class QuotaLedger:
         self._quotas: dict[str, Quota] = {}
         self._self_used: dict[str, Resources] = {}
         self._used: dict[str, Resources] = {}
-        self._contrib: dict[str, tuple[str, Resources]] = {}
+        self._contrib: dict[str, tuple[str, Resources, str]] = {}
+        #: per (quota, pool quota), what units of the quota hold through that pool quota
+        #: (docs/pools.md#fallback-between-pools); also counted in ``_self_used`` of the quota
+        self._routed: dict[tuple[str, str], Resources] = {}
         self._chains: dict[str, Chain] = {}
+        self._route_names: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._routes: dict[str, tuple[Route, ...]] = {}
+        self._epoch_names: dict[str, tuple[str, ...]] = {}
+        self._routes_epoch = -1
         self._releases: dict[str, int] = {}
         self._tree_epoch = 0
         self._children: dict[str, tuple[str, ...]] = {}
@@ -172,6 +198,11 @@ class QuotaLedger:
     def tree_epoch(self) -> int:
         """Changes on every change of any quota spec (limits or parents)."""
         return self._tree_epoch
+
+    def touch(self) -> None:
+        """Something outside the tree that decides admissions changed (the pools' placements):
+        every epoch moves, so units parked on a quota failure are tried again."""
+        self._tree_epoch += 1
 
     def put_quota(self, quota: Quota) -> bool:
         """Add or replace a quota (keyed by namespace and name); returns False when the limits in
@@ -353,12 +384,65 @@ class QuotaLedger:
         self._chains[name] = chain
         return chain
 
+    # --- pools (docs/pools.md) ----------------------------------------------------------------------
+
+    def pool_of(self, name: str) -> str:
+        """The pool whose root tops ``name``'s parent chain; empty for none (or a broken chain)."""
+        chain = self.chain(name)
+        if chain.error is not None or not chain.names:
+            return ""
+        return self._quotas[chain.names[-1]].pool
+
+    def routes(self, name: str) -> tuple[Route, ...]:
+        """The routes of quota ``name`` in order: one per quota its ``koord-queue/pool-quotas``
+        lists, else its own (in its own pool, if any); cached until the tree changes."""
+        self._fresh()
+        found = self._routes.get(name)
+        if found is None:
+            quota = self._quotas.get(name)
+            listed = quota.pool_quotas if quota is not None else ()
+            found = (
+                tuple(Route(self.pool_of(via), via) for via in listed)
+                if listed
+                else (Route(self.pool_of(name)),)
+            )
+            self._routes[name] = found
+        return found
+
+    def route_names(self, leaf: str, via: str) -> tuple[str, ...]:
+        """The quotas a unit of ``leaf`` admitted through ``via`` is charged to: ``leaf``'s chain,
+        then the part of ``via``'s chain not already in it."""
+        if not via:
+            return self.chain(leaf).names
+        self._fresh()
+        found = self._route_names.get((leaf, via))
+        if found is None:
+            own = self.chain(leaf).names
+            found = own + tuple(n for n in self.chain(via).names if n not in own)
+            self._route_names[(leaf, via)] = found
+        return found
+
+    def _fresh(self) -> None:
+        if self._routes_epoch != self._tree_epoch:
+            self._routes_epoch = self._tree_epoch
+            self._routes.clear()
+            self._route_names.clear()
+            self._epoch_names.clear()
+
     def _rebuild(self) -> None:
         self._chains.clear()
+        self._route_names.clear()
+        self._routes.clear()
+        self._epoch_names.clear()
         self._used = {}
         for leaf in sorted(self._self_used):
             for name in self.chain(leaf).names:
                 self._used[name] = quantities.add(self._used.get(name, {}), self._self_used[leaf])
+        for (leaf, via), res in sorted(self._routed.items()):
+            own = self.chain(leaf).names
+            for name in self.route_names(leaf, via):
+                if name not in own:
+                    self._used[name] = quantities.add(self._used.get(name, {}), res)
 
     # --- usage ------------------------------------------------------------------------------------
 
@@ -371,15 +455,36 @@ class QuotaLedger:
         return _nonzero(self._self_used.get(name, {}))
 
     def contribution(self, key: str) -> tuple[str, Resources] | None:
-        return self._contrib.get(key)
+        found = self._contrib.get(key)
+        return None if found is None else (found[0], found[1])
+
+    def charged_via(self, key: str) -> str:
+        """The pool quota the unit ``key`` is charged through, empty for none."""
+        found = self._contrib.get(key)
+        return found[2] if found is not None else ""
 
     def epoch(self, name: str) -> int:
-        return self._tree_epoch + sum(self._releases.get(n, 0) for n in self.chain(name).names)
+        """Changes when room may have grown for ``name``'s units: on any route of theirs."""
+        self._fresh()
+        watched = self._epoch_names.get(name)
+        if watched is None:
+            routes = self.routes(name)
+            if len(routes) == 1 and not routes[0].via:
+                watched = self.chain(name).names
+            else:
+                seen: dict[str, None] = dict.fromkeys(self.chain(name).names)
+                for route in routes:
+                    seen.update(dict.fromkeys(self.route_names(name, route.via)))
+                watched = tuple(seen)
+            self._epoch_names[name] = watched
+        return self._tree_epoch + sum(self._releases.get(n, 0) for n in watched)
 
     def put_unit(self, unit: Unit) -> frozenset[str]:
         """Record what ``unit`` holds now; returns the quotas whose usage decreased."""
         held = charges.reserved_resources(unit) if unit.quota else {}
-        return self._set(unit.key, (unit.quota, held) if unit.quota and held else None)
+        if not unit.quota or not held:
+            return self._set(unit.key, None)
+        return self._set(unit.key, (unit.quota, held, unit.pool_quota))
 
     def delete_unit(self, key: str) -> frozenset[str]:
         return self._set(key, None)
@@ -393,195 +498,39 @@ class QuotaLedger:
             released = self.delete_unit(old.key)
         return released | self.put_unit(new)
 
-    def _set(self, key: str, new: tuple[str, Resources] | None) -> frozenset[str]:
+    def _set(self, key: str, new: tuple[str, Resources, str] | None) -> frozenset[str]:
         old = self._contrib.get(key)
         if old == new:
             return frozenset()
         delta: dict[str, dict[str, int]] = {}
         if old is not None:
             self._contrib.pop(key)
-            self._move(old[0], old[1], -1, delta)
+            self._move(old[0], old[1], -1, delta, old[2])
         if new is not None:
             self._contrib[key] = new
-            self._move(new[0], new[1], 1, delta)
+            self._move(new[0], new[1], 1, delta, new[2])
         released = frozenset(n for n, d in delta.items() if any(v < 0 for v in d.values()))
         for name in released:
             self._releases[name] = self._releases.get(name, 0) + 1
         return released
 
-    def _move(self, leaf: str, res: Resources, sign: int, delta: dict[str, dict[str, int]]) -> None:
+    def _move(
+        self, leaf: str, res: Resources, sign: int, delta: dict[str, dict[str, int]], via: str = ""
+    ) -> None:
         own = self._self_used.setdefault(leaf, {})
         for r, v in res.items():
             own[r] = own.get(r, 0) + sign * v
         if quantities.is_zero(own):
             del self._self_used[leaf]
-        for name in self.chain(leaf).names:
+        if via:
+            routed = self._routed.setdefault((leaf, via), {})
+            for r, v in res.items():
+                routed[r] = routed.get(r, 0) + sign * v
+            if quantities.is_zero(routed):
+                del self._routed[(leaf, via)]
+        for name in self.route_names(leaf, via):
             used = self._used.setdefault(name, {})
             d = delta.setdefault(name, {})
             for r, v in res.items():
                 used[r] = used.get(r, 0) + sign * v
                 d[r] = d.get(r, 0) + sign * v
-
-    def view(
-        self,
-        runtime: Mapping[str, Resources] | None = None,
-        guaranteed: Mapping[str, Resources] | None = None,
-    ) -> UsageView:
-        return UsageView(self, runtime, guaranteed)
-
-
-class UsageView:
-    """The ledger plus the admissions decided earlier in the current cycle (never written back).
-
-    Each admission of a cycle is added here at once, so later decisions of the same cycle see it
-    and nothing is over-admitted; the reconciler then assumes the admission into the real cache.
-    """
-
-    __slots__ = ("_extra", "_gaps", "guaranteed", "ledger", "level", "runtime")
-
-    def __init__(
-        self,
-        ledger: QuotaLedger,
-        runtime: Mapping[str, Resources] | None = None,
-        guaranteed: Mapping[str, Resources] | None = None,
-    ) -> None:
-        self.ledger = ledger
-        self._extra: dict[str, dict[str, int]] = {}
-        self.level: str | None = None
-        #: Per quota with a parent, what it may use now (``shared.core.guarantees``); a second limit
-        #: beside ``max``, empty when guarantees are off or the tree is flat.
-        self.runtime: Mapping[str, Resources] = runtime or {}
-        #: Per quota with a parent, the part of its ``min`` its own demand claims (held for it).
-        self.guaranteed: Mapping[str, Resources] = guaranteed or {}
-        #: Per parent, the guaranteed capacity its children claim and do not use yet.
-        self._gaps: dict[str, dict[str, int]] = {}
-        for name, claim in self.guaranteed.items():
-            gaps = self._gaps.setdefault(ledger._quotas[name].parent, {})
-            for r, v in claim.items():
-                gap = v - self.used(name, r)
-                if gap > 0:
-                    gaps[r] = gaps.get(r, 0) + gap
-
-    def gap(self, parent: str) -> Resources:
-        """The guaranteed capacity of ``parent`` that its children claim and do not use yet."""
-        return dict(self._gaps.get(parent, {}))
-
-    def _limits(self, name: str) -> tuple[Resources, Resources | None]:
-        return self.ledger._quotas[name].max, self.runtime.get(name)
-
-    def used(self, name: str, resource: str) -> int:
-        extra = self._extra.get(name)
-        base = self.ledger._used.get(name)
-        return (base.get(resource, 0) if base else 0) + (extra.get(resource, 0) if extra else 0)
-
-    def reserve(self, quota: str, request: Mapping[str, int]) -> None:
-        for name in self.ledger.chain(quota).names:
-            claim = self.guaranteed.get(name)
-            if claim:
-                gaps = self._gaps.setdefault(self.ledger._quotas[name].parent, {})
-                for r, v in request.items():
-                    unused = claim.get(r, 0) - self.used(name, r)
-                    if unused > 0:
-                        gaps[r] = gaps.get(r, 0) - min(unused, v)
-            extra = self._extra.setdefault(name, {})
-            for r, v in request.items():
-                extra[r] = extra.get(r, 0) + v
-
-    def check(self, request: Mapping[str, int], quota: str, *, item: str) -> str | None:
-        """``None`` when ``request`` fits at every level, else upstream's failure text.
-
-        After a failure, :attr:`level` names the quota that refused (``None`` for a structural
-        error), so the scheduler knows which releases can help.
-        """
-        chain = self.ledger.chain(quota)
-        for name in chain.names:
-            limits = self.ledger._quotas[name].max
-            self.level = name
-            if not limits:
-                if request:
-                    return Message.quota_spec_empty(name)
-                continue
-            for r in sorted(request):
-                if r in limits and limits[r] - self.used(name, r) < request[r]:
-                    return Message.limited(name, r)
-        # Capacity first (upstream's texts), then the shares: a share refuses only where room exists.
-        for name in chain.names if self.runtime else ():
-            refused = self._share_refuses(name, request)
-            if refused is not None:
-                return Message.share_limited(name, self.ledger._quotas[name].parent, refused)
-        self.level = None
-        return chain.message(item)
-
-    def _share_refuses(self, name: str, request: Mapping[str, int]) -> str | None:
-        """The resource on which ``name``'s share refuses ``request``, if any: beyond its runtime,
-        or borrowing (beyond its ``min``) into capacity its siblings' guarantees still claim."""
-        share = self.runtime.get(name)
-        if share is None:
-            return None
-        quotas = self.ledger._quotas
-        self.level = name
-        for r in sorted(request):
-            if r in share and share[r] - self.used(name, r) < request[r]:
-                return r
-        floor = quotas[name].min
-        parent = quotas[name].parent
-        gaps = self._gaps.get(parent)
-        if not gaps:
-            return None
-        limits = quotas[parent].max
-        above = self.runtime.get(parent, {})
-        claim = self.guaranteed.get(name, {})
-        for r in sorted(request):
-            if self.used(name, r) + request[r] <= floor.get(r, 0):
-                continue  # within its own min on r: it takes nothing the siblings are guaranteed
-            others = gaps.get(r, 0) - max(0, claim.get(r, 0) - self.used(name, r))
-            if others <= 0 or (r not in limits and r not in above):
-                continue
-            limit = min(limits.get(r, above.get(r, 0)), above.get(r, limits.get(r, 0)))
-            if self.used(parent, r) + request[r] + others > limit:
-                self.level = parent
-                return r
-        return None
-
-    def headroom(self, quota: str) -> Resources | None:
-        """Per resource, the smallest ``max - used`` along the chain (absent = unlimited).
-
-        ``None`` when nothing can ever fit by freeing usage (a structural error); an empty ``max``
-        shows as ``{"*": 0}``-like impossibility via ``None`` too.
-        """
-        chain = self.ledger.chain(quota)
-        if chain.error is not None:
-            return None
-        room: dict[str, int] = {}
-        for name in chain.names:
-            limits, share = self._limits(name)
-            if not limits:
-                return None
-            for bound in (limits, share or {}):
-                for r, cap in bound.items():
-                    free = cap - self.used(name, r)
-                    room[r] = min(room.get(r, free), free)
-        return room
-
-    def exhausted(self, quota: str, minimums: Mapping[str, int], *, any_empty: bool) -> bool:
-        """True when no unit of ``quota`` can fit: for some level and resource, the smallest
-        request among them exceeds what is left (``minimums`` holds, per resource, the minimum over
-        units that *all* request it; ``any_empty`` says some unit requests nothing). Sets
-        :attr:`level` like :meth:`check`."""
-        chain = self.ledger.chain(quota)
-        self.level = None
-        if chain.error is not None:
-            return True
-        for name in chain.names:
-            limits, share = self._limits(name)
-            self.level = name
-            if not limits:
-                if not any_empty:
-                    return True
-                continue
-            for bound in (limits, share or {}):
-                for r, smallest in minimums.items():
-                    if r in bound and bound[r] - self.used(name, r) < smallest:
-                        return True
-        self.level = None
-        return False

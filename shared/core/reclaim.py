@@ -25,7 +25,8 @@ from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.predicates import expected_pod_sets
 from koord_queue.shared.core.policies import QueueState
 from koord_queue.shared.core.preemption import Victim, protected_until, reclaimable
-from koord_queue.shared.core.quota import QuotaLedger, UsageView
+from koord_queue.shared.core.quota import QuotaLedger
+from koord_queue.shared.core.usage import UsageView
 
 __all__ = ["Reclaim", "may_claim", "plan_reclaim"]
 

@@ -40,12 +40,14 @@ from dataclasses import dataclass
 
 from koord_queue.shared.api.model import QueueConfig, Quota, Unit, evolve, with_grants
 from koord_queue.shared.api.names import Message
+from koord_queue.shared.api.placement import PoolPlacement
 from koord_queue.shared.core import guarantees
 from koord_queue.shared.core.cycle import BLOCK_STALE_SECONDS, Cycle
 from koord_queue.shared.core.ordering import queue_key
 from koord_queue.shared.core.plan import Admit, Decision, Park, Plan, Snapshot
 from koord_queue.shared.core.policies import SchedulerState, queue_item_details
 from koord_queue.shared.core.quota import QuotaLedger
+from koord_queue.shared.core.usage import UsageView
 
 __all__ = [
     "BLOCK_STALE_SECONDS",
@@ -107,7 +109,7 @@ def refresh_shares(snapshot: Snapshot, state: SchedulerState) -> None:
         or any(v > old[name].get(r, v - 1) for r, v in now_rt.items())
         or any(r not in now_rt for r in old[name])
     }
-    view = ledger.view(shares.runtime, shares.guaranteed)
+    view = UsageView(ledger, shares.runtime, shares.guaranteed)
     gaps = {parent: view.gap(parent) for parent in ledger.children()}
     for parent, before in state.gaps.items():
         now_gap = gaps.get(parent, {})
@@ -272,6 +274,15 @@ class Cache:
             if unit is not None:
                 self.state.put_unit(unit, self.queued(unit), self._queued)
 
+    def set_placements(self, placements: Mapping[str, PoolPlacement] | None) -> None:
+        """The pools' placements changed (docs/pools.md#placement): every queue looks again, as a
+        pool that was skipped may now be tried (pools change rarely: profiles and node taints)."""
+        if placements == self.snapshot.placements:
+            return
+        self.snapshot.placements = placements
+        self.ledger.touch()  # parked units' epochs change: they are tried again
+        self.state.wake_all()
+
     def schedule(self, now: float) -> Plan:
         return schedule(self.snapshot, self.state, now)
 
@@ -279,6 +290,8 @@ class Cache:
         """Fold an admission into the cache before writing it; returns ``(before, after)``."""
         before = self.snapshot.units[admit.key]
         after = with_grants(before, admit.grants, phase=admit.phase, message=admit.message, now=now)
+        if (after.pool, after.pool_quota) != (admit.pool, admit.pool_quota):
+            after = evolve(after, pool=admit.pool, pool_quota=admit.pool_quota)
         self.put_unit(after)
         return before, after
 

@@ -14,6 +14,7 @@ from koord_queue.shared.api.model import Admission, Unit
 from koord_queue.shared.api.names import Message
 from koord_queue.shared.core.charges import remaining_grants, remaining_request, reserved_resources
 from koord_queue.shared.core.quota import QuotaLedger
+from koord_queue.shared.core.usage import UsageView
 from tests.unit.test_model import quota, unit
 
 
@@ -76,12 +77,12 @@ def test_remaining_demand_counts_only_missing_replicas() -> None:
     ],
 )
 def test_check_against_max(case: str, demand: dict[str, int], expected: str | None) -> None:
-    view = _ledger(quota("team-a", cpu="4", memory="8Gi")).view()
+    view = UsageView(_ledger(quota("team-a", cpu="4", memory="8Gi")))
     assert view.check(demand, "team-a", item="default/u") == expected, case
 
 
 def test_an_empty_max_rejects_any_request() -> None:
-    view = _ledger(quota("empty")).view()
+    view = UsageView(_ledger(quota("empty")))
     assert view.check({"cpu": 1}, "empty", item="ns/u") == Message.quota_spec_empty("empty")
     assert view.check({}, "empty", item="ns/u") is None
 
@@ -91,17 +92,23 @@ def test_every_ancestor_is_checked_and_usage_propagates_up() -> None:
     ledger.put_unit(unit("x").quota("child").cpu("3").admitted(1).build())
     assert ledger.used("root-a") == {"cpu": 3000}
     assert ledger.used("child") == {"cpu": 3000}
-    view = ledger.view()
+    view = UsageView(ledger)
     assert view.check({"cpu": 2000}, "child", item="default/y") == Message.limited("root-a", "cpu")
     assert view.check({"cpu": 1000}, "child", item="default/y") is None
 
 
 def test_a_missing_ancestor_and_a_cycle_use_upstream_texts() -> None:
     ledger = _ledger(quota("a", parent="ghost", cpu="4"))
-    assert ledger.view().check({"cpu": 1}, "a", item="ns/u") == Message.quota_missing("ns/u", "ghost", ["a"])
-    assert ledger.view().check({"cpu": 1}, "nope", item="ns/u") == Message.quota_missing("ns/u", "nope", [])
+    assert UsageView(ledger).check({"cpu": 1}, "a", item="ns/u") == Message.quota_missing(
+        "ns/u", "ghost", ["a"]
+    )
+    assert UsageView(ledger).check({"cpu": 1}, "nope", item="ns/u") == Message.quota_missing(
+        "ns/u", "nope", []
+    )
     ledger = _ledger(quota("a", parent="b", cpu="4"), quota("b", parent="a", cpu="4"))
-    assert ledger.view().check({"cpu": 1}, "a", item="ns/u") == Message.quota_cycle("ns/u", "a", ["a", "b"])
+    assert UsageView(ledger).check({"cpu": 1}, "a", item="ns/u") == Message.quota_cycle(
+        "ns/u", "a", ["a", "b"]
+    )
 
 
 def test_the_root_quota_name_ends_the_walk() -> None:
@@ -111,7 +118,7 @@ def test_the_root_quota_name_ends_the_walk() -> None:
 
 
 def test_a_cycle_view_counts_its_own_admissions() -> None:
-    view = _ledger(quota("q", cpu="2")).view()
+    view = UsageView(_ledger(quota("q", cpu="2")))
     view.reserve("q", {"cpu": 1500})
     assert view.check({"cpu": 500}, "q", item="x") is None
     assert view.check({"cpu": 501}, "q", item="x") == Message.limited("q", "cpu")
@@ -120,7 +127,7 @@ def test_a_cycle_view_counts_its_own_admissions() -> None:
 def test_exhausted_uses_the_smallest_request_common_to_all_units() -> None:
     ledger = _ledger(quota("q", cpu="2"))
     ledger.put_unit(unit("x").quota("q").cpu("1500m").admitted(1).build())
-    view = ledger.view()
+    view = UsageView(ledger)
     assert view.exhausted("q", {"cpu": 501}, any_empty=False)
     assert not view.exhausted("q", {"cpu": 500}, any_empty=False)
     assert not view.exhausted("q", {}, any_empty=True)
