@@ -117,9 +117,9 @@ def parse(text: str) -> tuple[Pool, ...]:
     return tuple(pools)
 
 
-def node(pool: Pool, i: int, *, cpu: str, memory: str) -> dict[str, Any]:
+def node(pool: Pool, i: int, *, cpu: str, memory: str, pods: str = "110") -> dict[str, Any]:
     """A kwok node of the pool: labelled, tainted when the pool is, with its GPUs allocatable."""
-    body = kwok.node(pool.node_name(i), cpu=cpu, memory=memory)
+    body = kwok.node(pool.node_name(i), cpu=cpu, memory=memory, pods=pods)
     body["metadata"]["labels"].update(pool.match_labels)
     if pool.taints:
         body["spec"]["taints"] = pool.taints
@@ -136,7 +136,7 @@ def profile(pool: Pool, *, namespace: str = NAMESPACE) -> dict[str, Any]:
         "metadata": {
             "name": pool.name,
             "namespace": namespace,
-            "annotations": {RESOURCE_KEYS_ANNOTATION: json.dumps(list(RESOURCE_KEYS))},
+            "annotations": {RESOURCE_KEYS_ANNOTATION: json.dumps(list(RESOURCE_KEYS), separators=(",", ":"))},
         },
         "spec": {"quotaName": pool.root_quota, "nodeSelector": {"matchLabels": pool.match_labels}},
     }
@@ -158,23 +158,30 @@ def create(
     *,
     cpu: str = "32",
     memory: str = "256Gi",
+    pods: str = "110",
     namespace: str = NAMESPACE,
+    kwok: bool = True,
     timeout: float = 120.0,
 ) -> None:
     """Create every pool's nodes (and wait until kwok has them Ready) and its profile.
 
-    The profiles need their CRD (``system.install_crds``); the root quotas come from the reconciler,
-    so a caller that needs them waits with :func:`wait_roots` once the reconciler runs.
+    ``kwok=False`` is for a control plane without kwok (the integration profile, the comparable
+    benchmarks): the nodes are API objects only, written Ready here since nothing else would, and
+    never run a pod. The profiles need their CRD (``system.install_crds``); the root quotas come
+    from the reconciler, so a caller that needs them waits with :func:`wait_roots` once it runs.
     """
     for pool in pools:
         for i in range(pool.nodes):
-            body = node(pool, i, cpu=cpu, memory=memory)
+            body = node(pool, i, cpu=cpu, memory=memory, pods=pods)
             _create(cluster, "/api/v1/nodes", body)
+            status = dict(body["status"])
+            if not kwok:
+                status["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
             # The create drops status; capacity goes through the status subresource.
             cluster.request(
                 "PATCH",
                 f"/api/v1/nodes/{pool.node_name(i)}/status",
-                {"status": body["status"]},
+                {"status": status},
                 content_type="application/merge-patch+json",
             )
     names = [n for pool in pools for n in pool.node_names]
