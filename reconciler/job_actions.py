@@ -283,7 +283,16 @@ async def _report_pod_problems(run: _Pass, act: steps.ReportPodProblems) -> bool
 async def _ungate(run: _Pass, act: steps.Ungate) -> bool:
     host, pods = run.host, list(act.pods)
     await workloads.before_ungate(host.client, run.job, run.view.adapter, run.unit, pods)  # native gangs
-    await asyncio.gather(*(job_pods.ungate(host.client, host.pods.objects, p) for p in pods))
+    placement = act.placement
+    refused = await asyncio.gather(
+        *(job_pods.ungate(host.client, host.pods.objects, p, placement) for p in pods)
+    )
+    for pod, why in zip(pods, refused, strict=True):
+        if why is not None and placement is not None:  # it stays gated (docs/pools.md#placement)
+            message = f"pod {pod.name} stays gated: it cannot run on pool {placement.name}: {why}"
+            host.events.record(
+                run.job, type_="Warning", reason=job_pods.POOL_PLACEMENT_CONFLICT, message=message
+            )
     return True
 
 

@@ -18,19 +18,23 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping, MutableMapping
-from typing import Any
+from typing import Any, Final
 
 from koord_queue.reconciler import metrics
 from koord_queue.reconciler.events import EventRecorder
-from koord_queue.reconciler.informer import slim
+from koord_queue.reconciler.informer import Informer, slim
 from koord_queue.shared import kube
 from koord_queue.shared.api import names
-from koord_queue.shared.jobs import podlinks, podplan
+from koord_queue.shared.api.placement import PoolPlacement, release_ops
+from koord_queue.shared.jobs import poddefaults, podlinks, podplan
 from koord_queue.shared.jobs.base import JobAdapter
 
 log = logging.getLogger(__name__)
 
 Store = Mapping[str, kube.Obj]
+#: The Warning on a job one of whose pods contradicts the pool its unit was admitted to: the pod stays
+#: gated (docs/pools.md#placement).
+POOL_PLACEMENT_CONFLICT: Final = "PoolPlacementConflict"
 #: Stores of the owners that may stand between a job and its pods, by owner kind (``RayCluster``,
 #: ``Job``); pods themselves (a Spark executor's driver) come from the pod store.
 Parents = Mapping[str, Store]
@@ -188,6 +192,31 @@ def escaped_of(
     return found
 
 
+def not_the_jobs(
+    pods: Store, pod_keys: Iterable[str], parents: Parents, unit_key: str, job: kube.Obj, *, admitted: bool
+) -> dict[str, Any]:
+    """The job path's view of the pods that name the unit but are not the job's: the ``escaped``
+    (:func:`escaped_of`) and, for an admitted unit only (they matter to nothing else), the
+    ``withheld`` (:func:`withheld_of`)."""
+    withheld = withheld_of(pods, pod_keys, parents, unit_key, job) if admitted else []
+    return {"escaped": tuple(escaped_of(pods, pod_keys, parents, unit_key, job)), "withheld": tuple(withheld)}
+
+
+def fill_ins(limit_ranges: Store, runtime_classes: Store, namespace: str) -> poddefaults.PodDefaults:
+    """What the apiserver fills into the pods of ``namespace``
+    (docs/compatibility.md#requests-the-apiserver-fills-in): its LimitRanges' default requests and
+    every RuntimeClass's overhead (``shared.jobs.poddefaults``). Pure."""
+    ranges = [lr for key, lr in limit_ranges.items() if key.startswith(f"{namespace}/")]
+    overheads = {
+        str((rc.get("metadata") or {}).get("name")): poddefaults.runtime_class_overhead(rc)
+        for rc in runtime_classes.values()
+    }
+    return poddefaults.PodDefaults(
+        requests=poddefaults.limit_range_requests(ranges),
+        overheads={name: o for name, o in overheads.items() if o},
+    )
+
+
 def withheld_of(
     pods: Store, pod_keys: Iterable[str], parents: Parents, unit_key: str, job: kube.Obj
 ) -> list[tuple[podplan.PodView, str]]:
@@ -258,6 +287,17 @@ def report_beyond(
             reason=names.EventReason.PODS_BEYOND_ADMISSION,
             message=names.Message.pods_beyond_admission(pod_set, sorted(pods)),
         )
+
+
+def parent_stores(clusters: Informer | None, child_jobs: Informer | None) -> Parents:
+    """The stores of the owners that may stand between a job and its pods, by kind: RayClusters
+    and ``batch/v1`` Jobs, where the controller watches them."""
+    found: dict[str, Store] = {}
+    if clusters is not None:
+        found["RayCluster"] = clusters.objects
+    if child_jobs is not None:
+        found["Job"] = child_jobs.objects
+    return found
 
 
 def parent_lookup(pods: Store, parents: Parents, namespace: str) -> podlinks.ParentLookup:
@@ -401,28 +441,52 @@ async def reclaim_pod(client: kube.Kube, pods: Store, pod: podplan.PodView) -> b
     return True
 
 
-async def ungate(client: kube.Kube, pods: MutableMapping[str, kube.Obj], pod: podplan.PodView) -> None:
-    """Remove the admission gate of one pod, if it still has it; conditional on the gate's place."""
+async def ungate(
+    client: kube.Kube,
+    pods: MutableMapping[str, kube.Obj],
+    pod: podplan.PodView,
+    placement: PoolPlacement | None = None,
+) -> str | None:
+    """Remove the admission gate of one pod, if it still has it; conditional on the gate's place.
+
+    With a pool's ``placement`` (docs/pools.md#placement) the same JSON patch first adds the pool's
+    node selector, affinity expressions and tolerations (``placement.release_ops`` on the spec the
+    store holds, which ``podplan.slim_pod`` keeps for a gated pod), conditional on the version that
+    spec was read at: a pod changed meanwhile answers 422 and stays gated for the next pass. One
+    write, so no pod is ever out of its gate without its pool's placement. Answers why the pod
+    cannot run on the pool (it is not written, and stays gated), else None."""
     current = pods.get(f"{pod.namespace}/{pod.name}")
-    gates: list[Any] = ((current or {}).get("spec") or {}).get("schedulingGates") or []
+    spec: Mapping[str, Any] = (current or {}).get("spec") or {}
+    gates: list[Any] = spec.get("schedulingGates") or []
     index = next((i for i, g in enumerate(gates) if g.get("name") == names.ADMISSION_GATE), None)
     if index is None:
-        return
-    ops = [
+        return None
+    ops: list[Any] = []
+    if placement is not None:
+        placed = release_ops(spec, placement)
+        if isinstance(placed, str):
+            return placed
+        if placed:
+            ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": _rv_of(current)}, *placed]
+    ops += [
         {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": names.ADMISSION_GATE},
         {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
     ]
-    with contextlib.suppress(kube.NotFound, kube.Invalid, kube.Conflict):
+    try:
         updated = await client.patch(
             kube.PODS, pod.name, ops, namespace=pod.namespace, content_type=kube.JSON_PATCH
         )
-        # Assume the write at once, so a reconcile before the watch catches up does not
-        # pick another pod to release; but never over a newer version the watch delivered
-        # meanwhile (a stale "unbound" copy could make a running pod look reclaimable).
-        pod_key = f"{pod.namespace}/{pod.name}"
-        latest = pods.get(pod_key)
-        if latest is not None and _rv_of(latest) == _rv_of(current):
-            pods[pod_key] = slim_pod(updated)
+    except (kube.NotFound, kube.Invalid, kube.Conflict) as err:
+        log.debug("ungate %s/%s: %s; left for the next pass", pod.namespace, pod.name, err)
+        return None
+    # Assume the write at once, so a reconcile before the watch catches up does not
+    # pick another pod to release; but never over a newer version the watch delivered
+    # meanwhile (a stale "unbound" copy could make a running pod look reclaimable).
+    pod_key = f"{pod.namespace}/{pod.name}"
+    latest = pods.get(pod_key)
+    if latest is not None and _rv_of(latest) == _rv_of(current):
+        pods[pod_key] = slim_pod(updated)
+    return None
 
 
 def pod_key_of(pod: podplan.PodView) -> str:

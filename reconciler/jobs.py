@@ -48,6 +48,7 @@ from koord_queue.reconciler.informer import Informer, key_of, slim
 from koord_queue.reconciler.job_units import JobKey
 from koord_queue.shared import kube
 from koord_queue.shared.api.model import Quota
+from koord_queue.shared.api.placement import PoolPlacement
 from koord_queue.shared.core import mandatory
 from koord_queue.shared.jobs import (
     batch_job,
@@ -89,6 +90,7 @@ class JobExtensions:
         leadership: kube.Leadership | None = None,
         mandatory_queueing: mandatory.MandatoryQueueing | None = None,
         quotas: Callable[[], Iterable[Quota]] = lambda: (),
+        pools: Callable[[str], PoolPlacement | None] = lambda name: None,
     ) -> None:
         self.client = client
         #: closed while following: events of jobs, units and pods only fill the stores and the pod
@@ -151,6 +153,8 @@ class JobExtensions:
         #: their labels are watched only when the switch is on
         self.mandatory_queueing = mandatory_queueing or mandatory.MandatoryQueueing()
         self.quotas = quotas
+        #: a pool's placement by name, None while unknown (docs/pools.md#placement)
+        self.pools = pools
         self.namespaces = (
             Informer(client, kube.NAMESPACES, handler=self._on_namespace)
             if self.mandatory_queueing.enabled
@@ -202,20 +206,12 @@ class JobExtensions:
         return [*shared, *own, self.pods, self.limit_ranges, self.runtime_classes]
 
     def pod_defaults(self, namespace: str) -> poddefaults.PodDefaults:
-        """What the apiserver fills into the pods of ``namespace``: its LimitRanges' default
-        requests and every RuntimeClass's overhead (``shared.jobs.poddefaults``)."""
+        """What the apiserver fills into the pods of ``namespace`` (``job_pods.fill_ins``), computed
+        on first use after a change."""
         found = self._defaults.get(namespace)
         if found is None:
-            ranges = [lr for key, lr in self.limit_ranges.objects.items() if key.startswith(f"{namespace}/")]
-            overheads = {
-                str((rc.get("metadata") or {}).get("name")): poddefaults.runtime_class_overhead(rc)
-                for rc in self.runtime_classes.objects.values()
-            }
-            found = poddefaults.PodDefaults(
-                requests=poddefaults.limit_range_requests(ranges),
-                overheads={name: o for name, o in overheads.items() if o},
-            )
-            self._defaults[namespace] = found
+            ranges, classes = self.limit_ranges.objects, self.runtime_classes.objects
+            found = self._defaults[namespace] = job_pods.fill_ins(ranges, classes, namespace)
         return found
 
     def _on_limit_range(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
@@ -570,6 +566,7 @@ class JobExtensions:
             if managed and not child and adapter.quota_name(job) is None:
                 default = mandatory.default_quota(key.namespace, self.quotas())
         timeouts = self.running_timeouts.for_extension(adapter.extension)
+        pool = ((unit or {}).get("status") or {}).get("pool")  # docs/pools.md#placement
         loop_now = asyncio.get_running_loop().time()
         return jobpath.JobView(
             key,
@@ -597,11 +594,20 @@ class JobExtensions:
             pods_seen_at=self._pods_seen_at.get(unit_key),
             report_since=self._report_since.get(key),
             report_check_pending=key in self._report_checks,
+            placement=self.pools(pool) if isinstance(pool, str) and pool else None,
             now=time.time(),
             now_text=job_units.now_text(),
             jitter=random.random(),
             monotonic=loop_now,
         )
+
+    def pools_changed(self, names: Iterable[str]) -> None:
+        """Pools appeared or changed: the jobs whose unit was admitted to one look again, so pods
+        kept gated while it was unknown are released with its placement (docs/pools.md#placement)."""
+        changed = set(names)
+        for unit in list(self.units().values()):
+            if (unit.get("status") or {}).get("pool") in changed:
+                self.on_unit(None, unit)
 
     def _pods_in_view(
         self,
@@ -616,17 +622,13 @@ class JobExtensions:
         job only where the jobs-without-pods clock runs for its kind."""
         if unit is None:
             return {}
-        named = self._pods_by_unit.get(unit_key, set())
+        named, parents = self._pods_by_unit.get(unit_key, set()), self._parents()
         admitted = (unit.get("status") or {}).get("phase") in podplan.ADMITTED_PHASES
         watched = timeouts.no_pods_timeout > 0 and adapter.extension in stranded.KINDS
-        parents = self._parents()
         return {
             "pods": tuple(self.pods_of(unit_key, adapter, job)),
             "job_pods": tuple(self.all_pods_of_job(unit_key, adapter, job)) if watched else (),
-            "escaped": tuple(job_pods.escaped_of(self.pods.objects, named, parents, unit_key, job)),
-            "withheld": tuple(job_pods.withheld_of(self.pods.objects, named, parents, unit_key, job))
-            if admitted
-            else (),
+            **job_pods.not_the_jobs(self.pods.objects, named, parents, unit_key, job, admitted=admitted),
         }
 
     def _orphan_pods_run(self, unit: kube.Obj, unit_key: str, key: JobKey, job: kube.Obj | None) -> bool:
@@ -719,12 +721,7 @@ class JobExtensions:
 
     def _parents(self) -> job_pods.Parents:
         """The stores of the owners that may stand between a job and its pods (``job_pods``)."""
-        found: dict[str, job_pods.Store] = {}
-        if self.clusters is not None:
-            found["RayCluster"] = self.clusters.objects
-        if self.child_jobs is not None:
-            found["Job"] = self.child_jobs.objects
-        return found
+        return job_pods.parent_stores(self.clusters, self.child_jobs)
 
 
 def _slim_batch_job(job: kube.Obj) -> kube.Obj:

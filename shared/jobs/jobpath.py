@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from koord_queue.shared.api import names
+from koord_queue.shared.api.placement import PoolPlacement
 from koord_queue.shared.jobs import (
     adoption,
     batch_job,
@@ -72,7 +73,7 @@ from koord_queue.shared.jobs.poddefaults import PodDefaults
 from koord_queue.shared.jobs.podplan import PodView
 from koord_queue.shared.jobs.unitowners import JobKey
 
-__all__ = ["FINISHED", "RUNNING_ONCE_BOUND", "JobView", "Settings", "decide"]
+__all__ = ["FINISHED", "POOL_UNKNOWN", "RUNNING_ONCE_BOUND", "JobView", "Settings", "decide"]
 
 Obj = dict[str, Any]
 
@@ -85,6 +86,9 @@ RUNNING_ONCE_BOUND: Final = frozenset(
         (jobset.JobSetAdapter.api_version, jobset.JobSetAdapter.kind),
     }
 )
+
+#: The Warning on a job whose unit was admitted to a pool the controller cannot place pods on (yet).
+POOL_UNKNOWN: Final = "PoolUnknown"
 
 
 # --- the view -------------------------------------------------------------------------------------
@@ -115,7 +119,8 @@ class JobView:
     ``escaped``/``withheld`` the pods that name the unit but are not the job's (``reconciler.job_pods``).
     ``short_since``, ``pods_seen_at``, ``report_since`` and ``report_check_pending`` are the
     controller's memory for this job; ``monotonic`` the event loop's clock, which the report's
-    coalescing counts in.
+    coalescing counts in. ``placement`` is the pool the unit's ``status.pool`` names, as the
+    controller knows it (None: no pool named, or not known).
     """
 
     key: JobKey
@@ -143,6 +148,7 @@ class JobView:
     pods_seen_at: float | None = None
     report_since: float | None = None
     report_check_pending: bool = False
+    placement: PoolPlacement | None = None
     now: float = 0.0
     now_text: str = ""
     jitter: float = 0.0
@@ -516,7 +522,7 @@ def _pod_plan(view: JobView, job: Obj, unit: Obj, status: JobStatus) -> Actions:
     if plan.withheld or plan.waiting or plan.beyond:
         actions.append(ReportPodProblems(plan))
     if plan.ungate:
-        actions.append(Ungate(tuple(plan.ungate)))
+        actions += _ungate(view, unit, tuple(plan.ungate))
     kind = (view.adapter.api_version, view.adapter.kind)
     if kind in RUNNING_ONCE_BOUND and status == JobStatus.RUNNING and not any(p.bound for p in view.pods):
         status = JobStatus.PENDING  # active pods that are all gated or unbound are not running
@@ -533,3 +539,27 @@ def _pod_plan(view: JobView, job: Obj, unit: Obj, status: JobStatus) -> Actions:
     if patch is not None:
         actions.append(WriteUnitStatus(patch, remember=True))
     return tuple(actions)
+
+
+def _ungate(view: JobView, unit: Obj, pods: tuple[PodView, ...]) -> Actions:
+    """Release ``pods`` with the placement of the pool the unit was admitted to
+    (docs/pools.md#placement). A pool named by the unit but unknown to the controller, or one whose
+    selector cannot be read, releases nothing: a pod released without its pool's placement could
+    run anywhere, and the apiserver keeps its placement once the gate is gone. The pool's arrival
+    (``JobExtensions.pools_changed``) brings the job back."""
+    pool = (unit.get("status") or {}).get("pool")
+    if not isinstance(pool, str) or not pool:
+        return (Ungate(pods),)
+    placement = view.placement
+    if placement is not None and placement.name == pool and placement.problem is None:
+        return (Ungate(pods, placement),)
+    why = (
+        "is not known"
+        if placement is None or placement.name != pool
+        else f"cannot place pods: {placement.problem}"
+    )
+    message = f"{len(pods)} pod(s) stay gated: the unit was admitted to pool {pool}, which {why}"
+    return (
+        Log("warning", f"{view.unit_key}: {message}"),
+        RecordEvent("job", "Warning", POOL_UNKNOWN, message),
+    )

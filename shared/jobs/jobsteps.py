@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from koord_queue.shared.api.placement import PoolPlacement
 from koord_queue.shared.jobs.base import JobStatus
 from koord_queue.shared.jobs.podplan import PodPlan, PodView
 
@@ -194,9 +195,14 @@ class ReportPodProblems:
 
 @dataclass(frozen=True, slots=True)
 class Ungate:
-    """Remove the admission gate of ``pods``, after making sure a native gang's Workload exists."""
+    """Remove the admission gate of ``pods``, after making sure a native gang's Workload exists.
+
+    ``placement`` is the pool the unit was admitted to (docs/pools.md#placement): its node selector
+    and tolerations go into each pod in the same write that removes the gate; a pod that
+    contradicts it stays gated, told on the job (``reconciler.job_pods.ungate``)."""
 
     pods: tuple[PodView, ...]
+    placement: PoolPlacement | None = None
 
 
 Action = (

@@ -450,17 +450,26 @@ def conditions_of(unit: Obj) -> list[Mapping[str, object]]:
 _POD_SPEC_FIELDS = ("nodeName", "schedulingGates", "resources", "overhead")
 #: Of each container, what its effective requests are read from (``podtemplates.pod_requests``).
 _CONTAINER_FIELDS = ("resources", "restartPolicy")
+#: Of a pod still behind the admission gate, what its release adds a pool's placement to
+#: (``placement.release_ops``, docs/pools.md#placement); a released pod drops them again.
+_GATED_SPEC_FIELDS = ("nodeSelector", "affinity", "tolerations")
 
 
 def slim_pod(pod: Obj) -> Obj:
     """A pod reduced to what the job extensions read: metadata, where it is bound, its gates, what
     its requests are made of and its phase. The pod informer watches every pod of the cluster; a
-    whole pod is 5-10 KiB in memory, this view well under one."""
+    whole pod is 5-10 KiB in memory, this view well under one. A pod behind the admission gate also
+    keeps its placement, which its release extends; released pods (most of them) do not."""
     spec = pod.get("spec")
     status = pod.get("status")
     out: Obj = {k: v for k, v in pod.items() if k not in ("spec", "status")}
     if isinstance(spec, dict):
-        out["spec"] = {k: spec[k] for k in _POD_SPEC_FIELDS if k in spec}
+        gates = spec.get("schedulingGates")
+        gated = isinstance(gates, list) and any(
+            isinstance(g, dict) and g.get("name") == names.ADMISSION_GATE for g in gates
+        )
+        kept = (*_POD_SPEC_FIELDS, *_GATED_SPEC_FIELDS) if gated else _POD_SPEC_FIELDS
+        out["spec"] = {k: spec[k] for k in kept if k in spec}
         for key in ("containers", "initContainers"):
             listed = spec.get(key)
             if isinstance(listed, list):

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from koord_queue.shared.api import names
 from koord_queue.shared.api.durations import format_time, parse_time
+from koord_queue.shared.api.placement import PoolPlacement
 from koord_queue.shared.jobs import jobext, lifecycle, podplan, registry
 from koord_queue.shared.jobs import jobsteps as steps
 from koord_queue.shared.jobs.base import JobStatus
-from koord_queue.shared.jobs.jobpath import JobView, Settings, decide
+from koord_queue.shared.jobs.jobpath import POOL_UNKNOWN, JobView, Settings, decide
 from koord_queue.shared.jobs.running_timeout import RunningTimeout
 from koord_queue.shared.jobs.unitowners import ORPHAN_FINALIZER, JobKey
 
@@ -407,6 +410,45 @@ def test_admitted_gated_pods_are_ungated() -> None:
     gated = (pod("a", gated=True), pod("b", gated=True))
     actions = decide(view(job(released=True), unit_of(job(released=True)), pods=gated))
     assert steps.Ungate(gated) in actions
+
+
+H100 = PoolPlacement("h100", "h100-root", match_labels={"nvidia.com/gpu.product": "h100"})
+
+
+def test_pods_of_a_unit_admitted_to_a_pool_are_ungated_with_its_placement() -> None:
+    """docs/pools.md#placement: the pool named by the unit's status.pool, as the controller knows it."""
+    gated = (pod("a", gated=True),)
+    unit = unit_of(job(released=True), pool="h100")
+    actions = decide(view(job(released=True), unit, pods=gated, placement=H100))
+    assert steps.Ungate(gated, H100) in actions
+
+
+def test_pods_of_a_unit_without_a_pool_are_ungated_without_placement() -> None:
+    gated = (pod("a", gated=True),)
+    actions = decide(view(job(released=True), unit_of(job(released=True)), pods=gated, placement=H100))
+    assert steps.Ungate(gated, None) in actions
+
+
+@pytest.mark.parametrize(
+    ("placement", "why"),
+    [
+        (None, "is not known"),
+        (PoolPlacement("a100"), "is not known"),  # the controller's answer for another pool
+        (
+            PoolPlacement("h100", problem="its nodeSelector cannot be read"),
+            "cannot place pods: its nodeSelector cannot be read",
+        ),
+    ],
+)
+def test_a_pool_that_cannot_place_pods_releases_none(placement: PoolPlacement | None, why: str) -> None:
+    gated = (pod("a", gated=True), pod("b", gated=True))
+    unit = unit_of(job(released=True), pool="h100")
+    actions = decide(view(job(released=True), unit, pods=gated, placement=placement))
+    assert not any(isinstance(a, steps.Ungate) for a in actions)
+    message = f"2 pod(s) stay gated: the unit was admitted to pool h100, which {why}"
+    assert steps.RecordEvent("job", "Warning", POOL_UNKNOWN, message) in actions
+    assert steps.Log("warning", f"ns/first: {message}") in actions
+    assert kinds(actions)[-1] in ("ForgetReport", "WriteUnitStatus", "ScheduleCheck")  # the report goes on
 
 
 def test_a_reclaim_deletes_unbound_pods_and_writes_its_status_last() -> None:
