@@ -161,6 +161,10 @@ class Writer:
         }
         if clear_requeue:
             status["requeueState"] = None
+        if (before.pool, before.pool_quota) != (admit.pool, admit.pool_quota):
+            # where it was admitted (docs/pools.md#fallback-between-pools); null removes a stale one
+            status["pool"] = admit.pool or None
+            status["poolQuota"] = admit.pool_quota or None
         if admit.phase == Phase.RESERVED:
             config = self.host.cache.state.configs.get(admit.queue)
             status["admissionChecks"] = admission_checks.checks_for_admission(

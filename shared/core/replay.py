@@ -79,6 +79,9 @@ def replay(view: View, now: float) -> tuple[Cache, list[Admit | Park]]:
         quota_namespace_binding=view.namespace_binding,
         quota_guarantees=view.guarantees,
     )
+    # The user may not read the pools' profiles: placement is not judged in a replay
+    # (docs/pools.md#what-users-see); the waiting message the scheduler wrote still names it.
+    cache.set_placements(None)
     known = {q.name for q in view.quotas}
     for quota in view.quotas:
         cache.put_quota(quota)

@@ -460,9 +460,10 @@ def test_queue_unit_default_and_wide_headers() -> None:
     wide = ["NAME"] + [c["name"] for c in columns]
     assert default[:5] == ["NAME", "PHASE", "PRIORITY", "ADMISSIONS", "JOBTYPE"]
     assert default == ["NAME", "PHASE", "PRIORITY", "ADMISSIONS", "JOBTYPE", "AGE"]
-    assert wide == ["NAME", "PHASE", "PRIORITY", "ADMISSIONS", "JOBTYPE", "AGE", "QUEUE", "MESSAGE"]
+    assert wide == ["NAME", "PHASE", "PRIORITY", "ADMISSIONS", "JOBTYPE", "AGE", "QUEUE", "POOL", "MESSAGE"]
     by_name = {c["name"]: c for c in columns}
     assert by_name["QUEUE"]["jsonPath"] == ".spec.queue"
+    assert by_name["POOL"]["jsonPath"] == ".status.pool"
     assert by_name["MESSAGE"]["jsonPath"] == ".status.message"
     assert by_name["AGE"] == {"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
