@@ -40,6 +40,7 @@ from koord_queue.shared.api import admission_checks, names
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.names import EventReason, Message, Phase
 from koord_queue.shared.api.parsing import parse_queue, parse_quota, parse_unit
+from koord_queue.shared.api.placement import PoolPlacement
 from koord_queue.shared.core.config import ScheduledEvents, Settings
 from koord_queue.shared.core.policies import unlabelled_message
 from koord_queue.shared.core.preemption import MarkVictims
@@ -101,6 +102,12 @@ class SchedulerLoop:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def set_placements(self, placements: Mapping[str, PoolPlacement]) -> None:
+        """The pools' placements as the profile controller knows them now (docs/pools.md#placement):
+        a pool skipped as unknown, or contradicted, may be tried again."""
+        self.cache.set_placements(dict(placements))
+        self.wake()
 
     def on_unit(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         obj = new or old or {}
