@@ -34,6 +34,7 @@ from koord_queue.reconciler.events import EventRecorder
 from koord_queue.reconciler.informer import Handler, Informer
 from koord_queue.reconciler.job_units import QUEUE_UNITS
 from koord_queue.reconciler.jobs import JobExtensions
+from koord_queue.reconciler.profiles import ProfileController
 from koord_queue.reconciler.quotas import QUEUES, QUOTAS, QuotaBindingSync, QuotaQueueSync, QuotaStatusSync
 from koord_queue.reconciler.scheduler import SchedulerLoop
 from koord_queue.shared import kube
@@ -188,7 +189,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="log verbosity: 0 info, 2 scheduling decisions, 4 debug",
     )
-    args = p.parse_args(argv)
+    args = _pool_flags(p).parse_args(argv)
     if args.manage_visibility_certs and args.visibility_cert_file:
         p.error("--manage-visibility-certs and --visibility-cert-file exclude each other")
     if bool(args.visibility_cert_file) != bool(args.visibility_key_file):
@@ -198,6 +199,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.cert_sync_interval <= 0:
         p.error("--cert-sync-interval must be positive")
     return args
+
+
+def _pool_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags of node pools (docs/pools.md), added to ``p``."""
+    p.add_argument(
+        "--quota-profiles",
+        type=_switch,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="keep each ElasticQuotaProfile's root quota (docs/pools.md#the-tree-of-a-pool); false where "
+        "Koordinator's quota controller keeps them: pools are still read (default %(default)s)",
+    )
+    return p
+
+
+def _switch(text: str) -> bool:
+    """A boolean flag's value: ``--quota-profiles=false``."""
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
 
 
 def _fanout(*handlers: Handler) -> Handler:
@@ -308,6 +332,7 @@ async def run(args: argparse.Namespace) -> None:
             quotas=lambda: quotas.objects,
             ready=lambda: scheduler.cycles > 0,
         )
+        pools = ProfileController(client, events, lambda: quotas.objects, write=args.quota_profiles)
         # jobs.on_quota after the scheduler's: it reads the ledger the scheduler's handler updates
         quota_handlers = [
             scheduler.on_quota,
@@ -316,10 +341,9 @@ async def run(args: argparse.Namespace) -> None:
             rules.on_quota,
             jobs.on_quota,
         ]
-        if figures is not None:
-            quota_handlers.append(figures.on_quota)
-        quotas = Informer(client, QUOTAS, handler=_fanout(*quota_handlers))
-        informers = [pcs, units, queues, quotas, *jobs.informers()]
+        extra = [part.on_quota for part in (figures, pools) if part is not None]
+        quotas = Informer(client, QUOTAS, handler=_fanout(*quota_handlers, *extra))
+        informers = [pcs, units, queues, quotas, *jobs.informers(), *pools.informers()]
         components = {"scheduler": scheduler, "jobs": jobs, "events": events, "quota_sync": quota_sync}
         components |= {"bindings": bindings, "figures": figures, "priority_classes": classes.values}
         metrics.watch_stores(informers, components, skip=(client, leadership, settings))
@@ -339,7 +363,7 @@ async def run(args: argparse.Namespace) -> None:
         }
         if figures is not None:
             loops["quota-figures"] = figures.run
-        loops |= _cert_managers(args, client)
+        loops |= _cert_managers(args, client) | {"pools": pools.run}
         act = _leader_work(informers, loops, counted=(units, queues, quotas))
 
         try:

@@ -89,8 +89,13 @@ def rbac() -> tuple[Grant, ...]:
         ("", "scheduling.x-k8s.io", "queueunits/status", (), ("patch",)),
         # patch: only the ignored-reason annotation and the published figures, with status.used where
         # the CRD has no status subresource (the policy koord-queue-reconciler-quota-writes).
-        ("", "scheduling.sigs.k8s.io", "elasticquotas", (), ("get", "list", "watch", "patch")),
+        # create, and patch on a pool's root quota: its min, max, labels and pool annotations
+        # (docs/pools.md#the-tree-of-a-pool), the same policy's exception.
+        ("", "scheduling.sigs.k8s.io", "elasticquotas", (), ("get", "list", "watch", "create", "patch")),
         ("", "scheduling.sigs.k8s.io", "elasticquotas/status", (), ("patch",)),
+        # docs/pools.md: the profiles are watched and labelled with their tree id; nodes are read
+        ("", "quota.koordinator.sh", "elasticquotaprofiles", (), ("get", "list", "watch", "patch")),
+        ("", "", "nodes", (), ("get", "list", "watch")),
         ("", "scheduling.k8s.io", "priorityclasses", (), ("get", "list", "watch")),
         # docs/compatibility.md#requests-the-apiserver-fills-in: what the apiserver adds to pods
         ("", "", "limitranges", (), ("get", "list", "watch")),
@@ -143,6 +148,7 @@ def rbac() -> tuple[Grant, ...]:
 
 RBAC: tuple[Grant, ...] = rbac()
 CLUSTER_SCOPED = {
+    "nodes",
     "priorityclasses",
     "runtimeclasses",
     "namespaces",
@@ -210,8 +216,10 @@ RECONCILER_DENIED = (
     (USER_NAMESPACE, "scheduling.x-k8s.io", "queueunits", "u", "update"),
     (USER_NAMESPACE, "scheduling.x-k8s.io", "queues", "", "create"),
     (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "q", "update"),
-    (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "", "create"),
     (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas", "q", "delete"),
+    (USER_NAMESPACE, "quota.koordinator.sh", "elasticquotaprofiles", "", "create"),
+    (USER_NAMESPACE, "quota.koordinator.sh", "elasticquotaprofiles", "p", "update"),
+    (USER_NAMESPACE, "quota.koordinator.sh", "elasticquotaprofiles", "p", "delete"),
     (USER_NAMESPACE, "scheduling.sigs.k8s.io", "elasticquotas/status", "q", "update"),
     (NAMESPACE, "", "configmaps", "koord-queue-config", "update"),
     (NAMESPACE, "", "configmaps", "", "list"),
@@ -228,7 +236,10 @@ RECONCILER_DENIED = (
     ("", "apiextensions.k8s.io", "customresourcedefinitions", "", "list"),
     # namespaces are only read (docs/operations.md#mandatory-queueing)
     ("", "", "namespaces", "team-a", "update"),
-    ("", "", "nodes", "", "list"),
+    # nodes are only read (docs/pools.md)
+    ("", "", "nodes", "n", "update"),
+    ("", "", "nodes", "n", "patch"),
+    ("", "", "nodes", "n", "delete"),
     ("", "apiregistration.k8s.io", "apiservices", "v1beta1.metrics.k8s.io", "patch"),
     ("", "apiregistration.k8s.io", "apiservices", APISERVICE, "update"),
     ("", "apiregistration.k8s.io", "apiservices", APISERVICE, "delete"),
@@ -290,6 +301,7 @@ def test_kustomize_renders_every_component(integration_cluster: LocalCluster) ->
         ("CustomResourceDefinition", "queues.scheduling.x-k8s.io"),
         ("CustomResourceDefinition", "queueunits.scheduling.x-k8s.io"),
         ("CustomResourceDefinition", "elasticquotas.scheduling.sigs.k8s.io"),
+        ("CustomResourceDefinition", "elasticquotaprofiles.quota.koordinator.sh"),
         ("ServiceAccount", WEBHOOK_SA),
         ("ServiceAccount", RECONCILER_SA),
         ("ClusterRole", RECONCILER_SA),

@@ -1,8 +1,8 @@
 """Static checks of the CustomResourceDefinitions we ship and the test-only CRDs of foreign job kinds.
 
-Covers manifests/crds (Queue, QueueUnit, ElasticQuota, ElasticQuotaProfile and their kustomization) and tests/crds (TFJob,
-PyTorchJob, PaddleJob, XGBoostJob, JAXJob, MPIJob, JobSet, RayJob, RayCluster, Workflow,
-SparkApplication). No cluster is needed: the files are parsed with PyYAML and checked against the
+Covers manifests/crds (Queue, QueueUnit, ElasticQuota, ElasticQuotaProfile and their kustomization)
+and tests/crds (TFJob, PyTorchJob, PaddleJob, XGBoostJob, JAXJob, MPIJob, JobSet, RayJob, RayCluster,
+Workflow, SparkApplication). No cluster is needed: the files are parsed with PyYAML and checked against the
 apiextensions.k8s.io/v1 rules that a kube-apiserver would enforce on creation (structural schema,
 list-map keys, protected groups, CEL placement) and against the Koord-Queue API contract (names,
 short names, printer columns, field names and validation).

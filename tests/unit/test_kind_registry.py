@@ -105,15 +105,17 @@ class RoleSpec:
 
 #: The roles that must grant every job kind.
 ROLES: dict[tuple[str, str], RoleSpec] = {
-    # The reconciler's other resources: its own objects, what a pod's charge depends on, pods and
-    # events. Rows with resourceNames (webhook configurations, the APIService) grant single objects,
-    # never a kind, and are not read as coverage.
+    # The reconciler's other resources: its own objects, what a pod's charge depends on, the node
+    # pools (profiles and nodes), pods and events. Rows with resourceNames (webhook configurations,
+    # the APIService) grant single objects, never a kind, and are not read as coverage.
     ("ClusterRole", "koord-queue-reconciler"): RoleSpec(
         RECONCILER_VERBS,
         frozenset(
             {
                 ("scheduling.x-k8s.io", "queueunits"),
                 ("scheduling.sigs.k8s.io", "elasticquotas"),
+                ("quota.koordinator.sh", "elasticquotaprofiles"),
+                ("", "nodes"),
                 ("scheduling.k8s.io", "priorityclasses"),
                 ("scheduling.k8s.io", "workloads"),
                 ("", "limitranges"),

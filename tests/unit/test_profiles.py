@@ -4,12 +4,17 @@ profile that counts among same-named ones, and the patch that brings a root quot
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
 import pytest
 
+from koord_queue.reconciler.profiles import ProfileController, slim_node
+from koord_queue.shared import kube
 from koord_queue.shared.api import names
 from koord_queue.shared.api.placement import PoolPlacement, Requirement
 from koord_queue.shared.core import profiles
@@ -475,3 +480,171 @@ def test_a_quota_with_unreadable_parts_is_written_whole() -> None:
         names.QUOTA_TREE_ID_LABEL,
         names.QUOTA_IS_ROOT_LABEL,
     }
+
+
+# --- the shell without a cluster (reconciler/profiles.py) -----------------------------------------
+
+
+class FakeAPI:
+    """Records writes; ``fail`` makes every write raise it."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, str, Any]] = []
+        self.fail: kube.KubeError | None = None
+        self.version = 100
+
+    def _done(self, verb: str, what: str, body: Any) -> kube.Obj:
+        if self.fail is not None:
+            raise self.fail
+        self.writes.append((verb, what, body))
+        self.version += 1
+        return {"metadata": {"resourceVersion": str(self.version)}}
+
+    async def create(self, res: kube.Resource, obj: kube.Obj, *, namespace: str | None = None) -> kube.Obj:
+        return self._done("create", f"{res.plural} {namespace}/{obj['metadata']['name']}", obj)
+
+    async def patch(
+        self, res: kube.Resource, name: str, patch: Any, *, namespace: str | None = None
+    ) -> kube.Obj:
+        return self._done("patch", f"{res.plural} {namespace}/{name}", patch)
+
+
+class Events:
+    def __init__(self) -> None:
+        self.recorded: list[tuple[str, str, str]] = []
+
+    def record(self, obj: kube.Obj, *, type_: str, reason: str, message: str) -> None:
+        meta = obj["metadata"]
+        self.recorded.append((f"{meta['namespace']}/{meta['name']}", reason, message))
+
+
+def raw_node(name: str, cpu: str = "8", **labels: str) -> kube.Obj:
+    return {
+        "metadata": {"name": name, "labels": labels or {"pool": "h100"}, "resourceVersion": "7"},
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": "32Gi"},
+            "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "t1"}],
+        },
+    }
+
+
+def controller(*, write: bool = True) -> tuple[ProfileController, FakeAPI, Events, dict[str, kube.Obj]]:
+    api, events = FakeAPI(), Events()
+    quotas: dict[str, kube.Obj] = {}
+    ctl = ProfileController(api, events, lambda: quotas, write=write, settle_seconds=0.01)  # type: ignore[arg-type]
+    return ctl, api, events, quotas
+
+
+def put(ctl: ProfileController, raw: kube.Obj, *, node: bool = False) -> None:
+    """What the informer does with a watch event: store (slimmed for a node), then the handler."""
+    informer = ctl.node_informer if node else ctl.profile_informer
+    obj = slim_node(raw) if node else raw
+    key = raw["metadata"]["name"] if node else f"{raw['metadata']['namespace']}/{raw['metadata']['name']}"
+    old = informer.objects.get(key)
+    informer.objects[key] = obj
+    (ctl.on_node if node else ctl.on_profile)(old, obj)
+
+
+async def test_a_burst_of_node_events_costs_one_pass_and_one_write() -> None:
+    ctl, api, events, _ = controller()
+    put(ctl, profile())
+    for i in range(50):
+        put(ctl, raw_node(f"n{i}"), node=True)
+    put(ctl, raw_node("other", pool="a100"), node=True)
+    heard: list[dict[str, PoolPlacement]] = []
+    ctl.subscribe(lambda pools: heard.append(dict(pools)))
+    await ctl.sync_dirty()
+    assert ctl.passes == 1
+    creates = [w for w in api.writes if w[0] == "create"]
+    assert len(creates) == 1 and creates[0][2]["spec"]["min"] == {"cpu": "400", "memory": "1600Gi"}
+    label = [w for w in api.writes if w[1] == "elasticquotaprofiles pools/h100"]
+    assert label == [
+        ("patch", "elasticquotaprofiles pools/h100", profiles.tree_id_patch(parse_profile(profile())))
+    ]
+    assert heard == [{"h100": profiles.placement(parse_profile(profile()), [])}]
+    assert events.recorded == []
+
+
+async def test_a_heartbeat_marks_nothing_and_a_node_elsewhere_marks_no_pool() -> None:
+    ctl, _, _, _ = controller()
+    put(ctl, profile())
+    put(ctl, raw_node("n1"), node=True)
+    await ctl.sync_dirty()
+    beat = raw_node("n1")
+    beat["metadata"]["resourceVersion"] = "8"
+    beat["status"]["conditions"][0]["lastHeartbeatTime"] = "t2"
+    put(ctl, beat, node=True)
+    put(ctl, raw_node("a1", pool="a100"), node=True)
+    assert not ctl._dirty
+    put(ctl, raw_node("n1", cpu="4"), node=True)
+    assert list(ctl._dirty) == ["pools/h100"]
+
+
+async def test_the_debounce_runs_on_the_event_loop() -> None:
+    ctl, api, _, _ = controller()
+    put(ctl, profile())
+    ctl.profile_informer.synced.set()
+    ctl.node_informer.synced.set()
+    task = asyncio.create_task(ctl.run())
+    try:
+        await wait_for(lambda: ctl.passes >= 1 and api.writes)
+        before = ctl.passes
+        for i in range(20):
+            put(ctl, raw_node(f"n{i}"), node=True)
+        await wait_for(lambda: ctl.passes > before and len([w for w in api.writes if w[0] == "create"]) == 2)
+        assert ctl.passes == before + 1  # twenty node events, one pass
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def wait_for(condition: Callable[[], object], timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_failures_duplicates_and_bad_profiles_are_warned_once() -> None:
+    ctl, api, events, quotas = controller()
+    put(ctl, profile())
+    put(ctl, profile(namespace="later", created="2026-06-01T00:00:00Z"))
+    put(ctl, profile("broken", quota_name=None))
+    api.fail = kube.KubeError(500, "InternalError", "etcd is down")
+    await ctl.sync_dirty()
+    await ctl.sync_dirty()
+    reasons = sorted((key, reason) for key, reason, _ in events.recorded)
+    assert reasons == [
+        ("later/h100", profiles.DUPLICATE_PROFILE_REASON),
+        ("pools/broken", profiles.INVALID_PROFILE_REASON),
+        ("pools/h100", profiles.CREATE_QUOTA_FAILED_REASON),
+    ]
+    assert set(ctl.pools) == {"h100", "broken"} and ctl.pools["broken"].problem is not None
+    # the root exists now, and differs: an update that fails says so
+    api.fail = kube.KubeError(500, "InternalError", "etcd is down")
+    quotas["pools/h100-root"] = {"metadata": {"name": "h100-root", "namespace": "pools"}, "spec": {}}
+    ctl.on_quota(None, quotas["pools/h100-root"])
+    await ctl.sync_dirty()
+    assert events.recorded[-1][1] == profiles.UPDATE_QUOTA_FAILED_REASON
+
+
+async def test_without_writes_pools_still_follow_and_a_deleted_holder_hands_over() -> None:
+    ctl, api, _, _ = controller(write=False)
+    older, newer = profile(), profile(namespace="later", created="2026-06-01T00:00:00Z", selector={})
+    put(ctl, older)
+    put(ctl, newer)
+    put(ctl, raw_node("n1", taint="yes"), node=True)
+    await ctl.sync_dirty()
+    assert api.writes == []
+    assert ctl.pools["h100"].match_labels == {"pool": "h100"}
+    ctl.profile_informer.objects.pop("pools/h100")
+    ctl.on_profile(older, None)
+    await ctl.sync_dirty()
+    assert ctl.pools["h100"].match_labels == {}  # the newer one counts now
+    ctl.profile_informer.objects.pop("later/h100")
+    ctl.on_profile(newer, None)
+    await ctl.sync_dirty()
+    assert dict(ctl.pools) == {}
