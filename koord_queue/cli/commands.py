@@ -418,6 +418,8 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
         note = (
             " (ignored: another quota holds its name)" if r.ignored else "" if readable else " (not readable)"
         )
+        if r.pool_quotas:
+            note += f" (falls back through {', '.join(r.pool_quotas)})"
         used = ("" if r.used_complete else "≥") + render.resources(r.used, empty="0")
         waiting = f"{r.waiting} ({render.resources(r.waiting_request)})" if r.waiting else "0"
         table_rows.append(
@@ -425,6 +427,7 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
                 name + note,
                 r.namespace or "-",
                 *([] if args.tree else [r.parent or "-"]),
+                r.pool or "-",
                 render.resources(r.min) if readable else "?",
                 render.resources(r.max, empty="unlimited") if readable else "?",
                 used,
@@ -434,7 +437,8 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
                 style(waiting, "yellow") if r.waiting else waiting,
             ]
         )
-    headers = ["QUOTA", "NAMESPACE", *([] if args.tree else ["PARENT"]), "MIN", "MAX", "USED", "BORROWED"]
+    headers = ["QUOTA", "NAMESPACE", *([] if args.tree else ["PARENT"]), "POOL", "MIN", "MAX", "USED"]
+    headers += ["BORROWED"]
     headers += ["RUNTIME", "ADMITTED", "WAITING"]
     out.write(render.table(headers, table_rows) + "\n")
     notes = [
@@ -442,6 +446,8 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
         "RUNTIME = what the quota may use now, as the scheduler last published it on the quota "
         "(-: not published).",
     ]
+    if any(r.pool for r in rows):
+        notes.append("POOL = the node pool whose tree the quota is in; a pool's root admits its min.")
     if not got.complete:
         notes.append("≥: only the QueueUnits you can read are counted.")
     out.write("\n".join(notes) + "\n")

@@ -124,6 +124,10 @@ class QuotaRow:
     #: what the quota may use now, as last published on it (``shared.core.quotastatus``); None
     #: when not published (``publishQuotaStatus: false`` and no koord-scheduler) or unreadable
     runtime: Resources | None = None
+    #: the pool whose tree the quota is in (docs/pools.md#the-tree-of-a-pool), empty for none, and
+    #: the quotas inside pools its units fall back through (``koord-queue/pool-quotas``)
+    pool: str = ""
+    pool_quotas: tuple[str, ...] = ()
 
 
 def quota_rows(view: View) -> list[QuotaRow]:
@@ -175,6 +179,8 @@ def quota_rows(view: View) -> list[QuotaRow]:
                 admitted=admitted.get(name, 0),
                 used_complete=view.complete,
                 runtime=quotastatus.read(quota.annotations, names.QUOTA_RUNTIME_ANNOTATION),
+                pool=ledger.pool_of(name),
+                pool_quotas=quota.pool_quotas,
             )
         )
         for child in children.get(name, []):
