@@ -17,7 +17,7 @@ from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.names import Phase
 from koord_queue.shared.api.parsing import parse_quota, parse_unit
 from koord_queue.shared.api.predicates import TERMINAL_PHASES, all_running, has_reclaim
-from koord_queue.shared.core import explain, reasons, replay
+from koord_queue.shared.core import explain, pools, reasons, replay
 from koord_queue.shared.core.charges import remaining_request, reserved_resources
 from koord_queue.shared.core.explanation import Explanation, Level
 from koord_queue.shared.core.policies import is_waiting
@@ -249,6 +249,8 @@ def render_explanation(e: Explanation, unit: Unit, raw: Obj, style: render.Style
         facts.append(f"position {e.position}{total}")
     if e.waiting_now and e.waited_since:
         facts.append(f"waiting {render.age(now - e.waited_since)}")
+    if unit.pool:
+        facts.append(f"pool {unit.pool}" + (f" (through quota {unit.pool_quota})" if unit.pool_quota else ""))
     lines.append("  " + ", ".join(facts))
     lines.append("")
     colour = ("yellow", "bold") if e.waiting_now else ("green", "bold")
@@ -257,6 +259,10 @@ def render_explanation(e: Explanation, unit: Unit, raw: Obj, style: render.Style
         lines.append(f"  the scheduler's words: {e.message!r}")
     if e.recorded and e.recorded != e.message:
         lines.append(f"  last recorded on the unit: {e.recorded!r}")
+    routes = pools.tried(e.recorded or e.message or "")
+    if routes and e.waiting_now:
+        lines.append("  pools tried, in order (docs/pools.md#fallback-between-pools):")
+        lines.extend(f"    {i}. {text}" for i, text in enumerate(routes, start=1))
     if e.replay_agrees is False:
         lines.append(
             "  (replaying the scheduler on what you can read gives a different answer than it last "

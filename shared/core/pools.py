@@ -25,7 +25,7 @@ from koord_queue.shared.api.placement import PoolPlacement
 from koord_queue.shared.core import charges
 from koord_queue.shared.core.quota import QuotaLedger, Route
 
-__all__ = ["NOT_ACROSS_POOLS", "NO_POOL", "Option", "describe", "nothing_to_try", "options"]
+__all__ = ["NOT_ACROSS_POOLS", "NO_POOL", "Option", "describe", "nothing_to_try", "options", "tried"]
 
 #: The one route of a quota in no pool: the behaviour from before pools.
 NO_POOL = Route("")
@@ -94,3 +94,11 @@ def nothing_to_try(unit: Unit, ledger: QuotaLedger) -> str:
     listed = ", ".join(r.pool or r.via for r in ledger.routes(unit.quota or "")) or "none"
     wanted = ", ".join(unit.pools or ()) or "none"
     return f"none of the job's pools ({wanted}) is one its quota {unit.quota} admits to ({listed})"
+
+
+def tried(message: str) -> list[str]:
+    """The pools a waiting message names, one ``pool <name>: <why>`` each in the order tried;
+    empty when the message is not about pools (:func:`describe` wrote each part)."""
+    if not message.startswith("pool "):
+        return []
+    return [part if i == 0 else f"pool {part}" for i, part in enumerate(message.split("; pool "))]
