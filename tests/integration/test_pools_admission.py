@@ -134,10 +134,9 @@ async def test_fallback_fills_pools_in_order_within_each_cap_and_names_the_pools
     assert f"1. pool {h100}: " in shown.stdout and f"2. pool {a100}: " in shown.stdout
     tree = plugin(sc.cluster, "quotas", "--tree", "-A")
     assert tree.returncode == 0, tree.stderr
-    rows = {
-        line.split()[0].lstrip("└─ "): line.split() for line in tree.stdout.splitlines()[1:] if line.strip()
-    }
-    assert h100 in rows[team_h] and a100 in rows[team_a]
+    lines = [line.split() for line in tree.stdout.splitlines()]
+    assert any(team_h in words and h100 in words for words in lines), tree.stdout
+    assert any(team_a in words and a100 in words for words in lines), tree.stdout
 
 
 async def test_a_quota_inside_a_pool_admits_what_the_pools_nodes_hold(sc: Scenario, nodes: Nodes) -> None:
