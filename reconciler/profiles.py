@@ -97,11 +97,14 @@ class ProfileController:
         self._dirty: dict[str, None] = {}
         self._wake = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
-        #: profile key -> the last warning given about it (each is given once until it changes)
-        self._warned: dict[str, str] = {}
+        #: (profile key, reason) -> the last warning given (each is given once until it changes)
+        self._warned: dict[tuple[str, str], str] = {}
         self._written = kube.OwnWrites()
         self.passes = 0
         self.writes = 0
+        #: set once the first pass has placed every pool: the scheduler waits for it, so a restart
+        #: does not park the units of every pool as "unknown" for the moment before
+        self.first_pass = asyncio.Event()
 
     # --- what others read ------------------------------------------------------------------------
 
@@ -184,13 +187,14 @@ class ProfileController:
                 del pools[old_name], self._sources[old_name]
             profile, raw = self._parsed.get(key), self.profile_informer.objects.get(key)
             if profile is None or raw is None:
-                self._warned.pop(key, None)
+                self._clear(key, *{reason for k, reason in self._warned if k == key})
                 continue
             holder = counted[profile.name]
             if holder.key != key:
                 message = decide.duplicate_message(profile, holder)
                 self._warn(raw, key, decide.DUPLICATE_PROFILE_REASON, message)
                 continue
+            self._clear(key, decide.DUPLICATE_PROFILE_REASON)
             pools[profile.name] = decide.placement(profile, nodes)
             self._names[key], self._sources[profile.name] = profile.name, key
             if self.write:
@@ -207,18 +211,24 @@ class ProfileController:
                     callback(view)
                 except Exception:
                     log.exception("pools: a subscriber failed")
+        self.first_pass.set()
 
     def _retry(self, key: str) -> None:
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().call_later(self.retry_seconds, self._mark, key)
 
     def _warn(self, raw: kube.Obj, key: str, reason: str, message: str) -> None:
-        """A Warning event on the profile, once until the message changes."""
-        if self._warned.get(key) == f"{reason}: {message}":
+        """A Warning event on the profile, once until the message changes (or it is cleared)."""
+        if self._warned.get((key, reason)) == message:
             return
-        self._warned[key] = f"{reason}: {message}"
+        self._warned[key, reason] = message
         log.warning("ElasticQuotaProfile %s: %s", key, message)
         self.events.record(raw, type_="Warning", reason=reason, message=message)
+
+    def _clear(self, key: str, *reasons: str) -> None:
+        """Forget warnings whose cause is gone, so a recurrence is reported again."""
+        for reason in reasons:
+            self._warned.pop((key, reason), None)
 
     async def _keep_root(self, raw: kube.Obj, profile: decide.Profile, nodes: list[decide.Node]) -> None:
         """Label the profile with its tree id, then create or patch its root quota."""
@@ -230,7 +240,7 @@ class ProfileController:
         if profile.problems:
             self._warn(raw, key, decide.INVALID_PROFILE_REASON, "; ".join(profile.problems))
         else:
-            self._warned.pop(key, None)
+            self._clear(key, decide.INVALID_PROFILE_REASON)
         label = decide.tree_id_patch(profile)
         if label is not None:
             try:
@@ -248,9 +258,10 @@ class ProfileController:
                 done = await self._create(want)
             else:
                 patch = decide.quota_patch(existing, want)
-                if patch is None:
-                    return
-                done = await self.client.patch(QUOTAS, want.name, patch, namespace=want.namespace)
+                if patch is None:  # it shows the pool already
+                    done = None
+                else:
+                    done = await self.client.patch(QUOTAS, want.name, patch, namespace=want.namespace)
         except kube.KubeError as err:
             reason = (
                 decide.CREATE_QUOTA_FAILED_REASON if existing is None else decide.UPDATE_QUOTA_FAILED_REASON
@@ -259,8 +270,10 @@ class ProfileController:
             self._warn(raw, key, reason, f"failed to {verb} the root quota {quota_key}: {err}")
             self._retry(key)
             return
-        self._written.wrote(quota_key, done)
-        self.writes += 1
+        self._clear(key, decide.CREATE_QUOTA_FAILED_REASON, decide.UPDATE_QUOTA_FAILED_REASON)
+        if done is not None:
+            self._written.wrote(quota_key, done)
+            self.writes += 1
 
     async def _create(self, want: decide.RootQuota) -> Any:
         """Create the root quota; one the store did not show yet is patched instead."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from koord_queue.reconciler import main as reconciler_main
 from koord_queue.reconciler.profiles import ProfileController, slim_node
 from koord_queue.shared import kube
 from koord_queue.shared.api import names
@@ -615,6 +616,8 @@ async def test_failures_duplicates_and_bad_profiles_are_warned_once() -> None:
     put(ctl, profile("broken", quota_name=None))
     api.fail = kube.KubeError(500, "InternalError", "etcd is down")
     await ctl.sync_dirty()
+    for key in ("pools/h100", "later/h100", "pools/broken"):  # the retries, and other passes
+        put(ctl, ctl.profile_informer.objects[key])
     await ctl.sync_dirty()
     reasons = sorted((key, reason) for key, reason, _ in events.recorded)
     assert reasons == [
@@ -623,12 +626,17 @@ async def test_failures_duplicates_and_bad_profiles_are_warned_once() -> None:
         ("pools/h100", profiles.CREATE_QUOTA_FAILED_REASON),
     ]
     assert set(ctl.pools) == {"h100", "broken"} and ctl.pools["broken"].problem is not None
+    api.fail = None
+    put(ctl, ctl.profile_informer.objects["pools/h100"])
+    await ctl.sync_dirty()
+    assert [w[0] for w in api.writes] == ["patch", "create"]  # the tree id label, then the root
     # the root exists now, and differs: an update that fails says so
     api.fail = kube.KubeError(500, "InternalError", "etcd is down")
     quotas["pools/h100-root"] = {"metadata": {"name": "h100-root", "namespace": "pools"}, "spec": {}}
     ctl.on_quota(None, quotas["pools/h100-root"])
     await ctl.sync_dirty()
     assert events.recorded[-1][1] == profiles.UPDATE_QUOTA_FAILED_REASON
+    assert len(events.recorded) == 4
 
 
 async def test_without_writes_pools_still_follow_and_a_deleted_holder_hands_over() -> None:
@@ -648,3 +656,23 @@ async def test_without_writes_pools_still_follow_and_a_deleted_holder_hands_over
     ctl.on_profile(newer, None)
     await ctl.sync_dirty()
     assert dict(ctl.pools) == {}
+
+
+@pytest.mark.parametrize(
+    ("argv", "write"),
+    [
+        ([], True),
+        (["--quota-profiles"], True),
+        (["--quota-profiles=true"], True),
+        (["--quota-profiles=false"], False),
+        (["--quota-profiles", "False"], False),
+        (["--quota-profiles=0"], False),
+    ],
+)
+def test_the_quota_profiles_flag(argv: list[str], write: bool) -> None:
+    assert reconciler_main.parse_args(argv).quota_profiles is write
+
+
+def test_a_bad_quota_profiles_value_stops_the_process() -> None:
+    with pytest.raises(SystemExit):
+        reconciler_main.parse_args(["--quota-profiles=maybe"])
