@@ -589,6 +589,8 @@ async def test_the_debounce_runs_on_the_event_loop() -> None:
     ctl.node_informer.synced.set()
     task = asyncio.create_task(ctl.run())
     try:
+        await asyncio.wait_for(ctl.first_pass.wait(), timeout=5)
+        assert ctl.passes == 1 and set(ctl.pools) == {"h100"}  # every profile seen by then
         await wait_for(lambda: ctl.passes >= 1 and api.writes)
         before = ctl.passes
         for i in range(20):
