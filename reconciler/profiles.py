@@ -102,11 +102,9 @@ class ProfileController:
         self._written = kube.OwnWrites()
         self.passes = 0
         self.writes = 0
-        #: set once the first pass after the caches synced is done: :attr:`pools` then shows every
-        #: profile, so a reader that must not act on a partial view (the scheduler) can wait for it
-        self.first_pass = asyncio.Event()
-        #: set once the first pass has placed every pool: the scheduler waits for it, so a restart
-        #: does not park the units of every pool as "unknown" for the moment before
+        #: set once the first pass has placed every pool (after the caches synced; also when that
+        #: pass failed): the scheduler waits for it, so a restart does not park the units of every
+        #: pool as "unknown" for the moment before
         self.first_pass = asyncio.Event()
 
     # --- what others read ------------------------------------------------------------------------
