@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import socket
-import ssl
 import sys
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
@@ -26,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from koord_queue.certs.manager import VisibilityCertManager, WebhookCertManager
-from koord_queue.reconciler import metrics, priorities, visibility, workloads
+from koord_queue.reconciler import metrics, priorities, servers, visibility, workloads
 from koord_queue.reconciler.events import EventRecorder
 from koord_queue.reconciler.informer import Handler, Informer
 from koord_queue.reconciler.job_units import QUEUE_UNITS
@@ -232,41 +230,6 @@ def _fanout(*handlers: Handler) -> Handler:
     return handle
 
 
-async def _serve(
-    app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
-) -> web.AppRunner | None:
-    if port <= 0:
-        return None
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
-    return runner
-
-
-def health_app(ready: Callable[[], bool]) -> web.Application:
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="ok") if ready() else web.Response(status=503, text="not synced")
-
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    return app
-
-
-def metrics_app() -> web.Application:
-    async def serve(_: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(metrics.REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
-
-    app = web.Application()
-    app.router.add_get("/metrics", serve)
-    return app
-
-
 async def run(args: argparse.Namespace) -> None:
     settings = component_config.load(args.config) if args.config else component_config.Settings()
     for warning in settings.warnings:
@@ -332,7 +295,7 @@ async def run(args: argparse.Namespace) -> None:
             quotas=lambda: quotas.objects,
             ready=lambda: scheduler.cycles > 0,
         )
-        pools = ProfileController(client, events, lambda: quotas.objects, write=args.quota_profiles)
+        pools = _pools(client, events, lambda: quotas.objects, args, scheduler, jobs)
         # jobs.on_quota after the scheduler's: it reads the ledger the scheduler's handler updates
         quota_handlers = [
             scheduler.on_quota,
@@ -355,7 +318,7 @@ async def run(args: argparse.Namespace) -> None:
 
         loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
             "events": events.run,
-            "scheduler": scheduler.run,
+            "scheduler": lambda: _after(pools.first_pass, scheduler.run),
             "job-extensions": jobs.run,
             "quota-queues": quota_sync.run,
             "quota-bindings": bindings.run,
@@ -374,6 +337,29 @@ async def run(args: argparse.Namespace) -> None:
         for runner in runners:
             await runner.cleanup()
         await client.close()
+
+
+def _pools(
+    client: kube.Kube,
+    events: EventRecorder,
+    quotas: Callable[[], Mapping[str, kube.Obj]],
+    args: argparse.Namespace,
+    scheduler: SchedulerLoop,
+    jobs: JobExtensions,
+) -> ProfileController:
+    """The profile controller, with the scheduler and the job path told of every change of the
+    pools' placements (docs/pools.md#placement)."""
+    pools = ProfileController(client, events, quotas, write=args.quota_profiles)
+    jobs.pools = lambda name: pools.pools.get(name)
+    pools.subscribe(scheduler.set_placements)
+    pools.subscribe(lambda placements: jobs.pools_changed(placements.keys()))
+    return pools
+
+
+async def _after(event: asyncio.Event, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``work`` once ``event`` is set."""
+    await event.wait()
+    await work()
 
 
 async def _connect(args: argparse.Namespace) -> tuple[kube.Leadership, kube.Kube]:
@@ -410,13 +396,13 @@ async def _start_servers(
     """Health, metrics and the visibility API, on every replica; a port of 0 turns one off. Each
     server joins ``started`` as it starts, so the caller stops those that did if a later one fails."""
     visibility_app, tls = _visibility_server(args, client, cache)
-    servers = (
-        (health_app(ready), args.health_port, None),
-        (metrics_app(), args.metrics_port, None),
+    apps = (
+        (servers.health_app(ready), args.health_port, None),
+        (servers.metrics_app(), args.metrics_port, None),
         (visibility_app, args.visibility_port, tls.listening if tls else None),
     )
-    for app, port, context in servers:
-        runner = await _serve(app, args.bind_address, port, context)
+    for app, port, context in apps:
+        runner = await servers.serve(app, args.bind_address, port, context)
         if runner is not None:
             started.append(runner)
 
