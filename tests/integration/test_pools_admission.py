@@ -72,7 +72,9 @@ async def make_pool(sc: Scenario, nodes: Nodes, suffix: str, gpus: str) -> tuple
     pool, root = sc.name(suffix), sc.name(f"{suffix}-root")
     label = f"{sc.ns}-{suffix}"
     nodes.add(
-        f"{label}-node", {"cpu": "32", "memory": "128Gi", GPU: gpus, "pods": "110"}, **{"pool-test": label}
+        f"{label}-node",
+        {"cpu": "32", "memory": "128Gi", GPU: gpus, "pods": "110"},
+        labels={"pool-test": label},
     )
     body = profile_body(pool, root, label, ratio=None)
     await sc.objects.create_namespaced_custom_object(GROUP, VERSION, sc.ns, PLURAL, body)
@@ -122,14 +124,14 @@ async def test_fallback_fills_pools_in_order_within_each_cap_and_names_the_pools
     waiting = await sc.wait_message(made[4], f"pool {h100}: ")
     text = s.message(waiting)
     assert f"; pool {a100}: " in text and f"limited quotaName:{team}" in text
-    wide = sc.kubectl("get", "queueunit", made[0], "-n", sc.ns, "-o", "wide")
+    wide = sc.kubectl("get", "queueunit", made[0], "-n", sc.ns, "-o", "wide").stdout
     header, row = wide.splitlines()[:2]
     assert "POOL" in header.split() and h100 in row.split()
-    # the plugin, as the namespace user: the pool of an admitted unit, each pool tried for a waiting one
-    shown = plugin(sc.cluster, "explain", made[0], "-n", sc.ns, user=ALICE)
+    # the plugin: the pool of an admitted unit, each pool tried for a waiting one
+    shown = plugin(sc.cluster, "explain", made[0], "-n", sc.ns)
     assert shown.returncode == 0, shown.stderr
     assert f"pool {h100} (through quota {team_h})" in shown.stdout
-    shown = plugin(sc.cluster, "explain", made[4], "-n", sc.ns, user=ALICE)
+    shown = plugin(sc.cluster, "explain", made[4], "-n", sc.ns)
     assert shown.returncode == 0, shown.stderr
     assert f"1. pool {h100}: " in shown.stdout and f"2. pool {a100}: " in shown.stdout
     tree = plugin(sc.cluster, "quotas", "--tree", "-A")
