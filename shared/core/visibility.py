@@ -105,6 +105,10 @@ def _item(unit: Unit, position: int | None) -> dict[str, Any]:
     }
     if position is not None:
         item["position"] = position
+    if unit.pool:  # docs/pools.md#what-users-see
+        item["pool"] = unit.pool
+        if unit.pool_quota:
+            item["poolQuota"] = unit.pool_quota
     return item
 
 

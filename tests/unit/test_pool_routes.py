@@ -232,3 +232,17 @@ def test_routed_usage_always_equals_the_sum_over_present_units(events: list[tupl
         assert ledger.used(quota_name).get(GPU, 0) == expected, quota_name
     view = UsageView(ledger)
     assert view.check({GPU: 0}, "team-a", item="x", via="team-a-h100") is None
+
+
+def test_the_visibility_api_and_explain_name_the_pool() -> None:
+    from koord_queue.shared.core import pools, visibility
+
+    world = fallback_world()
+    world.add(*(job(f"j{i}", "team-a") for i in range(5)))
+    plan = world.cycle()
+    item = visibility._item(world.u("j0"), None)
+    assert (item["pool"], item["poolQuota"]) == ("h100", "team-a-h100")
+    assert "pool" not in visibility._item(world.u("j4"), 1)
+    parts = pools.tried(parks(plan)["j4"])
+    assert [p.split(":")[0] for p in parts] == ["pool h100", "pool a100"]
+    assert pools.tried("limited quotaName:x, limited resKey:cpu,") == []
