@@ -34,6 +34,7 @@ from koord_queue.shared.jobs.base import JobSpecError
 
 MAX_POD_SETS: Final = 8
 _DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _POLICIES: Final = tuple(policy.value for policy in names.QueuePolicy)
 
 
@@ -207,6 +208,10 @@ def validate_job_annotations(
         if number is None or number <= 0:
             detail = "must be a positive 32-bit integer (seconds)"
             errors.append(invalid(_annotation(names.MAX_EXEC_TIME_ANNOTATION), value, detail))
+    if (value := changed(names.POOLS_ANNOTATION)) is not None:
+        errors += _name_list(
+            names.POOLS_ANNOTATION, value, "pool (ElasticQuotaProfile) names, such as a100, h100"
+        )
     if (value := changed(names.MIN_RESOURCES_ANNOTATION)) is not None:
         path = _annotation(names.MIN_RESOURCES_ANNOTATION)
         try:
@@ -350,6 +355,15 @@ def validate_queue_unit(obj: Mapping[str, Any]) -> list[FieldError]:
 # --- ElasticQuota --------------------------------------------------------------------------------
 
 
+def _name_list(key: str, value: str, what: str) -> list[FieldError]:
+    """A comma-separated list of object names (docs/pools.md#fallback-between-pools)."""
+    listed = parsing.name_list(value)
+    if listed and all(len(n) <= 253 and _DNS_SUBDOMAIN.fullmatch(n) for n in listed):
+        return []
+    detail = f"must be a comma-separated list of {what}"
+    return [invalid(_annotation(key), value, detail)]
+
+
 def _quota_namespaces(value: str) -> list[FieldError]:
     """Koordinator's namespaces annotation: a JSON array of namespace names (empty: none)."""
     path = _annotation(names.QUOTA_NAMESPACES_ANNOTATION)
@@ -401,6 +415,15 @@ def validate_elastic_quota(obj: Mapping[str, Any]) -> list[FieldError]:
     if weight is not None and isinstance(parsing.parse_shared_weight(weight), str):
         detail = 'must be a ResourceList as JSON with non-negative quantities, such as {"cpu":"4"}'
         errors.append(invalid(_annotation(names.QUOTA_SHARED_WEIGHT_ANNOTATION), weight, detail))
+    if (value := annotations.get(names.POOL_QUOTAS_ANNOTATION)) is not None:
+        errors += _name_list(
+            names.POOL_QUOTAS_ANNOTATION,
+            value,
+            "quota names inside node pools, such as team-a-h100, team-a-a100",
+        )
+        if base.name_of(obj) in parsing.name_list(value):
+            detail = "a quota cannot fall back through itself; list quotas inside the pools' trees"
+            errors.append(invalid(_annotation(names.POOL_QUOTAS_ANNOTATION), value, detail))
     parent = found_labels.get(names.QUOTA_PARENT_LABEL)
     if parent and parent == base.name_of(obj):
         detail = (

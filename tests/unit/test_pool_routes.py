@@ -246,3 +246,20 @@ def test_the_visibility_api_and_explain_name_the_pool() -> None:
     parts = pools.tried(parks(plan)["j4"])
     assert [p.split(":")[0] for p in parts] == ["pool h100", "pool a100"]
     assert pools.tried("limited quotaName:x, limited resKey:cpu,") == []
+
+
+def test_the_webhook_refuses_pool_lists_it_cannot_read_with_what_it_expects() -> None:
+    from koord_queue.shared.admission import validation
+
+    assert validation.validate_job_annotations({names.POOLS_ANNOTATION: "a100, h100"}) == []
+    (error,) = validation.validate_job_annotations({names.POOLS_ANNOTATION: "A100;h100"})
+    assert "comma-separated list of pool (ElasticQuotaProfile) names" in str(error)
+    assert validation.validate_job_annotations({names.POOLS_ANNOTATION: ","}) != []
+
+    def quota_with(value: str, name: str = "team-a") -> list[Any]:
+        meta = {"name": name, "annotations": {names.POOL_QUOTAS_ANNOTATION: value}}
+        return validation.validate_elastic_quota({"metadata": meta, "spec": {"max": {"cpu": "1"}}})
+
+    assert quota_with("team-a-h100, team-a-a100") == []
+    assert "quota names inside node pools" in str(quota_with("team a h100"))
+    assert "cannot fall back through itself" in str(quota_with("team-a-h100, team-a"))
