@@ -263,3 +263,42 @@ def test_the_webhook_refuses_pool_lists_it_cannot_read_with_what_it_expects() ->
     assert quota_with("team-a-h100, team-a-a100") == []
     assert "quota names inside node pools" in str(quota_with("team a h100"))
     assert "cannot fall back through itself" in str(quota_with("team-a-h100, team-a"))
+
+
+def test_min_borrowing_and_reclaim_work_inside_a_pools_tree_as_in_any_tree() -> None:
+    import dataclasses
+
+    from koord_queue.shared.core.preemption import MarkVictims
+    from koord_queue.shared.core.scheduling import Cache
+    from tests.unit.test_guarantees import eq, jobs, settle, used
+
+    world = World(queues=(queue("a"), queue("b")))
+    world.cache = Cache(quota_guarantees=True)
+    root = parsing.parse_quota(
+        {
+            "metadata": {
+                "name": "cpu-root",
+                "namespace": "pools",
+                "labels": {names.QUOTA_IS_ROOT_LABEL: "true", names.QUOTA_PROFILE_LABEL: "cpu-pool"},
+            },
+            "spec": {"min": {"cpu": "10"}, "max": {"cpu": UNBOUNDED}},
+        }
+    )
+    world.cache.put_quota(root)
+    for child in (eq("a", min_cpu="5"), eq("b", min_cpu="5")):
+        world.cache.put_quota(dataclasses.replace(child, parent="cpu-root"))
+    for name in ("a", "b"):
+        world.cache.put_queue(queue(name).build())
+    world.cache.set_placements({"cpu-pool": PoolPlacement("cpu-pool", "cpu-root")})
+    borrowed = jobs(world, "a", 12, priority=1)
+    assert len(settle(world)) == 10, "the pool's 10 CPUs, not the root's unbounded max"
+    for name in borrowed[:5]:
+        world.run(name)
+    jobs(world, "b", 3, start=50)
+    plan = world.cycle()
+    victims = [v.key.split("/")[1] for m in plan.decisions if isinstance(m, MarkVictims) for v in m.victims]
+    assert victims == ["a-09", "a-08", "a-07"]
+    for name in victims:
+        world.reclaim(name)
+    assert sorted(settle(world)) == ["b-50", "b-51", "b-52"]
+    assert used(world, "b") == 3 and world.u("b-50").pool == "cpu-pool"
