@@ -49,6 +49,8 @@ def options(
 ) -> tuple[Option, ...]:
     """The routes for ``unit`` in order. ``placements`` None checks no placement (a replay that
     cannot read the profiles); an empty tuple means the job's pools and its quota's share none."""
+    if not ledger.pooled and unit.pools is None and not unit.pool:
+        return _PLAIN
     if unit.pool and charges.reserved_resources(unit):
         return (_checked(unit, Route(unit.pool, unit.pool_quota), placements),)
     routes = ledger.routes(unit.quota or "")

@@ -97,6 +97,9 @@ class Route:
     via: str = ""
 
 
+_PLAIN = (Route(""),)
+
+
 def winner_key(quota: Quota, arrival: int = 0) -> tuple[float, int, str, str]:
     """Order of same-named quotas when none holds the name yet: the first counts (oldest, then
     the first seen, then namespace, then uid). Creation times have whole seconds only, so two
@@ -181,6 +184,9 @@ class QuotaLedger:
         self._routes: dict[str, tuple[Route, ...]] = {}
         self._epoch_names: dict[str, tuple[str, ...]] = {}
         self._routes_epoch = -1
+        #: quotas that root a pool or fall back through pools: while none does, every route is
+        #: the plain one and the pools cost nothing (docs/pools.md)
+        self._pooled: set[str] = set()
         self._releases: dict[str, int] = {}
         self._tree_epoch = 0
         self._children: dict[str, tuple[str, ...]] = {}
@@ -265,6 +271,10 @@ class QuotaLedger:
             self._quotas.pop(name, None)
         else:
             self._quotas[name] = new
+        if new is not None and (new.pool or new.pool_quotas):
+            self._pooled.add(name)
+        else:
+            self._pooled.discard(name)
         self._note_binding(name, old, new)
         if old is None and new is None:
             return False
@@ -393,9 +403,16 @@ class QuotaLedger:
             return ""
         return self._quotas[chain.names[-1]].pool
 
+    @property
+    def pooled(self) -> bool:
+        """Some quota roots a pool or falls back through pools."""
+        return bool(self._pooled)
+
     def routes(self, name: str) -> tuple[Route, ...]:
         """The routes of quota ``name`` in order: one per quota its ``koord-queue/pool-quotas``
         lists, else its own (in its own pool, if any); cached until the tree changes."""
+        if not self._pooled:
+            return _PLAIN
         self._fresh()
         found = self._routes.get(name)
         if found is None:
@@ -465,6 +482,8 @@ class QuotaLedger:
 
     def epoch(self, name: str) -> int:
         """Changes when room may have grown for ``name``'s units: on any route of theirs."""
+        if not self._pooled:
+            return self._tree_epoch + sum(self._releases.get(n, 0) for n in self.chain(name).names)
         self._fresh()
         watched = self._epoch_names.get(name)
         if watched is None:
