@@ -118,6 +118,7 @@ import base64
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import signal
@@ -128,16 +129,21 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any, Final
+from unittest import mock
 
 import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import bench_admission as ba
+import bench_pools
 from bench_admission import NS, ROOT, RunConfig
 
 from koord_queue.shared import kube
+from koord_queue.shared.api.quantities import parse_milli
+from testenv import pools
 
 KUEUE_VERSION: Final = "v0.17.0"
 BUILD_SCRIPT: Final = ROOT / "hack" / "kueue" / "build.sh"
@@ -153,6 +159,8 @@ QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"
 FLAVOR: Final = "default-flavor"
 KUEUE_NAMESPACE: Final = "kueue-system"
+#: ResourceFlavors a ClusterQueue's resource group may list (its CRD's maxItems): ``--pools`` at most
+MAX_POOLS: Final = 64
 #: the CRDs Kueue's kustomization gives a conversion webhook, which its cert rotator must find
 CONVERSION_CRDS: Final = frozenset(
     {"localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters"}
@@ -178,10 +186,47 @@ def priority_class(priority: int) -> str:
     return f"p{priority}"
 
 
-class KueueRunner(ba.Runner):
+class PoolCountingRunner(ba.Runner):
+    """bench_admission's runner, also counting the admissions by where they were placed: ours by
+    the unit's ``status.pool`` (docs/pools.md#fallback-between-pools), Kueue's by the flavor its
+    Workload was admitted to. With ``--pools`` this shows that both systems spread the same load
+    over the pools, not that one of them admitted everything through its first route."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.admitted_by_pool: Counter[str] = Counter()
+
+    def pool_of(self, obj: kube.Obj) -> str:
+        return str((obj.get("status") or {}).get("pool") or "")
+
+    def observe(self, obj: kube.Obj) -> None:
+        i = self.index(self.unit_of(obj)[0])
+        track = self.tracks[i] if i is not None and i < len(self.tracks) else None
+        was_admitted = bool(track.admitted) if track is not None else True
+        super().observe(obj)
+        if track is not None and not was_admitted and track.admitted:
+            self.admitted_by_pool[self.pool_of(obj) or "-"] += 1
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out["admitted_by_pool"] = dict(sorted(self.admitted_by_pool.items()))
+        return out
+
+
+class KueueRunner(PoolCountingRunner):
     """The benchmark's runner, watching Kueue's Workloads and creating Jobs labelled for Kueue."""
 
     units = WORKLOADS
+
+    def pool_of(self, obj: kube.Obj) -> str:
+        """The flavor(s) of the Workload's admission (one here: the Jobs ask for cpu only)."""
+        admission = (obj.get("status") or {}).get("admission") or {}
+        flavors = {
+            str(f)
+            for assignment in admission.get("podSetAssignments") or []
+            for f in (assignment.get("flavors") or {}).values()
+        }
+        return ",".join(sorted(flavors))
 
     def unit_of(self, obj: kube.Obj) -> tuple[str, str]:
         meta = obj.get("metadata") or {}
@@ -293,12 +338,56 @@ def start_kueue(cluster: Any, build: pathlib.Path, workdir: pathlib.Path, qps: f
     return component
 
 
-async def setup_queues(client: kube.Kube, cfg: RunConfig) -> None:
+def queue_slots(cfg: RunConfig) -> list[tuple[str, int]]:
+    """Every queue of a run with its slots: the load's quotas, then the probe's (as
+    ``bench_admission.setup_quotas`` makes them for ours)."""
+    quotas = [(ba.quota_name(q), slots) for q, slots in enumerate(cfg.slots)]
+    if cfg.probe_jobs:
+        quotas.append((ba.PROBE_QUOTA, cfg.probe_jobs))
+    return quotas
+
+
+def flavor_objects(pool_count: int) -> list[kube.Obj]:
+    """Without pools the one ResourceFlavor; with ``pool_count`` pools one per pool, whose
+    ``nodeLabels`` are the labels our pool's ElasticQuotaProfile selects its nodes by."""
+    head = {"apiVersion": f"{GROUP}/v1beta2", "kind": "ResourceFlavor"}
+    if not pool_count:
+        return [{**head, "metadata": {"name": FLAVOR}}]
+    return [
+        {**head, "metadata": {"name": p.name}, "spec": {"nodeLabels": p.match_labels}}
+        for p in pool_list(pool_count)
+    ]
+
+
+def cluster_queue(name: str, slots: int, pool_count: int) -> kube.Obj:
+    """A ClusterQueue with the ElasticQuota's cpu: in one flavor, or split over the pools' flavors
+    in pool order (:func:`pool_slots`, as ours splits it over the pool quotas), tried in that order
+    (flavor fungibility's defaults; no cohort, so nothing is borrowed)."""
+    if pool_count:
+        flavors = [
+            {
+                "name": p.name,
+                "resources": [{"name": "cpu", "nominalQuota": f"{share * ba.CPU_PER_JOB_MILLI}m"}],
+            }
+            for p, share in zip(pool_list(pool_count), pool_slots(slots, pool_count), strict=True)
+        ]
+    else:
+        quota = {"name": "cpu", "nominalQuota": f"{slots * ba.CPU_PER_JOB_MILLI}m"}
+        flavors = [{"name": FLAVOR, "resources": [quota]}]
+    spec = {"namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["cpu"], "flavors": flavors}]}
+    return {
+        "apiVersion": f"{GROUP}/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+async def setup_queues(client: kube.Kube, cfg: RunConfig, pool_count: int = 0) -> None:
     """A ClusterQueue + LocalQueue per quota with the ElasticQuota's cpu, and the priority classes."""
     await ba.create_namespace(client, NS)
-    await client.create(
-        FLAVORS, {"apiVersion": f"{GROUP}/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}}
-    )
+    for flavor in flavor_objects(pool_count):
+        await client.create(FLAVORS, flavor)
     for prio, _ in ba.PRIORITIES:
         await client.create(
             PRIORITY_CLASSES,
@@ -309,24 +398,8 @@ async def setup_queues(client: kube.Kube, cfg: RunConfig) -> None:
                 "value": prio,
             },
         )
-    quotas = [(ba.quota_name(q), slots) for q, slots in enumerate(cfg.slots)]
-    if cfg.probe_jobs:
-        quotas.append((ba.PROBE_QUOTA, cfg.probe_jobs))
-    for name, slots in quotas:
-        quota = {"name": "cpu", "nominalQuota": f"{slots * ba.CPU_PER_JOB_MILLI}m"}
-        spec = {
-            "namespaceSelector": {},
-            "resourceGroups": [
-                {"coveredResources": ["cpu"], "flavors": [{"name": FLAVOR, "resources": [quota]}]}
-            ],
-        }
-        cq = {
-            "apiVersion": f"{GROUP}/v1beta2",
-            "kind": "ClusterQueue",
-            "metadata": {"name": name},
-            "spec": spec,
-        }
-        await client.create(CLUSTER_QUEUES, cq)
+    for name, slots in queue_slots(cfg):
+        await client.create(CLUSTER_QUEUES, cluster_queue(name, slots, pool_count))
         lq = {
             "apiVersion": f"{GROUP}/v1beta2",
             "kind": "LocalQueue",
@@ -367,10 +440,135 @@ def writes_of(counts: dict[str, float]) -> float:
     return sum(v for k, v in counts.items() if k.split("|", 1)[0] in WRITE_VERBS)
 
 
+# --- N node pools (--pools) -----------------------------------------------------------------------
+
+NODES: Final = kube.Resource("", "v1", "nodes", "Node", namespaced=False)
+PROFILES: Final = kube.Resource(
+    "quota.koordinator.sh", "v1alpha1", pools.PROFILE_PLURAL, "ElasticQuotaProfile"
+)
+#: GPUs of a pool's node: the jobs ask for cpu only; a root quota holding them says it is kept
+POOL_NODE_GPUS: Final = 8
+
+
+def pool_list(pool_count: int) -> list[pools.Pool]:
+    """The pools ``pool-0`` ... ``pool-<N-1>``, one Node object each (no kwok: nothing runs)."""
+    return [pools.Pool(f"pool-{i}", 1, POOL_NODE_GPUS) for i in range(pool_count)]
+
+
+def pool_slots(slots: int, pool_count: int) -> list[int]:
+    """A quota's slots split over the pools in whole jobs, the first pools taking the remainder:
+    ``1/N`` of its cpu each where that is a whole number of jobs, and the same total either way."""
+    return list(bench_pools.split(slots, pool_count))
+
+
+def our_pool_quotas(cfg: RunConfig, pool_count: int) -> list[kube.Obj]:
+    """bench_pools.py's ``fallback`` shape in cpu: per queue, one quota inside each pool's tree with
+    the pool's share of its cpu, then the queue's own quota outside every tree listing them in pool
+    order (``koord-queue/pool-quotas``) with the whole cpu as its ``max`` (the cap across pools)."""
+    out: list[kube.Obj] = []
+    made = pool_list(pool_count)
+    for name, slots in queue_slots(cfg):
+        routes = tuple(f"{name}-{p.name}" for p in made)
+        for route, pool, share in zip(routes, made, pool_slots(slots, pool_count), strict=True):
+            out.append(cpu_quota(bench_pools.quota(route, 0, parent=pool.root_quota), share))
+        out.append(cpu_quota(bench_pools.quota(name, 0, routes=routes), slots))
+    return out
+
+
+def cpu_quota(body: kube.Obj, slots: int) -> kube.Obj:
+    """bench_pools' quota (its name, parent and routes) holding ``slots`` jobs' cpu, not GPUs."""
+    cpu = {"cpu": f"{slots * ba.CPU_PER_JOB_MILLI}m"}
+    return {**body, "spec": {"min": cpu, "max": cpu}}
+
+
+def pool_node_cpu(cfg: RunConfig, pool_count: int) -> str:
+    """Every pool node's cpu: the largest pool's share of all queues, in whole cores, so that no
+    pool's root limits what its quotas hold (Kueue's flavors have no limit of their own)."""
+    shares = [pool_slots(slots, pool_count) for _, slots in queue_slots(cfg)]
+    largest = max(sum(s[i] for s in shares) for i in range(pool_count))
+    return str(max(1, math.ceil(largest * ba.CPU_PER_JOB_MILLI / 1000)))
+
+
+async def setup_pools(client: kube.Kube, cfg: RunConfig, pool_count: int) -> None:
+    """Ours with pools, in place of ``bench_admission.setup_quotas``: the pools' Node objects
+    (written Ready, as ``testenv.pools.create`` does without kwok) and ElasticQuotaProfiles, and
+    the quotas of :func:`our_pool_quotas`. The root quotas come from the reconciler."""
+    await ba.create_namespace(client, NS)
+    await ba.create_namespace(client, pools.NAMESPACE)
+    cpu = pool_node_cpu(cfg, pool_count)
+    for pool in pool_list(pool_count):
+        body = pools.node(pool, 0, cpu=cpu, memory="256Gi")
+        await client.create(NODES, body)
+        ready = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+        status = {**body["status"], "conditions": ready}
+        await client.patch(NODES, pool.node_name(0), {"status": status}, subresource="status")
+        await client.create(PROFILES, pools.profile(pool), namespace=pools.NAMESPACE)
+    for quota in our_pool_quotas(cfg, pool_count):
+        await client.create(ba.QUOTAS, quota, namespace=NS)
+
+
+async def wait_pool_roots(client: kube.Kube, cfg: RunConfig, pool_count: int, timeout: float) -> None:
+    """Until the reconciler keeps every pool's root quota with its node's cpu (the load must not
+    start against a tree without its root)."""
+    want = parse_milli(pool_node_cpu(cfg, pool_count))
+    roots = {p.root_quota for p in pool_list(pool_count)}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        items, _ = await client.list(ba.QUOTAS, namespace=pools.NAMESPACE)
+        kept = {
+            str(i["metadata"]["name"])
+            for i in items
+            if parse_milli(((i.get("spec") or {}).get("min") or {}).get("cpu", "0")) == want
+        }
+        if roots <= kept:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"root quotas {sorted(roots)} not kept with {want}m cpu within {timeout}s")
+
+
+@contextlib.contextmanager
+def ours_in_pools(pool_count: int) -> Iterator[None]:
+    """``bench_admission.run_once`` as measured without pools, with the pools' set-up: its quota
+    set-up replaced by :func:`setup_pools`, its wait for the Queues followed by
+    :func:`wait_pool_roots`, its runner counting admissions by pool. ``run_once`` takes no hook
+    for these, so the three module attributes are swapped for the run and restored whatever
+    happens; everything else (processes, probe, counters, figures) stays its code."""
+    wait_queues = ba.wait_queues
+
+    async def setup(client: kube.Kube, cfg: RunConfig) -> None:
+        await setup_pools(client, cfg, pool_count)
+
+    async def wait(client: kube.Kube, cfg: RunConfig, timeout: float = 60.0) -> None:
+        await wait_queues(client, cfg, timeout)
+        await wait_pool_roots(client, cfg, pool_count, timeout)
+
+    with (
+        mock.patch.object(ba, "setup_quotas", setup),
+        mock.patch.object(ba, "wait_queues", wait),
+        mock.patch.object(ba, "Runner", PoolCountingRunner),
+    ):
+        yield
+
+
+def pool_layout(cfg: RunConfig, pool_count: int) -> dict[str, Any]:
+    """The pools of a run, for the JSON: both systems use this split (flavors' nominal quotas,
+    pool quotas' cpu)."""
+    made = pool_list(pool_count)
+    return {
+        "count": pool_count,
+        "names": [p.name for p in made],
+        "node_labels": [p.match_labels for p in made],
+        "slots_by_queue": {name: pool_slots(slots, pool_count) for name, slots in queue_slots(cfg)},
+        "pool_node_cpu": pool_node_cpu(cfg, pool_count),
+    }
+
+
 # --- one Kueue run ---------------------------------------------------------------------------------
 
 
-def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) -> dict[str, Any]:
+def run_kueue_once(
+    cfg: RunConfig, build: pathlib.Path, qps: float, burst: int, pool_count: int = 0
+) -> dict[str, Any]:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"kq-bench-kueue-{cfg.tag}-"))
     (workdir / "logs").mkdir(parents=True)
     cluster, nodes = ba.make_cluster(cfg, workdir)
@@ -378,7 +576,9 @@ def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) 
     print(
         f"== kueue {KUEUE_VERSION} (qps {qps}, burst {burst}), {cfg.mode}: {cfg.jobs} jobs over"
         f" {cfg.quotas} quotas, {total_slots} slots, runtime {cfg.runtime}s"
-        f" (quota bound {total_slots / cfg.runtime:.1f}/s)" + (f", {nodes} kwok nodes" if nodes else ""),
+        f" (quota bound {total_slots / cfg.runtime:.1f}/s)"
+        + (f", {nodes} kwok nodes" if nodes else "")
+        + (f", {pool_count} pools (flavors)" if pool_count else ""),
         flush=True,
     )
     started = time.monotonic()
@@ -396,6 +596,7 @@ def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) 
                 "slots_total": total_slots,
                 "quota_bound_rate": round(total_slots / cfg.runtime, 2),
                 "kwok_nodes": nodes,
+                "pools": pool_count,
             },
             "machine": ba.machine(),
             "versions": ba.versions(cluster),
@@ -406,7 +607,7 @@ def run_kueue_once(cfg: RunConfig, build: pathlib.Path, qps: float, burst: int) 
         async def load() -> dict[str, Any]:
             client = await ba.runner_client(cluster)
             try:
-                await setup_queues(client, cfg)
+                await setup_queues(client, cfg, pool_count)
                 await wait_active(client, cfg.quotas + (1 if cfg.probe_jobs else 0))
                 settled = await settle_writes(cluster, timeout=ba.setup_settle_seconds(cfg.quotas), quiet=1.0)
                 idle = await ba.idle_cpu([*cluster.components, manager], cfg.idle_s)
@@ -636,6 +837,9 @@ def common_figures(result: dict[str, Any]) -> dict[str, Any]:
         "apiserver_peak_rss_mib": (run.get("peak_rss_mib") or {}).get("kube-apiserver"),
         "other_cores": run["machine_during_load"]["other_cores"],
         "load_seconds": run["load_seconds"],
+        "pools": result.get("pools", 0),
+        # where the jobs were admitted: ours by status.pool, Kueue's by flavor (PoolCountingRunner)
+        "admitted_by_pool": run.get("admitted_by_pool"),
     }
     if ours:
         out["webhook_cpu_ms_per_job"] = out["cpu_ms_per_job"].get("webhook")
@@ -690,6 +894,8 @@ def print_row(row: dict[str, Any]) -> None:
         f" | other load {row['other_cores']} cores",
         flush=True,
     )
+    if row.get("pools"):
+        print(f"         {row['pools']} pools: admitted by pool {row['admitted_by_pool']}", flush=True)
     if row.get("idle_after_quiet_setup") is False:
         print("         the set-up was still writing when idle CPU was measured: read the gross CPU figures")
     print(f"         writes/job by kind, less the runner's: {row['writes_per_job_by_kind_less_runner']}")
@@ -753,6 +959,13 @@ def main() -> None:
     )
     parser.add_argument("--probe-jobs", type=int, default=40)
     parser.add_argument(
+        "--pools",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N node pools: N flavors for Kueue, N ElasticQuotaProfiles and fallback quotas for ours",
+    )
+    parser.add_argument(
         "--idle-seconds", type=float, default=10.0, help="idle CPU measured before the load (0: none)"
     )
     args = parser.parse_args()
@@ -761,6 +974,10 @@ def main() -> None:
         parser.error("--order takes ours and kueue")
     if args.saturate and args.mode != "comparable":
         parser.error("--saturate needs --mode comparable: the runner finishes the jobs")
+    if args.pools and args.mode != "comparable":
+        parser.error("--pools needs --mode comparable: the pools' nodes are API objects, nothing runs")
+    if not 0 <= args.pools <= MAX_POOLS:
+        parser.error(f"--pools takes 0 to {MAX_POOLS} (Kueue's flavors per resource group)")
     base = RunConfig(
         mode=args.mode,
         jobs=args.jobs,
@@ -791,17 +1008,20 @@ def main() -> None:
     build_s = round(time.monotonic() - build_started, 1)
     suffix = "" if (args.kueue_qps, args.kueue_burst) == (50.0, 100) else f"-kqps{args.kueue_qps:g}"
     kind = f"sat{args.saturate:g}-" if args.saturate else ("full-" if args.mode == "full" else "")
-    out_path = ba.RESULTS / f"kueue-vs-ours-{kind}{args.jobs}x{args.quotas}{suffix}.json"
+    pooled = f"-pools{args.pools}" if args.pools else ""
+    out_path = ba.RESULTS / f"kueue-vs-ours-{kind}{args.jobs}x{args.quotas}{pooled}{suffix}.json"
     rows: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     for system in order:
         t0 = time.monotonic()
         if system == "ours":
-            result = ba.run_once(cfg)
+            with ours_in_pools(args.pools) if args.pools else contextlib.nullcontext():
+                result = ba.run_once(cfg)
             result["system"] = "ours"
         else:
             assert build is not None
-            result = run_kueue_once(cfg, build, args.kueue_qps, args.kueue_burst)
+            result = run_kueue_once(cfg, build, args.kueue_qps, args.kueue_burst, args.pools)
+        result["pools"] = args.pools
         result["wall_s"] = round(time.monotonic() - t0, 1)
         row = common_figures(result)
         print_row(row)
@@ -815,6 +1035,8 @@ def main() -> None:
             "saturate_rate": args.saturate or None,
             "jobs": args.jobs,
             "quotas": args.quotas,
+            "pools": args.pools,
+            "pool_layout": pool_layout(cfg, args.pools) if args.pools else None,
             "slots_total": sum(cfg.slots),
             "runtime_s": cfg.runtime,
             "kueue": {
@@ -829,6 +1051,8 @@ def main() -> None:
             "runs": runs,
         }
         out_path.write_text(json.dumps(summary, indent=1) + "\n")  # after every run: partial results survive
+    if args.pools:
+        print(f"  ratios ours / kueue with {args.pools} pools:", flush=True)
     for key, value in ratios(rows).items():
         print(f"  {key:>32}: ours {value['ours']} / kueue {value['kueue']} = {value['ours_over_kueue']}")
     print(f"  written to {out_path.relative_to(ROOT)}", flush=True)
