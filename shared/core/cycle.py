@@ -231,7 +231,12 @@ class Cycle:
         cfg = qs.config
         entry = qs.entries[key]
         admitted = self.admitted.setdefault(qs.name, [])
-        failure, grants, request, route, plain = self.fit(qs, key, entry.request)
+        unit = self.units[key]
+        if self.ledger.pooled or unit.pools is not None or unit.pool:
+            failure, grants, request, route, plain = self.fit(qs, key, entry.request)
+        else:  # no pools anywhere: the plain route, as before pools existed
+            failure, grants, request = self.fit_route(qs, key, entry.request, pools.NO_POOL)
+            route, plain = pools.NO_POOL, True
         if failure is not None and not plain:
             # Several pools, or a pool that was skipped: queue-level preemption and reclaim look at
             # the quota's own chain only (docs/pools.md#limits-of-this-version).
@@ -295,7 +300,6 @@ class Cycle:
                 promised=outcome.promised,
             )
             return outcome.succeeded
-        unit = self.units[key]
         checks = matched_checks(cfg.admission_checks, unit.labels)
         self.view.reserve(qs.name, request, route.via)
         admitted.append(item)
@@ -319,7 +323,7 @@ class Cycle:
         return None
 
     def fit(
-        self, qs: QueueState, key: str, request: Resources
+        self, qs: QueueState, key: str, request: Resources, *, partial: bool = True
     ) -> tuple[str | None, dict[str, int] | None, Resources, Route, bool]:
         """Whether ``key`` fits, and where: ``(failure, grants, request, route, plain)``.
 
@@ -330,13 +334,13 @@ class Cycle:
         choices = pools.options(unit, self.ledger, self.placements)
         if len(choices) == 1 and choices[0].skip is None and not choices[0].route.via:
             route = choices[0].route
-            return (*self.fit_route(qs, key, request, route), route, True)
+            return (*self.fit_route(qs, key, request, route, partial=partial), route, True)
         texts: list[str] = []
         for choice in choices:
             if choice.skip is not None:
                 texts.append(pools.describe(choice.route, choice.skip))
                 continue
-            failure, grants, fitted = self.fit_route(qs, key, request, choice.route)
+            failure, grants, fitted = self.fit_route(qs, key, request, choice.route, partial=partial)
             if failure is None:
                 return None, grants, fitted, choice.route, False
             texts.append(pools.describe(choice.route, failure))
@@ -345,13 +349,13 @@ class Cycle:
         return text, None, request, pools.NO_POOL, False
 
     def fit_route(
-        self, qs: QueueState, key: str, request: Resources, route: Route
+        self, qs: QueueState, key: str, request: Resources, route: Route, *, partial: bool = True
     ) -> tuple[str | None, dict[str, int] | None, Resources]:
-        """One route: the whole request, else a partial admission (a pod set with ``minCount``
-        may start smaller, without any reclaim)."""
+        """One route: the whole request, else (``partial``) a partial admission (a pod set with
+        ``minCount`` may start smaller, without any reclaim)."""
         failure = self.view.check(request, qs.name, item=key, via=route.via)
-        if failure is None:
-            return None, None, request
+        if failure is None or not partial:
+            return failure, None, request
         unit = self.units[key]
         grants = gangs.partial_grants(
             unit,
@@ -433,7 +437,11 @@ class Cycle:
                 continue
             if stop is None:
                 continue
-            failure, _, _, _, plain = self.fit(qs, key, qs.entries[key].request)
+            unit = self.units[key]
+            if self.ledger.pooled or unit.pools is not None or unit.pool:
+                failure, _, _, _, plain = self.fit(qs, key, qs.entries[key].request, partial=False)
+            else:  # no pools anywhere: the quota's own check, as before pools existed
+                failure, plain = self.view.check(qs.entries[key].request, qs.name, item=key), True
             if failure is not None and not plain:
                 self.park(qs, key, failure, quota_failure=True, preempt_error=pools.NOT_ACROSS_POOLS)
             elif failure is not None:

@@ -547,7 +547,7 @@ class QuotaLedger:
                 routed[r] = routed.get(r, 0) + sign * v
             if quantities.is_zero(routed):
                 del self._routed[(leaf, via)]
-        for name in self.route_names(leaf, via):
+        for name in self.route_names(leaf, via) if via else self.chain(leaf).names:
             used = self._used.setdefault(name, {})
             d = delta.setdefault(name, {})
             for r, v in res.items():

@@ -63,7 +63,7 @@ class UsageView:
         return (base.get(resource, 0) if base else 0) + (extra.get(resource, 0) if extra else 0)
 
     def reserve(self, quota: str, request: Mapping[str, int], via: str = "") -> None:
-        for name in self.ledger.route_names(quota, via):
+        for name in self.ledger.route_names(quota, via) if via else self.ledger.chain(quota).names:
             claim = self.guaranteed.get(name)
             if claim:
                 gaps = self._gaps.setdefault(self.ledger._quotas[name].parent, {})
@@ -84,7 +84,7 @@ class UsageView:
         checked after ``quota``'s.
         """
         chain = self.ledger.chain(quota)
-        route = self.ledger.route_names(quota, via)
+        route = self.ledger.route_names(quota, via) if via else chain.names
         for name in route:
             limits = self.ledger._quotas[name].max
             self.level = name
