@@ -48,7 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from chaos import load, tenant_orphans, tenant_submitter, tenant_workflows
+from chaos import load, tenant_orphans, tenant_pool_job, tenant_pools, tenant_submitter, tenant_workflows
 from chaos.observer import Observer
 from chaos.tenant_common import (
     JOBS as JOBS,
@@ -223,6 +223,7 @@ ATTACKS: Final[dict[str, str]] = {
     **tenant_workflows.ATTACKS,
     tenant_orphans.ATTACK: tenant_orphans.DEFENCE,
     tenant_submitter.ATTACK: tenant_submitter.DEFENCE,
+    **tenant_pools.ATTACKS,
     "write-queueunit-status": "RBAC: namespace users may only read QueueUnits (user roles)",
     "create-queueunit": "RBAC: namespace users may only read QueueUnits (user roles)",
     "raise-quota-max": "RBAC: ElasticQuotas are cluster-admin objects",
@@ -418,6 +419,8 @@ class Tenant:
         self.mallory: kube.Kube | None = None
         #: units whose job was accepted under a quota not bound to its namespace (never admitted)
         self._unbound_units: set[str] = set()
+        #: her namespace's pods and units over the run, for the pools' placement check
+        self.pool_record: tenant_pools.PoolRecorder | None = None
 
     # --- set-up ---------------------------------------------------------------------------------
 
@@ -496,8 +499,12 @@ class Tenant:
                 break
             except kube.KubeError:
                 await asyncio.sleep(0.3)
+        # Her pools, made after the node list above: her forged bound pods keep to the load's nodes.
+        self.pool_record = await tenant_pools.setup(self, self.cluster)
 
     async def close(self) -> None:
+        if self.pool_record is not None:
+            await self.pool_record.stop()
         if self.mallory is not None:
             await self.mallory.close()
 
@@ -628,6 +635,8 @@ class Tenant:
             self.rbac(r, pick(queued_jobs, 6)),
             tenant_orphans.orphan_and_recreate(self, r),
             tenant_submitter.forged_submitter(self, r),
+            *tenant_pools.attacks(self, r),
+            tenant_pool_job.pool_job(self, r),
         ]
         if self.workflows:
             attacks.append(self.workflow(r))
@@ -2013,7 +2022,13 @@ class Tenant:
     async def final_checks(self, checks: Counter[str]) -> None:
         """After the drain: no unit of hers under an unbound quota was ever admitted; no unit reports
         more running pods than the pods its job owns and has bound (so no forged pod was counted); no
-        unit of her own namespace carries more priority than :data:`OWN_PRIORITY_BOUND`."""
+        unit of her own namespace carries more priority than :data:`OWN_PRIORITY_BOUND`; every pod
+        released for a unit of a pool carried the pool's selector and bound in it
+        (:func:`chaos.tenant_pools.placement_breaches`)."""
+        for breach in await tenant_pools.final_check(self.pool_record, checks):
+            self.violate("tenant-bypass", breach)
+        if self.pool_record is not None and self.pool_record.relists:
+            self.transient["pool record: watch begun again"] += self.pool_record.relists
         own = await self._read(functools.partial(self.admin.list, UNITS, namespace=NAMESPACE)) or []
         for unit in own:
             checks["tenant: her units carry no more priority than the admins allow"] += 1
