@@ -1606,8 +1606,8 @@ class Tenant:
     async def outgrow(self, r: int) -> None:
         """Her admitted one-pod Job (500m) raised to eight pods at once (counts may change). The
         scheduler may admit the added pods only as her 2-CPU quota allows, and nothing else may
-        grow what her units hold: judged on what the API shows, her units never hold more than
-        2 CPU together, and her Job never has more pods running (bound or out of the gate) than
+        grow what her units hold: judged on what the API shows, her units of that quota never hold
+        more than 2 CPU together, and her Job never has more pods running (bound or out of the gate) than
         its unit holds."""
         m = self.mallory
         assert m is not None
@@ -1630,7 +1630,9 @@ class Tenant:
             begun = time.monotonic()
             while time.monotonic() - begun < 2 * WATCH_S:
                 units = await self._read(lambda: self.admin.list(UNITS, namespace=NAMESPACE)) or []
-                worst_total = max(worst_total, sum(held_cpu_milli(u) for u in units))
+                # Her quota's units only: her pool jobs in this namespace hold another quota's.
+                mine = [u for u in units if (quota_label(u) or ("", ""))[1] == QUOTA]
+                worst_total = max(worst_total, sum(held_cpu_milli(u) for u in mine))
                 own = next((u for u in units if _meta(u).get("name") == name), None)
                 running = sum(1 for p in await self._own_pods(name) if runs(p))
                 held = sum(

@@ -268,10 +268,13 @@ class PoolRecorder:
 
     async def _follow(self, res: kube.Resource) -> None:
         revision = ""
+        listed = False
         while True:
             try:
                 if not revision:
                     objs, revision = await self.admin.list(res, namespace=NAMESPACE)
+                    self.relists += listed  # a fresh list after a broken watch, not the first one
+                    listed = True
                     for obj in objs:
                         self.note(res, obj)
                 async for kind, obj in self.admin.watch(
@@ -282,7 +285,6 @@ class PoolRecorder:
                         self.note(res, obj)
             except kube.KubeError:
                 revision = ""
-                self.relists += 1
                 await asyncio.sleep(0.5)
 
     async def finish(self) -> None:
