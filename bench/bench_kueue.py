@@ -2,8 +2,8 @@
 
 Run: ``python bench/bench_kueue.py --jobs 1000 --quotas 10`` (default order ``ours,kueue,kueue,ours``:
 interleaved, so a drift in what else the machine runs hits both systems alike). Writes
-``bench/results/kueue-vs-ours-[sat<rate>-|full-]<jobs>x<quotas>[-kqps<qps>].json`` and prints the
-ratios. Three kinds of run, each for both systems:
+``bench/results/kueue-vs-ours-[sat<rate>-|full-]<jobs>x<quotas>[-pools<N>][-kqps<qps>].json`` and
+prints the ratios. Three kinds of run, each for both systems:
 
 * the default, Kueue-comparable (``--mode comparable``): no controller-manager; the runner finishes
   the Jobs; the quotas allow 100 admissions/s, more than either system admits;
@@ -108,6 +108,31 @@ Also, in every run:
   version counted events from a watch and missed many under load, without error; listing does not.
 
 ``--mode full`` and ``--saturate`` are not combined: the slot refill is timed from the runner's finish.
+
+**Node pools** (``--pools N``, comparable mode, with or without ``--saturate``; default 0: the
+objects above, unchanged): both systems get N equivalent pools ``pool-0`` ... ``pool-<N-1>`` and
+every queue's slots split over them in whole jobs, in pool order (``bench_pools.split``: 20 slots
+over 3 pools are 7, 7, 6), the same split for both:
+
+* Kueue: N ResourceFlavors, each with ``nodeLabels`` naming its pool (``koord-queue.io/pool:
+  pool-<i>``, and the product label our pool's nodes carry); every ClusterQueue's resource group
+  lists the N flavors in order, each with its share of the cpu as ``nominalQuota``. Flavor
+  fungibility keeps its defaults: a Workload that does not fit a flavor tries the next one.
+* Ours: bench_pools.py's ``fallback`` shape in cpu (docs/pools.md#fallback-between-pools): N
+  ElasticQuotaProfiles over one Node object each (``testenv.pools``' node and profile; written
+  Ready, nothing runs on them), their root quotas kept by the reconciler (the load starts once every
+  root holds its node's cpu); per queue, one quota inside each pool's tree with that pool's share,
+  and the queue's own quota outside every tree listing them in pool order in
+  ``koord-queue/pool-quotas`` with the whole cpu as its ``max``. Every pool node holds the largest
+  pool's share of all queues, so no root limits what its quotas hold (Kueue's flavors have no limit
+  of their own). The run is ``bench_admission.run_once`` with its quota set-up, its wait for the
+  Queues and its runner swapped for these (``ours_in_pools``).
+
+The probe's queue is split the same way. Each row counts its admissions by pool (ours:
+``status.pool``; Kueue: the Workload's admitted flavor), ``admitted_by_pool``; the JSON carries
+``pools`` (the count) and ``pool_layout`` (every queue's split). Where the jobs land depends on how
+long each system keeps a quota's slots: the first pool fills first, the next ones only when a quota
+has more jobs admitted at once than its first pool's share (a saturated run fills them all).
 """
 
 from __future__ import annotations
@@ -1015,6 +1040,8 @@ def main() -> None:
     for system in order:
         t0 = time.monotonic()
         if system == "ours":
+            if args.pools:
+                print(f"== ours with {args.pools} pools (ElasticQuotaProfiles, fallback quotas)", flush=True)
             with ours_in_pools(args.pools) if args.pools else contextlib.nullcontext():
                 result = ba.run_once(cfg)
             result["system"] = "ours"
