@@ -3,7 +3,7 @@ whether an admitted job can still end up unschedulable.
 
 Run: ``python bench/bench_pools.py --jobs 1000 --quotas 9`` (default order ``one,three,fallback,
 fallback,three,one``: interleaved, so a drift in what else the machine runs hits every variant
-alike). Writes ``bench/results/pools-<jobs>x<quotas>.json`` after every run and prints the ratios.
+alike). Writes ``bench/results/pools-<jobs>x<quotas>[<suffix>].json`` after every run and prints the ratios.
 
 **Admission rate** (``--order``): bench_admission's Kueue-comparable mode, as bench_kueue.py
 measures ours: etcd + kube-apiserver, our webhook and our counted reconciler, no pods (the runner
@@ -19,7 +19,9 @@ the team quotas' total:
 * ``fallback``: the same three pools; team quota ``q`` is outside every tree with
   ``koord-queue/pool-quotas`` listing one quota per pool (h100, a100, l4 in that order, each as
   large as the team quota: the team's own ``max`` is the cap across pools, each pool's root the
-  limit inside it), so every admission tries routes in turn.
+  limit inside it), so every admission tries routes in turn;
+* ``none`` (not in the default order): no pool at all, every team quota a root of its own, as
+  before pools: what the quota trees themselves cost, apart from pools.
 
 The pools are ElasticQuotaProfiles over Node objects that never run anything (no kwok here); the
 reconciler keeps their root quotas. Figures per run: all admitted (s), overall and sustained
@@ -65,7 +67,7 @@ from koord_queue.shared import kube
 from koord_queue.shared.api import names
 from testenv import pools
 
-VARIANTS: Final = ("one", "three", "fallback")
+VARIANTS: Final = ("none", "one", "three", "fallback")
 THREE: Final = ("h100", "a100", "l4")
 GPUS_PER_NODE: Final = 8
 BIND_WITHIN_S: Final = 10.0
@@ -106,10 +108,13 @@ def quota(name: str, gpus: int, *, parent: str = "", routes: tuple[str, ...] = (
 
 
 def layout(variant: str, slots: list[int], *, one_node: bool) -> tuple[list[pools.Pool], list[kube.Obj]]:
-    """The pools and the quotas of a variant. Team quota ``q`` is ``bench_admission.quota_name(q)``
-    with ``slots[q]`` GPUs. ``one_node``: each pool is one node holding all its GPUs (no pods run,
-    so only the total counts); else nodes of ``GPUS_PER_NODE``, rounded up."""
+    """The pools and the quotas of a variant (``none``: no pool, flat quotas). Team quota ``q`` is
+    ``bench_admission.quota_name(q)`` with ``slots[q]`` GPUs. ``one_node``: each pool is one node
+    holding all its GPUs (no pods run, so only the total counts); else nodes of ``GPUS_PER_NODE``,
+    rounded up."""
     total = sum(slots)
+    if variant == "none":
+        return [], [quota(ba.quota_name(q), gpus) for q, gpus in enumerate(slots)]
     if variant == "one":
         sizes = {"gpu": total}
         home = ["gpu"] * len(slots)
@@ -428,7 +433,7 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for key in RATIO_KEYS:
         base = mean("one", key)
         entry: dict[str, Any] = {"one": base}
-        for variant in ("three", "fallback"):
+        for variant in ("none", "three", "fallback"):
             value = mean(variant, key)
             entry[variant] = value
             entry[f"{variant}_over_one"] = round(value / base, 3) if value is not None and base else None
@@ -461,6 +466,7 @@ def main() -> None:
         "--timeout", type=float, default=0.0, help="deadline of each load (s); default derived"
     )
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument("--suffix", default="", help="appended to the results file's name, e.g. --suffix=-b")
     args = parser.parse_args()
     order = [s.strip() for s in args.order.split(",") if s.strip()]
     if set(order) - set(VARIANTS):
@@ -478,7 +484,7 @@ def main() -> None:
         )
         runs.append(("mixed", mixed))
     ba.RESULTS.mkdir(parents=True, exist_ok=True)
-    out_path = ba.RESULTS / f"pools-{args.jobs}x{args.quotas}.json"
+    out_path = ba.RESULTS / f"pools-{args.jobs}x{args.quotas}{args.suffix}.json"
     rows: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for variant, run_cfg in runs:
