@@ -2029,8 +2029,10 @@ class Tenant:
         (:func:`chaos.tenant_pools.placement_breaches`)."""
         for breach in await tenant_pools.final_check(self.pool_record, checks):
             self.violate("tenant-bypass", breach)
-        if self.pool_record is not None and self.pool_record.relists:
+        if self.pool_record is not None:
             self.transient["pool record: watch begun again"] += self.pool_record.relists
+            for why, n in self.pool_record.breaks.items():
+                self.transient[f"pool record broke: {why}"] += n
         own = await self._read(functools.partial(self.admin.list, UNITS, namespace=NAMESPACE)) or []
         for unit in own:
             checks["tenant: her units carry no more priority than the admins allow"] += 1

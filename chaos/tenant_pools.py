@@ -241,6 +241,8 @@ class PoolRecorder:
     released: dict[tuple[str, str], kube.Obj] = field(default_factory=dict)
     unit_pools: dict[str, set[str]] = field(default_factory=dict)
     relists: int = 0
+    #: why a watch or a list broke off (a fault's refusal, a 410, a dropped connection), by reason
+    breaks: Counter[str] = field(default_factory=Counter)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def start(self) -> None:
@@ -283,7 +285,8 @@ class PoolRecorder:
                     revision = str(_meta(obj).get("resourceVersion") or revision)
                     if kind != "BOOKMARK":
                         self.note(res, obj)
-            except kube.KubeError:
+            except kube.KubeError as err:
+                self.breaks[f"{res.plural}: HTTP {err.status} {err.reason}"] += 1
                 revision = ""
                 await asyncio.sleep(0.5)
 
