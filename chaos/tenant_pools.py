@@ -271,12 +271,13 @@ class PoolRecorder:
     async def _follow(self, res: kube.Resource) -> None:
         revision = ""
         listed = False
+        delay = 0.5  # doubled while the apiserver keeps refusing (429 after a restart), up to 4 s
         while True:
             try:
                 if not revision:
                     objs, revision = await self.admin.list(res, namespace=NAMESPACE)
                     self.relists += listed  # a fresh list after a broken watch, not the first one
-                    listed = True
+                    listed, delay = True, 0.5
                     for obj in objs:
                         self.note(res, obj)
                 async for kind, obj in self.admin.watch(
@@ -288,7 +289,8 @@ class PoolRecorder:
             except kube.KubeError as err:
                 self.breaks[f"{res.plural}: HTTP {err.status} {err.reason}"] += 1
                 revision = ""
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 4.0)
 
     async def finish(self) -> None:
         """A last list of both (so the record reaches the end of the run), then stop watching."""
