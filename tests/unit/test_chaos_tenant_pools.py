@@ -4,12 +4,14 @@ when a window proves nothing (docs/pools.md#placement)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
 from chaos import tenant
 from chaos import tenant_pools as tp
 from chaos.tenant_common import NAMESPACE
+from koord_queue.shared import kube
 from koord_queue.shared.api import names
 from testenv import pools
 
@@ -141,3 +143,53 @@ async def test_the_final_check_counts_and_reports() -> None:
     assert checked == 1 and len(found) == 1
     checks: Counter[str] = Counter()
     assert await tp.final_check(None, checks) == [] and not checks
+
+
+class FakeAdmin:
+    """Lists and watches of her namespace: the first watch of each kind breaks with a 429 after one
+    event, the next ones end at once; each list answers what the script holds."""
+
+    def __init__(self) -> None:
+        self.lists: Counter[str] = Counter()
+        self.watches: Counter[str] = Counter()
+        #: set once both kinds are watched again after their break
+        self.rewatched = asyncio.Event()
+
+    async def list(self, res: Any, *, namespace: str) -> tuple[list[dict[str, Any]], str]:
+        assert namespace == NAMESPACE
+        self.lists[res.plural] += 1
+        if res.plural == "pods":
+            return [{**pod(rv="1", selector={}), "metadata": {**pod(rv="1")["metadata"], "uid": "a"}}], "1"
+        return [{"metadata": {"name": UNIT}, "status": {"pool": tp.POOL.name}}], "1"
+
+    async def watch(self, res: Any, **_: Any) -> Any:
+        self.watches[res.plural] += 1
+        if sum(self.watches.values()) >= 4:
+            self.rewatched.set()
+        if self.watches[res.plural] == 1 and res.plural == "pods":
+            yield (
+                "MODIFIED",
+                {**pod(rv="2", selector={}), "metadata": {**pod(rv="2")["metadata"], "uid": "a"}},
+            )
+        if self.watches[res.plural] == 1:
+            raise kube.KubeError(429, "TooManyRequests", "slow down")
+        await asyncio.sleep(3600)  # a quiet watch: until the recorder is stopped
+        yield "BOOKMARK", {}
+
+
+async def test_the_record_begins_a_broken_watch_again_from_a_fresh_list_and_says_why() -> None:
+    admin = FakeAdmin()
+    recorder = tp.PoolRecorder(admin=admin)  # type: ignore[arg-type]
+    recorder.start()
+
+    await asyncio.wait_for(admin.rewatched.wait(), timeout=10)
+    await recorder.stop()
+    assert admin.lists == Counter({"pods": 2, "queueunits": 2})
+    assert recorder.relists == 2
+    assert recorder.breaks == Counter(
+        {"pods: HTTP 429 TooManyRequests": 1, "queueunits: HTTP 429 TooManyRequests": 1}
+    )
+    # Both versions of the released pod were kept (the list's and the watch's), and the unit's pool.
+    assert sorted(rv for _, rv in recorder.released) == ["1", "2"]
+    assert recorder.unit_pools == {UNIT: {tp.POOL.name}}
+    assert recorder.tasks == []
