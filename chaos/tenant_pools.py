@@ -8,7 +8,8 @@ tree, whose ``koord-queue/pool-quotas`` lists only :data:`POOL_QUOTA`
 (docs/pools.md#fallback-between-pools). Her pool jobs are labelled with the fallback quota.
 
 Each round she tries (:data:`ATTACKS`): an ElasticQuotaProfile of her own selecting every node; a
-write of her pool's root quota (its size, its root labels); with her admitted pool job, a write of
+write of her pool's root quota (its size, its root labels); her own quotas widened to the other
+pool (the fallback's list, the pool quota's parent); with her admitted pool job, a write of
 its unit's ``status.pool``, moving its released pod off the pool (node selector, node affinity), a
 node selector contradicting the pool added to a gated pod of it before its release (she grows the
 job by one pod and writes the selector as soon as the pod appears, before the scheduler has grown
@@ -58,6 +59,7 @@ PROFILES: Final = kube.Resource(
 
 CREATE_PROFILE: Final = "create-pool-profile"
 PATCH_ROOT: Final = "patch-pool-root-quota"
+WIDEN_OWN: Final = "widen-own-pool-quotas"
 WRITE_POOL_STATUS: Final = "write-unit-pool-status"
 UNLISTED_POOL: Final = "job-names-unlisted-pool"
 MOVE_POD: Final = "move-released-pod-off-pool"
@@ -70,6 +72,8 @@ ATTACKS: Final[dict[str, str]] = {
     PATCH_ROOT: "RBAC: ElasticQuotas, a pool's root included, are cluster-admin objects and the roots "
     "live in the admin's namespace; the reconciler keeps each root's size and labels from its "
     "profile (docs/pools.md#the-tree-of-a-pool)",
+    WIDEN_OWN: "RBAC: quotas are the cluster admin's even in her namespace (the user roles read them "
+    "only): neither her fallback quota's koord-queue/pool-quotas nor her pool quota's parent is hers",
     WRITE_POOL_STATUS: "RBAC: only the reconciler writes a QueueUnit's status (user roles read units)",
     UNLISTED_POOL: "scheduler: a job's koord-queue/pools only narrows and orders the pools its quota's "
     "koord-queue/pool-quotas lists; a pool the quota does not list is never tried, the unit waits "
@@ -326,7 +330,12 @@ async def setup(tenant: Attacker, cluster: LocalCluster) -> PoolRecorder:
 def attacks(tenant: Attacker, r: int) -> list[Awaitable[None]]:
     """This round's pool attacks that need no admitted job of hers (they run beside the others;
     ``chaos.tenant_pool_job.pool_job`` tries the rest)."""
-    return [create_profile(tenant, r), patch_root(tenant, r), unlisted_pool(tenant, r)]
+    return [
+        create_profile(tenant, r),
+        patch_root(tenant, r),
+        widen_own(tenant, r),
+        unlisted_pool(tenant, r),
+    ]
 
 
 async def final_check(recorder: PoolRecorder | None, checks: Counter[str]) -> list[str]:
@@ -421,6 +430,37 @@ async def patch_root(tenant: Attacker, r: int) -> None:
             )
         else:
             tenant.record(PATCH_ROOT, r, target, "SUCCEEDED", f"accepted and not repaired in {UNDO_S:.0f}s")
+
+
+#: Her writes of her own quotas, each with the value the harness gave it (put back if accepted):
+#: the fallback quota listing the other pool's root too, her pool quota moved under that root.
+WIDENINGS: Final = {
+    FALLBACK_QUOTA: (
+        names.POOL_QUOTAS_ANNOTATION,
+        f"{POOL_QUOTA}, {OTHER.root_quota}",
+        POOL_QUOTA,
+    ),
+    POOL_QUOTA: (names.QUOTA_PARENT_LABEL, OTHER.root_quota, POOL.root_quota),
+}
+
+
+async def widen_own(tenant: Attacker, r: int) -> None:
+    """Her own quotas widened to the other pool: the fallback's list, the pool quota's parent."""
+    m = tenant.mallory
+    assert m is not None
+    for quota, (key, wanted, given) in WIDENINGS.items():
+        where = "annotations" if key == names.POOL_QUOTAS_ANNOTATION else "labels"
+        target = f"{NAMESPACE}/{quota} ({key})"
+        call = functools.partial(
+            m.patch, load.QUOTA_RESOURCE, quota, {"metadata": {where: {key: wanted}}}, namespace=NAMESPACE
+        )
+        sent = await tenant.send(call, rbac_allows=False)
+        if not judged_write(tenant, WIDEN_OWN, r, target, sent):
+            continue
+        tenant.record(WIDEN_OWN, r, target, "SUCCEEDED", f"accepted: a namespace user set {key}: {wanted}")
+        with contextlib.suppress(kube.KubeError):  # put it back so the rest of the run stays meaningful
+            back = {"metadata": {where: {key: given}}}
+            await tenant.admin.patch(load.QUOTA_RESOURCE, quota, back, namespace=NAMESPACE)
 
 
 async def unlisted_pool(tenant: Attacker, r: int) -> None:

@@ -114,6 +114,16 @@ def test_her_quotas_put_the_fallback_over_her_pool_quota_only() -> None:
     assert fallback["metadata"]["annotations"][names.POOL_QUOTAS_ANNOTATION] == tp.POOL_QUOTA
 
 
+def test_her_widenings_reach_the_other_pool_and_put_back_what_the_harness_gave() -> None:
+    inside, fallback = tp.quota_bodies()
+    given = {
+        tp.FALLBACK_QUOTA: fallback["metadata"]["annotations"][names.POOL_QUOTAS_ANNOTATION],
+        tp.POOL_QUOTA: inside["metadata"]["labels"][names.QUOTA_PARENT_LABEL],
+    }
+    assert {quota: back for quota, (_, _, back) in tp.WIDENINGS.items()} == given
+    assert all(tp.OTHER.root_quota in wanted for _, wanted, _ in tp.WIDENINGS.values())
+
+
 def test_her_jobs_and_profile() -> None:
     job = tp.pool_job_body("j", wants=tp.OTHER.name)
     assert job["metadata"]["labels"] == {names.QUOTA_NAME_LABEL: tp.FALLBACK_QUOTA}
