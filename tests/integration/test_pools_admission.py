@@ -17,7 +17,7 @@ is proved in tests/integration/test_pool_placement.py and end to end in tests/e2
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -29,6 +29,7 @@ from tests import kube, tenancy
 from tests import scenario as s
 from tests.integration.test_cli import plugin
 from tests.integration.test_profiles import GPU, GROUP, PLURAL, VERSION, Nodes, profile_body
+from tests.integration.test_profiles import nodes as nodes  # the fixture: nodes made for one test
 from tests.scenario import Scenario
 
 pytestmark = pytest.mark.integration
@@ -44,16 +45,6 @@ async def sc(
     tenancy.grant(integration_cluster, namespace_in, ALICE)
     async with s.scenario(integration_cluster, namespace_in) as it:
         yield it
-
-
-@pytest.fixture
-def nodes(integration_cluster: LocalCluster, namespace_in: str) -> Iterator[Nodes]:
-    made = Nodes(integration_cluster, namespace_in)
-    try:
-        yield made
-    finally:
-        for name in made.made:
-            made.delete(name)
 
 
 def gpu_unit(name: str, quota: str, gpus: str = "2", *, pools: str | None = None) -> Obj:
