@@ -60,16 +60,11 @@ def options(
         ordered = list(routes)
     else:
         ordered = [r for wanted in unit.pools for r in routes if r.pool == wanted]
-    return tuple(_checked(unit, r, placements, ledger) for r in ordered)
+    return tuple(_checked(unit, r, placements) for r in ordered)
 
 
-def _checked(
-    unit: Unit,
-    route: Route,
-    placements: Mapping[str, PoolPlacement] | None,
-    ledger: QuotaLedger | None = None,
-) -> Option:
-    if route.via and not route.pool and ledger is not None:
+def _checked(unit: Unit, route: Route, placements: Mapping[str, PoolPlacement] | None) -> Option:
+    if route.via and not route.pool:
         return Option(route, f"quota {route.via} is not inside any pool's tree")
     if not route.pool or placements is None:
         return Option(route)
