@@ -101,6 +101,23 @@ class Unit:
     pool: str = ""
     pool_quota: str = ""
     pools: tuple[str, ...] | None = None
+    #: The priority the unit is preempted at (``spec.preemptionPriority``), None: its ``priority``;
+    #: never below it once parsed (docs/compatibility.md#preemption-priority).
+    preemption_priority: int | None = None
+    #: ``spec.preemptionPolicy``: ``Never`` makes it wait for room and never mark a victim.
+    preemption_policy: str = names.PREEMPTION_POLICY_PREEMPT
+
+    @property
+    def victim_priority(self) -> int:
+        """The priority a preemptor must beat to take this unit's replicas: its preemption
+        priority, never below its scheduling priority (so no two units can preempt each other)."""
+        pp = self.preemption_priority
+        return self.priority if pp is None or pp < self.priority else pp
+
+    @property
+    def preempts(self) -> bool:
+        """Whether the unit may mark victims (queue-level preemption and reclaim across quotas)."""
+        return self.preemption_policy != names.PREEMPTION_POLICY_NEVER
 
     @property
     def preemptible(self) -> bool:

@@ -479,3 +479,23 @@ def partial_running_timeout_message(pod_set: str, running: int, replicas: int, t
         f"(partialRunningTimeout): the admission shrinks to {running} and the quota of the others "
         f"is released"
     )
+
+
+# --- Preemption priority and non-preempting jobs (docs/compatibility.md#preemption-priority) -----
+
+#: Ours, on a job (immutable once it exists): the priority its unit is *preempted* at, at least its
+#: scheduling priority and capped like it; copied to the unit's ``spec.preemptionPriority``.
+PREEMPTION_PRIORITY_ANNOTATION: Final = "koord-queue/preemption-priority"
+#: Ours, on a job (immutable once it exists): ``Never`` makes its unit wait for room and never mark a
+#: victim, as a PriorityClass's ``preemptionPolicy: Never`` does; copied to ``spec.preemptionPolicy``.
+PREEMPTION_POLICY_ANNOTATION: Final = "koord-queue/preemption-policy"
+#: The two values of ``preemptionPolicy``, spelled as Kubernetes spells them (``core/v1``).
+PREEMPTION_POLICY_NEVER: Final = "Never"
+PREEMPTION_POLICY_PREEMPT: Final = "PreemptLowerPriority"
+PREEMPTION_POLICIES: Final = (PREEMPTION_POLICY_PREEMPT, PREEMPTION_POLICY_NEVER)
+#: The waiting message's suffix of a unit that does not preempt (instead of "; preempt failed").
+NON_PREEMPTING_SUFFIX: Final = "; does not preempt (preemptionPolicy Never): waiting for room"
+#: The preemption error (decision log) of a unit that does not preempt.
+NON_PREEMPTING_ERROR: Final = "preemptionPolicy is Never: this queueUnit does not preempt"
+#: Ours: Warning on a job whose preemption priority was below its priority and was raised to it.
+PREEMPTION_PRIORITY_RAISED_REASON: Final = "PreemptionPriorityRaised"

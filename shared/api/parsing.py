@@ -240,6 +240,7 @@ def parse_unit(raw: Mapping[str, object]) -> Unit:
     requeue = r.obj(status.get("requeueState"), "status.requeueState")
     consumer = r.obj(spec.get("consumerRef"), "spec.consumerRef")
     priority = r.integer(spec.get("priority"), "spec.priority", 0)
+    preemption_priority, preemption_policy = _preemption(r, spec, priority)
     return Unit(
         key=f"{namespace}/{name}",
         namespace=namespace,
@@ -274,7 +275,33 @@ def parse_unit(raw: Mapping[str, object]) -> Unit:
         pool=r.text(status.get("pool"), "status.pool"),
         pool_quota=r.text(status.get("poolQuota"), "status.poolQuota"),
         pools=_pools_of(meta),
+        preemption_priority=preemption_priority,
+        preemption_policy=preemption_policy,
     )
+
+
+def _preemption(r: _Reader, spec: Mapping[str, object], priority: int) -> tuple[int | None, str]:
+    """``spec.preemptionPriority`` (None when absent) and ``spec.preemptionPolicy``.
+
+    A preemption priority below the unit's priority is raised to it, with a problem saying so: a
+    unit preempted below the priority it preempts at could be the victim of its own victim
+    (docs/compatibility.md#preemption-priority). An unknown policy counts as Kubernetes' default."""
+    raw = spec.get("preemptionPriority")
+    preemption_priority = None if raw is None else r.integer(raw, "spec.preemptionPriority", priority)
+    if preemption_priority is not None and preemption_priority < priority:
+        r.problems.append(
+            f"spec.preemptionPriority: {preemption_priority} is below spec.priority {priority}; "
+            f"the unit is preempted at {priority}"
+        )
+        preemption_priority = priority
+    policy = r.text(spec.get("preemptionPolicy"), "spec.preemptionPolicy") or names.PREEMPTION_POLICY_PREEMPT
+    if policy not in names.PREEMPTION_POLICIES:
+        r.problems.append(
+            f"spec.preemptionPolicy: {policy!r} is not one of {', '.join(names.PREEMPTION_POLICIES)}; "
+            f"{names.PREEMPTION_POLICY_PREEMPT} applies"
+        )
+        policy = names.PREEMPTION_POLICY_PREEMPT
+    return preemption_priority, policy
 
 
 def name_list(text: str) -> tuple[str, ...]:

@@ -12,7 +12,13 @@ import bisect
 import enum
 
 from koord_queue.shared.api.admission_checks import matched_checks
-from koord_queue.shared.api.names import Message, Phase, QueuePolicy
+from koord_queue.shared.api.names import (
+    NON_PREEMPTING_ERROR,
+    NON_PREEMPTING_SUFFIX,
+    Message,
+    Phase,
+    QueuePolicy,
+)
 from koord_queue.shared.api.quantities import Resources
 from koord_queue.shared.core import gangs, pools
 from koord_queue.shared.core.charges import grants_request, remaining_grants
@@ -32,6 +38,7 @@ from koord_queue.shared.core.preemption import (
     MarkVictims,
     PreemptOutcome,
     disabled_reason,
+    failed_suffix,
     first_holder,
     may_preempt,
     plan_preempt,
@@ -126,6 +133,8 @@ class Cycle:
             if holder is not None and holder < item:
                 return _Stop.HELD
         minimums = qs.demand.minimums()
+        # Whether the queue may be skipped from ``key`` on: a non-preempting ``key`` does not stop
+        # it, since a unit sorting after may preempt (docs/compatibility.md#non-preempting-jobs).
         if (
             self.view.exhausted(qs.name, minimums, any_empty=qs.demand.empty > 0)
             and not may_preempt(qs, key, item)
@@ -202,7 +211,7 @@ class Cycle:
                 record is not None
                 and record.quota_failure
                 and record.epoch == self.epoch(qs)
-                and not may_preempt(qs, key, item)
+                and not may_preempt(qs, key, item, preempts=self.units[key].preempts)
             ):
                 self.levels.add(record.level)
                 if bypass:
@@ -252,11 +261,12 @@ class Cycle:
                 now=self.now,
                 protect=self.protect,
                 claimed=self.claimed,
+                preempts=unit.preempts,
             )
             if claim is not None:
                 return self.claim(qs, key, failure, claim)
         if failure is not None:
-            why = disabled_reason(cfg)
+            why = disabled_reason(cfg) if unit.preempts else NON_PREEMPTING_ERROR
             outcome = (
                 PreemptOutcome(error=why)
                 if why is not None
@@ -272,7 +282,7 @@ class Cycle:
                 )
             )
             self.apply_outcome(qs, key, outcome, path="preempt")
-            suffix = Message.PREEMPT_SUCCEED_SUFFIX if outcome.succeeded else Message.PREEMPT_FAILED_SUFFIX
+            suffix = Message.PREEMPT_SUCCEED_SUFFIX if outcome.succeeded else failed_suffix(unit)
             self.park(
                 qs,
                 key,
@@ -290,6 +300,8 @@ class Cycle:
             self.apply_outcome(qs, key, outcome, path="reserve")
             names = [v.name for v in outcome.victims] or [self.units[k].name for k in outcome.waiting_for]
             message = outcome.error or Message.waiting_for_victims(names)
+            if outcome.error == NON_PREEMPTING_ERROR:  # docs/compatibility.md#non-preempting-jobs
+                message = Message.NO_MORE_IN_QUEUE + NON_PREEMPTING_SUFFIX
             self.park(
                 qs,
                 key,
@@ -445,7 +457,7 @@ class Cycle:
             if failure is not None and not plain:
                 self.park(qs, key, failure, quota_failure=True, preempt_error=pools.NOT_ACROSS_POOLS)
             elif failure is not None:
-                text, why = failure + Message.PREEMPT_FAILED_SUFFIX, skip_reason(qs, key)
+                text, why = failure + failed_suffix(unit), skip_reason(qs, key, preempts=unit.preempts)
                 self.park(qs, key, text, quota_failure=True, preempt_error=why)
             elif stop is not _Stop.EXHAUSTED:  # it fits but was not tried: say what it waits for
                 self.park(qs, key, waits.get(stop, Message.BLOCKED_BY_HIGHER), quota_failure=False)

@@ -18,8 +18,13 @@ threshold form the *high* sub-queue, the others the *low* one; each is ordered b
 non-preemptible unit before a preemptible one (label ``quota.scheduling.alibabacloud.com/preemptible``
 == ``"true"``), then creation time, name, namespace, uid.
 
-The preemption rule "a victim sorts after its preemptor" uses the queue's unit key: because keys
-are total and strict, a unit can never be both the preemptor and the victim of another.
+The preemption rule "a victim sorts after its preemptor" compares the preemptor's unit key with the
+victim's *victim key* (:func:`victim_key`): the same key with the unit's preemption priority in
+place of its priority (docs/compatibility.md#preemption-priority). A unit's preemption priority is
+never below its priority, so its victim key never sorts after its unit key; with keys total and
+strict, P may preempt V means ``unit_key(P) < victim_key(V) <= unit_key(V)``, and V may preempt P
+would need ``unit_key(V) < victim_key(P) <= unit_key(P)``: both cannot hold, so no two units can
+preempt each other. Without a preemption priority the victim key is the unit key, as before.
 
 Queues are served in order of ``spec.priority`` (higher first), then name.
 """
@@ -40,6 +45,7 @@ __all__ = [
     "queue_key",
     "queues_in_order",
     "unit_key",
+    "victim_key",
 ]
 
 SortKey = tuple[int | float | str, ...]
@@ -61,6 +67,15 @@ def unit_key(unit: Unit, policy: QueuePolicy | None) -> SortKey:
     if policy is QueuePolicy.INTELLIGENT:
         return intelligent_key(unit)
     return priority_key(unit)
+
+
+def victim_key(unit: Unit, policy: QueuePolicy | None) -> SortKey:
+    """The key ``unit`` is compared with as a victim: :func:`unit_key` with its preemption priority
+    (``Unit.victim_priority``, never below its priority) in place of its priority, same tie-breakers."""
+    pp = unit.victim_priority
+    if policy is QueuePolicy.INTELLIGENT:
+        return (-pp, 1 if unit.preemptible else 0, unit.created, unit.name, unit.namespace, unit.uid)
+    return (-pp, unit.created, unit.name, unit.namespace, unit.uid)
 
 
 def is_high(unit: Unit, threshold: int) -> bool:

@@ -12,7 +12,9 @@ pure functions of a queue's state, the units and ``now``; the scheduler turns th
   from the lowest priority and stops as soon as the released resources cover the preemptor's request
   for every requested resource.
 
-A victim (docs/compatibility.md#victim-rules): sorts after the preemptor in the queue's order; has an
+A victim (docs/compatibility.md#victim-rules): sorts after the preemptor in the queue's order, judged
+at its *preemption priority* (``ordering.victim_key``, docs/compatibility.md#preemption-priority), so no
+two units can preempt each other; has an
 admission with ``replicas != running`` and no ``reclaimState`` (reclaimable = ``replicas -
 running`` replicas of that pod set); and its ``lastAllocateTime`` is older than the reclaim protect
 time. Bound pods are never reclaimed, so a unit whose pods all run is never a victim.
@@ -34,20 +36,25 @@ Where we do better than upstream (each keeps the documented behaviour in the doc
   with upstream's text. A preemptor that counts on capacity on the way takes the round too (those
   victims join it), so a victim's freed quota is promised to one waiting preemptor at a time.
 
+A unit whose ``preemptionPolicy`` is ``Never`` marks nobody on either path: it waits for room
+(:data:`names.NON_PREEMPTING_ERROR`).
+
 Pure: standard library and sibling modules only.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from koord_queue.shared.api import quantities
+from koord_queue.shared.api import names, quantities
 from koord_queue.shared.api.model import QueueConfig, Unit
 from koord_queue.shared.api.names import EventReason, Message, QueuePolicy
 from koord_queue.shared.api.predicates import expected_pod_sets
 from koord_queue.shared.api.quantities import Resources
 from koord_queue.shared.core import gangs
+from koord_queue.shared.core.ordering import victim_key
 from koord_queue.shared.core.policies import Item, Mark, PreemptRound, QueueState
 from koord_queue.shared.core.usage import UsageView
 
@@ -61,6 +68,7 @@ __all__ = [
     "Reclaimable",
     "Victim",
     "disabled_reason",
+    "failed_suffix",
     "first_holder",
     "may_preempt",
     "plan_preempt",
@@ -68,6 +76,7 @@ __all__ = [
     "reclaimable",
     "record_outcome",
     "skip_reason",
+    "sorts_after",
 ]
 
 PREEMPTION_NEEDS_WAIT = "preemption is disabled because wait-for-pods-running is disabled"
@@ -184,7 +193,7 @@ def _on_the_way(ctx: _Ctx, preemptor: Item) -> tuple[list[str], Resources]:
         unit = ctx.units.get(key)
         if unit is None or not state.on_the_way(key):
             continue
-        item = (*state.sort_key(unit), key)
+        item = _victim_item(state, unit, key)
         if item <= preemptor:
             continue
         per_pod = {ps.name: ps.per_pod for ps in expected_pod_sets(unit)}
@@ -192,6 +201,42 @@ def _on_the_way(ctx: _Ctx, preemptor: Item) -> tuple[list[str], Resources]:
             released = quantities.add(released, quantities.scale(per_pod.get(podset, {}), replicas))
         found.append(item)
     return [str(item[-1]) for item in sorted(found)], released
+
+
+def _victim_item(state: QueueState, unit: Unit, key: str) -> Item:
+    """The item ``unit`` is compared with as a victim (docs/compatibility.md#preemption-priority)."""
+    return (*victim_key(unit, state.config.policy), key)
+
+
+def sorts_after(state: QueueState, unit: Unit, preemptor: Item) -> bool:
+    """Victim rule 1: ``unit`` sorts after ``preemptor`` at its preemption priority."""
+    return _victim_item(state, unit, unit.key) > preemptor
+
+
+def _overridden(unit: Unit) -> bool:
+    """The unit's victim key differs from its queue key (a preemption priority above its priority)."""
+    return unit.victim_priority != unit.priority
+
+
+def _unpreemptable_holder(ctx: _Ctx, preemptor: Item, exclude: str) -> bool:
+    """An assumed unit (not on the way, not ``exclude``) sorting after ``preemptor`` in queue order
+    but not at its preemption priority: it holds the queue and can never be this preemptor's
+    victim, so marking the others would not free the queue. (Those sorting before are
+    :func:`first_holder`'s.) Only units with a preemption priority can be such a unit."""
+    state = ctx.state
+    for item in reversed(state.assumed):
+        if item <= preemptor:
+            return False
+        key = str(item[-1])
+        unit = ctx.units[key]
+        if (
+            key != exclude
+            and _overridden(unit)
+            and not state.on_the_way(key)
+            and _victim_item(state, unit, key) <= preemptor
+        ):
+            return True
+    return False
 
 
 def first_holder(state: QueueState, admitted: list[Item], exclude: str) -> Item | None:
@@ -219,6 +264,9 @@ def disabled_reason(config: QueueConfig) -> str | None:
 
 def _gate(ctx: _Ctx, preemptor: str, *, preempt_path: bool) -> str | None:
     config = ctx.state.config
+    unit = ctx.units.get(preemptor)
+    if unit is not None and not unit.preempts:
+        return names.NON_PREEMPTING_ERROR
     if preempt_path:
         reason = disabled_reason(config)
         if reason is not None:
@@ -250,7 +298,7 @@ def plan_reserve(
     if error is not None:
         return PreemptOutcome(error=error)
     holder = first_holder(state, admitted, key)
-    if holder is not None and holder < preemptor:
+    if (holder is not None and holder < preemptor) or _unpreemptable_holder(ctx, preemptor, key):
         return PreemptOutcome(error=Message.NO_MORE_IN_QUEUE)
     victims: list[Victim] = []
     for item in state.assumed:
@@ -289,7 +337,7 @@ def plan_preempt(
     if error is not None:
         return PreemptOutcome(error=error)
     holder = first_holder(state, admitted, key)
-    if holder is not None and holder < preemptor:
+    if (holder is not None and holder < preemptor) or _unpreemptable_holder(ctx, preemptor, key):
         return PreemptOutcome(error=Message.NO_MORE_IN_QUEUE)
     headroom = view.headroom(state.name)
     if headroom is None:
@@ -337,32 +385,71 @@ def plan_preempt(
 
 
 def _walk(state: QueueState, units: Mapping[str, Unit], preemptor: Item) -> Iterator[Item]:
-    """The assumed units sorting after ``preemptor``, lowest priority first; within one priority
-    (a contiguous run of the queue order) those with no bound pod first, each run sorted only when
-    the walk reaches it, so a walk that covers early stays cheap."""
+    """The assumed units sorting after ``preemptor`` at their preemption priority, lowest first
+    (:func:`_by_victim_key`); within one preemption priority those with no bound pod first, each
+    run sorted only when the walk reaches it, so a walk that covers early stays cheap."""
     run: list[Item] = []
     priority: int | None = None
+    for item, unit in _by_victim_key(state, units, preemptor):
+        if run and unit.victim_priority != priority:
+            yield from sorted(run, key=lambda it: _bound(units[str(it[-1])]))
+            run = []
+        run.append(item)
+        priority = unit.victim_priority
+    yield from sorted(run, key=lambda it: _bound(units[str(it[-1])]))
+
+
+def _by_victim_key(
+    state: QueueState, units: Mapping[str, Unit], preemptor: Item
+) -> Iterator[tuple[Item, Unit]]:
+    """The assumed units whose victim item sorts after ``preemptor``, highest victim item first.
+
+    ``state.assumed`` is in queue order and a unit's victim item never sorts after its queue item,
+    so walking it backwards yields the units without a preemption priority in victim order; the
+    few with one wait in a heap until the walk passes their victim item. Lazy, like the walk."""
+    waiting: list[tuple[_Desc, Item]] = []
     for item in reversed(state.assumed):
         if item <= preemptor:
             break
         unit = units[str(item[-1])]
-        if run and unit.priority != priority:
-            yield from sorted(run, key=lambda it: _bound(units[str(it[-1])]))
-            run = []
-        run.append(item)
-        priority = unit.priority
-    yield from sorted(run, key=lambda it: _bound(units[str(it[-1])]))
+        if _overridden(unit):
+            heapq.heappush(waiting, (_Desc(_victim_item(state, unit, unit.key)), item))
+            continue
+        while waiting and waiting[0][0].item > item:
+            found = heapq.heappop(waiting)[1]
+            yield found, units[str(found[-1])]
+        yield item, unit
+    while waiting:
+        desc, found = heapq.heappop(waiting)
+        if desc.item <= preemptor:
+            break
+        yield found, units[str(found[-1])]
+
+
+@dataclass(frozen=True, slots=True)
+class _Desc:
+    """An item ordered backwards, so that ``heapq`` (a min-heap) pops the highest first."""
+
+    item: Item
+
+    def __lt__(self, other: _Desc) -> bool:
+        return self.item > other.item
 
 
 def _bound(unit: Unit) -> bool:
     return any(adm.running > 0 for adm in unit.admissions)
 
 
-def may_preempt(state: QueueState, key: str, item: Item) -> bool:
+def may_preempt(state: QueueState, key: str, item: Item, *, preempts: bool = True) -> bool:
     """Could the preempt path mark anything for ``key`` (or, a fortiori, a unit sorting after)?
 
     Cheap and conservative: lets the scheduler skip a whole exhausted queue when it is False.
+    ``preempts=False`` asks about ``key`` alone, a unit that never preempts (its ``preemptionPolicy``
+    is ``Never``): nothing, so its unchanged failure is not tried again. Whether the queue may be
+    skipped from ``key`` on is asked with ``preempts=True``: a unit sorting after it may preempt.
     """
+    if not preempts:
+        return False
     cfg = state.config
     if disabled_reason(cfg) is not None:
         return False
@@ -395,7 +482,14 @@ def record_outcome(
     return MarkVictims(queue=state.name, preemptor=preemptor, victims=outcome.victims, path=path)
 
 
-def skip_reason(state: QueueState, key: str) -> str:
+def failed_suffix(unit: Unit) -> str:
+    """What a unit that did not fit and marked nobody adds to its waiting message."""
+    return Message.PREEMPT_FAILED_SUFFIX if unit.preempts else names.NON_PREEMPTING_SUFFIX
+
+
+def skip_reason(state: QueueState, key: str, *, preempts: bool = True) -> str:
     """The preemption error (for logs) of a unit the scan did not try because none could succeed."""
+    if not preempts:
+        return names.NON_PREEMPTING_ERROR
     busy = state.round is not None and state.round.preemptor != key
     return disabled_reason(state.config) or (Message.queue_preempting(state.name) if busy else NO_VICTIMS)

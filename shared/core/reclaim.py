@@ -3,7 +3,8 @@
 
 A unit that fits within its quota's ``min`` at its own level (and upward while that holds) but does
 not fit because siblings borrowed marks admitted-but-not-running units of the borrowing siblings,
-lowest priority first (among equals, those with no bound pod), then newest, protect time respected,
+lowest preemption priority first (docs/compatibility.md#preemption-priority; among equals, those
+with no bound pod), then newest, protect time respected,
 never taking a sibling (or any quota on the victim's chain below it) below its own ``min``. Running
 borrowers are never disrupted; the unit then waits saying for whom.
 
@@ -85,13 +86,17 @@ def plan_reclaim(
     now: float,
     protect: float,
     claimed: frozenset[str] | set[str] = frozenset(),
+    preempts: bool = True,
 ) -> Reclaim | None:
     """Victims among borrowing siblings for a unit of ``leaf`` that the filter refused.
 
     ``None`` when the guarantee does not apply (the unit does not fit within ``min`` at its own
     level, or nobody borrows where it is short): the ordinary preempt path decides then.
     ``claimed`` are victims another waiting unit already counts on in this cycle: a victim's
-    capacity is promised to one unit at a time."""
+    capacity is promised to one unit at a time. A unit that does not preempt (``preempts=False``,
+    docs/compatibility.md#non-preempting-jobs) claims nothing: ``None``, it waits for room."""
+    if not preempts:
+        return None
     need = _need(view, leaf, request)
     if not need:
         return None
@@ -219,7 +224,14 @@ def _candidates(
                     found.wake = until if found.wake is None else min(found.wake, until)
                 continue
             has_bound = any(adm.running > 0 for adm in unit.admissions)
-            order = (unit.priority, int(has_bound), -(unit.last_allocate_time or 0.0), -unit.created, key)
+            # Lowest *preemption* priority first (docs/compatibility.md#preemption-priority).
+            order = (
+                unit.victim_priority,
+                int(has_bound),
+                -(unit.last_allocate_time or 0.0),
+                -unit.created,
+                key,
+            )
             found.candidates.append(
                 (order, name, stops[name], Victim(key, unit.name, taken.reclaim, taken.resources))
             )
