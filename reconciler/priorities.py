@@ -1,6 +1,6 @@
 """What the job extensions need to know about priorities: the cluster's PriorityClasses (their
-values and the ``globalDefault`` one) and each quota's priority rules (its cap and the classes it
-allows), kept from watch events (docs/compatibility.md#priority-cap).
+values, which of them never preempt, and the ``globalDefault`` one) and each quota's priority rules
+(its cap and the classes it allows), kept from watch events (docs/compatibility.md#priority-cap).
 
 Both are read when a job's unit is sized. When either changes, the units already made from it may
 be out of step, so ``changed`` is called and the reconciler looks at every job again.
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from koord_queue.shared import kube
+from koord_queue.shared.api import names
 from koord_queue.shared.core import quota as quota_rules
 from koord_queue.shared.core.quota import QuotaLedger
 from koord_queue.shared.jobs import base
@@ -20,8 +21,9 @@ class PriorityClasses:
     """The cluster's PriorityClasses by name, and those marked ``globalDefault``."""
 
     def __init__(self, changed: Callable[[], None]) -> None:
-        #: name → value
-        self.values: dict[str, int] = {}
+        #: name → value, and (``values.never``) the classes whose ``preemptionPolicy`` is ``Never``
+        #: (docs/compatibility.md#non-preempting-jobs): the job extensions get this one table.
+        self.values = base.PriorityClassTable()
         #: the classes marked globalDefault (normally one) and their values
         self._defaults: dict[str, int] = {}
         self._changed = changed
@@ -32,12 +34,21 @@ class PriorityClasses:
         name = str((obj.get("metadata") or {}).get("name"))
         value = obj.get("value")
         default = new is not None and obj.get("globalDefault") is True and isinstance(value, int)
+        never = new is not None and obj.get("preemptionPolicy") == names.PREEMPTION_POLICY_NEVER
         if new is None:
             self.values.pop(name, None)
         elif isinstance(value, int):
-            if self.values.get(name) == value and (name in self._defaults) == default:
+            if (
+                self.values.get(name) == value
+                and (name in self._defaults) == default
+                and (name in self.values.never) == never
+            ):
                 return
             self.values[name] = value
+        if never and isinstance(value, int):
+            self.values.never.add(name)
+        else:
+            self.values.never.discard(name)
         if default and isinstance(value, int):
             self._defaults[name] = value
         else:

@@ -6,7 +6,8 @@ know from ``field.ErrorList`` (``spec.queuePolicy: Unsupported value: "FIFO": su
 
 * job annotations read by the job extensions (docs/compatibility.md#queueunit-construction,
   docs/compatibility.md#activation-and-execution-budget): priority, active, max-exec-time-seconds,
-  min-resources;
+  min-resources, and the preemption priority and policy, which are immutable
+  (docs/compatibility.md#preemption-priority);
 * Queue: policy and the ``koord-queue/*`` tuning annotations (docs/compatibility.md#queue-annotations);
 * QueueUnit: pod sets and quantities (docs/compatibility.md#queueunit-spec);
 * ElasticQuota: quantities, ``min <= max``, a parent that is not itself, the namespaces it is
@@ -218,6 +219,52 @@ def validate_job_annotations(
             errors += validate_resource_list(podspec.load_resource_text(value, path), path)[1]
         except JobSpecError as err:
             errors.append(from_spec_error(err))
+    return errors + _preemption_annotations(annotations, unchanged, max_priority)
+
+
+def _preemption_annotations(
+    annotations: Mapping[str, str], unchanged: Mapping[str, str] | None, max_priority: int | None
+) -> list[FieldError]:
+    """The preemption priority and policy of a job (docs/compatibility.md#preemption-priority,
+    docs/compatibility.md#non-preempting-jobs).
+
+    Both are fixed when the job is created: an UPDATE (``unchanged`` is the old object's
+    annotations) may not add, change or remove them, or an owner could make a queued or admitted
+    job unpreemptable, or make a non-preempting one preempt, once it has its place. The preemption
+    priority is a 32-bit integer, capped like the priority (``max_priority``), and not below the
+    job's priority annotation; a priority from a PriorityClass is known to the reconciler only,
+    which raises the unit's preemption priority to it."""
+    errors: list[FieldError] = []
+    keys = (names.PREEMPTION_PRIORITY_ANNOTATION, names.PREEMPTION_POLICY_ANNOTATION)
+    if unchanged is not None:
+        for key in keys:
+            if annotations.get(key) != unchanged.get(key):
+                detail = f"{key} is immutable: it is set when the job is created and cannot change afterwards"
+                errors.append(forbidden(_annotation(key), detail))
+        return errors
+    policy = annotations.get(names.PREEMPTION_POLICY_ANNOTATION)
+    if policy is not None and policy not in names.PREEMPTION_POLICIES:
+        path = _annotation(names.PREEMPTION_POLICY_ANNOTATION)
+        errors.append(not_supported(path, policy, names.PREEMPTION_POLICIES))
+    if (value := annotations.get(names.PREEMPTION_PRIORITY_ANNOTATION)) is None:
+        return errors
+    path = _annotation(names.PREEMPTION_PRIORITY_ANNOTATION)
+    number = parse_go_int(value, bits=32)
+    priority = parse_go_int(annotations.get(names.PRIORITY_ANNOTATION) or "", bits=32)
+    if number is None:
+        errors.append(invalid(path, value, "must be a 32-bit integer"))
+    elif max_priority is not None and number > max_priority:
+        detail = (
+            f"must be at most {max_priority}, the highest priority jobs may ask for in this cluster "
+            "(maxUserPriority), as for the priority itself"
+        )
+        errors.append(invalid(path, value, detail))
+    elif priority is not None and number < priority:
+        detail = (
+            f"must not be below the job's priority ({names.PRIORITY_ANNOTATION}: {priority}): a job "
+            "is never preempted below the priority it preempts at"
+        )
+        errors.append(invalid(path, value, detail))
     return errors
 
 
@@ -335,6 +382,10 @@ def validate_queue_unit(obj: Mapping[str, Any]) -> list[FieldError]:
     errors += _int_field(
         spec.get("maximumExecutionTimeSeconds"), "spec.maximumExecutionTimeSeconds", minimum=1
     )
+    errors += _int_field(spec.get("preemptionPriority"), "spec.preemptionPriority")
+    policy = spec.get("preemptionPolicy")
+    if policy is not None and policy not in names.PREEMPTION_POLICIES:
+        errors.append(not_supported("spec.preemptionPolicy", policy, names.PREEMPTION_POLICIES))
     if "active" in spec and spec["active"] is not None and not isinstance(spec["active"], bool):
         errors.append(invalid("spec.active", spec["active"], "must be true or false"))
     for field in ("resource", "request"):

@@ -323,6 +323,24 @@ def dequeued_in(annotations: Mapping[str, str]) -> bool:
     return bool(annotations.get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION))
 
 
+class PriorityClassTable(dict[str, int]):
+    """The cluster's PriorityClasses, name → value, as the reconciler keeps them from its watch, with
+    the names of those whose ``preemptionPolicy`` is ``Never`` (``never``): a job taking its priority
+    from one does not preempt (docs/compatibility.md#non-preempting-jobs). A plain mapping of values
+    stands for a cluster whose classes all preempt."""
+
+    def __init__(self, values: Mapping[str, int] | None = None, never: Iterable[str] = ()) -> None:
+        super().__init__(values or {})
+        self.never: set[str] = set(never)
+
+
+def never_preempting_classes(priority_classes: Mapping[str, int]) -> frozenset[str]:
+    """The classes of ``priority_classes`` whose ``preemptionPolicy`` is ``Never``."""
+    return (
+        frozenset(priority_classes.never) if isinstance(priority_classes, PriorityClassTable) else frozenset()
+    )
+
+
 def template_priority(template: object) -> tuple[str | None, int | None]:
     """``(priorityClassName, None)`` from a pod template's spec: its raw ``priority`` is ignored.
 

@@ -34,6 +34,7 @@ from koord_queue.shared.jobs.base import (
     annotations_of,
     dig,
     labels_of,
+    never_preempting_classes,
     text,
 )
 from koord_queue.shared.jobs.podspec import template_requests
@@ -110,6 +111,49 @@ def _clamp(value: int, cap: int | None) -> int:
     return value if cap is None else min(value, cap)
 
 
+def preemption_spec(
+    job: Job,
+    class_name: str | None,
+    value: int | None,
+    *,
+    max_user_priority: int | None = None,
+    never_classes: frozenset[str] = frozenset(),
+) -> Obj:
+    """``spec.preemptionPriority`` and ``spec.preemptionPolicy`` of the job's unit, each only when it
+    says something (docs/compatibility.md#preemption-priority,
+    docs/compatibility.md#non-preempting-jobs).
+
+    The preemption priority is the owner's claim (``koord-queue/preemption-priority``): clamped to
+    ``max_user_priority`` as the priority annotation is, then raised to the unit's priority
+    ``value`` (absent: 0), so the unit is never preempted below the priority it preempts at. The
+    policy is ``Never`` when the job's PriorityClass ``class_name`` (the one its priority is taken
+    from) is in ``never_classes``, or when its annotation says so; the annotation cannot lift a
+    class's ``Never``."""
+    annotations = annotations_of(job)
+    out: Obj = {}
+    claim = parse_lenient_int(annotations.get(names.PREEMPTION_PRIORITY_ANNOTATION), bits=32)
+    if claim is not None:
+        out["preemptionPriority"] = max(_clamp(claim, max_user_priority), value or 0)
+    asked = annotations.get(names.PREEMPTION_POLICY_ANNOTATION)
+    if asked == names.PREEMPTION_POLICY_NEVER or (class_name and class_name in never_classes):
+        out["preemptionPolicy"] = names.PREEMPTION_POLICY_NEVER
+    return out
+
+
+def raised_preemption_priority(job: Job, spec: Mapping[str, Any], cap: int | None) -> str | None:
+    """The Warning on a job whose preemption priority (capped) was below its unit's priority and was
+    raised to it (:func:`preemption_spec`); None when it was not."""
+    claim = parse_lenient_int(annotations_of(job).get(names.PREEMPTION_PRIORITY_ANNOTATION), bits=32)
+    priority = spec.get("priority")
+    if claim is None or not isinstance(priority, int) or _clamp(claim, cap) >= priority:
+        return None
+    return (
+        f"{names.PREEMPTION_PRIORITY_ANNOTATION} {_clamp(claim, cap)} is below the job's priority "
+        f"{priority}, so its QueueUnit is preempted at {priority}: a job is never preempted below "
+        "the priority it preempts at"
+    )
+
+
 def desired_spec(
     job: Job,
     adapter: JobAdapter,
@@ -121,12 +165,14 @@ def desired_spec(
     default_class: str | None = None,
     defaults: poddefaults.PodDefaults | None = None,
     admitted: Obj | None = None,
+    never_classes: frozenset[str] | None = None,
 ) -> Obj:
     """The QueueUnit ``spec`` the job implies. Raises ``JobSpecError`` for an unreadable job.
 
     ``max_user_priority`` caps the owner's priority claims and ``allowed_classes`` are the
     PriorityClasses the job's quota allows; ``default_class`` is the cluster's ``globalDefault``
-    PriorityClass (:func:`resolve_priority`).
+    PriorityClass (:func:`resolve_priority`); ``never_classes`` the classes whose
+    ``preemptionPolicy`` is ``Never`` (None: as ``priority_classes`` says, :func:`preemption_spec`).
 
     ``defaults`` are what the apiserver fills into the namespace's pods (LimitRange requests,
     RuntimeClass overhead, ``shared.jobs.poddefaults``); each pod set's template and per-pod
@@ -180,6 +226,11 @@ def desired_spec(
         spec["priorityClassName"] = class_name
     if value is not None:
         spec["priority"] = value
+    if never_classes is None:
+        never_classes = never_preempting_classes(priority_classes)
+    spec |= preemption_spec(
+        job, class_name, value, max_user_priority=max_user_priority, never_classes=never_classes
+    )
     annotations = annotations_of(job)
     active = parse_go_bool(annotations.get(names.ACTIVE_ANNOTATION))
     if active is not None:
@@ -293,6 +344,10 @@ def _pod_set_shape(pod_set: object) -> tuple[object, object, dict[str, int] | No
     return dig(pod_set, "name"), dig(pod_set, "count"), per_pod
 
 
+#: The unit's preemption fields, kept in step with the job (docs/compatibility.md#preemption-priority).
+_PREEMPTION_KEYS = ("preemptionPriority", "preemptionPolicy")
+
+
 def spec_drift(unit: Obj, desired: Obj) -> Obj | None:
     """A merge patch bringing the unit's pod sets, priority and activation in line with the job, or
     None. Pod sets differ when a name, a count or a pod's requests differ: a queued job whose
@@ -309,7 +364,8 @@ def spec_drift(unit: Obj, desired: Obj) -> Obj | None:
         patch["podSet"] = desired["podSet"]
         if podplan.phase_of(unit) != names.Phase.RUNNING:
             patch["resource"] = desired["resource"]
-    for key in ("priority", "priorityClassName", "active", "maximumExecutionTimeSeconds"):
+    keys = ("priority", "priorityClassName", "active", "maximumExecutionTimeSeconds", *_PREEMPTION_KEYS)
+    for key in keys:
         if current.get(key) != desired.get(key):
             if key == "active" and key not in desired:
                 continue  # an absent annotation leaves a hand-set spec.active alone

@@ -275,7 +275,7 @@ def _create(view: JobView, job: Obj, status: JobStatus, *, suspended: bool, stam
         )
     except JobSpecError as err:
         return (RecordEvent("job", "Warning", "InvalidJob", f"cannot queue this {adapter.kind}: {err}"),)
-    actions: list[Action] = [CreateUnit(unit), *_refused_class(view, job)]
+    actions: list[Action] = [CreateUnit(unit), *_refused_class(view, job), *_raised(view, job, unit["spec"])]
     if adopt:
         key = view.key
         message = f"adopted {key.namespace}/{key.name}: its unit was missing while the job runs"
@@ -295,6 +295,15 @@ def _refused_class(view: JobView, job: Obj) -> Actions:
         return ()
     message = jobext.refused_class_message(refused, view.adapter.quota_name(job) or "", allowed)
     return (RecordEvent("job", "Warning", "PriorityClassNotAllowed", message),)
+
+
+def _raised(view: JobView, job: Obj, spec: Obj) -> Actions:
+    """A Warning on a job whose preemption priority was raised to its priority
+    (docs/compatibility.md#preemption-priority): the job's owner learns the value that counts."""
+    message = jobext.raised_preemption_priority(job, spec, view.settings.priority_cap)
+    if message is None:
+        return ()
+    return (RecordEvent("job", "Warning", names.PREEMPTION_PRIORITY_RAISED_REASON, message),)
 
 
 def _own_unit(view: JobView, job: Obj, unit: Obj, status: JobStatus) -> Actions:
@@ -349,6 +358,8 @@ def _keep_in_step(view: JobView, job: Obj, unit: Obj, actions: list[Action]) -> 
         actions.append(PatchUnit(drift))
         if "priorityClassName" in drift["spec"]:
             actions.extend(_refused_class(view, job))
+        if "preemptionPriority" in drift["spec"]:
+            actions.extend(_raised(view, job, desired))
     return False
 
 
