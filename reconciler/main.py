@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -211,6 +212,14 @@ def _pool_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="keep each ElasticQuotaProfile's root quota (docs/pools.md#the-tree-of-a-pool); false where "
         "Koordinator's quota controller keeps them: pools are still read (default %(default)s)",
     )
+    p.add_argument(
+        "--usage-half-life",
+        default=None,
+        metavar="DURATION",
+        help="half-life of each quota's decayed usage, which orders spare capacity among sibling quotas "
+        "(docs/compatibility.md#fair-over-time); 0s turns it off; overrides usageHalfLife of --config "
+        "(default: the file's, else 1h)",
+    )
     return p
 
 
@@ -230,8 +239,17 @@ def _fanout(*handlers: Handler) -> Handler:
     return handle
 
 
-async def run(args: argparse.Namespace) -> None:
+def _settings(args: argparse.Namespace) -> component_config.Settings:
+    """The component configuration file's settings, with what flags override."""
     settings = component_config.load(args.config) if args.config else component_config.Settings()
+    if args.usage_half_life is not None:
+        value = component_config.duration(args.usage_half_life, "--usage-half-life")
+        settings = dataclasses.replace(settings, usage_half_life_seconds=value)
+    return settings
+
+
+async def run(args: argparse.Namespace) -> None:
+    settings = _settings(args)
     for warning in settings.warnings:
         log.warning("%s", warning)
     adapters = registry.enabled_adapters(args.enabled_extensions.split(","))

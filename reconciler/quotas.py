@@ -424,7 +424,7 @@ class QuotaStatusSync:
         if not self.ready():
             return 0
         cache = self.cache()
-        figures = quotastatus.published(cache.ledger, cache.state)
+        figures = quotastatus.published(cache.ledger, cache.state, cache.snapshot.history)
         store = self.quotas()
         seen: set[str] = set()
         written = 0

@@ -80,6 +80,7 @@ class SchedulerLoop:
             reclaim_protect_seconds=settings.reclaim_protect_seconds,
             quota_namespace_binding=settings.quota_namespace_binding,
             quota_guarantees=settings.quota_guarantees,
+            usage_half_life=settings.usage_half_life_seconds,
         )
         #: raw objects by key, kept by the informers (set by the wiring in main)
         self.unit_store: Mapping[str, kube.Obj] = {}
@@ -240,7 +241,9 @@ class SchedulerLoop:
 
     def _take_over(self) -> None:
         """What a follower left to the leader, taken up from the warm cache as leadership begins:
-        the backed-off units to requeue and the unlabelled units still without their reason."""
+        the backed-off units to requeue and the unlabelled units still without their reason; the
+        usage history counts on from what the quotas carry (docs/compatibility.md#fair-over-time)."""
+        self.cache.snapshot.history.restart()
         self._backoff = [
             (self._requeue_at(unit), key)
             for key, unit in self.cache.units.items()

@@ -15,7 +15,8 @@ What the values reach (everything else is the manifests, verbatim):
   ``defaultReclaimProtectTime``, ``quotaNamespaceBinding``, ``quotaGuarantees``,
   ``publishQuotaStatus``, ``maxUserPriority`` (also given to the
   webhook as ``--max-user-priority``, so both refuse and clamp alike), ``jobRunningTimeout``,
-  ``nativeGangHandoff``, ``scheduledEvents``, ``plugins``, ``manageJobsWithoutQuotaName`` and
+  ``nativeGangHandoff``, ``scheduledEvents``, ``usageHalfLife``, ``plugins``,
+  ``manageJobsWithoutQuotaName`` and
   ``managedJobsNamespaceSelector`` (which also add the webhooks for unlabelled jobs in the selected
   namespaces, docs/operations.md#mandatory-queueing);
   ``config.enabledExtensions`` (the job kinds, ``--enabled-extensions`` of both
@@ -226,6 +227,7 @@ jobRunningTimeout:
 {{- end }}
 nativeGangHandoff: {{ .Values.config.nativeGangHandoff }}
 scheduledEvents: {{ .Values.config.scheduledEvents }}
+usageHalfLife: {{ .Values.config.usageHalfLife | quote }}
 manageJobsWithoutQuotaName: {{ .Values.config.manageJobsWithoutQuotaName }}
 {{- with .Values.config.managedJobsNamespaceSelector }}
 managedJobsNamespaceSelector:
@@ -350,6 +352,9 @@ config:
   # The QueueUnit event Scheduled "dequeue success" (docs/compatibility.md#events): AfterWait only
   # for units that waited first; Always on every admission, as upstream.
   scheduledEvents: {config.get("scheduledEvents", "AfterWait")}
+  # Usage history (docs/compatibility.md#fair-over-time): the half-life of each quota's decayed
+  # usage, which orders spare capacity among sibling quotas by what they used lately; 0s: off.
+  usageHalfLife: {config.get("usageHalfLife", "1h")}
   # Mandatory queueing (docs/operations.md#mandatory-queueing): every job of an enabled kind in the
   # namespaces the selector picks is queued, an unlabelled one on the namespace's default quota;
   # also adds the webhooks for unlabelled jobs there. The selector is a LabelSelector

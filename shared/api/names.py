@@ -362,6 +362,10 @@ QUOTA_RUNTIME_ANNOTATION: Final = "quota.scheduling.koordinator.sh/runtime"
 QUOTA_REQUEST_ANNOTATION: Final = "quota.scheduling.koordinator.sh/request"
 #: Ours: ``used - min`` where positive (a ResourceList as JSON), for the printer column.
 QUOTA_BORROWED_ANNOTATION: Final = "koord-queue/borrowed"
+#: Ours: the quota's decayed average usage and when it was taken (JSON: ``at``, ``halfLife``,
+#: ``usage``), written by the reconciler and read back when it starts
+#: (docs/compatibility.md#fair-over-time).
+QUOTA_USAGE_HISTORY_ANNOTATION: Final = "koord-queue/usage-history"
 
 # --- Node pools (docs/pools.md) ---------------------------------------------------------------
 

@@ -35,6 +35,10 @@ behaviour:
   says so and the event is one apiserver write per job. ``Always`` restores upstream's event on every
   admission (docs/compatibility.md#events).
 
+* ``usageHalfLife`` (default ``1h``; ``0s`` turns it off): the half-life of each quota's decayed
+  usage, which orders spare capacity among sibling quotas by what they used lately
+  (docs/compatibility.md#fair-over-time, ``shared.core.history``).
+
 * ``manageJobsWithoutQuotaName`` (default false) with ``managedJobsNamespaceSelector`` (default:
   every namespace but ``kube-system`` and ``koord-queue``): every job of an enabled kind in a selected
   namespace is queued, an unlabelled one on the namespace's default quota
@@ -59,6 +63,7 @@ import yaml
 from koord_queue.shared.api.durations import DurationError, parse_duration
 from koord_queue.shared.api.goparse import INT32_MAX, INT32_MIN
 from koord_queue.shared.core import mandatory
+from koord_queue.shared.core.history import DEFAULT_HALF_LIFE_SECONDS
 from koord_queue.shared.jobs import registry
 from koord_queue.shared.jobs.running_timeout import RunningTimeout, RunningTimeouts
 
@@ -80,6 +85,7 @@ _KNOWN: Final = frozenset(
         "scheduledEvents",
         "manageJobsWithoutQuotaName",
         "managedJobsNamespaceSelector",
+        "usageHalfLife",
     }
 )
 #: ``jobRunningTimeout`` entries: field name in the file -> ``RunningTimeout`` attribute.
@@ -126,6 +132,28 @@ class Settings:
     #: Namespaces where unlabelled jobs are queued too (``manageJobsWithoutQuotaName``,
     #: ``managedJobsNamespaceSelector``; docs/operations.md#mandatory-queueing). Off by default.
     mandatory_queueing: mandatory.MandatoryQueueing = field(default_factory=mandatory.MandatoryQueueing)
+    #: The half-life of the quotas' usage history in seconds (``usageHalfLife``; 0: off).
+    usage_half_life_seconds: float = DEFAULT_HALF_LIFE_SECONDS
+
+
+def _duration(doc: dict[str, Any], key: str, source: str, default: float) -> float:
+    """A non-negative Go duration field (``5m``, ``1h``), or a number of seconds."""
+    raw = doc.get(key)
+    return default if raw is None else duration(raw, f"{source}: {key}")
+
+
+def duration(raw: object, where: str) -> float:
+    """A non-negative Go duration (``5m``, ``1h``) or a number of seconds; ``ConfigError`` naming
+    ``where`` (a file's key, or a flag) otherwise."""
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise ConfigError(f"{where}: expected a duration such as 5m, got {raw!r}")
+    try:
+        value = parse_duration(raw) if isinstance(raw, str) else float(raw)
+    except DurationError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{where}: must be a finite, non-negative duration")
+    return value
 
 
 def _switch(doc: dict[str, Any], key: str, source: str, *, default: bool = True) -> bool:
@@ -202,6 +230,7 @@ def parse(text: str, *, source: str = "config") -> Settings:
         native_gang_handoff=native_gangs,
         scheduled_events=ScheduledEvents(raw_events),
         mandatory_queueing=queueing,
+        usage_half_life_seconds=_duration(doc, "usageHalfLife", source, DEFAULT_HALF_LIFE_SECONDS),
     )
 
 

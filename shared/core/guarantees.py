@@ -16,7 +16,9 @@ meaning of the same objects):
    is divided by *water-filling* in proportion to ``shared-weight`` (default: the child's ``max``;
    for a resource that ``max`` leaves out, the parent's limit on it, so the weight is in that
    resource's own scale), never beyond a child's request. So siblings competing for spare capacity
-   get it in proportion to their weights, and none is starved.
+   get it in proportion to their weights, and none is starved. With usage history on, each weight
+   is scaled by the child's fair-share factor (``shared.core.history``), so a child that used less
+   than its share lately gets more of the spare capacity (docs/compatibility.md#fair-over-time).
 4. *Whole units*: a share is cut to whole steps of the child's smallest waiting unit, but never
    below its guarantee, nor so far that a unit which fitted on that resource no longer does.
 5. *Work conservation*, judged on whole units (a unit fits only if it fits on every resource): a
@@ -53,9 +55,10 @@ from dataclasses import dataclass, field
 from koord_queue.shared.api.model import Quota
 from koord_queue.shared.api.quantities import Resources
 from koord_queue.shared.core import charges
+from koord_queue.shared.core.history import FACTOR_SCALE, UsageHistory, factor
 from koord_queue.shared.core.quota import QuotaLedger
 
-__all__ = ["Shares", "compute", "water_fill", "weight"]
+__all__ = ["Shares", "compute", "fair_weights", "water_fill", "weight"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +138,16 @@ def anyone_borrows(ledger: QuotaLedger) -> bool:
 
 
 def compute(
-    ledger: QuotaLedger, pending: Mapping[str, Resources], smallest: Mapping[str, Sequence[Resources]]
+    ledger: QuotaLedger,
+    pending: Mapping[str, Resources],
+    smallest: Mapping[str, Sequence[Resources]],
+    history: UsageHistory | None = None,
 ) -> Shares:
     """The runtime and request of every quota below a parent quota.
 
     ``pending`` is, per quota, the sum of its active waiting units' requests; ``smallest`` the
-    least requests of those units that no other one is below (``Demand.floors``). Cost:
+    least requests of those units that no other one is below (``Demand.floors``); ``history`` the
+    decayed usages that scale the weights (None or off: the plain weights). Cost:
     O(quotas x depth) times the size of those lists."""
     children = ledger.children()
     borrowing = _borrowing(ledger)
@@ -185,7 +192,9 @@ def compute(
         seen.add(parent)
         kids = children[parent]
         if parent in runtime or parent in borrowing:
-            _divide(ledger, parent, kids, runtime, request, held, sub_pending, sub_small, pending, below)
+            _divide(
+                ledger, parent, kids, runtime, request, held, sub_pending, sub_small, pending, below, history
+            )
         order.extend(c for c in children[parent] if c in children)
     return Shares(runtime=runtime, request=request, guaranteed=held)
 
@@ -307,6 +316,7 @@ def _divide(
     sub_small: Mapping[str, tuple[Resources, ...]],
     pending: Mapping[str, Resources],
     below: Mapping[str, Resources],
+    history: UsageHistory | None = None,
 ) -> None:
     quotas = ledger.quotas
     limit = _limit(ledger, parent, runtime)
@@ -323,7 +333,7 @@ def _divide(
             # No waiting unit of it passes the max of its quota (or of one below): nothing to ask.
             asks[c] = dict(used[c])
     units = {c: sub_small[c] for c in kids if sub_pending.get(c) and sub_small.get(c)}
-    split = _Split(quotas, kids, cap, limit, used, units, below)
+    split = _Split(quotas, kids, cap, limit, used, units, below, history)
     full = {c: dict(a) for c, a in asks.items()}
     shares = _conserve(split, asks, units)
     # A demoted child keeps its claim on its min while a waiting unit of it fits there: a sibling
@@ -403,6 +413,8 @@ class _Split:
     units: Mapping[str, tuple[Resources, ...]]
     #: per child with child quotas, what their ``min`` claims of it (``_claims_below``)
     below: Mapping[str, Resources]
+    #: decayed usages that scale the weights (docs/compatibility.md#fair-over-time); None: plain
+    history: UsageHistory | None = None
     _by_resource: dict[str, tuple[dict[str, list[int]], dict[str, int], dict[str, int]]] = field(
         default_factory=dict
     )
@@ -415,6 +427,8 @@ class _Split:
             sizes = {c: [u.get(r, 0) for u in self.units.get(c, ())] for c in self.kids}
             steps = {c: min(v) if v else 0 for c, v in sizes.items()}
             weights = {c: weight(self.quotas[c], r, unlimited=self.limit[r]) for c in self.kids}
+            if self.history is not None and self.history.enabled:
+                weights = fair_weights(self.history, self.kids, weights, self.limit[r], r)
             found = self._by_resource[r] = (sizes, steps, weights)
         return found
 
@@ -463,6 +477,23 @@ class _Split:
             if want[c] > alloc[c]:
                 heapq.heappush(heap, (_order(alloc[c], weights[c]), c))
         return alloc
+
+
+def fair_weights(
+    history: UsageHistory, kids: Sequence[str], weights: Mapping[str, int], limit: int, resource: str
+) -> dict[str, int]:
+    """``weights`` scaled by each child's fair-share factor on ``resource`` (``history.factor``:
+    its decayed usage as a fraction of the parent's ``limit``, against its weight's fraction).
+    When every factor is 1 (no history) the weights come back unchanged, so the division is
+    exactly the plain weighted one."""
+    total = sum(max(w, 0) for w in weights.values())
+    factors = {
+        c: factor(history.usage(c).get(resource, 0.0), limit, weights[c] / total if total > 0 else 0.0)
+        for c in kids
+    }
+    if all(f == 1.0 for f in factors.values()):
+        return dict(weights)
+    return {c: weights[c] * max(1, round(factors[c] * FACTOR_SCALE)) for c in kids}
 
 
 def _order(alloc: int, weight: int) -> float:

@@ -16,6 +16,7 @@ from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.names import EventReason, Phase
 from koord_queue.shared.api.placement import PoolPlacement
 from koord_queue.shared.api.quantities import Resources
+from koord_queue.shared.core.history import UsageHistory
 from koord_queue.shared.core.preemption import MarkVictims
 from koord_queue.shared.core.quota import QuotaLedger
 
@@ -112,3 +113,6 @@ class Snapshot:
     #: each pool's placement by name (docs/pools.md#placement); None checks no placement (a replay
     #: by a user who cannot read the ElasticQuotaProfiles)
     placements: Mapping[str, PoolPlacement] | None = field(default_factory=dict)
+    #: every quota's decayed usage (docs/compatibility.md#fair-over-time); off unless given a
+    #: half-life. Folded by each cycle, so it is the one mutable part a cycle changes here.
+    history: UsageHistory = field(default_factory=UsageHistory)

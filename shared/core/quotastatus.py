@@ -17,7 +17,12 @@ Per quota that counts (``QuotaLedger.quotas``):
 * ``runtime``: the cycle's figure where computed; elsewhere the request (a top-level quota, or one
   below a parent whose children all have ``min == max``, may use what it asks for up to ``max``:
   nobody lends or borrows there);
-* ``borrowed``: ``used - min`` where positive.
+* ``borrowed``: ``used - min`` where positive;
+* ``history`` (usage history on): the decayed average and when it was taken
+  (``koord-queue/usage-history``, docs/compatibility.md#fair-over-time). It changes with every
+  cycle, so it is written only when the quota shows none, or one at least
+  :data:`HISTORY_WRITE_SECONDS` older: a restart loses at most that much counting, and a quota
+  costs one history write a minute at most.
 
 Each list names every resource of the quota's ``min`` or ``max`` (0 when unused, so a column reads
 ``cpu: 0`` rather than nothing and a figure does not flap between absent and zero) and any other
@@ -36,10 +41,13 @@ from typing import Any
 from koord_queue.shared.api import names, quantities
 from koord_queue.shared.api.model import Quota
 from koord_queue.shared.api.quantities import QuantityError, Resources
+from koord_queue.shared.core import history as usage_history
+from koord_queue.shared.core.history import Record, UsageHistory
 from koord_queue.shared.core.policies import SchedulerState
 from koord_queue.shared.core.quota import QuotaLedger
 
 __all__ = [
+    "HISTORY_WRITE_SECONDS",
     "PUBLISHED_ANNOTATIONS",
     "Figures",
     "Writes",
@@ -59,7 +67,10 @@ PUBLISHED_ANNOTATIONS = (
     names.QUOTA_RUNTIME_ANNOTATION,
     names.QUOTA_REQUEST_ANNOTATION,
     names.QUOTA_BORROWED_ANNOTATION,
+    names.QUOTA_USAGE_HISTORY_ANNOTATION,
 )
+#: A quota's usage history is written again once what it shows is this old (seconds).
+HISTORY_WRITE_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +81,9 @@ class Figures:
     runtime: Resources
     request: Resources
     borrowed: Resources
+    #: the decayed average to store (None: history off, or not counted yet) and the half-life
+    history: Record | None = None
+    half_life: float = 0.0
 
     def annotations(self) -> dict[str, str | None]:
         """The annotation values to show; ``None`` removes one (nothing borrowed)."""
@@ -118,7 +132,9 @@ def subtree_demand(ledger: QuotaLedger, state: SchedulerState) -> dict[str, Reso
     return dict(out)
 
 
-def published(ledger: QuotaLedger, state: SchedulerState) -> dict[str, Figures]:
+def published(
+    ledger: QuotaLedger, state: SchedulerState, history: UsageHistory | None = None
+) -> dict[str, Figures]:
     """The figures of every quota that counts, by name (see the module docstring)."""
     demand = subtree_demand(ledger, state)
     out: dict[str, Figures] = {}
@@ -135,6 +151,8 @@ def published(ledger: QuotaLedger, state: SchedulerState) -> dict[str, Figures]:
             runtime=_shape(quota, runtime),
             request=_shape(quota, request),
             borrowed=borrowed(quota, used),
+            history=history.record(name) if history is not None else None,
+            half_life=history.half_life if history is not None else 0.0,
         )
     return out
 
@@ -177,6 +195,18 @@ def read(annotations: Mapping[str, str], key: str) -> Resources | None:
         return None
 
 
+def history_due(shown: str | None, record: Record) -> bool:
+    """Whether the history a quota shows should be replaced by ``record``: it shows none (or an
+    unreadable one), or one taken :data:`HISTORY_WRITE_SECONDS` or more before ``record`` with
+    other figures."""
+    old = usage_history.parse_record(shown)
+    if old is None:
+        return True
+    return record.at - old.at >= HISTORY_WRITE_SECONDS and dict(old.usage) != {
+        r: v for r, v in record.usage.items() if v > 0
+    }
+
+
 def status_shows(raw_used: object, used: Mapping[str, int]) -> bool:
     """Whether a quota's raw ``status.used`` holds exactly ``used`` (however the quantities are
     written)."""
@@ -213,6 +243,11 @@ def changes(obj: Mapping[str, Any], figures: Figures) -> Writes:
         shown = current.get(key) if isinstance(current, Mapping) else None
         if not shown_equal(shown if isinstance(shown, str) else None, wanted, parsed[key]):
             annotations[key] = wanted
+    if figures.history is not None:
+        shown = current.get(names.QUOTA_USAGE_HISTORY_ANNOTATION) if isinstance(current, Mapping) else None
+        if history_due(shown if isinstance(shown, str) else None, figures.history):
+            text = usage_history.render_record(figures.history, figures.half_life)
+            annotations[names.QUOTA_USAGE_HISTORY_ANNOTATION] = text
     raw_used = (obj.get("status") or {}).get("used")
     status = None
     if not status_shows(raw_used, figures.used):

@@ -41,11 +41,12 @@ from dataclasses import dataclass
 from koord_queue.shared.api.model import QueueConfig, Quota, Unit, evolve, with_grants
 from koord_queue.shared.api.names import Message
 from koord_queue.shared.api.placement import PoolPlacement
-from koord_queue.shared.core import guarantees
+from koord_queue.shared.core import fairness, guarantees
 from koord_queue.shared.core.cycle import BLOCK_STALE_SECONDS, Cycle
+from koord_queue.shared.core.history import UsageHistory
 from koord_queue.shared.core.ordering import queue_key
 from koord_queue.shared.core.plan import Admit, Decision, Park, Plan, Snapshot
-from koord_queue.shared.core.policies import SchedulerState, queue_item_details
+from koord_queue.shared.core.policies import QueueState, SchedulerState, queue_item_details
 from koord_queue.shared.core.quota import QuotaLedger
 from koord_queue.shared.core.usage import UsageView
 
@@ -69,6 +70,7 @@ def schedule(snapshot: Snapshot, state: SchedulerState, now: float) -> Plan:
     Mutates only ``state`` (the scheduler's memory: dirty flags, parked messages, blocked quotas,
     marks and rounds, admissions in flight); never ``snapshot``.
     """
+    snapshot.history.fold(snapshot.ledger, now)
     refresh_shares(snapshot, state)
     cycle = Cycle(snapshot, state, now)
     for qname, key in state.new_orphans():
@@ -76,14 +78,22 @@ def schedule(snapshot: Snapshot, state: SchedulerState, now: float) -> Plan:
         repeated = snapshot.units[key].message == message
         cycle.decisions.append(Park(key, qname, message, queue_not_found=True, repeated=repeated))
     state.fire_timers(now, block_stale=BLOCK_STALE_SECONDS)
-    due = sorted(
-        (state.queues[q] for q in state.dirty if q in state.queues), key=lambda qs: queue_key(qs.config)
-    )
+    due = _in_order(snapshot, [state.queues[q] for q in state.dirty if q in state.queues])
     state.dirty.clear()
     for qs in due:
         cycle.scan(qs)
     wake = min(state.timers.values(), default=None)
     return Plan(decisions=tuple(cycle.decisions), wake_at=wake, examined=cycle.examined)
+
+
+def _in_order(snapshot: Snapshot, due: list[QueueState]) -> list[QueueState]:
+    """The queues to scan, by ``spec.priority``, then (usage history on) by standing among their
+    siblings at every level from the top (docs/compatibility.md#fair-over-time), then by name."""
+    history = snapshot.history
+    if not history.enabled or not snapshot.ledger.has_subquotas or len(due) < 2:
+        return sorted(due, key=lambda qs: queue_key(qs.config))
+    ranks = fairness.Ranks(snapshot.ledger, history)
+    return sorted(due, key=lambda qs: (-qs.config.priority, ranks.key(qs.name), qs.name))
 
 
 def refresh_shares(snapshot: Snapshot, state: SchedulerState) -> None:
@@ -100,7 +110,9 @@ def refresh_shares(snapshot: Snapshot, state: SchedulerState) -> None:
         state.runtime, state.requests, state.guaranteed, state.gaps = {}, {}, {}, {}
         return
     busy = [(name, qs.demand) for name, qs in state.queues.items() if qs.demand.count]
-    shares = guarantees.compute(ledger, {n: d.total for n, d in busy}, {n: d.floors() for n, d in busy})
+    shares = guarantees.compute(
+        ledger, {n: d.total for n, d in busy}, {n: d.floors() for n, d in busy}, snapshot.history
+    )
     old = state.runtime
     grown = {
         name
@@ -184,11 +196,13 @@ class Cache:
         reclaim_protect_seconds: float = 0.0,
         quota_namespace_binding: bool = True,
         quota_guarantees: bool = True,
+        usage_half_life: float = 0.0,
     ) -> None:
         self.snapshot = Snapshot(
             ledger=QuotaLedger(namespace_binding=quota_namespace_binding),
             reclaim_protect_seconds=reclaim_protect_seconds,
             guarantees=quota_guarantees,
+            history=UsageHistory(usage_half_life),
         )
         self.state = SchedulerState()
         self.units: Mapping[str, Unit] = self.snapshot.units
@@ -240,6 +254,7 @@ class Cache:
         self.state.delete_queue(name, self._queued)
 
     def put_quota(self, quota: Quota) -> None:
+        self.snapshot.history.remember(quota)
         old = self.ledger.quotas.get(quota.name)
         changed = self.ledger.put_quota(quota)
         self._rebind()
@@ -293,15 +308,26 @@ class Cache:
         if (after.pool, after.pool_quota) != (admit.pool, admit.pool_quota):
             after = evolve(after, pool=admit.pool, pool_quota=admit.pool_quota)
         self.put_unit(after)
+        self._held(after)
         return before, after
 
     def forget(self, before: Unit) -> None:
         """The admission write failed: restore the unit as it was and let it compete again."""
         self.put_unit(before)
+        self._held(before)
         state = self.state.queues.get(before.quota or "")
         if state is not None:
             state.forget_admit(before.key)
             self.state.mark_dirty(state)
+
+    def _held(self, unit: Unit) -> None:
+        """An admission assumed or forgotten right after its cycle: the usage history charges
+        the time from that cycle on with the new usage (``UsageHistory.hold``)."""
+        history = self.snapshot.history
+        if history.enabled and unit.quota:
+            chain = self.ledger.chain(unit.quota).names
+            via = self.ledger.chain(unit.pool_quota).names if unit.pool_quota else ()
+            history.hold(self.ledger, (*chain, *via))
 
     def forget_park(self, key: str) -> None:
         """A park's message write failed: the unit gets its message decided and written again."""

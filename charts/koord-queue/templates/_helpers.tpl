@@ -16,6 +16,7 @@ jobRunningTimeout:
 {{- end }}
 nativeGangHandoff: {{ .Values.config.nativeGangHandoff }}
 scheduledEvents: {{ .Values.config.scheduledEvents }}
+usageHalfLife: {{ .Values.config.usageHalfLife | quote }}
 manageJobsWithoutQuotaName: {{ .Values.config.manageJobsWithoutQuotaName }}
 {{- with .Values.config.managedJobsNamespaceSelector }}
 managedJobsNamespaceSelector:

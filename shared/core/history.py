@@ -1,0 +1,261 @@
+"""Usage history: what each quota held over time, decayed with a half-life, and the fair-share
+factor that turns it into the order in which siblings get spare capacity
+(docs/compatibility.md#fair-over-time).
+
+Sharing only *current* spare capacity is fair at each moment and unfair over a day: a team that
+filled the parent all night "only uses its share" at every instant once a sibling arrives, and the
+sibling waits behind the backlog. So every quota keeps a **decayed average** of the resources its
+admitted units held (its subtree's usage, ``QuotaLedger.used``): over a step of ``dt`` seconds in
+which it held ``u``, the average ``a`` becomes ``a * d + u * (1 - d)`` with ``d = 2 ** (-dt / H)``
+for the half-life ``H``. The average is in the resource's own units (3.2 GPUs), so a figure reads
+as "held 3.2 GPUs on average lately".
+
+Below a parent, a child's **fair-share factor** on a resource is ``2 ** (-u / s)`` (the form of
+Slurm's fair-share factor), where ``u`` is its decayed average as a fraction of the parent's limit
+and ``s`` its weight's fraction of its siblings' weights (``shared-weight``, by default ``max``).
+The spare capacity of the parent (what is left once every ``min`` is served) is divided in
+proportion to ``weight x factor`` instead of ``weight`` (``shared.core.guarantees``). So a child
+that used less than its share lately gets more than its share of the next slots, until the
+averages even out; two children that used their shares get exactly their shares (equal ``u / s``,
+equal factors), and with no history at all every factor is 1 and the division is the plain
+weighted one. ``min`` is never touched: history orders spare capacity only.
+
+A child's *standing* among its siblings is its largest ``u / s`` over the resources the parent
+limits (lower stands first): the order queues of equal priority are scanned in, and what
+``kubectl koord-queue explain`` reports ("B is ahead of you because ...").
+
+Cost: one fold per quota per cycle (at most one per second), O(quotas x resources); nothing per
+unit. The averages are written to each ElasticQuota (``koord-queue/usage-history``: the average
+and when it was taken) and read back when a reconciler starts or takes over, decayed analytically
+across the gap, so a restart never resets them (``reconciler/quotas.py`` writes them).
+
+Pure: standard library and sibling modules only; ``now`` is a parameter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from koord_queue.shared.api import names, quantities
+from koord_queue.shared.api.durations import format_duration, format_time, parse_time
+from koord_queue.shared.api.model import Quota
+from koord_queue.shared.api.quantities import QuantityError, Resources
+from koord_queue.shared.core.quota import QuotaLedger
+
+__all__ = [
+    "DEFAULT_HALF_LIFE_SECONDS",
+    "FACTOR_SCALE",
+    "Record",
+    "Standing",
+    "UsageHistory",
+    "factor",
+    "parse_record",
+    "render_record",
+]
+
+#: The default half-life (``usageHalfLife``): long enough that a night's burst still counts the
+#: next morning, short enough that yesterday's is mostly forgotten.
+DEFAULT_HALF_LIFE_SECONDS = 3600.0
+#: Weights are integers (``guarantees.water_fill``); a factor is applied as ``weight x round(f x
+#: FACTOR_SCALE)``, which keeps every ratio of the plain division when all factors are 1.
+FACTOR_SCALE = 1 << 20
+#: The smallest factor used, so that a weight never becomes 0 (a zero weight is served last of all,
+#: a different rule): a child 20 shares over its share still gets a sliver, in weight order.
+_MIN_FACTOR = 2.0**-20
+#: Folds closer together than this are skipped: the error is at most this much of attribution.
+_FOLD_STEP_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What is stored on a quota: the decayed averages (milli units) and when they were taken."""
+
+    at: float
+    usage: Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """A child quota among its siblings: its decayed average per resource (milli units), its
+    weight's fraction of the siblings' weights per resource, its factor per resource and its
+    standing (the largest ``u / s``; lower is served first)."""
+
+    name: str
+    usage: Resources
+    share: Mapping[str, float]
+    factor: Mapping[str, float]
+    score: float
+
+
+def factor(usage: float, limit: int, share: float) -> float:
+    """The fair-share factor ``2 ** (-u / s)``: ``u`` = ``usage / limit``, ``s`` = ``share``."""
+    if limit <= 0 or share <= 0 or usage <= 0:
+        return 1.0 if usage <= 0 else _MIN_FACTOR
+    return max(_MIN_FACTOR, float(2.0 ** (-(usage / limit) / share)))
+
+
+def render_record(record: Record, half_life: float) -> str:
+    """The annotation text: ``{"at": RFC 3339, "halfLife": Go duration, "usage": ResourceList}``."""
+    usage = {r: v for r, v in record.usage.items() if v > 0}
+    return json.dumps(
+        {
+            "at": format_time(record.at),
+            "halfLife": format_duration(half_life),
+            "usage": quantities.format_resource_list(usage),
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+
+
+def parse_record(text: str | None) -> Record | None:
+    """The annotation read back; None when absent or unreadable (then history starts at zero)."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, Mapping):
+        return None
+    at = parse_time(doc.get("at"))
+    raw = doc.get("usage")
+    if at is None or not isinstance(raw, Mapping):
+        return None
+    try:
+        usage = quantities.parse_resource_list(raw)
+    except QuantityError:
+        return None
+    return Record(at=at, usage={r: v for r, v in usage.items() if v > 0})
+
+
+class UsageHistory:
+    """Every quota's decayed average usage, folded once per cycle from the ledger.
+
+    ``half_life`` 0 turns history off: every factor is 1, nothing is folded or written."""
+
+    def __init__(self, half_life: float = 0.0) -> None:
+        self.half_life = max(0.0, half_life)
+        self._avg: dict[str, dict[str, float]] = {}
+        self._held: dict[str, Resources] = {}
+        self._at: dict[str, float] = {}
+        self._stored: dict[str, Record] = {}
+        self._folded_at: float | None = None
+        #: bumped whenever the averages change, so cached figures can tell they are stale
+        self.version = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.half_life > 0
+
+    def remember(self, quota: Quota) -> None:
+        """A quota seen (watch event): the latest record it carries is kept. It is used only when
+        the quota is first folded (after a start, or :meth:`restart` when leadership begins), so
+        a record this replica wrote itself never goes back in while it keeps counting."""
+        if not self.enabled:
+            return
+        record = parse_record(quota.annotations.get(names.QUOTA_USAGE_HISTORY_ANNOTATION))
+        if record is not None:
+            self._stored[quota.name] = record
+        else:
+            self._stored.pop(quota.name, None)
+
+    def restart(self) -> None:
+        """Leadership begins: count on from what the quotas carry (another leader may have counted
+        meanwhile), not from what this replica counted the last time it led."""
+        self._avg.clear()
+        self._held.clear()
+        self._at.clear()
+        self._folded_at = None
+
+    def fold(self, ledger: QuotaLedger, now: float) -> bool:
+        """Bring every quota's average up to ``now``; returns whether anything was folded.
+
+        The interval since the last fold is charged with what the quota held at the last fold
+        (usage changes between cycles are seen by the next cycle, so the error is one cycle). A
+        quota seen for the first time starts from its stored record, decayed across the gap as if
+        it held then what it holds now (its units kept running while no reconciler counted)."""
+        if not self.enabled:
+            return False
+        if self._folded_at is not None and now - self._folded_at < _FOLD_STEP_SECONDS:
+            return False
+        self._folded_at = now
+        quotas = ledger.quotas
+        for name in [n for n in self._at if n not in quotas]:
+            del self._at[name], self._avg[name], self._held[name]
+        for name in quotas:
+            held_now = ledger.used(name)
+            at = self._at.get(name)
+            if at is None:
+                record = self._stored.get(name)
+                if record is None or record.at > now:
+                    self._avg[name], self._at[name], self._held[name] = {}, now, held_now
+                    continue
+                self._avg[name] = {r: float(v) for r, v in record.usage.items()}
+                at, self._held[name] = record.at, held_now
+            self._advance(name, now - at)
+            self._at[name], self._held[name] = now, held_now
+        self.version += 1
+        return True
+
+    def hold(self, ledger: QuotaLedger, quotas: Iterable[str]) -> None:
+        """What ``quotas`` hold changed just after a fold (the cycle's own admissions, assumed
+        into the cache at once): the interval from that fold on is charged with the new usage.
+        Changes the watch brings are seen by the cycle each of them wakes, so they need nothing."""
+        for name in quotas:
+            if name in self._at:
+                self._held[name] = ledger.used(name)
+
+    def _advance(self, name: str, dt: float) -> None:
+        if dt <= 0:
+            return
+        d = 2.0 ** (-dt / self.half_life)
+        avg, held = self._avg[name], self._held[name]
+        for r in avg.keys() | held.keys():
+            value = avg.get(r, 0.0) * d + held.get(r, 0) * (1.0 - d)
+            if value < 0.5 and not held.get(r):
+                avg.pop(r, None)  # below half a milli unit and nothing held: forgotten
+            else:
+                avg[r] = value
+
+    def usage(self, name: str) -> Mapping[str, float]:
+        """The decayed average of ``name`` per resource (milli units; empty when unknown)."""
+        return self._avg.get(name, {})
+
+    def record(self, name: str) -> Record | None:
+        """What to store on the quota now (None: not folded yet, or history off)."""
+        at = self._at.get(name)
+        if at is None:
+            return None
+        return Record(at=at, usage={r: round(v) for r, v in sorted(self._avg[name].items())})
+
+    def shares(
+        self, ledger: QuotaLedger, parent: str, kids: Sequence[str], weights: Mapping[str, Mapping[str, int]]
+    ) -> dict[str, Standing]:
+        """Each of ``kids``' standing below ``parent``; ``weights`` per kid per resource (the
+        weights ``guarantees`` divides with, over the resources the parent limits)."""
+        limit = ledger.quotas[parent].max
+        out: dict[str, Standing] = {}
+        totals = {r: sum(weights[c].get(r, 0) for c in kids) for r in limit}
+        for c in kids:
+            usage = self.usage(c)
+            share: dict[str, float] = {}
+            factors: dict[str, float] = {}
+            score = 0.0
+            for r, cap in limit.items():
+                s = weights[c].get(r, 0) / totals[r] if totals[r] > 0 else 0.0
+                share[r] = s
+                factors[r] = factor(usage.get(r, 0.0), cap, s)
+                if usage.get(r, 0.0) > 0:
+                    score = max(score, (usage[r] / cap) / s if cap > 0 and s > 0 else math.inf)
+            out[c] = Standing(
+                name=c,
+                usage={r: round(v) for r, v in sorted(usage.items())},
+                share=share,
+                factor=factors,
+                score=score,
+            )
+        return out
