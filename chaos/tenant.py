@@ -48,7 +48,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from chaos import load, tenant_orphans, tenant_pool_job, tenant_pools, tenant_submitter, tenant_workflows
+from chaos import (
+    load,
+    tenant_orphans,
+    tenant_pool_job,
+    tenant_pools,
+    tenant_preemption,
+    tenant_submitter,
+    tenant_workflows,
+)
 from chaos.observer import Observer
 from chaos.tenant_common import (
     JOBS as JOBS,
@@ -224,6 +232,7 @@ ATTACKS: Final[dict[str, str]] = {
     tenant_orphans.ATTACK: tenant_orphans.DEFENCE,
     tenant_submitter.ATTACK: tenant_submitter.DEFENCE,
     **tenant_pools.ATTACKS,
+    **tenant_preemption.ATTACKS,
     "write-queueunit-status": "RBAC: namespace users may only read QueueUnits (user roles)",
     "create-queueunit": "RBAC: namespace users may only read QueueUnits (user roles)",
     "raise-quota-max": "RBAC: ElasticQuotas are cluster-admin objects",
@@ -637,6 +646,7 @@ class Tenant:
             tenant_submitter.forged_submitter(self, r),
             *tenant_pools.attacks(self, r),
             tenant_pool_job.pool_job(self, r),
+            tenant_preemption.preemption_attacks(self, r, bound=OWN_PRIORITY_BOUND),
         ]
         if self.workflows:
             attacks.append(self.workflow(r))
