@@ -76,7 +76,6 @@ __all__ = [
     "reclaimable",
     "record_outcome",
     "skip_reason",
-    "sorts_after",
 ]
 
 PREEMPTION_NEEDS_WAIT = "preemption is disabled because wait-for-pods-running is disabled"
@@ -208,11 +207,6 @@ def _victim_item(state: QueueState, unit: Unit, key: str) -> Item:
     return (*victim_key(unit, state.config.policy), key)
 
 
-def sorts_after(state: QueueState, unit: Unit, preemptor: Item) -> bool:
-    """Victim rule 1: ``unit`` sorts after ``preemptor`` at its preemption priority."""
-    return _victim_item(state, unit, unit.key) > preemptor
-
-
 def _overridden(unit: Unit) -> bool:
     """The unit's victim key differs from its queue key (a preemption priority above its priority)."""
     return unit.victim_priority != unit.priority
@@ -221,22 +215,32 @@ def _overridden(unit: Unit) -> bool:
 def _unpreemptable_holder(ctx: _Ctx, preemptor: Item, exclude: str) -> bool:
     """An assumed unit (not on the way, not ``exclude``) sorting after ``preemptor`` in queue order
     but not at its preemption priority: it holds the queue and can never be this preemptor's
-    victim, so marking the others would not free the queue. (Those sorting before are
-    :func:`first_holder`'s.) Only units with a preemption priority can be such a unit."""
-    state = ctx.state
+    victim, so marking others would not free the queue. (Those sorting before are
+    :func:`first_holder`'s.) Only a unit with a preemption priority can be one; the scan is asked
+    only before something would be marked or counted on, once per round."""
+    state, units = ctx.state, ctx.units
     for item in reversed(state.assumed):
         if item <= preemptor:
             return False
-        key = str(item[-1])
-        unit = ctx.units[key]
+        unit = units[str(item[-1])]
+        pp = unit.preemption_priority
         if (
-            key != exclude
-            and _overridden(unit)
-            and not state.on_the_way(key)
-            and _victim_item(state, unit, key) <= preemptor
+            pp is not None
+            and pp > unit.priority
+            and item[-1] != exclude
+            and not state.on_the_way(unit.key)
+            and _victim_item(state, unit, unit.key) <= preemptor
         ):
             return True
     return False
+
+
+def _unless_held(ctx: _Ctx, preemptor: Item, exclude: str, outcome: PreemptOutcome) -> PreemptOutcome:
+    """``outcome``, unless an assumed unit this preemptor may not take holds the queue: then
+    nothing is marked or counted on (docs/compatibility.md#preemption-priority)."""
+    if _unpreemptable_holder(ctx, preemptor, exclude):
+        return PreemptOutcome(error=Message.NO_MORE_IN_QUEUE)
+    return outcome
 
 
 def first_holder(state: QueueState, admitted: list[Item], exclude: str) -> Item | None:
@@ -298,7 +302,7 @@ def plan_reserve(
     if error is not None:
         return PreemptOutcome(error=error)
     holder = first_holder(state, admitted, key)
-    if (holder is not None and holder < preemptor) or _unpreemptable_holder(ctx, preemptor, key):
+    if holder is not None and holder < preemptor:
         return PreemptOutcome(error=Message.NO_MORE_IN_QUEUE)
     victims: list[Victim] = []
     for item in state.assumed:
@@ -306,6 +310,8 @@ def plan_reserve(
         if victim_key == key or state.on_the_way(victim_key):
             continue
         unit = units[victim_key]
+        if _overridden(unit) and _victim_item(state, unit, victim_key) <= preemptor:
+            return PreemptOutcome(error=Message.NO_MORE_IN_QUEUE)  # guarded by its preemption priority
         found = reclaimable(unit, now=now, protect=protect)
         if found is None:
             # A holder we may not reclaim (yet): marking the others would not free the queue.
@@ -337,7 +343,7 @@ def plan_preempt(
     if error is not None:
         return PreemptOutcome(error=error)
     holder = first_holder(state, admitted, key)
-    if (holder is not None and holder < preemptor) or _unpreemptable_holder(ctx, preemptor, key):
+    if holder is not None and holder < preemptor:
         return PreemptOutcome(error=Message.NO_MORE_IN_QUEUE)
     headroom = view.headroom(state.name)
     if headroom is None:
@@ -345,7 +351,7 @@ def plan_preempt(
     waiting, released = _on_the_way(ctx, preemptor)
     shortfall = {r: v - headroom[r] for r, v in request.items() if r in headroom and v > headroom[r]}
     if quantities.covers(released, request) or (shortfall and quantities.covers(released, shortfall)):
-        return PreemptOutcome(waiting_for=tuple(waiting))
+        return _unless_held(ctx, preemptor, key, PreemptOutcome(waiting_for=tuple(waiting)))
     # Walk the assumed units from the lowest priority while they sort after the preemptor; among
     # units of equal priority, those with no bound pod first (nothing running is disturbed).
     walked: list[Victim] = []
@@ -368,9 +374,10 @@ def plan_preempt(
         walked.append(Victim(victim_key, unit.name, found.reclaim, found.resources))
         total = quantities.add(total, found.resources)
         if quantities.covers(total, request):
-            return PreemptOutcome(
+            outcome = PreemptOutcome(
                 victims=tuple(walked), waiting_for=tuple(waiting), protected=tuple(protected)
             )
+            return _unless_held(ctx, preemptor, key, outcome)
     # The whole walk cannot cover the request: cover the shortfall against what is free now.
     if not shortfall or not quantities.covers(total, shortfall):
         return PreemptOutcome(error=NO_VICTIMS, wake_at=wake, protected=tuple(protected))
@@ -378,9 +385,10 @@ def plan_preempt(
     for count, victim in enumerate(walked, start=1):
         total = quantities.add(total, victim.resources)
         if quantities.covers(total, shortfall):
-            return PreemptOutcome(
+            outcome = PreemptOutcome(
                 victims=tuple(walked[:count]), waiting_for=tuple(waiting), protected=tuple(protected)
             )
+            return _unless_held(ctx, preemptor, key, outcome)
     return PreemptOutcome(error=NO_VICTIMS, wake_at=wake, protected=tuple(protected))  # pragma: no cover
 
 

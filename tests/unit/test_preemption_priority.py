@@ -15,7 +15,7 @@ from koord_queue.shared.api import names, quantities
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.names import Message, QueuePolicy
 from koord_queue.shared.core.ordering import unit_key, victim_key
-from koord_queue.shared.core.preemption import MarkVictims, reclaimable
+from koord_queue.shared.core.preemption import NO_VICTIMS, MarkVictims, reclaimable
 from koord_queue.shared.core.scheduling import Plan
 from tests.unit.test_model import UnitBuilder, queue, quota, unit
 from tests.unit.test_scheduling import World, admits, parked
@@ -131,8 +131,7 @@ def test_a_victim_protected_by_its_preemption_priority_is_not_marked() -> None:
     plan = w.cycle()
     assert plan.marks == []
     park = parked(plan, "high")
-    # It holds the queue and cannot be this preemptor's victim: as a unit sorting before would.
-    assert park is not None and park.preempt_error == Message.NO_MORE_IN_QUEUE
+    assert park is not None and park.preempt_error == NO_VICTIMS
     assert park.message.endswith(Message.PREEMPT_FAILED_SUFFIX)
     # A preemptor above its preemption priority takes it; it is still queued at 10.
     w.add(unit("top").quota("q").priority(300).cpu("2"))
@@ -155,6 +154,21 @@ def test_the_reserve_path_marks_nobody_while_a_guarded_unit_holds_the_queue(guar
     assert plan.marks == [] and admits(plan) == []
     park = parked(plan, "high")
     assert park is not None and park.message == Message.NO_MORE_IN_QUEUE
+
+
+def test_the_preempt_path_marks_nobody_while_a_guarded_unit_would_still_hold_the_queue() -> None:
+    """Marking the plain unit would free quota, but the guarded one (which sorts after the
+    preemptor in queue order) would still hold the queue: no useless marking."""
+    w = World(quota("q", cpu="2"), queues=(queue("q").preemption(),))
+    w.add(
+        pp(unit("guarded").quota("q").priority(10).cpu("1").admitted(1), 200),
+        unit("plain").quota("q").priority(5).cpu("1").admitted(1),
+        unit("high").quota("q").priority(100).cpu("1"),
+    )
+    plan = w.cycle()
+    assert plan.marks == []
+    park = parked(plan, "high")
+    assert park is not None and park.preempt_error == Message.NO_MORE_IN_QUEUE
 
 
 def test_the_walk_takes_the_lowest_preemption_priority_first() -> None:
