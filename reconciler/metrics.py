@@ -11,7 +11,7 @@ import collections
 import contextlib
 import dataclasses
 import enum
-from collections.abc import Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -276,10 +276,60 @@ _store_sizes: StoreSizes | None = None
 def watch_stores(
     informers: Iterable[Any], components: Mapping[str, object], *, skip: Iterable[object] = ()
 ) -> StoreSizes:
-    """Register (or replace, for a second ``run`` in one process) the store-size collector."""
+    """Register (or replace, for a second ``run`` in one process) the store-size collector, and,
+    when the components hold the scheduler, the decayed-usage collector reading its cache."""
     global _store_sizes
     if _store_sizes is not None:
         REGISTRY.unregister(_store_sizes)
     _store_sizes = StoreSizes(informers, components, skip=skip)
     REGISTRY.register(_store_sizes)
+    scheduler = components.get("scheduler")
+    if scheduler is not None and hasattr(scheduler, "cache"):
+        watch_history(lambda: scheduler.cache)
     return _store_sizes
+
+
+# --- usage history (docs/compatibility.md#fair-over-time) --------------------------------------------
+
+DECAYED_USAGE = "koord_queue_quota_decayed_usage"
+_DECAYED_HELP = (
+    "Each quota's decayed average usage (usage history, half-life usageHalfLife), whole units "
+    "(cores, bytes), as the scheduler holds it at scrape time; below a parent, siblings that used "
+    "less of their share lately get spare capacity first."
+)
+
+
+class DecayedUsage:
+    """A collector of ``koord_queue_quota_decayed_usage{quota, resource}``: each quota's decayed
+    average, read from the scheduler's usage history (``cache.snapshot.history``) when Prometheus
+    scrapes, so the cycle pays nothing for it. Nothing is exported while history is off, and a
+    replica that does not lead folds nothing, so the series move on the leader only."""
+
+    def __init__(self, cache: Callable[[], Any]) -> None:
+        self.cache = cache
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(DECAYED_USAGE, _DECAYED_HELP, labels=["quota", "resource"])
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(DECAYED_USAGE, _DECAYED_HELP, labels=["quota", "resource"])
+        cache = self.cache()
+        history = cache.snapshot.history
+        if history.enabled:
+            for quota in sorted(cache.ledger.quotas):
+                for resource, value in sorted(history.usage(quota).items()):
+                    family.add_metric([quota, resource], value / 1000)
+        yield family
+
+
+_decayed_usage: DecayedUsage | None = None
+
+
+def watch_history(cache: Callable[[], Any]) -> DecayedUsage:
+    """Register (or replace) the decayed-usage collector over the scheduler's cache."""
+    global _decayed_usage
+    if _decayed_usage is not None:
+        REGISTRY.unregister(_decayed_usage)
+    _decayed_usage = DecayedUsage(cache)
+    REGISTRY.register(_decayed_usage)
+    return _decayed_usage

@@ -39,6 +39,7 @@ import json
 import logging
 import ssl
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,13 +345,22 @@ def make_app(
 
     async def all_quotas(request: web.Request) -> web.Response:
         c = cache()
-        return _answer(lambda: visibility.quotas(c.ledger, c.state, dict(request.query)))
+        return _answer(
+            lambda: visibility.quotas(
+                c.ledger, c.state, dict(request.query), history=c.snapshot.history, now=time.time()
+            )
+        )
 
     async def namespace_quotas(request: web.Request) -> web.Response:
         c = cache()
         return _answer(
             lambda: visibility.quotas(
-                c.ledger, c.state, dict(request.query), namespace=request.match_info["namespace"]
+                c.ledger,
+                c.state,
+                dict(request.query),
+                namespace=request.match_info["namespace"],
+                history=c.snapshot.history,
+                now=time.time(),
             )
         )
 

@@ -160,6 +160,8 @@ class Gathered:
     unreadable_quotas: set[str] = field(default_factory=set)
     unknowns: list[str] = field(default_factory=list)
     visibility_ok: bool = True
+    #: every ElasticQuota of the cluster was listed (a namespace user reads only their namespace's)
+    quotas_complete: bool = True
 
     def parsed_units(self) -> dict[str, Unit]:
         return {key: parse_unit(raw) for key, raw in self.units.items()}
@@ -216,6 +218,7 @@ class Reader:
         except kube.KubeError as err:
             if not is_rbac_refusal(err) or namespace is None:
                 raise denied(err, "list", QUOTAS, None) from None
+            got.quotas_complete = False
             try:
                 got.quotas, _ = await self.client.list(QUOTAS, namespace=namespace)
                 got.unknowns.append(

@@ -210,6 +210,8 @@ def build_view(got: Gathered, raw: Obj) -> replay.View:
         queue_missing=frozenset(got.queue_missing),
         running_timeout=_timeout_for(raw, got),
         unknowns=tuple(got.unknowns),
+        usage_half_life=settings.usage_half_life_seconds if settings else None,
+        quotas_complete=got.quotas_complete,
     )
 
 
@@ -279,6 +281,7 @@ def render_explanation(e: Explanation, unit: Unit, raw: Obj, style: render.Style
             "(docs/compatibility.md#requests-the-apiserver-fills-in)."
         )
     lines.extend(_quota_chain(e, style))
+    lines.extend(_fair_share(e, style))
     if e.ahead or e.unseen_ahead:
         lines.append("")
         count = len(e.ahead) + e.unseen_ahead
@@ -346,6 +349,41 @@ def _quota_chain(e: Explanation, style: render.Style) -> list[str]:
     return lines
 
 
+def _share_text(share: dict[str, float] | Any) -> str:
+    return ",".join(f"{r}={v:.0%}" for r, v in sorted(share.items())) or "-"
+
+
+def _fair_share(e: Explanation, style: render.Style) -> list[str]:
+    """Each level of the chain that divides spare capacity: the siblings in the order they get it,
+    with their decayed usage, share and standing (docs/compatibility.md#fair-over-time)."""
+    lines: list[str] = []
+    for level in e.fairness:
+        lines.append("")
+        lines.append(style(f"Spare capacity below {level.parent} (usage history):", "bold"))
+        rows = []
+        for place, s in enumerate(level.siblings, start=1):
+            mark = "yours" if s.own else "ahead" if s.ahead else ""
+            rows.append(
+                [
+                    str(place),
+                    s.name,
+                    render.resources(s.usage, empty="0"),
+                    _share_text(s.share),
+                    "-" if s.score == float("inf") else f"{s.score:.2f}",
+                    style(mark, "yellow") if s.ahead else mark,
+                ]
+            )
+        headers = ["ORDER", "QUOTA", "USAGE(DECAYED)", "SHARE", "STANDING", ""]
+        lines.extend("  " + line for line in render.table(headers, rows).splitlines())
+        lines.append(f"  {level.text}")
+    if e.fairness:
+        lines.append(
+            "  STANDING = the largest decayed usage as a fraction of the parent, divided by the share; "
+            "lower gets spare capacity first (docs/compatibility.md#fair-over-time)."
+        )
+    return lines
+
+
 def _queue_facts(e: Explanation, style: render.Style, now: float) -> list[str]:
     """The queue's policy, its preemption round, admission checks, requeue and running timeout."""
     lines: list[str] = []
@@ -399,8 +437,9 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
         queues=(),
         complete=got.complete,
         unreadable_quotas=frozenset(got.unreadable_quotas),
+        quotas_complete=got.quotas_complete,
     )
-    rows = replay.quota_rows(view)
+    rows = replay.quota_rows(view, time.time())
     if namespace is not None and not args.tree:
         rows = [r for r in rows if r.namespace in (namespace, "")]
     if args.output in ("json", "yaml"):
@@ -410,6 +449,7 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
             for key in ("min", "max", "used", "over_min", "waiting_request"):
                 item[key] = render.resources(item[key], empty="")
             item["runtime"] = None if r.runtime is None else render.resources(r.runtime, empty="")
+            item["decayed"] = None if r.decayed is None else render.resources(r.decayed, empty="")
             item["readable"] = r.name not in got.unreadable_quotas
             items.append(item)
         _dump({"items": items, "usageComplete": got.complete}, args.output, out)
@@ -418,6 +458,7 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
         out.write("No ElasticQuotas found.\n")
         return 0
     table_rows = []
+    history = any(r.decayed is not None for r in rows)
     for r in rows:
         readable = r.name not in got.unreadable_quotas
         name = ("  " * r.depth + ("└─ " if r.depth else "") + r.name) if args.tree else r.name
@@ -428,6 +469,9 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
             note += f" (falls back through {', '.join(r.pool_quotas)})"
         used = ("" if r.used_complete else "≥") + render.resources(r.used, empty="0")
         waiting = f"{r.waiting} ({render.resources(r.waiting_request)})" if r.waiting else "0"
+        decayed = (
+            [] if not history else ["-" if r.decayed is None else render.resources(r.decayed, empty="0")]
+        )
         table_rows.append(
             [
                 name + note,
@@ -438,13 +482,14 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
                 render.resources(r.max, empty="unlimited") if readable else "?",
                 used,
                 render.resources(r.over_min, empty="0"),
+                *decayed,
                 "-" if r.runtime is None else render.resources(r.runtime, empty="0"),
                 str(r.admitted),
                 style(waiting, "yellow") if r.waiting else waiting,
             ]
         )
     headers = ["QUOTA", "NAMESPACE", *([] if args.tree else ["PARENT"]), "POOL", "MIN", "MAX", "USED"]
-    headers += ["BORROWED"]
+    headers += ["BORROWED", *(["USAGE(DECAYED)"] if history else [])]
     headers += ["RUNTIME", "ADMITTED", "WAITING"]
     out.write(render.table(headers, table_rows) + "\n")
     notes = [
@@ -452,6 +497,12 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
         "RUNTIME = what the quota may use now, as the scheduler last published it on the quota "
         "(-: not published).",
     ]
+    if history:
+        notes.append(
+            "USAGE(DECAYED) = what the quota held on average lately, from its koord-queue/usage-history "
+            "record decayed to now; below a parent, less of its share gets spare capacity first "
+            "(docs/compatibility.md#fair-over-time)."
+        )
     if any(r.pool for r in rows):
         notes.append("POOL = the node pool whose tree the quota is in; a pool's root admits its min.")
     if not got.complete:

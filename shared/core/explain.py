@@ -23,6 +23,7 @@ Pure: standard library and sibling modules only; the clock is a parameter.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Sequence
 
 from koord_queue.shared.api import names
@@ -340,6 +341,9 @@ def _waiting(story: _Story, decisions: Sequence[Admit | Park], now: float) -> Ex
     elif replay_fits and recorded is not None:
         agrees = False
     base["replay_agrees"] = agrees
+    fair, fair_unknowns = explanation.fair_levels(cache, view, quota)
+    story.unknowns.extend(fair_unknowns)
+    base["fairness"] = fair
 
     if chosen is None:
         if replay_fits:
@@ -358,9 +362,20 @@ def _waiting(story: _Story, decisions: Sequence[Admit | Park], now: float) -> Ex
     message = park.message if chosen is from_replay and park is not None else unit.message
     if upgraded and chosen is from_replay and message.endswith(Message.PREEMPT_FAILED_SUFFIX):
         message = message.removesuffix(Message.PREEMPT_FAILED_SUFFIX) + Message.PREEMPT_SUCCEED_SUFFIX
-    return explanation.for_waiting(
+    result = explanation.for_waiting(
         story.done, chosen, message, quota, story.levels, qs, cache, unit, story.request, story.unseen
     )
+    return _with_fairness(result)
+
+
+def _with_fairness(result: Explanation) -> Explanation:
+    """The standing among siblings at each level, as a step: it says who gets spare capacity first
+    and why, which is what a unit waiting for spare capacity waits behind
+    (docs/compatibility.md#fair-over-time)."""
+    if not result.fairness:
+        return result
+    steps = tuple(f"spare capacity {level.text}" for level in result.fairness)
+    return dataclasses.replace(result, next_steps=result.next_steps + steps)
 
 
 def _counting_on(qs: QueueState, cache: Cache, key: str, now: float, protect: float) -> tuple[str, ...]:

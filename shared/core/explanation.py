@@ -6,6 +6,9 @@ quota chain with ``shared.core.quota.UsageView.check``'s verdict at each level (
 quota filter makes), the units ahead in the queue's own order, the units holding the refusing quota,
 and the queue's preemption round. :func:`for_waiting` words the summary and next steps of a waiting
 unit from those figures, so the plugin prints the scheduler's reasoning, not a second opinion.
+:func:`fair_levels` reads the replayed usage history the same way: each level of the unit's chain
+that divides spare capacity, with the standings ``shared.core.fairness`` computes for the scheduler
+(docs/compatibility.md#fair-over-time).
 
 Pure: standard library and sibling modules only.
 """
@@ -20,7 +23,7 @@ from koord_queue.shared.api import quantities
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.predicates import has_reclaim
 from koord_queue.shared.api.quantities import Resources
-from koord_queue.shared.core import quotastatus
+from koord_queue.shared.core import fairness, quotastatus
 from koord_queue.shared.core.policies import QueueState
 from koord_queue.shared.core.preemption import disabled_reason
 from koord_queue.shared.core.reasons import WAITING_REASONS, Classified, Reason
@@ -31,10 +34,13 @@ from koord_queue.shared.core.usage import UsageView
 __all__ = [
     "Ahead",
     "Explanation",
+    "FairLevel",
     "Finish",
     "Holder",
     "Level",
     "Round",
+    "Sibling",
+    "fair_levels",
     "for_waiting",
     "level_chain",
     "preempt_reason",
@@ -101,6 +107,33 @@ class Round:
 
 
 @dataclass(frozen=True, slots=True)
+class Sibling:
+    """A quota among its siblings below one parent: its decayed usage (milli units), its share of
+    the siblings' weights per resource, its standing (largest ``u / s``; lower is served first),
+    and whether it is served before the unit's quota (``ahead``) or is it (``own``)."""
+
+    name: str
+    usage: Resources
+    share: Mapping[str, float]
+    score: float
+    ahead: bool
+    own: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FairLevel:
+    """One level of the unit's chain that divides spare capacity: the parent, the quota of the
+    chain at this level, the parent's limit, the siblings in the order they get spare capacity, and
+    the sentence ``fairness.describe_level`` words it in."""
+
+    parent: str
+    quota: str
+    limit: Resources
+    siblings: tuple[Sibling, ...]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Explanation:
     key: str
     reason: Reason
@@ -134,6 +167,7 @@ class Explanation:
     next_steps: tuple[str, ...] = ()
     unknowns: tuple[str, ...] = ()
     replay_agrees: bool | None = None
+    fairness: tuple[FairLevel, ...] = ()  # docs/compatibility.md#fair-over-time
 
     @property
     def waiting_now(self) -> bool:
@@ -176,6 +210,51 @@ def level_chain(cache: Cache, view: View, unit: Unit, request: Resources) -> tup
             )
         )
     return tuple(levels)
+
+
+def fair_levels(cache: Cache, view: View, quota: str) -> tuple[tuple[FairLevel, ...], list[str]]:
+    """The levels of ``quota``'s chain that divide spare capacity, with the replayed history's
+    standings (``fairness.levels``, what orders the scheduler's queues), and what the reader could
+    not see to back them (a level below an unreadable parent is left out rather than guessed)."""
+    ledger, history = cache.ledger, cache.snapshot.history
+    if quota not in ledger.quotas or len(ledger.chain(quota).names) < 2:
+        return (), []
+    unknowns: list[str] = []
+    if not history.enabled:
+        if view.usage_half_life is None:
+            unknowns.append(
+                "no usage history (koord-queue/usage-history) can be read on the quotas: the order in "
+                "which sibling quotas get spare capacity is not shown"
+            )
+        return (), unknowns
+    out: list[FairLevel] = []
+    for level in fairness.levels(ledger, history, quota):
+        if level.parent in view.unreadable_quotas:
+            unknowns.append(
+                f"ElasticQuota {level.parent} cannot be read: how its spare capacity is ordered among "
+                f"{level.quota} and its siblings is not shown"
+            )
+            continue
+        ahead = {s.name for s in level.ahead}
+        siblings = tuple(
+            Sibling(
+                name=s.name,
+                usage=dict(s.usage),
+                share=dict(s.share),
+                score=s.score,
+                ahead=s.name in ahead,
+                own=s.name == level.quota,
+            )
+            for s in level.order
+        )
+        text = fairness.describe_level(level)
+        out.append(FairLevel(level.parent, level.quota, dict(level.limit), siblings, text))
+    if out and not view.quotas_complete:
+        unknowns.append(
+            "ElasticQuotas outside your namespace cannot be read: the sibling quotas, and their usage "
+            "history, shown for spare capacity are only those you can read"
+        )
+    return tuple(out), unknowns
 
 
 def units_ahead(qs: QueueState, cache: Cache, key: str) -> tuple[Ahead, ...]:

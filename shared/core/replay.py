@@ -12,15 +12,22 @@ namespace only, not the other namespaces' units that share the quota, nor (usual
 could not be read, so that callers show usage as a lower bound instead of guessing; quotas that could
 not be read enter the replay as placeholders that refuse nothing.
 
+Usage history (docs/compatibility.md#fair-over-time) is restored as a reconciler taking over restores
+it: from each quota's ``koord-queue/usage-history`` record, decayed to ``now`` by the cycle's first
+fold, with the half-life the records (or the component configuration) name. A quota whose record the
+reader cannot read starts at zero, so callers say when the quotas were not all read.
+
 Pure: standard library and sibling modules only; the clock is a parameter.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from koord_queue.shared.api import names, quantities
+from koord_queue.shared.api.durations import DurationError, parse_duration
 from koord_queue.shared.api.model import QueueConfig, Quota, Unit
 from koord_queue.shared.api.names import Phase
 from koord_queue.shared.api.quantities import Resources
@@ -35,6 +42,7 @@ __all__ = [
     "UNKNOWN_RESOURCE",
     "QuotaRow",
     "View",
+    "history_half_life",
     "quota_rows",
     "replay",
 ]
@@ -69,6 +77,36 @@ class View:
     queue_missing: frozenset[str] = frozenset()
     running_timeout: RunningTimeout | None = None
     unknowns: tuple[str, ...] = ()
+    #: the usage history's half-life in seconds (``usageHalfLife``; 0: off); None: as the quotas'
+    #: ``koord-queue/usage-history`` records say (off when none can be read)
+    usage_half_life: float | None = None
+    #: every ElasticQuota of the cluster was read (else sibling quotas may be missing)
+    quotas_complete: bool = True
+
+
+def _record_half_life(text: str | None) -> float | None:
+    """The ``halfLife`` of a usage-history record, in seconds; None when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+        raw = doc.get("halfLife") if isinstance(doc, dict) else None
+        return parse_duration(raw) if isinstance(raw, str) else None
+    except (ValueError, DurationError):
+        return None
+
+
+def history_half_life(half_life: float | None, quotas: Iterable[Quota]) -> float:
+    """The half-life a replay counts with: ``half_life`` when known (the component configuration),
+    else the one the first quota (by name) with a readable record names, else 0 (history off: with
+    no record to read, a replay could only guess it)."""
+    if half_life is not None:
+        return max(0.0, half_life)
+    for quota in sorted(quotas, key=lambda q: q.name):
+        found = _record_half_life(quota.annotations.get(names.QUOTA_USAGE_HISTORY_ANNOTATION))
+        if found is not None and found > 0:
+            return found
+    return 0.0
 
 
 def replay(view: View, now: float) -> tuple[Cache, list[Admit | Park]]:
@@ -78,6 +116,7 @@ def replay(view: View, now: float) -> tuple[Cache, list[Admit | Park]]:
         reclaim_protect_seconds=view.reclaim_protect_seconds,
         quota_namespace_binding=view.namespace_binding,
         quota_guarantees=view.guarantees,
+        usage_half_life=history_half_life(view.usage_half_life, view.quotas),
     )
     # The user may not read the pools' profiles: placement is not judged in a replay
     # (docs/pools.md#what-users-see); the waiting message the scheduler wrote still names it.
@@ -128,12 +167,17 @@ class QuotaRow:
     #: the quotas inside pools its units fall back through (``koord-queue/pool-quotas``)
     pool: str = ""
     pool_quotas: tuple[str, ...] = ()
+    #: the decayed average usage (milli units), restored from the quota's record and decayed to
+    #: ``now`` (docs/compatibility.md#fair-over-time); None when the replay keeps no history
+    decayed: Resources | None = None
 
 
-def quota_rows(view: View) -> list[QuotaRow]:
+def quota_rows(view: View, now: float = 0.0) -> list[QuotaRow]:
     """Every readable quota in tree order (parents before children, then by name), with the usage
-    the scheduler's ledger computes from the units seen and the demand of the units waiting."""
-    cache, _ = replay(view, 0.0)
+    the scheduler's ledger computes from the units seen, the demand of the units waiting and, at
+    ``now``, the decayed usage the replayed history holds."""
+    cache, _ = replay(view, now)
+    history = cache.snapshot.history
     ledger = cache.ledger
     waiting: dict[str, tuple[int, Resources]] = {}
     admitted: dict[str, int] = {}
@@ -181,6 +225,9 @@ def quota_rows(view: View) -> list[QuotaRow]:
                 runtime=quotastatus.read(quota.annotations, names.QUOTA_RUNTIME_ANNOTATION),
                 pool=ledger.pool_of(name),
                 pool_quotas=quota.pool_quotas,
+                decayed=(
+                    {r: round(v) for r, v in sorted(history.usage(name).items())} if history.enabled else None
+                ),
             )
         )
         for child in children.get(name, []):

@@ -30,14 +30,17 @@ Pure: built from the scheduler's cache (``shared.core.scheduling.Cache``) by the
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from koord_queue.shared.api import quantities
+from koord_queue.shared.api.durations import format_duration, format_time
 from koord_queue.shared.api.model import Unit
-from koord_queue.shared.core import quotastatus
+from koord_queue.shared.core import fairness, quotastatus
 from koord_queue.shared.core.charges import remaining_request, reserved_resources
+from koord_queue.shared.core.history import UsageHistory
 from koord_queue.shared.core.policies import SchedulerState, queue_item_details
 from koord_queue.shared.core.quota import QuotaLedger
 
@@ -186,20 +189,77 @@ def quota_units(
     return _summary([_item(u, positions.get(u.key)) for u in charged], offset, limit)
 
 
+def counted(ledger: QuotaLedger, history: UsageHistory, now: float | None) -> UsageHistory:
+    """The history to answer from: the scheduler's own once it has counted (the leader), else, on
+    a replica that never led (a follower folds nothing), the one a reconciler taking over would
+    count on from: the quotas' ``koord-queue/usage-history`` records, decayed to ``now`` by the
+    same fold (docs/compatibility.md#fair-over-time)."""
+    if not history.enabled or now is None or any(history.record(n) for n in ledger.quotas):
+        return history
+    restored = UsageHistory(history.half_life)
+    for quota in ledger.quotas.values():
+        restored.remember(quota)
+    restored.fold(ledger, now)
+    return restored
+
+
+def _usage_history(history: UsageHistory, name: str) -> dict[str, Any]:
+    """``usageHistory``: the decayed average as quantities, the half-life and when it was taken."""
+    record = history.record(name)
+    out: dict[str, Any] = {"halfLife": format_duration(history.half_life)}
+    usage = record.usage if record is not None else {}
+    out["usage"] = quantities.format_resource_list({r: v for r, v in usage.items() if v > 0})
+    if record is not None:
+        out["at"] = format_time(record.at)
+    return out
+
+
+def _fair_share(ranks: fairness.Ranks, name: str, visible: Sequence[str] | None) -> dict[str, Any] | None:
+    """``fairShare`` of a quota below a parent: its share per resource, factor, standing (lower is
+    served first), its 1-based position among its siblings and those ahead of it. ``visible``
+    (a namespaced answer) keeps only the names of siblings the namespace may see already; the
+    count of those ahead is always given."""
+    ledger = ranks.ledger
+    parent = ledger.quotas[name].parent
+    if parent not in ledger.children():
+        return None
+    standing = ranks.standing(parent)
+    mine = standing.get(name)
+    if mine is None:
+        return None
+    ahead = sorted((s for s in standing.values() if s.score < mine.score), key=lambda s: (s.score, s.name))
+    names_ahead = [s.name for s in ahead if visible is None or s.name in visible]
+    return {
+        "parent": parent,
+        "share": {r: round(v, 6) for r, v in sorted(mine.share.items())},
+        "factor": {r: round(v, 6) for r, v in sorted(mine.factor.items())},
+        "score": round(mine.score, 6) if math.isfinite(mine.score) else None,
+        "position": len(ahead) + 1,
+        "siblings": len(standing),
+        "aheadCount": len(ahead),
+        "ahead": names_ahead,
+    }
+
+
 def quotas(
     ledger: QuotaLedger,
     state: SchedulerState,
     query: Mapping[str, str],
     *,
     namespace: str | None = None,
+    history: UsageHistory | None = None,
+    now: float | None = None,
 ) -> dict[str, Any]:
     """The figures of every quota that counts, by name (``shared.core.quotastatus``, the same ones
     the reconciler publishes on the quotas): ``min``, ``max``, ``used``, ``borrowed``, ``runtime``
-    and ``request``, plus the parent.
+    and ``request``, plus the parent; with usage history on, ``usageHistory`` and, below a parent,
+    ``fairShare`` (docs/compatibility.md#visibility-api), from the standings the scheduler orders
+    queues by (``fairness.Ranks``).
 
     With ``namespace`` only the quotas bound to it are listed: those its jobs may use, which is
     what its users need to read their own units' waiting reasons. Other quotas, parents included,
-    stay out of sight (their names already appear in those reasons where they matter).
+    stay out of sight (their names already appear in those reasons where they matter): a
+    ``fairShare`` there names only siblings the namespace may see and counts the others.
     """
     offset, limit = _page(query)
     wanted: list[str] | tuple[str, ...] = sorted(ledger.quotas)
@@ -207,23 +267,29 @@ def quotas(
         _check_namespace(namespace)
         wanted = ledger.usable_in(namespace)
     figures = quotastatus.published(ledger, state)
+    used_history = counted(ledger, history, now) if history is not None and history.enabled else None
+    ranks = fairness.Ranks(ledger, used_history) if used_history is not None else None
     items = []
     for name in wanted:
         quota, fig = ledger.quotas.get(name), figures.get(name)
         if quota is None or fig is None:
             continue
-        items.append(
-            {
-                "metadata": {"name": quota.name, "namespace": quota.namespace},
-                "parent": quota.parent,
-                "min": quantities.format_resource_list(quota.min),
-                "max": quantities.format_resource_list(quota.max),
-                "used": quantities.format_resource_list(fig.used),
-                "borrowed": quantities.format_resource_list(fig.borrowed),
-                "runtime": quantities.format_resource_list(fig.runtime),
-                "request": quantities.format_resource_list(fig.request),
-            }
-        )
+        item: dict[str, Any] = {
+            "metadata": {"name": quota.name, "namespace": quota.namespace},
+            "parent": quota.parent,
+            "min": quantities.format_resource_list(quota.min),
+            "max": quantities.format_resource_list(quota.max),
+            "used": quantities.format_resource_list(fig.used),
+            "borrowed": quantities.format_resource_list(fig.borrowed),
+            "runtime": quantities.format_resource_list(fig.runtime),
+            "request": quantities.format_resource_list(fig.request),
+        }
+        if used_history is not None and ranks is not None:
+            item["usageHistory"] = _usage_history(used_history, name)
+            share = _fair_share(ranks, name, None if namespace is None else wanted)
+            if share is not None:
+                item["fairShare"] = share
+        items.append(item)
     return {
         "kind": "QuotaSummary",
         "apiVersion": API_VERSION,
