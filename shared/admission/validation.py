@@ -290,6 +290,10 @@ def validate_queue_annotations(annotations: Mapping[str, str]) -> list[FieldErro
                 errors.append(invalid(path, value, "must be a positive duration such as 15s or 1m30s"))
         except ValueError:  # DurationError, or a number too long for int()
             errors.append(invalid(path, value, "must be a Go duration such as 100ms, 15s or 1m30s"))
+    value = annotations.get(names.FAIR_ORDER_ANNOTATION)
+    if value not in (None, "", names.FAIR_ORDER_NAMESPACE):
+        detail = f'must be "{names.FAIR_ORDER_NAMESPACE}" (order by namespace usage) or empty'
+        errors.append(invalid(_annotation(names.FAIR_ORDER_ANNOTATION), value, detail))
     return errors
 
 

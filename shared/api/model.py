@@ -150,6 +150,9 @@ class QueueConfig:
     #: the namespace of the ElasticQuota holding the Queue's name (``koord-queue/quota-namespace``,
     #: written by the reconciler; empty: none recorded). docs/compatibility.md#same-named-quotas
     quota_holder: str = ""
+    #: ``koord-queue/fair-order: namespace``: among units of equal priority, those of the namespace
+    #: that used less of the quota lately go first (docs/compatibility.md#fair-order-inside-a-queue)
+    fair_order: bool = False
 
 
 @dataclass(frozen=True, slots=True)

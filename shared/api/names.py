@@ -80,6 +80,10 @@ QUEUE_ANNOTATION_PREFIX: Final = "koord-queue/"
 WAIT_FOR_PODS_RUNNING_ANNOTATION: Final = "koord-queue/wait-for-pods-running"
 ENABLE_PREEMPTION_ANNOTATION: Final = "koord-queue/enable-queueunit-preemption"
 MAX_DEPTH_ANNOTATION: Final = "koord-queue/max-depth"
+#: ``namespace``: the queue orders units of equal priority by their namespace's decayed usage
+#: (docs/compatibility.md#fair-order-inside-a-queue).
+FAIR_ORDER_ANNOTATION: Final = "koord-queue/fair-order"
+FAIR_ORDER_NAMESPACE: Final = "namespace"
 PRIORITY_THRESHOLD_ANNOTATION: Final = "koord-queue/priority-threshold"
 QUEUE_ITEMS_REFRESH_ANNOTATION: Final = "koord-queue/queue-items-refresh-interval"
 DISABLE_SHOW_QUEUE_ITEMS_ANNOTATION: Final = "koord-queue/disable-show-queue-items"

@@ -360,6 +360,12 @@ def parse_queue(raw: Mapping[str, object]) -> QueueConfig:
             r.problems.append(f"metadata.annotations[{names.QUEUE_ITEMS_REFRESH_ANNOTATION}]: {err}")
         if refresh <= 0:
             refresh = model.DEFAULT_ITEMS_REFRESH_SECONDS
+    fair_order = annotations.get(names.FAIR_ORDER_ANNOTATION)
+    if fair_order not in (None, "", names.FAIR_ORDER_NAMESPACE):
+        r.problems.append(
+            f"metadata.annotations[{names.FAIR_ORDER_ANNOTATION}]: expected "
+            f"{names.FAIR_ORDER_NAMESPACE!r} (or nothing), got {fair_order!r}; the plain order stays"
+        )
     return QueueConfig(
         name=name,
         policy=policy,
@@ -377,6 +383,7 @@ def parse_queue(raw: Mapping[str, object]) -> QueueConfig:
         parent=labels.get(names.QUOTA_PARENT_LABEL, ""),
         problems=tuple(r.problems),
         quota_holder=annotations.get(names.QUOTA_HOLDER_ANNOTATION, ""),
+        fair_order=fair_order == names.FAIR_ORDER_NAMESPACE,
     )
 
 

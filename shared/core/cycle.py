@@ -22,6 +22,7 @@ from koord_queue.shared.api.names import (
 from koord_queue.shared.api.quantities import Resources
 from koord_queue.shared.core import gangs, pools
 from koord_queue.shared.core.charges import grants_request, remaining_grants
+from koord_queue.shared.core.ordering import unit_key
 from koord_queue.shared.core.plan import Admit, Decision, Park, Snapshot
 from koord_queue.shared.core.policies import (
     Entry,
@@ -191,13 +192,15 @@ class Cycle:
                 continue
             stop: _Stop | None = None
             round_ = qs.round
+            if qs.config.fair_order:  # preemption and holding compare priority keys, not ranks
+                item = (*unit_key(self.units[key], policy), key)
             if qs.blocked:
                 stop = _Stop.BLOCKED
             elif (
                 round_ is not None
                 and round_.preemptor != key
                 and round_.preemptor in qs.entries
-                and qs.entries[round_.preemptor].item < item
+                and qs.entries[round_.preemptor].item < lane[pos - 1]
             ):
                 stop = _Stop.PREEMPTING
             elif check_stop:

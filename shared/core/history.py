@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from koord_queue.shared.api import names, quantities
 from koord_queue.shared.api.durations import format_duration, format_time, parse_time
@@ -75,6 +75,8 @@ class Record:
 
     at: float
     usage: Resources
+    #: per namespace of the quota's own units (a queue ordering by namespace usage only)
+    namespaces: Mapping[str, Resources] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,15 +102,14 @@ def factor(usage: float, limit: int, share: float) -> float:
 def render_record(record: Record, half_life: float) -> str:
     """The annotation text: ``{"at": RFC 3339, "halfLife": Go duration, "usage": ResourceList}``."""
     usage = {r: v for r, v in record.usage.items() if v > 0}
-    return json.dumps(
-        {
-            "at": format_time(record.at),
-            "halfLife": format_duration(half_life),
-            "usage": quantities.format_resource_list(usage),
-        },
-        separators=(",", ":"),
-        sort_keys=True,
-    )
+    doc: dict[str, object] = {
+        "at": format_time(record.at),
+        "halfLife": format_duration(half_life),
+        "usage": quantities.format_resource_list(usage),
+    }
+    if record.namespaces:
+        doc["namespaces"] = {ns: quantities.format_resource_list(u) for ns, u in record.namespaces.items()}
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
 def parse_record(text: str | None) -> Record | None:
@@ -125,11 +126,21 @@ def parse_record(text: str | None) -> Record | None:
     raw = doc.get("usage")
     if at is None or not isinstance(raw, Mapping):
         return None
+    raw_ns = doc.get("namespaces", {})
+    if not isinstance(raw_ns, Mapping):
+        return None
     try:
         usage = quantities.parse_resource_list(raw)
+        namespaces = {
+            str(ns): quantities.parse_resource_list(u) for ns, u in raw_ns.items() if isinstance(u, Mapping)
+        }
     except QuantityError:
         return None
-    return Record(at=at, usage={r: v for r, v in usage.items() if v > 0})
+    return Record(
+        at=at,
+        usage={r: v for r, v in usage.items() if v > 0},
+        namespaces={ns: {r: v for r, v in u.items() if v > 0} for ns, u in namespaces.items()},
+    )
 
 
 class UsageHistory:
@@ -144,6 +155,10 @@ class UsageHistory:
         self._at: dict[str, float] = {}
         self._stored: dict[str, Record] = {}
         self._folded_at: float | None = None
+        #: quotas whose queue orders its units by namespace usage (``QueueConfig.fair_order``):
+        #: they also keep one series per namespace, named ``quota/namespace``
+        self.by_namespace: set[str] = set()
+        self._namespaces: dict[str, set[str]] = {}
         #: bumped whenever the averages change, so cached figures can tell they are stale
         self.version = 0
 
@@ -169,6 +184,7 @@ class UsageHistory:
         self._avg.clear()
         self._held.clear()
         self._at.clear()
+        self._namespaces.clear()
         self._folded_at = None
 
     def fold(self, ledger: QuotaLedger, now: float) -> bool:
@@ -177,29 +193,53 @@ class UsageHistory:
         The interval since the last fold is charged with what the quota held at the last fold
         (usage changes between cycles are seen by the next cycle, so the error is one cycle). A
         quota seen for the first time starts from its stored record, decayed across the gap as if
-        it held then what it holds now (its units kept running while no reconciler counted)."""
+        it held then what it holds now (its units kept running while no reconciler counted).
+        Quotas in :attr:`by_namespace` also fold one series per namespace of their own units."""
         if not self.enabled:
             return False
         if self._folded_at is not None and now - self._folded_at < _FOLD_STEP_SECONDS:
             return False
         self._folded_at = now
         quotas = ledger.quotas
-        for name in [n for n in self._at if n not in quotas]:
-            del self._at[name], self._avg[name], self._held[name]
+        for series in [n for n in self._at if n.partition("/")[0] not in quotas]:
+            del self._at[series], self._avg[series], self._held[series]
+        for name in [n for n in self._namespaces if n not in quotas or n not in self.by_namespace]:
+            for series in self._namespaces.pop(name):
+                self._at.pop(series, None), self._avg.pop(series, None), self._held.pop(series, None)
         for name in quotas:
-            held_now = ledger.used(name)
-            at = self._at.get(name)
-            if at is None:
-                record = self._stored.get(name)
-                if record is None or record.at > now:
-                    self._avg[name], self._at[name], self._held[name] = {}, now, held_now
-                    continue
-                self._avg[name] = {r: float(v) for r, v in record.usage.items()}
-                at, self._held[name] = record.at, held_now
-            self._advance(name, now - at)
-            self._at[name], self._held[name] = now, held_now
+            record = self._stored.get(name)
+            first = name not in self._at
+            self._fold(name, ledger.used(name), now, record, record.usage if record else None)
+            if name not in self.by_namespace:
+                continue
+            used = ledger.namespace_used(name)
+            known = {s.partition("/")[2] for s in self._namespaces.get(name, ())}
+            if first and record is not None:
+                known |= record.namespaces.keys()
+            for ns in sorted(known | used.keys()):
+                stored = record.namespaces.get(ns, {}) if record is not None else None
+                self._fold(f"{name}/{ns}", dict(used.get(ns, {})), now, record, stored)
         self.version += 1
         return True
+
+    def _fold(
+        self, series: str, held_now: Resources, now: float, record: Record | None, stored: Resources | None
+    ) -> None:
+        at = self._at.get(series)
+        if at is None:
+            quota, _, ns = series.partition("/")
+            if ns:
+                self._namespaces.setdefault(quota, set()).add(series)
+            if record is None or stored is None or record.at > now:
+                self._avg[series], self._at[series], self._held[series] = {}, now, held_now
+                return
+            self._avg[series] = {r: float(v) for r, v in stored.items()}
+            at, self._held[series] = record.at, held_now
+        self._advance(series, now - at)
+        self._at[series], self._held[series] = now, held_now
+        if "/" in series and not self._avg[series] and not held_now:
+            del self._at[series], self._avg[series], self._held[series]  # a namespace forgotten
+            self._namespaces[series.partition("/")[0]].discard(series)
 
     def hold(self, ledger: QuotaLedger, quotas: Iterable[str]) -> None:
         """What ``quotas`` hold changed just after a fold (the cycle's own admissions, assumed
@@ -208,6 +248,15 @@ class UsageHistory:
         for name in quotas:
             if name in self._at:
                 self._held[name] = ledger.used(name)
+            if name in self.by_namespace and name in self._at:
+                used = ledger.namespace_used(name)
+                known = self._namespaces.setdefault(name, set())
+                for ns in used.keys() | {s.partition("/")[2] for s in known}:
+                    series = f"{name}/{ns}"
+                    if series not in self._at:  # a namespace's first units: counted from the fold
+                        self._avg[series], self._at[series] = {}, self._at[name]
+                        known.add(series)
+                    self._held[series] = dict(used.get(ns, {}))
 
     def _advance(self, name: str, dt: float) -> None:
         if dt <= 0:
@@ -230,7 +279,30 @@ class UsageHistory:
         at = self._at.get(name)
         if at is None:
             return None
-        return Record(at=at, usage={r: round(v) for r, v in sorted(self._avg[name].items())})
+        namespaces = {
+            s.partition("/")[2]: {r: round(v) for r, v in sorted(self._avg[s].items()) if round(v) > 0}
+            for s in sorted(self._namespaces.get(name, ()))
+        }
+        return Record(
+            at=at,
+            usage={r: round(v) for r, v in sorted(self._avg[name].items())},
+            namespaces={ns: u for ns, u in namespaces.items() if u},
+        )
+
+    def namespace_ranks(self, quota: Quota) -> dict[str, int]:
+        """The namespaces of ``quota``'s own units by decayed usage, lowest first: rank 1, 2, ...
+        (a namespace without history is 0, ahead of all). Usage is compared as the largest
+        fraction of the quota's ``max`` over its resources, in whole percent, so two namespaces
+        that used about the same share the rank rather than swap it every second."""
+        scores: dict[str, float] = {}
+        for series in self._namespaces.get(quota.name, ()):
+            avg = self._avg[series]
+            fractions = [avg.get(r, 0.0) / cap for r, cap in quota.max.items() if cap > 0]
+            if not fractions:
+                fractions = [sum(avg.values())]
+            scores[series.partition("/")[2]] = round(max(fractions, default=0.0), 2)
+        distinct = sorted(set(scores.values()))
+        return {ns: distinct.index(v) + 1 for ns, v in sorted(scores.items())}
 
     def shares(
         self, ledger: QuotaLedger, parent: str, kids: Sequence[str], weights: Mapping[str, Mapping[str, int]]

@@ -192,13 +192,20 @@ class QueueState:
         #: Quotas that refused this queue's units in its last scan; only releases there can help.
         #: ``None`` means unknown (wake on any release on the chain).
         self.limiting: frozenset[str] | None = None
+        #: ``fair_order`` queues: each namespace's rank by decayed usage (lower first; 0 for none)
+        self.ranks: Mapping[str, int] = {}
 
     @property
     def policy(self) -> QueuePolicy | None:
         return self.config.policy
 
     def sort_key(self, unit: Unit) -> SortKey:
-        return unit_key(unit, self.config.policy)
+        """The unit's place in its lane: its key, with (``fair_order``) its namespace's rank right
+        after its priority (docs/compatibility.md#fair-order-inside-a-queue)."""
+        key = unit_key(unit, self.config.policy)
+        if self.config.fair_order:
+            return (key[0], self.ranks.get(unit.namespace, 0), *key[1:])
+        return key
 
     # --- watch events -------------------------------------------------------------------------------
 
@@ -366,7 +373,7 @@ class QueueState:
     def _set_assumed(self, unit: Unit) -> None:
         key = unit.key
         old = self.assumed_items.get(key)
-        new = (*self.sort_key(unit), key) if is_assumed(unit) else None
+        new = (*unit_key(unit, self.config.policy), key) if is_assumed(unit) else None
         if old == new:
             return
         if old is not None:
@@ -386,6 +393,7 @@ def rebuild(
 ) -> QueueState:
     """A state for a changed Queue spec, keeping what is in progress (marks, round, admissions)."""
     fresh = QueueState(config)
+    fresh.ranks = state.ranks
     fresh.marks = state.marks
     fresh.in_flight_seen = state.in_flight_seen
     fresh.stale = state.stale
@@ -488,6 +496,13 @@ class SchedulerState:
             self.queues[name] = state
         else:
             return
+        self.dirty.add(name)
+
+    def rerank(self, name: str, ranks: Mapping[str, int], units: Mapping[str, Unit]) -> None:
+        """A ``fair_order`` queue's namespace ranks changed: its lanes are sorted again."""
+        state = self.queues[name]
+        state.ranks = ranks
+        self.queues[name] = rebuild(state, state.config, units, self.members.get(name, set()))
         self.dirty.add(name)
 
     def delete_queue(self, name: str, units: Mapping[str, Unit]) -> None:

@@ -179,6 +179,9 @@ class QuotaLedger:
         #: per (quota, pool quota), what units of the quota hold through that pool quota
         #: (docs/pools.md#fallback-between-pools); also counted in ``_self_used`` of the quota
         self._routed: dict[tuple[str, str], Resources] = {}
+        #: per quota, per namespace, what the units of that namespace labelled with the quota hold
+        #: (docs/compatibility.md#fair-order-inside-a-queue)
+        self._ns_used: dict[str, dict[str, dict[str, int]]] = {}
         self._chains: dict[str, Chain] = {}
         self._route_names: dict[tuple[str, str], tuple[str, ...]] = {}
         self._routes: dict[str, tuple[Route, ...]] = {}
@@ -522,16 +525,33 @@ class QuotaLedger:
         if old == new:
             return frozenset()
         delta: dict[str, dict[str, int]] = {}
+        namespace = key.partition("/")[0]
         if old is not None:
             self._contrib.pop(key)
             self._move(old[0], old[1], -1, delta, old[2])
+            self._by_namespace(old[0], namespace, old[1], -1)
         if new is not None:
             self._contrib[key] = new
             self._move(new[0], new[1], 1, delta, new[2])
+            self._by_namespace(new[0], namespace, new[1], 1)
         released = frozenset(n for n, d in delta.items() if any(v < 0 for v in d.values()))
         for name in released:
             self._releases[name] = self._releases.get(name, 0) + 1
         return released
+
+    def _by_namespace(self, leaf: str, namespace: str, res: Resources, sign: int) -> None:
+        per = self._ns_used.setdefault(leaf, {})
+        own = per.setdefault(namespace, {})
+        for r, v in res.items():
+            own[r] = own.get(r, 0) + sign * v
+        if quantities.is_zero(own):
+            del per[namespace]
+            if not per:
+                del self._ns_used[leaf]
+
+    def namespace_used(self, name: str) -> Mapping[str, Resources]:
+        """Per namespace, what its units labelled with ``name`` itself hold (read only)."""
+        return self._ns_used.get(name, {})
 
     def _move(
         self, leaf: str, res: Resources, sign: int, delta: dict[str, dict[str, int]], via: str = ""

@@ -42,7 +42,8 @@ MANAGED_BY_VALUE: Final = "koord-queue-elasticquota"
 SUPPORTED: Final = tuple(p.value for p in names.QueuePolicy)
 
 #: ``koord-queue/*`` quota annotations that configure or describe the quota itself, not its Queue
-#: (``koord-queue/borrowed`` changes with usage: copying it would write the Queue as often).
+#: (``koord-queue/borrowed`` and ``koord-queue/usage-history`` change with usage: copying them
+#: would write the Queue as often).
 NOT_SYNCED: Final = frozenset(
     {
         names.QUEUE_POLICY_LABEL,
@@ -50,6 +51,7 @@ NOT_SYNCED: Final = frozenset(
         names.ALLOWED_PRIORITY_CLASSES_ANNOTATION,
         names.IGNORED_REASON_ANNOTATION,
         names.QUOTA_BORROWED_ANNOTATION,
+        names.QUOTA_USAGE_HISTORY_ANNOTATION,
         names.QUOTA_HOLDER_ANNOTATION,
     }
 )

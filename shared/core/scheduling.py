@@ -243,6 +243,10 @@ class Cache:
         return UnitNotes(released=bool(released))
 
     def put_queue(self, config: QueueConfig) -> None:
+        if config.fair_order:
+            self.snapshot.history.by_namespace.add(config.name)
+        else:
+            self.snapshot.history.by_namespace.discard(config.name)
         self.state.put_queue(config, self._queued)
         # The Queue records which of several same-named quotas holds the name.
         changed = self.ledger.set_holder(config.name, config.quota_holder or None)
@@ -299,7 +303,22 @@ class Cache:
         self.state.wake_all()
 
     def schedule(self, now: float) -> Plan:
+        history = self.snapshot.history
+        if history.by_namespace and history.fold(self.ledger, now):
+            self._rerank()
         return schedule(self.snapshot, self.state, now)
+
+    def _rerank(self) -> None:
+        """Queues ordering their units by namespace usage get their lanes sorted again when the
+        namespaces' ranks changed (docs/compatibility.md#fair-order-inside-a-queue)."""
+        history = self.snapshot.history
+        for name in sorted(history.by_namespace):
+            qs, quota = self.state.queues.get(name), self.ledger.quotas.get(name)
+            if qs is None or quota is None or not qs.config.fair_order:
+                continue
+            ranks = history.namespace_ranks(quota)
+            if ranks != qs.ranks:
+                self.state.rerank(name, ranks, self._queued)
 
     def assume(self, admit: Admit, *, now: float) -> tuple[Unit, Unit]:
         """Fold an admission into the cache before writing it; returns ``(before, after)``."""
