@@ -356,6 +356,9 @@ QUOTA_BINDING_HOLDER_PREFIX: Final = "holder."
 QUOTA_IS_PARENT_LABEL: Final = "quota.scheduling.koordinator.sh/is-parent"
 #: Koordinator's label: ``"false"`` keeps the quota's unused ``min`` reserved (not lent to siblings).
 QUOTA_ALLOW_LENT_LABEL: Final = "quota.scheduling.koordinator.sh/allow-lent-resource"
+#: Ours: ``"true"`` lets the quota's units reclaim up to its fair share, not only its ``min``
+#: (docs/compatibility.md#reclaim-of-fair-shares).
+RECLAIM_FAIR_SHARE_LABEL: Final = "koord-queue/reclaim-fair-share"
 #: Koordinator's annotation (a ResourceList as JSON): the quota's weight when siblings share spare
 #: capacity of their parent; the default is the quota's ``max``.
 QUOTA_SHARED_WEIGHT_ANNOTATION: Final = "quota.scheduling.koordinator.sh/shared-weight"

@@ -13,6 +13,12 @@ The search has three steps, each a function: which siblings borrow where the uni
 (:func:`_candidates`), and the cheapest victims that cover the need while every quota on a victim's
 chain keeps its ``min`` (:func:`_choose`).
 
+A quota labelled ``koord-queue/reclaim-fair-share: "true"`` claims its fair share too
+(docs/compatibility.md#reclaim-of-fair-shares): everywhere above, ``min`` reads as the larger of
+``min`` and the quota's runtime (:func:`_floor`), for the claim and for the siblings it takes from,
+so a sibling over its share loses only admitted-but-not-running units and never goes below its own
+share. Without the label, shares (and usage history) only order who gets capacity as it frees.
+
 Pure: standard library and sibling modules only.
 """
 
@@ -21,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from koord_queue.shared.api import quantities
+from koord_queue.shared.api import names, quantities
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.predicates import expected_pod_sets
 from koord_queue.shared.core.policies import QueueState
@@ -29,7 +35,7 @@ from koord_queue.shared.core.preemption import Victim, protected_until, reclaima
 from koord_queue.shared.core.quota import QuotaLedger
 from koord_queue.shared.core.usage import UsageView
 
-__all__ = ["Reclaim", "may_claim", "plan_reclaim"]
+__all__ = ["Reclaim", "fair_reclaim", "may_claim", "plan_reclaim"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,20 +55,38 @@ class Reclaim:
         return bool(self.victims or self.waiting_for)
 
 
-def _within_min(view: UsageView, name: str, short: Mapping[str, int]) -> bool:
-    """The unit's request on the ``short`` resources fits within ``name``'s ``min``."""
+def fair_reclaim(view: UsageView, leaf: str) -> bool:
+    """Whether ``leaf`` reclaims its fair share, not only its ``min``: the label
+    ``koord-queue/reclaim-fair-share: "true"`` (docs/compatibility.md#reclaim-of-fair-shares)."""
+    spec = view.ledger.quotas.get(leaf)
+    return spec is not None and spec.labels.get(names.RECLAIM_FAIR_SHARE_LABEL) == "true"
+
+
+def _floor(view: UsageView, name: str, fair: bool) -> Mapping[str, int]:
+    """What a claim stands on at ``name``, and what a victim's quota keeps: its ``min``, or with
+    fair reclaim the larger of its ``min`` and its runtime (its fair share of the cycle)."""
     floor = view.ledger.quotas[name].min
+    runtime = view.runtime.get(name) if fair else None
+    if not runtime:
+        return floor
+    return {r: max(floor.get(r, 0), runtime.get(r, 0)) for r in floor.keys() | runtime.keys()}
+
+
+def _within_min(view: UsageView, name: str, short: Mapping[str, int], fair: bool = False) -> bool:
+    """The unit's request on the ``short`` resources fits within ``name``'s floor (``_floor``)."""
+    floor = _floor(view, name, fair)
     return all(view.used(name, r) + v <= floor.get(r, 0) for r, v in short.items())
 
 
 def may_claim(view: UsageView, leaf: str) -> bool:
     """Cheap test: could a unit of ``leaf`` be guaranteed (the quota has a parent quota and is
-    below its ``min`` on some resource)? Keeps an exhausted queue from being skipped unseen."""
+    below its floor on some resource)? Keeps an exhausted queue from being skipped unseen."""
     quotas = view.ledger.quotas
     spec = quotas.get(leaf)
-    if spec is None or spec.parent not in quotas or not spec.min:
+    if spec is None or spec.parent not in quotas:
         return False
-    return any(view.used(leaf, r) < v for r, v in spec.min.items())
+    floor = _floor(view, leaf, fair_reclaim(view, leaf))
+    return any(view.used(leaf, r) < v for r, v in floor.items())
 
 
 def _subtree(children: Mapping[str, tuple[str, ...]], top: str) -> list[str]:
@@ -100,7 +124,8 @@ def plan_reclaim(
     need = _need(view, leaf, request)
     if not need:
         return None
-    borrowers, stops = _borrowers(view, leaf, request, need)
+    fair = fair_reclaim(view, leaf)
+    borrowers, stops = _borrowers(view, leaf, request, need, fair)
     if not borrowers:
         return None
     found = _candidates(stops, need, units=units, queues=queues, now=now, protect=protect, claimed=claimed)
@@ -108,7 +133,7 @@ def plan_reclaim(
         return Reclaim(
             waiting_for=tuple(sorted(found.waiting)), borrowers=tuple(borrowers), wake_at=found.wake
         )
-    chosen = _choose(view, found, need)
+    chosen = _choose(view, found, need, fair)
     if chosen is None:
         return Reclaim(borrowers=tuple(borrowers), wake_at=found.wake, protected=tuple(found.protected))
     return Reclaim(
@@ -139,7 +164,7 @@ def _need(view: UsageView, leaf: str, request: Mapping[str, int]) -> dict[str, i
 
 
 def _borrowers(
-    view: UsageView, leaf: str, request: Mapping[str, int], need: Mapping[str, int]
+    view: UsageView, leaf: str, request: Mapping[str, int], need: Mapping[str, int], fair: bool = False
 ) -> tuple[list[str], dict[str, str]]:
     """The siblings that borrow on a ``need`` resource, at each level where the unit is still within
     ``min`` (judged on the short resources only: one nobody lacks does not stop its claim); and
@@ -149,7 +174,7 @@ def _borrowers(
     short = {r: request[r] for r in need}
     pairs: list[tuple[str, str]] = []
     for i, name in enumerate(levels[:-1]):
-        if not _within_min(view, name, short):
+        if not _within_min(view, name, short, fair):
             break
         pairs.append((levels[i + 1], name))
     children = ledger.children()
@@ -159,7 +184,7 @@ def _borrowers(
         for sibling in children.get(parent, ()):
             if sibling == own:
                 continue
-            floor = ledger.quotas[sibling].min
+            floor = _floor(view, sibling, fair)
             if not any(view.used(sibling, r) > floor.get(r, 0) for r in need):
                 continue
             borrowers.append(sibling)
@@ -238,7 +263,9 @@ def _candidates(
     return found
 
 
-def _choose(view: UsageView, found: _Found, need: Mapping[str, int]) -> dict[str, tuple[Victim, ...]] | None:
+def _choose(
+    view: UsageView, found: _Found, need: Mapping[str, int], fair: bool = False
+) -> dict[str, tuple[Victim, ...]] | None:
     """The first candidates in order (lowest priority, no bound pod, newest) whose taking keeps every
     quota from the victim's up to its borrowing sibling at its ``min``, until what is freed (with
     what is on the way) covers ``need``; None when they cannot."""
@@ -251,7 +278,7 @@ def _choose(view: UsageView, found: _Found, need: Mapping[str, int]) -> dict[str
     candidates.sort(key=lambda c: c[0][:-1])
     for _, name, sibling, victim in candidates:
         path = _path(view.ledger, name, sibling)
-        if not all(_keeps_min(view, x, taken.get(x, {}), victim.resources, need) for x in path):
+        if not all(_keeps_min(view, x, taken.get(x, {}), victim.resources, need, fair) for x in path):
             continue
         for x in path:
             taken[x] = quantities.add(taken.get(x, {}), victim.resources)
@@ -273,11 +300,16 @@ def _path(ledger: QuotaLedger, leaf: str, top: str) -> list[str]:
 
 
 def _keeps_min(
-    view: UsageView, name: str, taken: Mapping[str, int], freed: Mapping[str, int], short: Mapping[str, int]
+    view: UsageView,
+    name: str,
+    taken: Mapping[str, int],
+    freed: Mapping[str, int],
+    short: Mapping[str, int],
+    fair: bool = False,
 ) -> bool:
     """Taking ``freed`` on top of ``taken`` leaves quota ``name`` at or above its ``min`` on the
     resources that are ``short`` (the others are not what the reclaim is for)."""
-    floor = view.ledger.quotas[name].min
+    floor = _floor(view, name, fair)
     return all(
         view.used(name, r) - taken.get(r, 0) - v >= floor[r]
         for r, v in freed.items()
