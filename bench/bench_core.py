@@ -29,6 +29,12 @@ and prints a table.
 3. **Gangs.** The scaling run's layout at 10,000 pending (1,000 with ``--quick``) with units of one
    pod set of 8 and 64 pods (``minCount`` = the count: all or nothing) against single-pod units,
    each quota scaled by the pod count, in the same run (docs/compatibility.md#gangs-and-partial-admission).
+5. **Usage history.** The cost of usage history (docs/compatibility.md#fair-over-time) per
+   admission: the scaling run's layout at 50,000 pending (10,000 with ``--quick``) and the
+   oversubscribed tree at 10,000 (1,000), each with history on (the product's default half-life,
+   one hour; a fold every step, as each step advances the clock a second) against the same bench
+   with history off, stepped in interleaved rounds. Reported: the ratio of the medians of the
+   decision and of decision plus assume (target: under 1.05).
 4. **Preemption planning.** 1,000 / 10,000 assumed (admitted, not running) low-priority units fill
    one queue with ``wait-for-pods-running`` and preemption on; a high-priority unit arrives and the
    cycle plans the preempt path (target < 5 ms at 1,000). The reserve path, which marks every
@@ -109,14 +115,21 @@ class AdmissionBench:
     oversubscribed parent) or ``flat`` (the same queues and quota count, no parent above them)."""
 
     def __init__(
-        self, pending: int, seed: int, *, queues: int = QUEUES, layout: str = "tree", pods: int = 1
+        self,
+        pending: int,
+        seed: int,
+        *,
+        queues: int = QUEUES,
+        layout: str = "tree",
+        pods: int = 1,
+        half_life: float = 0.0,
     ) -> None:
         self.pending = pending
         self.queues = queues
         self.layout = layout
         self.pods = pods
         self.rng = rng = random.Random(seed)
-        self.cache = cache = Cache()
+        self.cache = cache = Cache(usage_half_life=half_life)
         self.sizes: dict[str, int] = {}
         for q in range(queues):
             self.sizes[f"queue-{q:03d}"] = rng.choice([250, 500, 1000, 2000])
@@ -297,6 +310,42 @@ def bench_guarantees(sizes: tuple[int, ...], steps: int, seed: int) -> list[dict
     return out
 
 
+def bench_history(runs: tuple[tuple[str, int], ...], steps: int, seed: int) -> list[dict[str, object]]:
+    """History on against off, per ``(layout, pending)``, stepped in interleaved rounds (see the
+    module docstring, item 5)."""
+    queues = {"tree": QUEUES, "borrowing": 10}
+    pairs = [
+        (
+            AdmissionBench(n, seed, queues=queues[layout], layout=layout, half_life=3600.0),
+            AdmissionBench(n, seed, queues=queues[layout], layout=layout),
+        )
+        for layout, n in runs
+    ]
+    gc.collect()
+    gc.freeze()
+    rounds = 10
+    for _ in range(rounds):
+        for pair in pairs:
+            for bench in pair:
+                for _ in range(steps // rounds):
+                    bench.step()
+    out: list[dict[str, object]] = []
+    for (layout, n), (on, off) in zip(runs, pairs, strict=True):
+        with_history, without = on.result(), off.result()
+        out.append(
+            {
+                "layout": layout,
+                "pending": n,
+                "history": with_history,
+                "no_history": without,
+                "median_ratio": with_history["median_us"] / without["median_us"],
+                "with_assume_median_ratio": with_history["with_assume_median_us"]
+                / without["with_assume_median_us"],
+            }
+        )
+    return out
+
+
 def bench_gangs(pending: int, steps: int, seed: int, pods: tuple[int, ...]) -> list[dict[str, float]]:
     """Gang units (one pod set of ``p`` pods, ``minCount`` = ``p``) against single-pod units, the
     scaling run's layout with every quota scaled by ``p``, stepped in interleaved rounds; per size
@@ -365,6 +414,10 @@ def main() -> None:
         row["log_ratio_bound"] = math.log(row["pending"]) / math.log(admission[0]["pending"])
     guaranteed = bench_guarantees(sizes[:1] if args.quick else (1_000, 10_000), steps, seed=7)
     gangs = bench_gangs(1_000 if args.quick else 10_000, steps, seed=7, pods=(1, 8, 64))
+    history_runs = (
+        (("tree", 10_000), ("borrowing", 1_000)) if args.quick else (("tree", 50_000), ("borrowing", 10_000))
+    )
+    history = bench_history(history_runs, steps, seed=7)
     preemption = [
         bench_preemption(n, 20 if n <= 1_000 else 5, reserve=reserve)
         for n in (1_000, 10_000)
@@ -376,6 +429,7 @@ def main() -> None:
         "guarantees": guaranteed,
         "gangs": gangs,
         "preemption": preemption,
+        "history": history,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
@@ -413,6 +467,17 @@ def main() -> None:
         print(
             f"{plan['assumed']:>8} {plan['path']:>8} {plan['victims']:>8}"
             f" {plan['median_ms']:>10.2f} {plan['p99_ms']:>8.2f}"
+        )
+    print(
+        f"\n{'layout':>10} {'pending':>8} {'off med us':>11} {'on med us':>10} {'ratio':>6}"
+        f" {'+assume ratio':>14}"
+    )
+    for pair in history:
+        off, on = pair["no_history"], pair["history"]
+        assert isinstance(off, dict) and isinstance(on, dict)
+        print(
+            f"{pair['layout']:>10} {pair['pending']:>8} {off['median_us']:>11.1f} {on['median_us']:>10.1f}"
+            f" {pair['median_ratio']:>6.3f} {pair['with_assume_median_ratio']:>14.3f}"
         )
     print(f"\nwritten to {RESULTS}")
 
