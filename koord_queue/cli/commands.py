@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 import yaml
@@ -225,6 +227,9 @@ async def cmd_explain(reader: Reader, args: Any, out: TextIO, style: render.Styl
         data["reason"] = result.reason.value
         data["job"] = _job(unit, raw)
         data["waiting"] = result.waiting_now
+        for level in data["fairness"]:
+            for sibling in level["siblings"]:  # a zero share stands last of all: no JSON number
+                sibling["score"] = sibling["score"] if math.isfinite(sibling["score"]) else None
         _dump(data, args.output, out)
         return 0
     out.write(render_explanation(result, unit, raw, style, now) + "\n")
@@ -349,7 +354,7 @@ def _quota_chain(e: Explanation, style: render.Style) -> list[str]:
     return lines
 
 
-def _share_text(share: dict[str, float] | Any) -> str:
+def _share_text(share: Mapping[str, float]) -> str:
     return ",".join(f"{r}={v:.0%}" for r, v in sorted(share.items())) or "-"
 
 
@@ -369,7 +374,7 @@ def _fair_share(e: Explanation, style: render.Style) -> list[str]:
                     s.name,
                     render.resources(s.usage, empty="0"),
                     _share_text(s.share),
-                    "-" if s.score == float("inf") else f"{s.score:.2f}",
+                    f"{s.score:.2f}" if math.isfinite(s.score) else "-",
                     style(mark, "yellow") if s.ahead else mark,
                 ]
             )
