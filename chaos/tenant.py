@@ -50,6 +50,7 @@ from typing import Any, Final
 
 from chaos import (
     load,
+    tenant_history,
     tenant_orphans,
     tenant_pool_job,
     tenant_pools,
@@ -233,6 +234,7 @@ ATTACKS: Final[dict[str, str]] = {
     tenant_submitter.ATTACK: tenant_submitter.DEFENCE,
     **tenant_pools.ATTACKS,
     **tenant_preemption.ATTACKS,
+    **tenant_history.ATTACKS,
     "write-queueunit-status": "RBAC: namespace users may only read QueueUnits (user roles)",
     "create-queueunit": "RBAC: namespace users may only read QueueUnits (user roles)",
     "raise-quota-max": "RBAC: ElasticQuotas are cluster-admin objects",
@@ -647,6 +649,7 @@ class Tenant:
             *tenant_pools.attacks(self, r),
             tenant_pool_job.pool_job(self, r),
             tenant_preemption.preemption_attacks(self, r, bound=OWN_PRIORITY_BOUND),
+            tenant_history.history_attacks(self, r),
         ]
         if self.workflows:
             attacks.append(self.workflow(r))
