@@ -11,18 +11,25 @@ alice (``kubectl --as=alice``) holds only the built-in ``edit`` role in her name
 * a job that does not preempt (annotation, or its PriorityClass's ``preemptionPolicy: Never``) gets
   ``spec.preemptionPolicy: Never`` on its unit, and she cannot flip or remove the annotation after
   creation;
-* she cannot write either field on the QueueUnit herself: units are not hers to write.
+* she cannot write either field on the QueueUnit herself: units are not hers to write;
+
+and the running scheduler honours both: a unit that does not preempt waits for room and marks
+nobody, and a victim guarded by its preemption priority is taken only by a unit above it.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client as k8s
 
 from koord_queue.shared.api import names
+from koord_queue.shared.api.names import Message
 from testenv import system
+from testenv.cluster import LocalCluster
+from tests.integration import preemption_helpers as h
 from tests.integration.test_tenant_priority import priority_classes
 from tests.integration.test_tenant_quotas import World, alice_may_submit, job, webhook_with_cap
 from tests.integration.test_tenant_quotas import w as w  # the fixture: alice's namespace and her rights
@@ -142,3 +149,49 @@ async def test_she_cannot_write_the_preemption_fields_of_a_queue_unit(w: World) 
         assert done.returncode != 0 and "forbidden" in done.stderr.lower(), done.stderr
     unit = await w.get_unit(w.mine, "mine")
     assert "preemptionPriority" not in spec(unit) and "preemptionPolicy" not in spec(unit)
+
+
+# --- the running scheduler: victims by preemption priority, preemptors that do not preempt ----------
+
+
+@pytest.fixture
+async def pb(
+    integration_cluster: LocalCluster, system_integration: system.Processes, namespace_in: str
+) -> AsyncIterator[h.Bench]:
+    async with h.bench(integration_cluster, namespace_in) as it:
+        yield it
+
+
+async def create_unit(pb: h.Bench, name: str, *, quota: str, priority: int, **spec: object) -> None:
+    """A bare QueueUnit of 2 cpu with extra ``spec`` fields (an admin may write them)."""
+    body = h.unit(name, quota=quota, cpu="2", priority=priority)
+    body["spec"].update(spec)
+    await pb.objects.create_namespaced_custom_object(
+        names.GROUP, names.VERSION, pb.ns, names.QUEUEUNIT_PLURAL, body
+    )
+
+
+async def test_a_unit_that_does_not_preempt_waits_for_room_and_marks_nobody(pb: h.Bench) -> None:
+    q = await pb.make_quota("never", cpu="2")
+    await pb.create("victim", quota=q, cpu="2", priority=10)
+    await pb.admitted("victim")
+    await create_unit(pb, "patient", quota=q, priority=100, preemptionPolicy=NEVER)
+    expected = Message.limited(q, "cpu") + names.NON_PREEMPTING_SUFFIX
+    await pb.parked("patient", lambda m: m == expected, what="'does not preempt'")
+    await pb.caught_up()
+    pb.assert_never_marked("victim")
+    assert h.is_admitted(await pb.get("victim"))
+
+
+async def test_a_victim_guarded_by_its_preemption_priority_is_not_marked_and_a_higher_unit_takes_it(
+    pb: h.Bench,
+) -> None:
+    q = await pb.make_quota("guard", cpu="2")
+    await create_unit(pb, "guarded", quota=q, priority=10, preemptionPriority=200)
+    await pb.admitted("guarded")
+    await pb.create("high", quota=q, cpu="2", priority=100)
+    await pb.parked("high", lambda m: m.endswith(Message.PREEMPT_FAILED_SUFFIX), what="'; preempt failed'")
+    await pb.caught_up()
+    pb.assert_never_marked("guarded")
+    await pb.create("top", quota=q, cpu="2", priority=300)
+    await pb.wait("guarded", h.is_marked, what="marked by a preemptor above its preemption priority")
