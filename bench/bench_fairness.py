@@ -105,8 +105,8 @@ DEFAULT_SYSTEMS: Final = {
     "burst": ("ours", "kueue-afs", "kueue-cohort"),
     "history": ("ours", "ours-off", "kueue-afs", "kueue-cohort"),
 }
-#: (seconds since the run's start, kind, team, job): kinds ``admitted`` and ``released`` (the
-#: unit), ``running`` and ``succeeded`` (the job's pod)
+#: (seconds since the run's start, kind, team, job): kinds ``queued`` (its unit first seen),
+#: ``admitted`` and ``released`` (the unit), ``running`` and ``succeeded`` (the job's pod)
 Event = tuple[float, str, str, str]
 
 
@@ -324,13 +324,21 @@ def since(t: float | None, t_b: float) -> float | None:
 def burst_figures(events: Sequence[Event], t_b: float, story: Story) -> dict[str, Any]:
     """The burst story's figures, seconds from B's submission ``t_b``."""
     freed = after(events, "succeeded", t_b)
+    b_queued = after(events, "queued", t_b, "b")
     b_admitted = after(events, "admitted", t_b, "b")
     b_running = after(events, "running", t_b, "b")
     first_b = b_admitted[0][0] if b_admitted else None
     share_at = first_holding(events, "b", story.share, "running", "succeeded", t_b)
     admitted = after(events, "admitted", t_b)
+    held = sum(
+        1 if e[1] == "admitted" else -1 for e in events if e[1] in ("admitted", "released") and e[0] < t_b
+    )
     return {
+        # GPUs no unit held when B came, as the watch saw it (a refill of A's under way): A may take them
+        "free_at_b": story.gpus - held,
         "next_slot_freed_s": since(freed[0][0] if freed else None, t_b),
+        # B's units all exist (the system has taken in every job of B)
+        "b_queued_s": since(b_queued[-1][0] if len(b_queued) == story.b_jobs else None, t_b),
         "b_first_admitted_s": since(first_b, t_b),
         "b_first_running_s": since(b_running[0][0] if b_running else None, t_b),
         # A's admissions after B's submission before B's first: 0 means B took the next slot
@@ -415,6 +423,7 @@ class Timeline:
         else:
             phase = str(status.get("phase") or "")
             admitted, done = phase in ba.ADMITTED_PHASES, phase in ("Succeed", "Failed")
+        self.add("queued", job)
         if admitted or done:
             self.add("admitted", job)
         if done:
@@ -715,9 +724,11 @@ def cell(value: Any) -> str:
 
 
 BURST_COLUMNS: Final = (
+    ("B queued s", "b_queued_s"),
     ("next slot freed s", "next_slot_freed_s"),
     ("B 1st admitted s", "b_first_admitted_s"),
     ("B 1st running s", "b_first_running_s"),
+    ("free at B", "free_at_b"),
     ("A admitted before", "a_admitted_before_b"),
     ("slots freed until", "slots_freed_until_b_admitted"),
     ("B share running s", "b_share_running_s"),

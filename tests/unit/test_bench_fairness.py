@@ -167,6 +167,7 @@ def burst_timeline() -> list[bf.Event]:
     out = [ev(0.5 + i / 10, "admitted", f"a-{i:04d}") for i in range(4)]
     out += [ev(1.0 + i / 10, "running", f"a-{i:04d}") for i in range(4)]
     out += [ev(59.0, "succeeded", "a-0003"), ev(59.1, "released", "a-0003")]
+    out += [ev(60.1 + i / 10, "queued", f"b-{i:04d}") for i in range(3)]
     out += [ev(60.5, "admitted", "a-0004")]  # the refill of the slot freed at 59
     out += [ev(65.0, "succeeded", "a-0000"), ev(65.2, "released", "a-0000"), ev(65.3, "admitted", "b-0001")]
     out += [ev(66.0, "running", "b-0001")]
@@ -177,6 +178,8 @@ def burst_timeline() -> list[bf.Event]:
 
 def test_burst_figures_from_a_known_timeline() -> None:
     fig = bf.burst_figures(burst_timeline(), 60.0, BURST)
+    assert fig["free_at_b"] == 1  # a-0003's slot, refilled after B came
+    assert fig["b_queued_s"] == 0.3  # the last of B's three units seen
     assert fig["next_slot_freed_s"] == 5.0
     assert fig["b_first_admitted_s"] == 5.3
     assert fig["b_first_running_s"] == 6.0
@@ -192,6 +195,7 @@ def test_burst_figures_from_a_known_timeline() -> None:
 def test_burst_figures_before_b_got_anything() -> None:
     events = [e for e in burst_timeline() if e[2] == "a"]
     fig = bf.burst_figures(events, 60.0, BURST)
+    assert fig["b_queued_s"] is None
     assert fig["b_first_admitted_s"] is None
     assert fig["a_admitted_before_b"] is None
     assert fig["b_share_running_s"] is None
@@ -266,7 +270,7 @@ def test_timeline_reads_queue_units_and_pods_once_per_kind() -> None:
     timeline = bf.Timeline(kueue=False)
     owner = {"ownerReferences": [{"kind": "Job", "name": "a-0001"}], "name": "a-0001"}
     timeline.unit({"metadata": owner, "status": {"phase": "Enqueued"}})
-    assert timeline.events == []
+    assert [k for _, k, _, _ in timeline.events] == ["queued"]
     timeline.unit({"metadata": owner, "status": {"phase": "Dequeued"}})
     timeline.unit({"metadata": owner, "status": {"phase": "Running"}})
     timeline.unit({"metadata": owner, "status": {"phase": "Succeed"}})
@@ -275,6 +279,7 @@ def test_timeline_reads_queue_units_and_pods_once_per_kind() -> None:
     timeline.pod({**pod, "status": {"phase": "Succeeded"}})
     timeline.pod({"metadata": {"labels": {bf.JOB_NAME_LABEL: "other"}}, "status": {"phase": "Running"}})
     assert [(k, team, job) for _, k, team, job in timeline.events] == [
+        ("queued", "a", "a-0001"),
         ("admitted", "a", "a-0001"),
         ("released", "a", "a-0001"),
         ("running", "a", "a-0001"),
@@ -287,7 +292,7 @@ def test_timeline_reads_kueue_workloads_by_their_job() -> None:
     meta = {"name": "job-b-0002-1a2b3", "ownerReferences": [{"kind": "Job", "name": "b-0002"}]}
     reserved = {"conditions": [{"type": "QuotaReserved", "status": "True"}]}
     timeline.unit({"metadata": meta, "status": reserved})
-    assert timeline.events == []
+    assert [(k, job) for _, k, _, job in timeline.events] == [("queued", "b-0002")]
     admitted = {"conditions": [*reserved["conditions"], {"type": "Admitted", "status": "True"}]}
     timeline.unit({"metadata": meta, "status": admitted})
     # a finished workload seen first counts as admitted too
@@ -295,7 +300,9 @@ def test_timeline_reads_kueue_workloads_by_their_job() -> None:
     other = {"name": "job-b-0003-x", "ownerReferences": [{"kind": "Job", "name": "b-0003"}]}
     timeline.unit({"metadata": other, "status": finished})
     assert [(k, job) for _, k, _, job in timeline.events] == [
+        ("queued", "b-0002"),
         ("admitted", "b-0002"),
+        ("queued", "b-0003"),
         ("admitted", "b-0003"),
         ("released", "b-0003"),
     ]
@@ -310,7 +317,7 @@ def test_the_table_has_a_row_and_an_order_per_system() -> None:
     text = bf.table(BURST, rows)
     lines = text.splitlines()
     assert "B 1st admitted s" in lines[0]
-    assert lines[1].split()[:3] == ["ours", "1h0m0s", "5"]
+    assert lines[1].split()[:4] == ["ours", "1h0m0s", "0.3", "5"]
     assert lines[2].split() == ["kueue-afs", *["-"] * (len(bf.BURST_COLUMNS) + 1)]
     assert lines[3] == "  ours: admissions after B: ABB"
     assert lines[4] == "  kueue-afs: RuntimeError('boom')"
