@@ -20,11 +20,12 @@ from urllib.parse import quote
 import yaml
 
 from koord_queue.shared import kube
-from koord_queue.shared.api import names
+from koord_queue.shared.api import names, quantities
 from koord_queue.shared.api.model import QueueConfig, Quota, Unit
 from koord_queue.shared.api.parsing import parse_queue, parse_quota, parse_unit
 from koord_queue.shared.core import config as component_config
 from koord_queue.shared.core import quotaqueues, visibility
+from koord_queue.shared.core.replay import ServedStanding
 from koord_queue.shared.jobs import registry
 
 Obj = dict[str, Any]
@@ -162,6 +163,8 @@ class Gathered:
     visibility_ok: bool = True
     #: every ElasticQuota of the cluster was listed (a namespace user reads only their namespace's)
     quotas_complete: bool = True
+    #: the standings among siblings the visibility API served, by quota
+    standings: dict[str, ServedStanding] = field(default_factory=dict)
 
     def parsed_units(self) -> dict[str, Unit]:
         return {key: parse_unit(raw) for key, raw in self.units.items()}
@@ -294,6 +297,20 @@ class Reader:
                 if "position" in item:
                     got.positions[_key(item)] = int(item["position"])
 
+    async def standings(self, namespace: str, got: Gathered) -> None:
+        """Each quota's standing among its siblings as the visibility API serves it to the
+        namespace (``fairShare``): the scheduler's figures for levels whose parent the reader
+        cannot read. Nothing when the API is unavailable or keeps no history."""
+        path = f"{VISIBILITY}/namespaces/{quote(namespace, safe='')}/quotas"
+        try:
+            page = await self.client.request("GET", path, query={"limit": visibility.MAX_LIMIT})
+        except kube.KubeError:
+            return
+        for item in page.get("items") or []:
+            found = served_standing(item)
+            if found is not None:
+                got.standings[str((item.get("metadata") or {}).get("name", ""))] = found
+
     async def queue_exists(self, namespace: str, queue: str, got: Gathered) -> bool | None:
         """Does the scheduler know queue ``queue``? Asked on the namespaced visibility path a
         namespace user may read; None when it cannot tell."""
@@ -334,6 +351,28 @@ class Reader:
         except kube.KubeError as err:
             raise denied(err, "patch", res, namespace) from None
         return f"{kind.lower()}/{name}", written
+
+
+def served_standing(item: Mapping[str, Any]) -> ServedStanding | None:
+    """The ``fairShare`` (and ``usageHistory``) of one visibility ``QuotaSummary`` item; None when
+    absent or malformed."""
+    share, history = item.get("fairShare"), item.get("usageHistory") or {}
+    if not isinstance(share, Mapping) or not isinstance(history, Mapping):
+        return None
+    try:
+        score = share.get("score")
+        return ServedStanding(
+            parent=str(share["parent"]),
+            position=int(share["position"]),
+            siblings=int(share["siblings"]),
+            ahead_count=int(share["aheadCount"]),
+            ahead=tuple(str(n) for n in share.get("ahead") or ()),
+            share={str(r): float(v) for r, v in (share.get("share") or {}).items()},
+            score=None if score is None else float(score),
+            usage=quantities.parse_resource_list(history.get("usage") or {}),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, quantities.QuantityError):
+        return None
 
 
 def find_unit(units: Mapping[str, Obj], namespace: str, wanted: str) -> Obj:

@@ -181,6 +181,8 @@ async def gather_for_unit(reader: Reader, namespace: str, wanted: str) -> tuple[
     await reader.queues(got)
     await reader.settings(got)
     await reader.positions(namespace, [], got)
+    if not got.quotas_complete:
+        await reader.standings(namespace, got)
     unit = parse_unit(raw)
     readable = {str((q.get("metadata") or {}).get("name", "")) for q in got.quotas}
     if unit.quota and unit.quota not in readable:
@@ -214,6 +216,7 @@ def build_view(got: Gathered, raw: Obj) -> replay.View:
         unknowns=tuple(got.unknowns),
         usage_half_life=settings.usage_half_life_seconds if settings else None,
         quotas_complete=got.quotas_complete,
+        standings=dict(got.standings),
     )
 
 
@@ -368,18 +371,23 @@ def _fair_share(e: Explanation, style: render.Style) -> list[str]:
         rows = []
         for place, s in enumerate(level.siblings, start=1):
             mark = "yours" if s.own else "ahead" if s.ahead else ""
+            figures = not level.served or s.own  # a served level has figures for the quota only
             rows.append(
                 [
-                    str(place),
+                    str(place + level.unseen_ahead if s.own else place) if figures else "-",
                     s.name,
-                    render.resources(s.usage, empty="0"),
-                    _share_text(s.share),
-                    f"{s.score:.2f}" if math.isfinite(s.score) else "-",
+                    render.resources(s.usage, empty="0") if figures else "?",
+                    _share_text(s.share) if figures else "?",
+                    (f"{s.score:.2f}" if math.isfinite(s.score) else "-") if figures else "?",
                     style(mark, "yellow") if s.ahead else mark,
                 ]
             )
         headers = ["ORDER", "QUOTA", "USAGE(DECAYED)", "SHARE", "STANDING", ""]
         lines.extend("  " + line for line in render.table(headers, rows).splitlines())
+        if level.unseen_ahead:
+            lines.append(
+                f"  and {level.unseen_ahead} sibling quota(s) you cannot read, ahead of {level.quota}"
+            )
         lines.append(f"  {level.text}")
     if e.fairness:
         lines.append(

@@ -27,7 +27,7 @@ from koord_queue.shared.core import fairness, quotastatus
 from koord_queue.shared.core.policies import QueueState
 from koord_queue.shared.core.preemption import disabled_reason
 from koord_queue.shared.core.reasons import WAITING_REASONS, Classified, Reason
-from koord_queue.shared.core.replay import UNKNOWN_RESOURCE, View
+from koord_queue.shared.core.replay import UNKNOWN_RESOURCE, ServedStanding, View
 from koord_queue.shared.core.scheduling import Cache
 from koord_queue.shared.core.usage import UsageView
 
@@ -124,13 +124,17 @@ class Sibling:
 class FairLevel:
     """One level of the unit's chain that divides spare capacity: the parent, the quota of the
     chain at this level, the parent's limit, the siblings in the order they get spare capacity, and
-    the sentence ``fairness.describe_level`` words it in."""
+    the sentence ``fairness.describe_level`` words it in. ``served``: the parent cannot be read,
+    and the figures are those the visibility API served (the quota alone among ``siblings``;
+    ``unseen_ahead`` counts the siblings ahead the reader cannot see)."""
 
     parent: str
     quota: str
     limit: Resources
     siblings: tuple[Sibling, ...]
     text: str
+    served: bool = False
+    unseen_ahead: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,48 +217,80 @@ def level_chain(cache: Cache, view: View, unit: Unit, request: Resources) -> tup
 
 
 def fair_levels(cache: Cache, view: View, quota: str) -> tuple[tuple[FairLevel, ...], list[str]]:
-    """The levels of ``quota``'s chain that divide spare capacity, with the replayed history's
-    standings (``fairness.levels``, what orders the scheduler's queues), and what the reader could
-    not see to back them (a level below an unreadable parent is left out rather than guessed)."""
+    """The levels of ``quota``'s chain that divide spare capacity, from the top, with the replayed
+    history's standings (``fairness.levels``, what orders the scheduler's queues), and what the
+    reader could not see to back them. A level below a parent the reader cannot read shows the
+    standing the visibility API served when there is one, else it is left out rather than guessed."""
     ledger, history = cache.ledger, cache.snapshot.history
-    if quota not in ledger.quotas or len(ledger.chain(quota).names) < 2:
+    if quota not in ledger.quotas:
         return (), []
+    children = ledger.children()
+    chain = [q for q in reversed(ledger.chain(quota).names) if ledger.quotas[q].parent in children]
+    computed = {level.quota: level for level in fairness.levels(ledger, history, quota)}
     unknowns: list[str] = []
-    if not history.enabled:
-        if view.usage_half_life is None:
-            unknowns.append(
-                "no usage history (koord-queue/usage-history) can be read on the quotas: the order in "
-                "which sibling quotas get spare capacity is not shown"
-            )
-        return (), unknowns
     out: list[FairLevel] = []
-    for level in fairness.levels(ledger, history, quota):
-        if level.parent in view.unreadable_quotas:
-            unknowns.append(
-                f"ElasticQuota {level.parent} cannot be read: how its spare capacity is ordered among "
-                f"{level.quota} and its siblings is not shown"
-            )
+    for q in chain:
+        parent = ledger.quotas[q].parent
+        served = view.standings.get(q)
+        if parent in view.unreadable_quotas:
+            if served is not None and served.parent == parent:
+                out.append(_served_level(q, served))
+            else:
+                unknowns.append(
+                    f"ElasticQuota {parent} cannot be read: how its spare capacity is ordered among {q} and "
+                    "its siblings is not shown"
+                )
             continue
-        ahead = {s.name for s in level.ahead}
-        siblings = tuple(
-            Sibling(
-                name=s.name,
-                usage=dict(s.usage),
-                share=dict(s.share),
-                score=s.score,
-                ahead=s.name in ahead,
-                own=s.name == level.quota,
-            )
-            for s in level.order
-        )
-        text = fairness.describe_level(level)
-        out.append(FairLevel(level.parent, level.quota, dict(level.limit), siblings, text))
-    if out and not view.quotas_complete:
+        level = computed.get(q)
+        if level is None:
+            if view.usage_half_life is None:
+                unknowns.append(
+                    "no usage history (koord-queue/usage-history) can be read on the quotas: the order in "
+                    "which sibling quotas get spare capacity is not shown"
+                )
+            continue
+        out.append(_replayed_level(level))
+    if any(not lv.served for lv in out) and not view.quotas_complete:
         unknowns.append(
             "ElasticQuotas outside your namespace cannot be read: the sibling quotas, and their usage "
             "history, shown for spare capacity are only those you can read"
         )
-    return tuple(out), unknowns
+    return tuple(out), list(dict.fromkeys(unknowns))
+
+
+def _replayed_level(level: fairness.Level) -> FairLevel:
+    ahead = {s.name for s in level.ahead}
+    siblings = tuple(
+        Sibling(s.name, dict(s.usage), dict(s.share), s.score, s.name in ahead, s.name == level.quota)
+        for s in level.order
+    )
+    return FairLevel(level.parent, level.quota, dict(level.limit), siblings, fairness.describe_level(level))
+
+
+def _served_level(quota: str, served: ServedStanding) -> FairLevel:
+    """A level from the visibility API's ``fairShare``: the quota's own figures, the siblings
+    ahead that the reader may see by name, and a count of those they may not."""
+    score = served.score if served.score is not None else float("inf")
+    mine = Sibling(quota, dict(served.usage), dict(served.share), score, ahead=False, own=True)
+    named = tuple(Sibling(n, {}, {}, 0.0, ahead=True, own=False) for n in served.ahead)
+    unseen = max(0, served.ahead_count - len(named))
+    held = resources_text(served.usage) if served.usage else "nothing"
+    share = ", ".join(f"{r} {v:.0%}" for r, v in sorted(served.share.items())) or "no"
+    head = (
+        f"below {served.parent}: {quota} has held {held} lately against a {share} share, "
+        f"{_ordinal(served.position)} of {served.siblings} sibling quotas"
+    )
+    if not served.ahead_count:
+        text = head + "; no sibling is ahead of it for spare capacity"
+    else:
+        who = ", ".join([*served.ahead, *([f"{unseen} you cannot read"] if unseen else [])])
+        text = f"{head}; ahead of it for spare capacity, because they used less of their share lately: {who}"
+    return FairLevel(served.parent, quota, {}, (*named, mine), text, served=True, unseen_ahead=unseen)
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def units_ahead(qs: QueueState, cache: Cache, key: str) -> tuple[Ahead, ...]:

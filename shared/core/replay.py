@@ -41,6 +41,7 @@ from koord_queue.shared.jobs.running_timeout import RunningTimeout
 __all__ = [
     "UNKNOWN_RESOURCE",
     "QuotaRow",
+    "ServedStanding",
     "View",
     "history_half_life",
     "quota_rows",
@@ -50,6 +51,23 @@ __all__ = [
 #: The only resource a placeholder quota (one the reader cannot read) limits: resources absent from
 #: ``max`` are unlimited, so the placeholder refuses nothing and the walk up the tree goes on.
 UNKNOWN_RESOURCE = "koord-queue.x-k8s.io/unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class ServedStanding:
+    """A quota's standing among its siblings as the visibility API served it (``fairShare``, the
+    scheduler's own figures): what a namespace user learns about a level whose parent and siblings
+    they cannot read. ``ahead`` names only the siblings the reader may see; ``ahead_count`` counts
+    them all; ``score`` None is an infinite standing (a zero share)."""
+
+    parent: str
+    position: int
+    siblings: int
+    ahead_count: int
+    ahead: tuple[str, ...] = ()
+    share: Mapping[str, float] = field(default_factory=dict)
+    score: float | None = 0.0
+    usage: Resources = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +100,8 @@ class View:
     usage_half_life: float | None = None
     #: every ElasticQuota of the cluster was read (else sibling quotas may be missing)
     quotas_complete: bool = True
+    #: standings the visibility API served, by quota (for levels whose parent cannot be read)
+    standings: Mapping[str, ServedStanding] = field(default_factory=dict)
 
 
 def _record_half_life(text: str | None) -> float | None:

@@ -14,9 +14,11 @@ import dataclasses
 import json
 from typing import Any
 
-from koord_queue.cli import commands, render
+from koord_queue.cli import client, commands, render
 from koord_queue.shared.api import durations, model, names, parsing
 from koord_queue.shared.core import explain, replay
+from koord_queue.shared.core import visibility as answers
+from koord_queue.shared.core.scheduling import Cache
 from tests.unit.test_explain import NOW, T0, queue, unit, view
 
 HOUR = 3600.0
@@ -142,3 +144,51 @@ def test_the_plugin_prints_the_levels_and_json_carries_them() -> None:
     data: dict[str, Any] = dataclasses.asdict(e)
     assert data["fairness"][0]["siblings"][0]["name"] == "b"
     assert json.loads(json.dumps(data, default=str))["fairness"][0]["parent"] == "p"
+
+
+def test_a_parent_the_reader_cannot_read_shows_the_standing_the_visibility_api_served() -> None:
+    # The namespaced visibility answer for team-a's quota ``a`` (parent ``p`` and sibling ``b``
+    # live elsewhere), as the scheduler's cache serves it, read back as the plugin reads it.
+    cache = Cache(usage_half_life=HOUR)
+    for q in tree(a_history=record("3"), b_history=record("500m")):
+        cache.put_quota(dataclasses.replace(q, namespace="team-a" if q.name == "a" else "admin"))
+    cache.schedule(NOW)
+    body = answers.quotas(cache.ledger, cache.state, {}, namespace="team-a", history=cache.snapshot.history)
+    [item] = body["items"]
+    served = client.served_standing(item)
+    assert served == replay.ServedStanding(
+        parent="p",
+        position=2,
+        siblings=2,
+        ahead_count=1,
+        ahead=(),
+        share={"cpu": 0.5},
+        score=1.5,
+        usage={"cpu": 3000},
+    )
+    assert client.served_standing({"metadata": {"name": "x"}}) is None
+    assert client.served_standing({"fairShare": {"parent": "p"}}) is None
+
+    mine = [quota("a", "4", parent="p", history=record("3"))]
+    v = view(
+        waiting_in_a(),
+        mine,
+        [queue("a")],
+        complete=False,
+        unreadable_quotas=frozenset({"p"}),
+        quotas_complete=False,
+        standings={"a": served},
+    )
+    e = explain.explain(v, "ns/w", NOW)
+    [level] = e.fairness
+    assert (level.parent, level.quota, level.served, level.unseen_ahead) == ("p", "a", True, 1)
+    assert [(s.name, s.own, s.usage) for s in level.siblings] == [("a", True, {"cpu": 3000})]
+    assert level.text == (
+        "below p: a has held cpu=3 lately against a cpu 50% share, 2nd of 2 sibling quotas; ahead of it "
+        "for spare capacity, because they used less of their share lately: 1 you cannot read"
+    )
+    assert not any("cannot be read: how its spare capacity" in u for u in e.unknowns)
+    text = commands.render_explanation(e, v.units["ns/w"], {}, render.Style(False), NOW)
+    assert "and 1 sibling quota(s) you cannot read, ahead of a" in text
+    own_row = next(line for line in text.splitlines() if line.split()[:2] == ["2", "a"])
+    assert own_row.split()[2:] == ["cpu=3", "cpu=50%", "1.50", "yours"]
