@@ -144,6 +144,15 @@ class Story:
             return "0s"
         return format_duration(self.half_life_s if self.name == "history" else self.burst_half_life_s)
 
+    def shown_half_life(self, system: str) -> str | None:
+        """The half-life a run reports: none for Kueue's cohort (no history), ours' default in the
+        burst story (its configuration leaves it out)."""
+        if system == "kueue-cohort":
+            return None
+        if self.name == "burst" and not system.startswith("kueue"):
+            return "default"
+        return self.half_life(system)
+
 
 # --- objects and configurations (pure) ----------------------------------------------------------------
 
@@ -636,7 +645,7 @@ def run_one(system: str, story: Story, build: Any, abort: threading.Event) -> di
         run = asyncio.run(drive(cluster, system, story, abort, KEEP_EVENTS.is_set()))
         return {
             "system": system,
-            "half_life": story.half_life(system) if system != "kueue-cohort" else None,
+            "half_life": story.shown_half_life(system),
             "start_s": started_s,
             "versions": ba.versions(cluster),
             **run,
@@ -772,7 +781,12 @@ def stories(args: argparse.Namespace) -> list[Story]:
     out = []
     for name in args.stories.split(","):
         if name == "burst":
-            out.append(Story("burst", b_jobs=args.b_jobs, b_after_s=args.b_after * scale, **common))
+            burst = {
+                "b_jobs": args.b_jobs,
+                "b_after_s": args.b_after * scale,
+                "burst_half_life_s": args.burst_half_life,
+            }
+            out.append(Story("burst", **burst, **common))
         elif name == "history":
             half = args.half_life * scale
             out.append(
@@ -818,6 +832,9 @@ def main() -> None:
     parser.add_argument("--jitter", type=float, default=0.25, help="run time x uniform [1-j, 1+j]")
     parser.add_argument("--b-after", type=float, default=60.0, help="burst: B submits this long after A, s")
     parser.add_argument("--half-life", type=float, default=60.0, help="history: usage half-life, s")
+    parser.add_argument(
+        "--burst-half-life", type=float, default=3600.0, help="burst: Kueue's half-life, s (ours' default 1h)"
+    )
     parser.add_argument("--alone-half-lives", type=float, default=3.0, help="history: A alone this long")
     parser.add_argument("--sampling", type=float, default=5.0, help="Kueue's usageSamplingInterval, s")
     parser.add_argument("--k", type=int, default=0, help="history: admissions counted (default 2N)")

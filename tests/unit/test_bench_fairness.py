@@ -74,7 +74,11 @@ def test_our_configuration_parses_and_names_the_half_life_as_a_go_duration() -> 
         warnings = config.parse(yaml.safe_dump(doc)).warnings
         # before the reconciler knew the key it warned about it, and about nothing else
         assert all("usageHalfLife" in w for w in warnings)
-    assert bf.Story("burst").half_life("ours") == "1h0m0s"  # the burst story runs ours' default
+    burst = bf.Story("burst", burst_half_life_s=600.0)
+    assert burst.half_life("kueue-afs") == "10m0s"
+    assert burst.shown_half_life("ours") == "default"  # the burst story runs ours' default
+    assert burst.shown_half_life("kueue-cohort") is None
+    assert story.shown_half_life("ours-off") == "0s"
 
 
 def test_kueue_settings_are_valid_for_kueue_s_configuration() -> None:
@@ -311,13 +315,13 @@ def test_timeline_reads_kueue_workloads_by_their_job() -> None:
 def test_the_table_has_a_row_and_an_order_per_system() -> None:
     fig = bf.burst_figures(burst_timeline(), 60.0, BURST)
     rows = [
-        {"system": "ours", "half_life": "1h0m0s", "figures": fig},
+        {"system": "ours", "half_life": "default", "figures": fig},
         {"system": "kueue-afs", "error": "RuntimeError('boom')"},
     ]
     text = bf.table(BURST, rows)
     lines = text.splitlines()
     assert "B 1st admitted s" in lines[0]
-    assert lines[1].split()[:4] == ["ours", "1h0m0s", "0.3", "5"]
+    assert lines[1].split()[:4] == ["ours", "default", "0.3", "5"]
     assert lines[2].split() == ["kueue-afs", *["-"] * (len(bf.BURST_COLUMNS) + 1)]
     assert lines[3] == "  ours: admissions after B: ABB"
     assert lines[4] == "  kueue-afs: RuntimeError('boom')"
