@@ -14,7 +14,7 @@ most once a minute. Mallory (``chaos.tenant``) tries, each round:
     as if the quota's history were the jobs';
 ``move-jobs-to-another-quota``
     her admitted job relabelled to her pool quota (the webhook must refuse it while it runs), then
-    deleted and created again under that quota.
+    deleted and created again (under a new name) under that quota.
 
 What the queue guarantees, judged on the records alone (never with the product's code): the next
 record of her quota is at or above the one read before the attack decayed across the gap
@@ -244,7 +244,9 @@ async def _recreate(t: Attacker, r: int) -> None:
 async def _move(t: Attacker, r: int) -> None:
     m = t.mallory
     assert m is not None
-    name = f"mallory-move-{r}"
+    # The job comes back under a new name: the old job's pods linger a while (the garbage collector),
+    # and the pool judge (``chaos.tenant_pools``) knows a pod's unit by name only.
+    name, moved = f"mallory-move-{r}", f"mallory-move-{r}-moved"
     target = f"{NAMESPACE}/{QUOTA}"
     try:
         if await t._own_job_admitted(MOVE, r, _job(name, QUOTA)) is None:
@@ -264,7 +266,7 @@ async def _move(t: Attacker, r: int) -> None:
         if not await _gone(t, name):
             t.record(MOVE, r, target, "skipped", "her deleted job did not go in time")
             return
-        await t.send(lambda: m.create(JOBS, _job(name, POOL_QUOTA), namespace=NAMESPACE))
+        await t.send(lambda: m.create(JOBS, _job(moved, POOL_QUOTA), namespace=NAMESPACE))
         other_quota = await _quota(t, POOL_QUOTA)
         other_after = await _newer(t, POOL_QUOTA, other_before)
         if other_after is not None:
@@ -275,7 +277,7 @@ async def _move(t: Attacker, r: int) -> None:
                 return
         await _judge_own(t, MOVE, r, before, f"moved her job to {POOL_QUOTA} by a re-create")
     finally:
-        await _delete(t, name)
+        await _delete(t, name, moved)
 
 
 async def _judge_own(t: Attacker, attack: str, r: int, before: Record, what: str) -> None:
