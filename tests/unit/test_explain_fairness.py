@@ -10,8 +10,11 @@ record, an unreadable parent, quotas outside their namespace) is listed as unkno
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import io
 import json
+import time
 from typing import Any
 
 from koord_queue.cli import client, commands, render
@@ -192,3 +195,51 @@ def test_a_parent_the_reader_cannot_read_shows_the_standing_the_visibility_api_s
     assert "and 1 sibling quota(s) you cannot read, ahead of a" in text
     own_row = next(line for line in text.splitlines() if line.split()[:2] == ["2", "a"])
     assert own_row.split()[2:] == ["cpu=3", "cpu=50%", "1.50", "yours"]
+
+
+class _Reader:
+    """The reads ``quotas`` makes, answered from objects in memory (an admin's complete view)."""
+
+    def __init__(self, quotas: list[dict[str, Any]]) -> None:
+        self.raw_quotas = quotas
+
+    async def units(self, namespace: str | None, got: client.Gathered, *, want_all: bool) -> None:
+        got.units, got.complete = {}, True
+
+    async def quotas(self, namespace: str | None, got: client.Gathered) -> None:
+        got.quotas = self.raw_quotas
+
+
+def raw_quota(name: str, *, parent: str = "", history: str = "") -> dict[str, Any]:
+    labels = {names.QUOTA_PARENT_LABEL: parent} if parent else {}
+    ann = {names.QUOTA_USAGE_HISTORY_ANNOTATION: history} if history else {}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "labels": labels, "annotations": ann},
+        "spec": {"max": {"cpu": "4"}, "min": {"cpu": "0"}},
+    }
+
+
+async def test_quotas_shows_the_decayed_usage_column_only_with_history_and_keeps_the_tree() -> None:
+    at = time.time() - HOUR  # the plugin decays to its own clock: about half is left
+    quotas = [raw_quota("p"), raw_quota("a", parent="p", history=record("4", at=at))]
+    args = argparse.Namespace(all_namespaces=True, namespace=None, tree=True, output="")
+    out = io.StringIO()
+    assert await commands.cmd_quotas(_Reader(quotas), args, out, render.Style(False)) == 0  # type: ignore[arg-type]
+    lines = out.getvalue().splitlines()
+    assert "USAGE(DECAYED)" in lines[0].split()
+    column = lines[0].index("USAGE(DECAYED)")
+    child = next(line for line in lines if "└─ a" in line)
+    assert child[column:].split()[0] in ("cpu=2", "cpu=1999m")
+    assert any(line.startswith("USAGE(DECAYED) = ") for line in lines)
+
+    args.output = "json"
+    out = io.StringIO()
+    await commands.cmd_quotas(_Reader(quotas), args, out, render.Style(False))  # type: ignore[arg-type]
+    rows = {r["name"]: r for r in json.loads(out.getvalue())["items"]}
+    assert rows["a"]["decayed"] in ("cpu=2", "cpu=1999m") and rows["p"]["decayed"] == ""
+
+    args.output = ""
+    out = io.StringIO()
+    plain = [raw_quota("p"), raw_quota("a", parent="p")]  # no record: history not known, no column
+    await commands.cmd_quotas(_Reader(plain), args, out, render.Style(False))  # type: ignore[arg-type]
+    assert "USAGE(DECAYED)" not in out.getvalue()
