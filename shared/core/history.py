@@ -155,6 +155,7 @@ class UsageHistory:
         self._at: dict[str, float] = {}
         self._stored: dict[str, Record] = {}
         self._folded_at: float | None = None
+        self._epoch = -1
         #: quotas whose queue orders its units by namespace usage (``QueueConfig.fair_order``):
         #: they also keep one series per namespace, named ``quota/namespace``
         self.by_namespace: set[str] = set()
@@ -197,9 +198,10 @@ class UsageHistory:
         Quotas in :attr:`by_namespace` also fold one series per namespace of their own units."""
         if not self.enabled:
             return False
-        if self._folded_at is not None and now - self._folded_at < _FOLD_STEP_SECONDS:
-            return False
-        self._folded_at = now
+        recent = self._folded_at is not None and now - self._folded_at < _FOLD_STEP_SECONDS
+        if recent and self._epoch == ledger.tree_epoch:
+            return False  # a quota added or changed since is counted at once, not a second late
+        self._folded_at, self._epoch = now, ledger.tree_epoch
         quotas = ledger.quotas
         for series in [n for n in self._at if n.partition("/")[0] not in quotas]:
             del self._at[series], self._avg[series], self._held[series]

@@ -271,3 +271,11 @@ def test_the_flag_overrides_the_file_and_a_bad_value_is_refused_with_its_name() 
     assert main._settings(main.parse_args(["--usage-half-life", "90m"])).usage_half_life_seconds == 5400.0
     with pytest.raises(config.ConfigError, match="--usage-half-life"):
         main._settings(main.parse_args(["--usage-half-life=soon"]))
+
+
+def test_a_quota_added_just_after_a_fold_is_counted_by_the_next_cycle() -> None:
+    ledger, h = ledger_with(10), UsageHistory(H)
+    h.fold(ledger, 100.0)
+    ledger.put_quota(eq("b", max_cpu="10"))
+    assert h.fold(ledger, 100.5)  # within the fold step, but the tree changed
+    assert h.record("b") is not None
