@@ -54,8 +54,9 @@ window of N admissions, and the most B held at once. ``ours`` keeps usage histor
 configuration's ``usageHalfLife``), ``ours-off`` has ``usageHalfLife: 0s``; Kueue's admission fair
 sharing keeps history of its own, its cohort fair sharing has none.
 
-Every wait has a deadline (``--deadline`` mean durations after B's submission); all traffic is
-loopback; a run that fails is reported and the others go on.
+Every wait has a deadline: a run ends once its figures are complete, at the latest 3 mean durations
+after B's submission (burst) or 5 (history); all traffic is loopback; a run that fails is reported
+and the others go on.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class Story:
     #: admissions counted after B's submission (history)
     k: int = 40
     #: the run ends at the latest this many mean durations after B's submission
-    deadline_durations: float = 4.0
+    deadline_durations: float = 3.0
     seed: int = 7
 
     @property
