@@ -93,6 +93,7 @@ RECONCILER_CONFIG = f"""apiVersion: scheduling.k8s.io/v1
 kind: KoordQueueConfiguration
 defaultReclaimProtectTime: 0s
 quotaNamespaceBinding: true
+usageHalfLife: 2m
 maxUserPriority: {tenant.CLUSTER_PRIORITY_CAP}
 manageJobsWithoutQuotaName: true
 managedJobsNamespaceSelector:

@@ -50,8 +50,13 @@ from koord_queue.shared.core.policies import QueueState, SchedulerState, queue_i
 from koord_queue.shared.core.quota import QuotaLedger
 from koord_queue.shared.core.usage import UsageView
 
+#: With usage history on, a cycle runs at least this often even when nothing happens, so the
+#: averages (and the records the reconciler stores) follow what quotas hold in a quiet cluster.
+HISTORY_TICK_SECONDS = 30.0
+
 __all__ = [
     "BLOCK_STALE_SECONDS",
+    "HISTORY_TICK_SECONDS",
     "Admit",
     "Cache",
     "Decision",
@@ -83,6 +88,9 @@ def schedule(snapshot: Snapshot, state: SchedulerState, now: float) -> Plan:
     for qs in due:
         cycle.scan(qs)
     wake = min(state.timers.values(), default=None)
+    if snapshot.history.enabled:  # a quiet cluster's usage history still moves, and is stored
+        tick = now + HISTORY_TICK_SECONDS
+        wake = tick if wake is None else min(wake, tick)
     return Plan(decisions=tuple(cycle.decisions), wake_at=wake, examined=cycle.examined)
 
 

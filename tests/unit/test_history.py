@@ -279,3 +279,15 @@ def test_a_quota_added_just_after_a_fold_is_counted_by_the_next_cycle() -> None:
     ledger.put_quota(eq("b", max_cpu="10"))
     assert h.fold(ledger, 100.5)  # within the fold step, but the tree changed
     assert h.record("b") is not None
+
+
+def test_with_history_on_the_scheduler_wakes_even_when_nothing_happens() -> None:
+    from koord_queue.shared.core.scheduling import HISTORY_TICK_SECONDS
+
+    w = fair_tree(eq("a", max_cpu="20"), eq("b", max_cpu="20"))
+    jobs(w, "a", 2)
+    plan = w.cycle()
+    assert plan.wake_at == w.now + HISTORY_TICK_SECONDS
+    off = fair_tree(eq("a", max_cpu="20"), half_life=0.0)
+    jobs(off, "a", 2)
+    assert off.cycle().wake_at is None
