@@ -39,11 +39,12 @@ monotonic clock when the watch delivered it.
   sharing, the baseline that starves B.
 
 **Burst** (``--stories burst``): team A submits ``--a-jobs`` (300) Jobs at once; ``--b-after``
-(60 s) later team B submits ``--b-jobs`` (10). From B's submission (its last create returned):
-when the next slot freed (the first pod of either team seen Succeeded), when B's first unit was
-admitted and B's first pod ran, how many of A's units were admitted in between (0: B got the next
-slot), and when B first held its weighted share ``min(b_jobs, N/2)`` running pods at once, which
-must be within one mean job duration.
+(60 s) later team B submits ``--b-jobs`` (10). From B's submission (its first create sent): when
+B's units all existed, when the next slot freed (a unit of either team released: its quota has the
+GPU back; the first pod seen Succeeded is reported beside it), when B's first unit was admitted
+and B's first pod ran, how many of A's units were admitted in between (0: B got the next slot) and
+how many slots freed until then (1: B got the next one), and when B first held its weighted share
+``min(b_jobs, N/2)`` running pods at once, which must be within one mean job duration.
 
 **History** (``--stories history``): team A submits ``--a-jobs`` Jobs and uses the whole parent alone
 for ``--alone-half-lives`` (3) half-lives of ``--half-life`` (60 s); then B submits ``3N`` Jobs, so
@@ -332,8 +333,11 @@ def since(t: float | None, t_b: float) -> float | None:
 
 
 def burst_figures(events: Sequence[Event], t_b: float, story: Story) -> dict[str, Any]:
-    """The burst story's figures, seconds from B's submission ``t_b``."""
-    freed = after(events, "succeeded", t_b)
+    """The burst story's figures, seconds from B's submission ``t_b`` (its first create sent). A
+    slot frees when a unit is released (its quota takes the GPU back: the pod finished, the Job
+    controller and the queue saw it); the pod's own end is reported beside it."""
+    freed = after(events, "released", t_b)
+    pods_done = after(events, "succeeded", t_b)
     b_queued = after(events, "queued", t_b, "b")
     b_admitted = after(events, "admitted", t_b, "b")
     b_running = after(events, "running", t_b, "b")
@@ -346,9 +350,10 @@ def burst_figures(events: Sequence[Event], t_b: float, story: Story) -> dict[str
     return {
         # GPUs no unit held when B came, as the watch saw it (a refill of A's under way): A may take them
         "free_at_b": story.gpus - held,
-        "next_slot_freed_s": since(freed[0][0] if freed else None, t_b),
         # B's units all exist (the system has taken in every job of B)
         "b_queued_s": since(b_queued[-1][0] if len(b_queued) == story.b_jobs else None, t_b),
+        "next_slot_freed_s": since(freed[0][0] if freed else None, t_b),
+        "next_pod_done_s": since(pods_done[0][0] if pods_done else None, t_b),
         "b_first_admitted_s": since(first_b, t_b),
         "b_first_running_s": since(b_running[0][0] if b_running else None, t_b),
         # A's admissions after B's submission before B's first: 0 means B took the next slot
@@ -536,8 +541,9 @@ async def drive(
         a_created_s = round(time.monotonic() - timeline.t0, 2)
         # the story's own clock: B arrives this long after A (sooner only when the run is aborted)
         await asyncio.to_thread(abort.wait, max(0.0, timeline.t0 + story.b_after_s - time.monotonic()))
+        t_b = round(time.monotonic() - timeline.t0, 3)  # B's submission: its first create goes out now
         failed += await create_jobs(client, job_names("b", story.b_jobs), durations, kueue)
-        t_b = round(time.monotonic() - timeline.t0, 3)
+        b_created_s = round(time.monotonic() - timeline.t0 - t_b, 3)
         deadline = time.monotonic() + story.deadline_durations * story.duration_s
         while time.monotonic() < deadline and not abort.is_set():
             if complete(figures(timeline.events, t_b, story), story):
@@ -549,6 +555,7 @@ async def drive(
             "complete": complete(fig, story),
             "a_created_s": a_created_s,
             "b_submitted_s": t_b,
+            "b_creates_took_s": b_created_s,
             "create_errors": failed,
             "ended_s": round(time.monotonic() - timeline.t0, 1),
             "events": len(timeline.events),
@@ -736,6 +743,7 @@ def cell(value: Any) -> str:
 BURST_COLUMNS: Final = (
     ("B queued s", "b_queued_s"),
     ("next slot freed s", "next_slot_freed_s"),
+    ("next pod done s", "next_pod_done_s"),
     ("B 1st admitted s", "b_first_admitted_s"),
     ("B 1st running s", "b_first_running_s"),
     ("free at B", "free_at_b"),

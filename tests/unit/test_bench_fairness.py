@@ -166,8 +166,9 @@ def ev(t: float, kind: str, job: str) -> bf.Event:
 
 def burst_timeline() -> list[bf.Event]:
     """4 GPUs, all A's from t=0; B submits 3 at t=60. A's a-0004 takes the slot that freed before B
-    came (a-0003's, at 59); the next slot frees at 65 and B is admitted then, the one after at 70
-    goes to B too, and B runs 2 at once (its share: min(3, 4/2)) from 75 s."""
+    came (a-0003's, at 59); the next slot frees at 65.2 (a-0000's pod ended at 65) and B is admitted
+    then, the one after at 70.1 goes to B too, and B runs 2 at once (its share: min(3, 4/2)) from
+    75 s."""
     out = [ev(0.5 + i / 10, "admitted", f"a-{i:04d}") for i in range(4)]
     out += [ev(1.0 + i / 10, "running", f"a-{i:04d}") for i in range(4)]
     out += [ev(59.0, "succeeded", "a-0003"), ev(59.1, "released", "a-0003")]
@@ -184,7 +185,8 @@ def test_burst_figures_from_a_known_timeline() -> None:
     fig = bf.burst_figures(burst_timeline(), 60.0, BURST)
     assert fig["free_at_b"] == 1  # a-0003's slot, refilled after B came
     assert fig["b_queued_s"] == 0.3  # the last of B's three units seen
-    assert fig["next_slot_freed_s"] == 5.0
+    assert fig["next_slot_freed_s"] == 5.2  # a-0000's unit released: its GPU is back in the quota
+    assert fig["next_pod_done_s"] == 5.0
     assert fig["b_first_admitted_s"] == 5.3
     assert fig["b_first_running_s"] == 6.0
     assert fig["a_admitted_before_b"] == 1
@@ -321,7 +323,7 @@ def test_the_table_has_a_row_and_an_order_per_system() -> None:
     text = bf.table(BURST, rows)
     lines = text.splitlines()
     assert "B 1st admitted s" in lines[0]
-    assert lines[1].split()[:4] == ["ours", "default", "0.3", "5"]
+    assert lines[1].split()[:5] == ["ours", "default", "0.3", "5.2", "5"]
     assert lines[2].split() == ["kueue-afs", *["-"] * (len(bf.BURST_COLUMNS) + 1)]
     assert lines[3] == "  ours: admissions after B: ABB"
     assert lines[4] == "  kueue-afs: RuntimeError('boom')"
