@@ -474,9 +474,10 @@ def _no_room(
             f"{quantities.format_milli(found.max[c.resource], resource=c.resource)}"
             f" and {bound}{quantities.format_milli(used, resource=c.resource)} in use"
         )
+    why = preempt_reason(qs) or ("it does not preempt (preemptionPolicy Never)" if not unit.preempts else "")
     steps = [
         f"{level} must free {resource}: units holding it finish or are preempted"
-        + (" (preemption cannot help here: " + preempt_reason(qs) + ")" if preempt_reason(qs) else ""),
+        + (" (preemption cannot help here: " + why + ")" if why else ""),
         f"or a cluster admin raises spec.max of ElasticQuota {level}",
     ]
     if c.preempt == "failed" and qs.round is not None and qs.round.preemptor != unit.key:

@@ -15,7 +15,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from koord_queue.shared.api.names import Message
+from koord_queue.shared.api.names import NON_PREEMPTING_SUFFIX, Message
 from koord_queue.shared.core.policies import inactive_message
 
 __all__ = [
@@ -102,7 +102,7 @@ class Classified:
     reason: Reason
     quota: str = ""
     resource: str = ""
-    preempt: str = ""  # "succeed" or "failed" when the text carries a preemption suffix
+    preempt: str = ""  # "succeed", "failed" or "never" when the text carries a preemption suffix
     victims: tuple[str, ...] = ()
 
 
@@ -116,6 +116,7 @@ def classify(message: str, unit_quota: str | None) -> Classified | None:
     for suffix, word in (
         (Message.PREEMPT_SUCCEED_SUFFIX, "succeed"),
         (Message.PREEMPT_FAILED_SUFFIX, "failed"),
+        (NON_PREEMPTING_SUFFIX, "never"),  # docs/compatibility.md#non-preempting-jobs
     ):
         if text.endswith(suffix):
             text, preempt = text[: -len(suffix)], word

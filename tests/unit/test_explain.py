@@ -10,6 +10,7 @@ scheduler recorded instead of guessing. Also: the per-level quota figures come f
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -378,3 +379,17 @@ def test_the_krew_manifest_names_the_installed_plugin() -> None:
     assert platform["bin"] == "kubectl-" + manifest["metadata"]["name"].replace("-", "_")
     assert platform["bin"] in scripts and "kubectl_complete-koord_queue" in scripts
     assert len(platform["sha256"]) == 64
+
+
+def test_a_non_preempting_unit_is_told_it_waits_for_room_not_that_preemption_failed() -> None:
+    units = [
+        unit("holder", "q", priority=0, phase="Dequeued", admitted=1, running=0),
+        dataclasses.replace(unit("w", "q", priority=5), preemption_policy="Never"),
+    ]
+    e = explain.explain(view(units, [quota("q", "1")], [queue("q", ann=PREEMPT)]), "ns/w", NOW)
+    assert e.message.endswith(names.NON_PREEMPTING_SUFFIX)
+    assert e.reason is Reason.QUOTA
+    assert any("it does not preempt (preemptionPolicy Never)" in step for step in e.next_steps)
+    assert reasons.classify(e.message, "q") == reasons.Classified(
+        Reason.QUOTA, quota="q", resource="cpu", preempt="never"
+    )
