@@ -628,6 +628,10 @@ def log_notes(procs: list[Any]) -> dict[str, Any]:
         if proc.name == "kueue":
             errors = [line for line in text.splitlines() if '"level":"error"' in line]
             out["kueue_errors"] = len(errors)
+            # as in bench_kueue.py: the cert rotator finds no webhook configuration to inject into
+            out["kueue_error_messages"] = sorted(
+                {json.loads(line).get("msg", "") for line in errors if line.startswith("{")}
+            )
         elif proc.name == "reconciler":
             out["config_notes"] = [line[-200:] for line in text.splitlines() if "usageHalfLife" in line][:5]
     return out
