@@ -272,6 +272,18 @@ def _rss_bytes() -> int:
     return 0
 
 
+def _step_pairs(pairs: list[tuple[AdmissionBench, AdmissionBench]], steps: int) -> None:
+    """Step every bench of ``pairs`` in interleaved rounds, so that machine noise hits them alike."""
+    gc.collect()
+    gc.freeze()
+    rounds = 10
+    for _ in range(rounds):
+        for pair in pairs:
+            for bench in pair:
+                for _ in range(steps // rounds):
+                    bench.step()
+
+
 def bench_guarantees(sizes: tuple[int, ...], steps: int, seed: int) -> list[dict[str, object]]:
     """The oversubscribed tree against the flat case, stepped in interleaved rounds (see the module
     docstring, item 2); per size, both results and the ratio of their medians."""
@@ -282,14 +294,7 @@ def bench_guarantees(sizes: tuple[int, ...], steps: int, seed: int) -> list[dict
         )
         for n in sizes
     ]
-    gc.collect()
-    gc.freeze()
-    rounds = 10
-    for _ in range(rounds):
-        for pair in pairs:
-            for bench in pair:
-                for _ in range(steps // rounds):
-                    bench.step()
+    _step_pairs(pairs, steps)
     out: list[dict[str, object]] = []
     for tree, flat in pairs:
         borrowing, baseline = tree.result(), flat.result()
@@ -321,14 +326,7 @@ def bench_history(runs: tuple[tuple[str, int], ...], steps: int, seed: int) -> l
         )
         for layout, n in runs
     ]
-    gc.collect()
-    gc.freeze()
-    rounds = 10
-    for _ in range(rounds):
-        for pair in pairs:
-            for bench in pair:
-                for _ in range(steps // rounds):
-                    bench.step()
+    _step_pairs(pairs, steps)
     out: list[dict[str, object]] = []
     for (layout, n), (on, off) in zip(runs, pairs, strict=True):
         with_history, without = on.result(), off.result()

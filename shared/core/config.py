@@ -181,19 +181,7 @@ def parse(text: str, *, source: str = "config") -> Settings:
             f"{doc.get('apiVersion')!r} / {doc.get('kind')!r}"
         )
     warnings = tuple(f"{source}: unknown field {key!r} ignored" for key in sorted(set(doc) - _KNOWN))
-    raw = doc.get("defaultReclaimProtectTime")
-    protect = 0.0
-    if raw is not None:
-        if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-            raise ConfigError(
-                f"{source}: defaultReclaimProtectTime: expected a duration such as 5m, got {raw!r}"
-            )
-        try:
-            protect = parse_duration(raw) if isinstance(raw, str) else float(raw)
-        except DurationError as err:
-            raise ConfigError(f"{source}: defaultReclaimProtectTime: {err}") from None
-        if not math.isfinite(protect) or protect < 0:
-            raise ConfigError(f"{source}: defaultReclaimProtectTime: must be a finite, non-negative duration")
+    protect = _duration(doc, "defaultReclaimProtectTime", source, 0.0)
     binding = _switch(doc, "quotaNamespaceBinding", source)
     guarantees = _switch(doc, "quotaGuarantees", source)
     publish = _switch(doc, "publishQuotaStatus", source)
@@ -234,19 +222,6 @@ def parse(text: str, *, source: str = "config") -> Settings:
     )
 
 
-def _timeout(raw: object, where: str) -> float:
-    """A Go duration (``90s``, ``10m``) or a number of seconds; finite and not negative."""
-    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-        raise ConfigError(f"{where}: expected a duration such as 10m, got {raw!r}")
-    try:
-        seconds = parse_duration(raw) if isinstance(raw, str) else float(raw)
-    except DurationError as err:
-        raise ConfigError(f"{where}: {err}") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(f"{where}: must be a finite, non-negative duration")
-    return seconds
-
-
 def _running_timeouts(raw: object, source: str) -> tuple[RunningTimeouts, tuple[str, ...]]:
     """``jobRunningTimeout``: ``{default: {...}, <extension>: {...}}``, each entry holding any of
     ``runningTimeout``, ``backoffTimeout`` and ``partialRunningTimeout``. An extension's entry
@@ -272,7 +247,7 @@ def _running_timeouts(raw: object, source: str) -> tuple[RunningTimeouts, tuple[
         for key in sorted(set(body) - _TIMEOUT_FIELDS.keys(), key=str):
             warnings.append(f"{where}.{name}: unknown field {key!r} ignored")
         entries[name] = {
-            attr: _timeout(body[key], f"{where}.{name}.{key}")
+            attr: duration(body[key], f"{where}.{name}.{key}")
             for key, attr in _TIMEOUT_FIELDS.items()
             if body.get(key) is not None
         }

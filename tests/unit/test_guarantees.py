@@ -51,10 +51,13 @@ def eq(
     )
 
 
-def tree(*children: Quota, parent_cpu: str = "10", guarantees_on: bool = True) -> World:
-    """A parent quota ``p`` (min = max = ``parent_cpu``) with ``children``, one queue each."""
+def tree(
+    *children: Quota, parent_cpu: str = "10", guarantees_on: bool = True, half_life: float = 0.0
+) -> World:
+    """A parent quota ``p`` (min = max = ``parent_cpu``) with ``children``, one queue each (usage
+    history on with a ``half_life``, docs/compatibility.md#fair-over-time)."""
     w = World(queues=tuple(queue(c.name) for c in children))
-    w.cache = Cache(quota_guarantees=guarantees_on)
+    w.cache = Cache(quota_guarantees=guarantees_on, usage_half_life=half_life)
     w.cache.put_quota(eq("p", min_cpu=parent_cpu, max_cpu=parent_cpu, is_parent=True))
     for c in children:
         w.cache.put_quota(dataclasses.replace(c, parent="p"))

@@ -17,7 +17,7 @@ from koord_queue.shared.core import config, fairness, guarantees, history, quota
 from koord_queue.shared.core.history import Record, UsageHistory
 from koord_queue.shared.core.quota import QuotaLedger
 from koord_queue.shared.core.scheduling import Cache
-from tests.unit.test_guarantees import eq, jobs
+from tests.unit.test_guarantees import eq, jobs, tree
 from tests.unit.test_model import queue, unit
 from tests.unit.test_scheduling import World, admits
 
@@ -26,14 +26,7 @@ H = 600.0  # the half-life of these tests, seconds
 
 def fair_tree(*children: Quota, half_life: float = H, parent_cpu: str = "20") -> World:
     """A parent ``p`` with ``children`` below it, history on with ``half_life``."""
-    w = World(queues=tuple(queue(c.name) for c in children))
-    w.cache = Cache(usage_half_life=half_life)
-    w.cache.put_quota(eq("p", min_cpu=parent_cpu, max_cpu=parent_cpu, is_parent=True))
-    for c in children:
-        w.cache.put_quota(dataclasses.replace(c, parent="p"))
-    for c in children:
-        w.cache.put_queue(queue(c.name).build())
-    return w
+    return tree(*children, parent_cpu=parent_cpu, half_life=half_life)
 
 
 def ledger_with(used_cpu: int) -> QuotaLedger:
