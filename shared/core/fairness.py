@@ -13,10 +13,12 @@ Pure: standard library and sibling modules only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from koord_queue.shared.api import quantities
+from koord_queue.shared.core import guarantees
 from koord_queue.shared.core.guarantees import weight
 from koord_queue.shared.core.history import Standing, UsageHistory
 from koord_queue.shared.core.quota import QuotaLedger
@@ -48,6 +50,7 @@ class Ranks:
         self.ledger = ledger
         self.history = history
         self._cache: dict[str, dict[str, Standing]] = {}
+        self._scores: dict[str, dict[str, float]] = {}
 
     def standing(self, parent: str) -> dict[str, Standing]:
         found = self._cache.get(parent)
@@ -61,15 +64,35 @@ class Ranks:
             found = self._cache[parent] = self.history.shares(self.ledger, parent, kids, weights)
         return found
 
+    def score(self, parent: str, kid: str) -> float:
+        """``kid``'s standing below ``parent`` (as :meth:`standing` gives it), computed lean: the
+        scan order needs only this number, once per due queue and cycle."""
+        found = self._scores.get(parent)
+        if found is None:
+            quotas = self.ledger.quotas
+            kids = self.ledger.children().get(parent, ())
+            found = self._scores[parent] = {}
+            for r, cap in quotas[parent].max.items():
+                weights = [weight(quotas[c], r, unlimited=cap) for c in kids]
+                total = sum(weights)
+                for c, w in zip(kids, weights, strict=True):
+                    used = self.history.usage(c).get(r, 0.0)
+                    if used <= 0:
+                        found.setdefault(c, 0.0)
+                        continue
+                    value = (used / cap) / (w / total) if cap > 0 and w > 0 and total > 0 else math.inf
+                    found[c] = max(found.get(c, 0.0), value)
+        return found.get(kid, 0.0)
+
     def key(self, name: str) -> tuple[float, ...]:
-        """The standing of ``name`` and of each quota above it, from the top: queues compare level
-        by level, so the sibling subtree that used less lately is served first."""
-        quotas, children = self.ledger.quotas, self.ledger.children()
+        """The standing of ``name`` and of each quota above it, from the top, below the parents
+        that divide spare capacity (``guarantees.borrowing``; elsewhere siblings never compete):
+        queues compare level by level, so the sibling subtree that used less lately goes first."""
+        quotas, dividing = self.ledger.quotas, guarantees.borrowing(self.ledger)
         out: list[float] = []
         for q in reversed(self.ledger.chain(name).names):
             parent = quotas[q].parent
-            if parent in children:
-                out.append(self.standing(parent)[q].score)
+            out.append(self.score(parent, q) if parent in dividing else 0.0)
         return tuple(out)
 
 

@@ -58,7 +58,7 @@ from koord_queue.shared.core import charges
 from koord_queue.shared.core.history import FACTOR_SCALE, UsageHistory, factor
 from koord_queue.shared.core.quota import QuotaLedger
 
-__all__ = ["Shares", "compute", "fair_weights", "water_fill", "weight"]
+__all__ = ["Shares", "anyone_borrows", "borrowing", "compute", "fair_weights", "water_fill", "weight"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +129,12 @@ def _borrowing(ledger: QuotaLedger) -> frozenset[str]:
     found = ledger.per_tree("guarantees.borrowing", lambda: _borrowing_parents(ledger))
     assert isinstance(found, frozenset)
     return found
+
+
+def borrowing(ledger: QuotaLedger) -> frozenset[str]:
+    """The parent quotas below which some child may borrow (the only places spare capacity is
+    divided, and so the only places usage history orders siblings)."""
+    return _borrowing(ledger)
 
 
 def anyone_borrows(ledger: QuotaLedger) -> bool:

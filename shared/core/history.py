@@ -24,9 +24,10 @@ A child's *standing* among its siblings is its largest ``u / s`` over the resour
 limits (lower stands first): the order queues of equal priority are scanned in, and what
 ``kubectl koord-queue explain`` reports ("B is ahead of you because ...").
 
-Cost: one fold per quota per cycle (at most one per second), O(quotas x resources); nothing per
-unit. The averages are written to each ElasticQuota (``koord-queue/usage-history``: the average
-and when it was taken) and read back when a reconciler starts or takes over, decayed analytically
+Cost: a cycle re-anchors only the quotas whose usage changed since the last one (the average of a
+quota whose holding does not change is a closed formula of the time), and nothing per unit. The
+averages are written to each ElasticQuota (``koord-queue/usage-history``: the average and when it
+was taken) and read back when a reconciler starts or takes over, decayed analytically
 across the gap, so a restart never resets them (``reconciler/quotas.py`` writes them).
 
 Pure: standard library and sibling modules only; ``now`` is a parameter.
@@ -60,13 +61,12 @@ __all__ = [
 #: next morning, short enough that yesterday's is mostly forgotten.
 DEFAULT_HALF_LIFE_SECONDS = 3600.0
 #: Weights are integers (``guarantees.water_fill``); a factor is applied as ``weight x round(f x
-#: FACTOR_SCALE)``, which keeps every ratio of the plain division when all factors are 1.
-FACTOR_SCALE = 1 << 20
+#: FACTOR_SCALE)`` (at least 1), so it moves in steps of 1/64: the division changes when a factor
+#: does by a step, not with every second of decay (each change wakes the queues that may gain).
+FACTOR_SCALE = 64
 #: The smallest factor used, so that a weight never becomes 0 (a zero weight is served last of all,
 #: a different rule): a child 20 shares over its share still gets a sliver, in weight order.
 _MIN_FACTOR = 2.0**-20
-#: Folds closer together than this are skipped: the error is at most this much of attribution.
-_FOLD_STEP_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,24 +144,32 @@ def parse_record(text: str | None) -> Record | None:
 
 
 class UsageHistory:
-    """Every quota's decayed average usage, folded once per cycle from the ledger.
+    """Every quota's decayed average usage, kept *analytically*: per series (a quota, or with
+    :attr:`by_namespace` a ``quota/namespace`` pair) the average ``base`` at a time ``t0`` and
+    what it has held since. While the holding does not change, the average at ``t`` is exactly
+    ``held + (base - held) * 2 ** (-(t - t0) / H)``, so nothing needs folding: a cycle re-anchors
+    only the series whose usage changed (the ledger tells which), and a figure is computed when
+    read. The cost per cycle is the number of quotas that changed, not the number of quotas.
 
-    ``half_life`` 0 turns history off: every factor is 1, nothing is folded or written."""
+    ``half_life`` 0 turns history off: every factor is 1, nothing is kept or written."""
 
     def __init__(self, half_life: float = 0.0) -> None:
         self.half_life = max(0.0, half_life)
-        self._avg: dict[str, dict[str, float]] = {}
+        self._base: dict[str, dict[str, float]] = {}
         self._held: dict[str, Resources] = {}
-        self._at: dict[str, float] = {}
+        self._t0: dict[str, float] = {}
         self._stored: dict[str, Record] = {}
-        self._folded_at: float | None = None
+        #: the time of the last fold: figures are read as of then, so one cycle reads one instant
+        self.now = 0.0
         self._epoch = -1
         #: quotas whose queue orders its units by namespace usage (``QueueConfig.fair_order``):
         #: they also keep one series per namespace, named ``quota/namespace``
         self.by_namespace: set[str] = set()
         self._namespaces: dict[str, set[str]] = {}
-        #: bumped whenever the averages change, so cached figures can tell they are stale
-        self.version = 0
+        #: figures read at :attr:`now`, so that the division and the order read each once a cycle
+        self._memo: dict[str, dict[str, float]] = {}
+        #: quotas whose usage the last cycle's own admissions changed (:meth:`hold`)
+        self._assumed: set[str] = set()
 
     @property
     def enabled(self) -> bool:
@@ -169,7 +177,7 @@ class UsageHistory:
 
     def remember(self, quota: Quota) -> None:
         """A quota seen (watch event): the latest record it carries is kept. It is used only when
-        the quota is first folded (after a start, or :meth:`restart` when leadership begins), so
+        the quota is first counted (after a start, or :meth:`restart` when leadership begins), so
         a record this replica wrote itself never goes back in while it keeps counting."""
         if not self.enabled:
             return
@@ -182,112 +190,141 @@ class UsageHistory:
     def restart(self) -> None:
         """Leadership begins: count on from what the quotas carry (another leader may have counted
         meanwhile), not from what this replica counted the last time it led."""
-        self._avg.clear()
+        self._base.clear()
         self._held.clear()
-        self._at.clear()
+        self._t0.clear()
         self._namespaces.clear()
-        self._folded_at = None
+        self._memo.clear()
+        self._assumed.clear()
+        self._epoch = -1
 
     def fold(self, ledger: QuotaLedger, now: float) -> bool:
-        """Bring every quota's average up to ``now``; returns whether anything was folded.
+        """Bring the history up to ``now``; returns whether it is on.
 
-        The interval since the last fold is charged with what the quota held at the last fold
-        (usage changes between cycles are seen by the next cycle, so the error is one cycle). A
-        quota seen for the first time starts from its stored record, decayed across the gap as if
-        it held then what it holds now (its units kept running while no reconciler counted).
-        Quotas in :attr:`by_namespace` also fold one series per namespace of their own units."""
+        A series whose usage changed since the last fold is re-anchored: a change the cycle made
+        itself (its admissions, assumed at once: :meth:`hold`) from the last fold on, any other
+        (the watch event that woke this cycle) from ``now``, so the error is one cycle at most.
+        When the tree changed, quotas that went are dropped and new ones start: from their stored
+        record, decayed across the gap as if they held then what they hold now (their units kept
+        running while nobody counted), else from zero."""
         if not self.enabled:
             return False
-        recent = self._folded_at is not None and now - self._folded_at < _FOLD_STEP_SECONDS
-        if recent and self._epoch == ledger.tree_epoch:
-            return False  # a quota added or changed since is counted at once, not a second late
-        self._folded_at, self._epoch = now, ledger.tree_epoch
-        quotas = ledger.quotas
-        for series in [n for n in self._at if n.partition("/")[0] not in quotas]:
-            del self._at[series], self._avg[series], self._held[series]
-        for name in [n for n in self._namespaces if n not in quotas or n not in self.by_namespace]:
-            for series in self._namespaces.pop(name):
-                self._at.pop(series, None), self._avg.pop(series, None), self._held.pop(series, None)
+        previous = self.now
+        if now > self.now:
+            self.now = now
+            self._memo.clear()
+        if self._epoch != ledger.tree_epoch:
+            self._epoch = ledger.tree_epoch
+            self._sync_tree(ledger)
+        quotas, pairs = ledger.take_usage_changes()
+        assumed, self._assumed = self._assumed, set()
         for name in quotas:
-            record = self._stored.get(name)
-            first = name not in self._at
-            self._fold(name, ledger.used(name), now, record, record.usage if record else None)
-            if name not in self.by_namespace:
-                continue
-            used = ledger.namespace_used(name)
-            known = {s.partition("/")[2] for s in self._namespaces.get(name, ())}
-            if first and record is not None:
-                known |= record.namespaces.keys()
-            for ns in sorted(known | used.keys()):
-                stored = record.namespaces.get(ns, {}) if record is not None else None
-                self._fold(f"{name}/{ns}", dict(used.get(ns, {})), now, record, stored)
-        self.version += 1
+            if name in self._t0:
+                self._rebase(name, ledger.used(name), previous if name in assumed else self.now)
+        for quota, ns in pairs:
+            if quota in self.by_namespace and quota in self._t0:
+                self._namespace_series(quota, ns, ledger, previous if quota in assumed else self.now)
         return True
 
-    def _fold(
-        self, series: str, held_now: Resources, now: float, record: Record | None, stored: Resources | None
-    ) -> None:
-        at = self._at.get(series)
-        if at is None:
-            quota, _, ns = series.partition("/")
-            if ns:
-                self._namespaces.setdefault(quota, set()).add(series)
-            if record is None or stored is None or record.at > now:
-                self._avg[series], self._at[series], self._held[series] = {}, now, held_now
-                return
-            self._avg[series] = {r: float(v) for r, v in stored.items()}
-            at, self._held[series] = record.at, held_now
-        self._advance(series, now - at)
-        self._at[series], self._held[series] = now, held_now
-        if "/" in series and not self._avg[series] and not held_now:
-            del self._at[series], self._avg[series], self._held[series]  # a namespace forgotten
-            self._namespaces[series.partition("/")[0]].discard(series)
-
-    def hold(self, ledger: QuotaLedger, quotas: Iterable[str]) -> None:
-        """What ``quotas`` hold changed just after a fold (the cycle's own admissions, assumed
-        into the cache at once): the interval from that fold on is charged with the new usage.
-        Changes the watch brings are seen by the cycle each of them wakes, so they need nothing."""
+    def _sync_tree(self, ledger: QuotaLedger) -> None:
+        quotas = ledger.quotas
+        for series in [n for n in self._t0 if n.partition("/")[0] not in quotas]:
+            self._drop(series)
+        for name in [n for n in self._namespaces if n not in quotas or n not in self.by_namespace]:
+            for series in self._namespaces.pop(name):
+                self._drop(series)
         for name in quotas:
-            if name in self._at:
-                self._held[name] = ledger.used(name)
-            if name in self.by_namespace and name in self._at:
+            if name in self._t0:
+                continue
+            record = self._stored.get(name)
+            self._start(name, ledger.used(name), record, record.usage if record else None)
+            if name in self.by_namespace:
                 used = ledger.namespace_used(name)
-                known = self._namespaces.setdefault(name, set())
-                for ns in used.keys() | {s.partition("/")[2] for s in known}:
-                    series = f"{name}/{ns}"
-                    if series not in self._at:  # a namespace's first units: counted from the fold
-                        self._avg[series], self._at[series] = {}, self._at[name]
-                        known.add(series)
-                    self._held[series] = dict(used.get(ns, {}))
+                for ns in sorted(used.keys() | (record.namespaces.keys() if record else set())):
+                    stored = record.namespaces.get(ns, {}) if record is not None else None
+                    self._start(f"{name}/{ns}", dict(used.get(ns, {})), record, stored)
 
-    def _advance(self, name: str, dt: float) -> None:
-        if dt <= 0:
+    def _start(self, series: str, held: Resources, record: Record | None, stored: Resources | None) -> None:
+        quota, _, ns = series.partition("/")
+        if ns:
+            self._namespaces.setdefault(quota, set()).add(series)
+        self._held[series] = held
+        if record is None or stored is None or record.at > self.now:
+            self._base[series], self._t0[series] = {}, self.now
             return
-        d = 2.0 ** (-dt / self.half_life)
-        avg, held = self._avg[name], self._held[name]
-        for r in avg.keys() | held.keys():
-            value = avg.get(r, 0.0) * d + held.get(r, 0) * (1.0 - d)
-            if value < 0.5 and not held.get(r):
-                avg.pop(r, None)  # below half a milli unit and nothing held: forgotten
-            else:
-                avg[r] = value
+        self._base[series] = {r: float(v) for r, v in stored.items()}
+        self._t0[series] = record.at
+        self._rebase(series, held)  # decayed across the gap, as if it held ``held`` meanwhile
+
+    def _namespace_series(self, quota: str, ns: str, ledger: QuotaLedger, at: float) -> None:
+        series = f"{quota}/{ns}"
+        held = dict(ledger.namespace_used(quota).get(ns, {}))
+        if series not in self._t0:
+            self._start(series, held, None, None)
+            self._t0[series] = at  # from nothing at ``at``: it has held ``held`` since
+        else:
+            self._rebase(series, held, at)
+
+    def _drop(self, series: str) -> None:
+        self._memo.pop(series, None)
+        self._base.pop(series, None)
+        self._held.pop(series, None)
+        self._t0.pop(series, None)
+
+    def hold(self, quotas: Iterable[str]) -> None:
+        """What ``quotas`` hold changed just after a fold (the cycle's own admissions, assumed
+        into the cache at once): the next fold charges the new usage from that fold on. Only
+        noted here (a set), so an admission costs the history nothing more."""
+        self._assumed.update(quotas)
+
+    def _value(self, series: str, at: float) -> dict[str, float]:
+        base, held = self._base[series], self._held[series]
+        dt = at - self._t0[series]
+        d = 2.0 ** (-dt / self.half_life) if dt > 0 else 1.0
+        out: dict[str, float] = {}
+        for r, b in base.items():
+            h = held.get(r, 0)
+            value = h + (b - h) * d
+            if value >= 0.5 or h:  # below half a milli unit and nothing held: forgotten
+                out[r] = value
+        for r, h in held.items():
+            if r not in base:
+                out[r] = h * (1.0 - d)
+        return out
+
+    def _rebase(self, series: str, held: Resources, at: float | None = None) -> None:
+        """From ``at`` (default: now) on, ``series`` holds ``held``; what it held before is
+        charged up to ``at``."""
+        at = self.now if at is None else max(at, self._t0[series])
+        if self._t0[series] != at:  # anchored at that instant already: only the holding changes
+            self._base[series] = self._value(series, at)
+            self._t0[series] = at
+        self._held[series] = held
+        self._memo.pop(series, None)
+        quota, _, ns = series.partition("/")
+        if ns and not self._base[series] and not held:
+            self._drop(series)  # a namespace forgotten
+            self._namespaces.get(quota, set()).discard(series)
 
     def usage(self, name: str) -> Mapping[str, float]:
-        """The decayed average of ``name`` per resource (milli units; empty when unknown)."""
-        return self._avg.get(name, {})
+        """The decayed average of ``name`` (a quota, or ``quota/namespace``) per resource as of
+        the last fold (milli units; empty when unknown)."""
+        found = self._memo.get(name)
+        if found is None:
+            found = self._memo[name] = self._value(name, self.now) if name in self._t0 else {}
+        return found
 
     def record(self, name: str) -> Record | None:
-        """What to store on the quota now (None: not folded yet, or history off)."""
-        at = self._at.get(name)
-        if at is None:
+        """What to store on the quota now (None: not counted yet, or history off)."""
+        if name not in self._t0:
             return None
         namespaces = {
-            s.partition("/")[2]: {r: round(v) for r, v in sorted(self._avg[s].items()) if round(v) > 0}
+            s.partition("/")[2]: {r: round(v) for r, v in sorted(self.usage(s).items()) if round(v) > 0}
             for s in sorted(self._namespaces.get(name, ()))
         }
         return Record(
-            at=at,
-            usage={r: round(v) for r, v in sorted(self._avg[name].items())},
+            at=self.now,
+            usage={r: round(v) for r, v in sorted(self.usage(name).items())},
             namespaces={ns: u for ns, u in namespaces.items() if u},
         )
 
@@ -298,7 +335,7 @@ class UsageHistory:
         that used about the same share the rank rather than swap it every second."""
         scores: dict[str, float] = {}
         for series in self._namespaces.get(quota.name, ()):
-            avg = self._avg[series]
+            avg = self.usage(series)
             fractions = [avg.get(r, 0.0) / cap for r, cap in quota.max.items() if cap > 0]
             if not fractions:
                 fractions = [sum(avg.values())]

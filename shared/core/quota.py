@@ -182,6 +182,10 @@ class QuotaLedger:
         #: per quota, per namespace, what the units of that namespace labelled with the quota hold
         #: (docs/compatibility.md#fair-order-inside-a-queue)
         self._ns_used: dict[str, dict[str, dict[str, int]]] = {}
+        #: quotas (and quota, namespace pairs) whose usage changed since the usage history last
+        #: took them (``take_usage_changes``; docs/compatibility.md#fair-over-time)
+        self._usage_changed: set[str] = set()
+        self._ns_changed: set[tuple[str, str]] = set()
         self._chains: dict[str, Chain] = {}
         self._route_names: dict[tuple[str, str], tuple[str, ...]] = {}
         self._routes: dict[str, tuple[Route, ...]] = {}
@@ -534,12 +538,14 @@ class QuotaLedger:
             self._contrib[key] = new
             self._move(new[0], new[1], 1, delta, new[2])
             self._by_namespace(new[0], namespace, new[1], 1)
+        self._usage_changed.update(delta)
         released = frozenset(n for n, d in delta.items() if any(v < 0 for v in d.values()))
         for name in released:
             self._releases[name] = self._releases.get(name, 0) + 1
         return released
 
     def _by_namespace(self, leaf: str, namespace: str, res: Resources, sign: int) -> None:
+        self._ns_changed.add((leaf, namespace))
         per = self._ns_used.setdefault(leaf, {})
         own = per.setdefault(namespace, {})
         for r, v in res.items():
@@ -548,6 +554,12 @@ class QuotaLedger:
             del per[namespace]
             if not per:
                 del self._ns_used[leaf]
+
+    def take_usage_changes(self) -> tuple[set[str], set[tuple[str, str]]]:
+        """The quotas, and the (quota, namespace) pairs, whose usage changed since the last call."""
+        quotas, pairs = self._usage_changed, self._ns_changed
+        self._usage_changed, self._ns_changed = set(), set()
+        return quotas, pairs
 
     def namespace_used(self, name: str) -> Mapping[str, Resources]:
         """Per namespace, what its units labelled with ``name`` itself hold (read only)."""

@@ -98,7 +98,7 @@ def _in_order(snapshot: Snapshot, due: list[QueueState]) -> list[QueueState]:
     """The queues to scan, by ``spec.priority``, then (usage history on) by standing among their
     siblings at every level from the top (docs/compatibility.md#fair-over-time), then by name."""
     history = snapshot.history
-    if not history.enabled or not snapshot.ledger.has_subquotas or len(due) < 2:
+    if len(due) < 2 or not history.enabled or not guarantees.anyone_borrows(snapshot.ledger):
         return sorted(due, key=lambda qs: queue_key(qs.config))
     ranks = fairness.Ranks(snapshot.ledger, history)
     return sorted(due, key=lambda qs: (-qs.config.priority, ranks.key(qs.name), qs.name))
@@ -354,7 +354,7 @@ class Cache:
         if history.enabled and unit.quota:
             chain = self.ledger.chain(unit.quota).names
             via = self.ledger.chain(unit.pool_quota).names if unit.pool_quota else ()
-            history.hold(self.ledger, (*chain, *via))
+            history.hold((*chain, *via))
 
     def forget_park(self, key: str) -> None:
         """A park's message write failed: the unit gets its message decided and written again."""

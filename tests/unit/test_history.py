@@ -144,7 +144,7 @@ def test_a_newcomer_gets_the_next_slot_that_frees() -> None:
 
 
 def test_queues_of_equal_priority_are_scanned_by_standing() -> None:
-    w = fair_tree(eq("a", max_cpu="20"), eq("b", max_cpu="20"), parent_cpu="40")
+    w = fair_tree(eq("a", max_cpu="20"), eq("b", max_cpu="20"), parent_cpu="30")  # oversubscribed
     jobs(w, "a", 10)
     w.cycle()
     w.cycle(dt=H)
@@ -154,11 +154,15 @@ def test_queues_of_equal_priority_are_scanned_by_standing() -> None:
     assert order == ["b", "b", "a", "a"]  # by name a would go first; b used less lately
     levels = fairness.levels(w.cache.ledger, w.cache.snapshot.history, "a")
     assert [s.name for s in levels[0].order] == ["b", "a"]
+    ranks = fairness.Ranks(w.cache.ledger, w.cache.snapshot.history)
+    for s in levels[0].order:  # the scan order's lean figure is the standing users are shown
+        assert ranks.score("p", s.name) == pytest.approx(s.score)
+    assert ranks.score("p", "a") > 0
     text = fairness.describe_level(levels[0])
     assert (
         "ahead of it" in text
         and "b (held 0 cpu" in text
-        and "a has held 5006m cpu (13% of the parent)" in text
+        and "a has held 5006m cpu (17% of the parent)" in text
     )
 
 
@@ -189,8 +193,8 @@ def test_a_new_leader_counts_on_from_the_record_not_from_its_own_old_count() -> 
     h.fold(ledger, 200.0)
     assert h.usage("a") == {}  # still leading: its own count stands
     h.restart()
-    h.fold(ledger, 100.0)
-    assert h.usage("a")["cpu"] == pytest.approx(6000)
+    h.fold(ledger, 200.0)
+    assert h.usage("a")["cpu"] == pytest.approx(6000 * 2 ** (-100 / H))
 
 
 def test_the_record_round_trips_and_bad_text_starts_from_zero() -> None:
@@ -254,6 +258,18 @@ def test_a_quota_object_without_history_parses_as_before() -> None:
     h.remember(quota)
     h.fold(QuotaLedger(), 5.0)
     assert h.record("q") is None
+
+
+def test_siblings_that_never_compete_keep_the_plain_order() -> None:
+    """Below a parent that is not oversubscribed no sibling can take another's room, so history
+    orders nothing there (and costs nothing)."""
+    w = fair_tree(eq("a", max_cpu="20"), eq("b", max_cpu="20"), parent_cpu="40")
+    jobs(w, "a", 10)
+    w.cycle()
+    w.cycle(dt=H)
+    jobs(w, "a", 2, start=20)
+    jobs(w, "b", 2, start=30)
+    assert [w.u(name).quota for name in admits(w.cycle())] == ["a", "a", "b", "b"]
 
 
 def test_the_flag_overrides_the_file_and_a_bad_value_is_refused_with_its_name() -> None:
