@@ -160,16 +160,19 @@ async def test_a_job_claiming_a_parent_it_does_not_have_runs_no_pod_before_its_o
                 first["metadata"]["name"],
                 first["spec"],
             )
-            # A pod that ran was made from the template the reconciler relinked to the Job's own
-            # unit when it released the Job (a Job the garbage collector is slow to delete may
-            # get that far too): never one naming the claimed parent's unit, or none.
+            # A pod that ran was released by the reconciler for the Job's own unit: made from the
+            # template it relinked to that unit when it released the Job, or, when the Job
+            # controller made the pod before the reconciler held the Job (a started Job's template
+            # can never change), found by its controller reference with no link. Either way it
+            # never names the claimed parent's unit. (A Job the garbage collector is slow to
+            # delete may get that far too.)
             own = f"{ns}/{job_of(first)}"
             for version in versions:
                 if version["spec"].get("nodeName"):
                     link = (version["metadata"].get("annotations") or {}).get(
                         names.RELATED_QUEUEUNIT_ANNOTATION
                     )
-                    assert link == own, (version["metadata"]["name"], link)
+                    assert link in (own, None), (version["metadata"]["name"], link)
     finally:
         kube.kubectl(cluster, "delete", "jobs,tfjobs", "--all", "-n", ns, "--wait=false")
         kube.kubectl(cluster, "delete", "elasticquota", quota_name, "-n", ns, "--ignore-not-found")
