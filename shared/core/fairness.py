@@ -13,14 +13,13 @@ Pure: standard library and sibling modules only.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from koord_queue.shared.api import quantities
 from koord_queue.shared.core import guarantees
 from koord_queue.shared.core.guarantees import weight
-from koord_queue.shared.core.history import Standing, UsageHistory
+from koord_queue.shared.core.history import Standing, UsageHistory, standing_score
 from koord_queue.shared.core.quota import QuotaLedger
 
 __all__ = ["Level", "Ranks", "describe_level", "levels"]
@@ -76,11 +75,8 @@ class Ranks:
                 weights = [weight(quotas[c], r, unlimited=cap) for c in kids]
                 total = sum(weights)
                 for c, w in zip(kids, weights, strict=True):
-                    used = self.history.usage(c).get(r, 0.0)
-                    if used <= 0:
-                        found.setdefault(c, 0.0)
-                        continue
-                    value = (used / cap) / (w / total) if cap > 0 and w > 0 and total > 0 else math.inf
+                    share = w / total if total > 0 else 0.0
+                    value = standing_score(self.history.usage(c).get(r, 0.0), cap, share)
                     found[c] = max(found.get(c, 0.0), value)
         return found.get(kid, 0.0)
 

@@ -55,6 +55,7 @@ __all__ = [
     "factor",
     "parse_record",
     "render_record",
+    "standing_score",
 ]
 
 #: The default half-life (``usageHalfLife``): long enough that a night's burst still counts the
@@ -97,6 +98,15 @@ def factor(usage: float, limit: int, share: float) -> float:
     if limit <= 0 or share <= 0 or usage <= 0:
         return 1.0 if usage <= 0 else _MIN_FACTOR
     return max(_MIN_FACTOR, float(2.0 ** (-(usage / limit) / share)))
+
+
+def standing_score(usage: float, limit: int, share: float) -> float:
+    """A child's standing on one resource, ``u / s``: its decayed ``usage`` as a fraction of the
+    parent's ``limit``, against its ``share`` of the siblings' weights (0 without usage; a child
+    with usage and no share stands last)."""
+    if usage <= 0:
+        return 0.0
+    return (usage / limit) / share if limit > 0 and share > 0 else math.inf
 
 
 def render_record(record: Record, half_life: float) -> str:
@@ -360,8 +370,7 @@ class UsageHistory:
                 s = weights[c].get(r, 0) / totals[r] if totals[r] > 0 else 0.0
                 share[r] = s
                 factors[r] = factor(usage.get(r, 0.0), cap, s)
-                if usage.get(r, 0.0) > 0:
-                    score = max(score, (usage[r] / cap) / s if cap > 0 and s > 0 else math.inf)
+                score = max(score, standing_score(usage.get(r, 0.0), cap, s))
             out[c] = Standing(
                 name=c,
                 usage={r: round(v) for r, v in sorted(usage.items())},
