@@ -22,7 +22,7 @@ from koord_queue.shared.core.guarantees import weight
 from koord_queue.shared.core.history import Standing, UsageHistory, standing_score
 from koord_queue.shared.core.quota import QuotaLedger
 
-__all__ = ["Level", "Ranks", "describe_level", "levels"]
+__all__ = ["Level", "Ranks", "describe_level", "levels", "ranks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,7 @@ class Ranks:
         self.history = history
         self._cache: dict[str, dict[str, Standing]] = {}
         self._scores: dict[str, dict[str, float]] = {}
+        self._keys: dict[str, tuple[float, ...]] = {}
 
     def standing(self, parent: str) -> dict[str, Standing]:
         found = self._cache.get(parent)
@@ -84,12 +85,24 @@ class Ranks:
         """The standing of ``name`` and of each quota above it, from the top, below the parents
         that divide spare capacity (``guarantees.borrowing``; elsewhere siblings never compete):
         queues compare level by level, so the sibling subtree that used less lately goes first."""
-        quotas, dividing = self.ledger.quotas, guarantees.borrowing(self.ledger)
-        out: list[float] = []
-        for q in reversed(self.ledger.chain(name).names):
-            parent = quotas[q].parent
-            out.append(self.score(parent, q) if parent in dividing else 0.0)
-        return tuple(out)
+        found = self._keys.get(name)
+        if found is None:
+            quotas, dividing = self.ledger.quotas, guarantees.borrowing(self.ledger)
+            found = self._keys[name] = tuple(
+                self.score(quotas[q].parent, q) if quotas[q].parent in dividing else 0.0
+                for q in reversed(self.ledger.chain(name).names)
+            )
+        return found
+
+
+def ranks(ledger: QuotaLedger, history: UsageHistory) -> Ranks:
+    """The standings of the current figures, kept until they move (``history.derived``) or the
+    tree changes: the scan order asks every cycle, the figures change once a fold."""
+    key = ("ranks", id(ledger), ledger.tree_epoch)
+    found = history.derived.get(key)
+    if not isinstance(found, Ranks):
+        found = history.derived[key] = Ranks(ledger, history)
+    return found
 
 
 def levels(ledger: QuotaLedger, history: UsageHistory, name: str) -> list[Level]:

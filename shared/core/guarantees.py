@@ -51,6 +51,7 @@ import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from koord_queue.shared.api.model import Quota
 from koord_queue.shared.api.quantities import Resources
@@ -339,7 +340,7 @@ def _divide(
             # No waiting unit of it passes the max of its quota (or of one below): nothing to ask.
             asks[c] = dict(used[c])
     units = {c: sub_small[c] for c in kids if sub_pending.get(c) and sub_small.get(c)}
-    split = _Split(quotas, kids, cap, limit, used, units, below, history)
+    split = _Split(quotas, kids, cap, limit, used, units, below, history, ledger.tree_epoch)
     full = {c: dict(a) for c, a in asks.items()}
     shares = _conserve(split, asks, units)
     # A demoted child keeps its claim on its min while a waiting unit of it fits there: a sibling
@@ -421,6 +422,8 @@ class _Split:
     below: Mapping[str, Resources]
     #: decayed usages that scale the weights (docs/compatibility.md#fair-over-time); None: plain
     history: UsageHistory | None = None
+    #: the ledger's tree epoch (what the weights were read from)
+    epoch: int = 0
     _by_resource: dict[str, tuple[dict[str, list[int]], dict[str, int], dict[str, int]]] = field(
         default_factory=dict
     )
@@ -432,11 +435,22 @@ class _Split:
         if found is None:
             sizes = {c: [u.get(r, 0) for u in self.units.get(c, ())] for c in self.kids}
             steps = {c: min(v) if v else 0 for c, v in sizes.items()}
-            weights = {c: weight(self.quotas[c], r, unlimited=self.limit[r]) for c in self.kids}
-            if self.history is not None and self.history.enabled:
-                weights = fair_weights(self.history, self.kids, weights, self.limit[r], r)
-            found = self._by_resource[r] = (sizes, steps, weights)
+            found = self._by_resource[r] = (sizes, steps, self._weights(r))
         return found
+
+    def _weights(self, r: str) -> dict[str, int]:
+        """The children's weights on ``r``, scaled by their fair-share factors (history on): kept
+        in ``history.derived`` while the figures and the tree stand, as every cycle divides again
+        and the figures move once a fold."""
+        history = self.history
+        if history is None or not history.enabled:
+            return {c: weight(self.quotas[c], r, unlimited=self.limit[r]) for c in self.kids}
+        key = ("weights", self.epoch, self.kids, r, self.limit[r])
+        found = history.derived.get(key)
+        if found is None:
+            plain = {c: weight(self.quotas[c], r, unlimited=self.limit[r]) for c in self.kids}
+            found = history.derived[key] = fair_weights(history, self.kids, plain, self.limit[r], r)
+        return cast(dict[str, int], found)
 
     def run(self, asks: Mapping[str, Resources]) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {c: {} for c in self.kids}

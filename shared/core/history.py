@@ -24,8 +24,13 @@ A child's *standing* among its siblings is its largest ``u / s`` over the resour
 limits (lower stands first): the order queues of equal priority are scanned in, and what
 ``kubectl koord-queue explain`` reports ("B is ahead of you because ...").
 
-Cost: a cycle re-anchors only the quotas whose usage changed since the last one (the average of a
-quota whose holding does not change is a closed formula of the time), and nothing per unit. The
+Cost: a fold re-anchors only the quotas whose usage changed since the last one (the average of a
+quota whose holding does not change is a closed formula of the time), and nothing per unit; and
+folds are at least a *grain* apart (:data:`FOLD_GRAIN_SECONDS`, or 1/128 of the half-life when
+that is shorter), so between two folds every figure, and everything computed from them (the
+fair weights, the standings), is read from memory. A change is charged from the fold before or
+after it, so the figures are late by at most one grain: 28 s against a one-hour half-life moves an
+average by at most 0.54% of the change, a third of one step of the factor (1/64). The
 averages are written to each ElasticQuota (``koord-queue/usage-history``: the average and when it
 was taken) and read back when a reconciler starts or takes over, decayed analytically
 across the gap, so a restart never resets them (``reconciler/quotas.py`` writes them).
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from koord_queue.shared.api import names, quantities
@@ -49,6 +54,7 @@ from koord_queue.shared.core.quota import QuotaLedger
 __all__ = [
     "DEFAULT_HALF_LIFE_SECONDS",
     "FACTOR_SCALE",
+    "FOLD_GRAIN_SECONDS",
     "Record",
     "Standing",
     "UsageHistory",
@@ -65,6 +71,9 @@ DEFAULT_HALF_LIFE_SECONDS = 3600.0
 #: FACTOR_SCALE)`` (at least 1), so it moves in steps of 1/64: the division changes when a factor
 #: does by a step, not with every second of decay (each change wakes the queues that may gain).
 FACTOR_SCALE = 64
+#: Folds are at least this far apart (or 1/128 of the half-life when that is shorter); a cycle in
+#: between reads the figures of the last fold. A tree change folds at once.
+FOLD_GRAIN_SECONDS = 30.0
 #: The smallest factor used, so that a weight never becomes 0 (a zero weight is served last of all,
 #: a different rule): a child 20 shares over its share still gets a sliver, in weight order.
 _MIN_FACTOR = 2.0**-20
@@ -155,19 +164,26 @@ def parse_record(text: str | None) -> Record | None:
 
 class UsageHistory:
     """Every quota's decayed average usage, kept *analytically*: per series (a quota, or with
-    :attr:`by_namespace` a ``quota/namespace`` pair) the average ``base`` at a time ``t0`` and
-    what it has held since. While the holding does not change, the average at ``t`` is exactly
-    ``held + (base - held) * 2 ** (-(t - t0) / H)``, so nothing needs folding: a cycle re-anchors
-    only the series whose usage changed (the ledger tells which), and a figure is computed when
-    read. The cost per cycle is the number of quotas that changed, not the number of quotas.
+    :attr:`by_namespace` a ``quota/namespace`` pair) what it holds now, ``h``, and one offset per
+    resource, ``k``, such that its average at any later time ``t`` is ``h + k * 2 ** (-t / H)``
+    (times counted from an origin, :attr:`_origin`). While the holding does not change the
+    average follows that closed formula, so nothing needs folding; when the holding changes at
+    ``t`` from ``h`` to ``h'``, keeping the average continuous takes one multiply-add per
+    resource: ``k += (h - h') * 2 ** (t / H)``. A fold does that for the series whose usage changed
+    (the ledger tells which), and a figure is computed when read. The cost per fold is the number
+    of quotas that changed, not the number of quotas.
 
     ``half_life`` 0 turns history off: every factor is 1, nothing is kept or written."""
 
     def __init__(self, half_life: float = 0.0) -> None:
         self.half_life = max(0.0, half_life)
-        self._base: dict[str, dict[str, float]] = {}
-        self._held: dict[str, Resources] = {}
-        self._t0: dict[str, float] = {}
+        #: per series: the offsets (milli units, scaled to :attr:`_origin`), the holding, and
+        #: when it was first counted (no change is charged from before that)
+        self._k: dict[str, dict[str, float]] = {}
+        self._held: dict[str, Mapping[str, int]] = {}
+        self._since: dict[str, float] = {}
+        #: the time the offsets are scaled to; moved forward now and then so they stay finite
+        self._origin: float | None = None
         self._stored: dict[str, Record] = {}
         #: the time of the last fold: figures are read as of then, so one cycle reads one instant
         self.now = 0.0
@@ -180,6 +196,13 @@ class UsageHistory:
         self._memo: dict[str, dict[str, float]] = {}
         #: quotas whose usage the last cycle's own admissions changed (:meth:`hold`)
         self._assumed: set[str] = set()
+        #: the shortest time between two folds
+        self.grain = min(FOLD_GRAIN_SECONDS, self.half_life / 128)
+        #: bumped whenever a figure may have changed: what is computed from the figures (the fair
+        #: weights, the standings) is kept in :attr:`derived` until it moves
+        self.version = 0
+        #: results computed from this version's figures, by their callers' keys
+        self.derived: dict[object, object] = {}
 
     @property
     def enabled(self) -> bool:
@@ -200,51 +223,91 @@ class UsageHistory:
     def restart(self) -> None:
         """Leadership begins: count on from what the quotas carry (another leader may have counted
         meanwhile), not from what this replica counted the last time it led."""
-        self._base.clear()
+        self._k.clear()
         self._held.clear()
-        self._t0.clear()
+        self._since.clear()
+        self._origin = None
         self._namespaces.clear()
         self._memo.clear()
         self._assumed.clear()
         self._epoch = -1
+        self._moved()
 
     def fold(self, ledger: QuotaLedger, now: float) -> bool:
         """Bring the history up to ``now``; returns whether it is on.
 
         A series whose usage changed since the last fold is re-anchored: a change the cycle made
         itself (its admissions, assumed at once: :meth:`hold`) from the last fold on, any other
-        (the watch event that woke this cycle) from ``now``, so the error is one cycle at most.
+        (the watch event that woke this cycle) from ``now``, so the error is one grain at most.
         When the tree changed, quotas that went are dropped and new ones start: from their stored
         record, decayed across the gap as if they held then what they hold now (their units kept
         running while nobody counted), else from zero."""
         if not self.enabled:
             return False
+        if self._epoch == ledger.tree_epoch and now - self.now < self.grain:
+            return True  # within the grain: the last fold's figures stand, changes wait for the next
         previous = self.now
+        self._moved()
         if now > self.now:
             self.now = now
             self._memo.clear()
+        self._keep_finite()
         if self._epoch != ledger.tree_epoch:
             self._epoch = ledger.tree_epoch
             self._sync_tree(ledger)
         quotas, pairs = ledger.take_usage_changes()
-        assumed, self._assumed = self._assumed, set()
+        assumed: set[str] = set()
+        for leaf in self._assumed:
+            if leaf in ledger.quotas:
+                assumed.update(ledger.chain(leaf).names)
+        self._assumed = set()
+        since, now = self._since, self.now
+        scale_now, scale_before = self._scale(now), self._scale(previous)
         for name in quotas:
-            if name in self._t0:
-                self._rebase(name, ledger.used(name), previous if name in assumed else self.now)
+            start = since.get(name)
+            if start is None:
+                continue
+            if name not in assumed:
+                scale = scale_now
+            else:  # from the last fold on, or from when it was first counted if that is later
+                scale = scale_before if previous > start else self._scale(start)
+            self._charge(name, ledger.holding(name), scale)
         for quota, ns in pairs:
-            if quota in self.by_namespace and quota in self._t0:
-                self._namespace_series(quota, ns, ledger, previous if quota in assumed else self.now)
+            if quota in self.by_namespace and quota in since:
+                self._namespace_series(quota, ns, ledger, previous if quota in assumed else now)
         return True
+
+    def _moved(self) -> None:
+        self.version += 1
+        self.derived.clear()
+
+    def _scale(self, t: float) -> float:
+        assert self._origin is not None
+        return float(2.0 ** ((t - self._origin) / self.half_life))
+
+    def _keep_finite(self) -> None:
+        """The offsets grow as ``2 ** (t / H)``: past 256 half-lives from the origin, move the
+        origin to now (every offset scaled down once, so a float never overflows)."""
+        if self._origin is None:
+            self._origin = self.now
+            return
+        if (self.now - self._origin) / self.half_life < 256:
+            return
+        down = self._scale(self.now) ** -1
+        self._origin = self.now
+        for k in self._k.values():
+            for r in k:
+                k[r] *= down
 
     def _sync_tree(self, ledger: QuotaLedger) -> None:
         quotas = ledger.quotas
-        for series in [n for n in self._t0 if n.partition("/")[0] not in quotas]:
+        for series in [n for n in self._since if n.partition("/")[0] not in quotas]:
             self._drop(series)
         for name in [n for n in self._namespaces if n not in quotas or n not in self.by_namespace]:
             for series in self._namespaces.pop(name):
                 self._drop(series)
         for name in quotas:
-            if name in self._t0:
+            if name in self._since:
                 continue
             record = self._stored.get(name)
             self._start(name, ledger.used(name), record, record.usage if record else None)
@@ -254,79 +317,98 @@ class UsageHistory:
                     stored = record.namespaces.get(ns, {}) if record is not None else None
                     self._start(f"{name}/{ns}", dict(used.get(ns, {})), record, stored)
 
-    def _start(self, series: str, held: Resources, record: Record | None, stored: Resources | None) -> None:
+    def _start(
+        self,
+        series: str,
+        held: Mapping[str, int],
+        record: Record | None,
+        stored: Mapping[str, int] | None,
+        at: float | None = None,
+    ) -> None:
+        """Count ``series`` from now on (or from ``at``), holding ``held``: from ``stored`` as of
+        ``record.at`` when given (decayed across the gap as if it held ``held`` meanwhile), else
+        from nothing."""
         quota, _, ns = series.partition("/")
         if ns:
             self._namespaces.setdefault(quota, set()).add(series)
-        self._held[series] = held
+        held = {r: v for r, v in held.items() if v}
         if record is None or stored is None or record.at > self.now:
-            self._base[series], self._t0[series] = {}, self.now
-            return
-        self._base[series] = {r: float(v) for r, v in stored.items()}
-        self._t0[series] = record.at
-        self._rebase(series, held)  # decayed across the gap, as if it held ``held`` meanwhile
+            since, base = (self.now if at is None else at), {}
+        else:
+            since, base = record.at, {r: float(v) for r, v in stored.items()}
+        scale = self._scale(since)
+        self._k[series] = {r: (base.get(r, 0.0) - held.get(r, 0)) * scale for r in base.keys() | held.keys()}
+        self._held[series] = held
+        self._since[series] = since
+        self._memo.pop(series, None)
 
     def _namespace_series(self, quota: str, ns: str, ledger: QuotaLedger, at: float) -> None:
         series = f"{quota}/{ns}"
-        held = dict(ledger.namespace_used(quota).get(ns, {}))
-        if series not in self._t0:
-            self._start(series, held, None, None)
-            self._t0[series] = at  # from nothing at ``at``: it has held ``held`` since
-        else:
-            self._rebase(series, held, at)
+        held = ledger.namespace_used(quota).get(ns, {})
+        if series not in self._since:
+            self._start(series, held, None, None, at=at)  # from nothing at ``at``: held since
+            return
+        start = self._since[series]
+        self._charge(series, held, self._scale(at if at > start else start))
+        if not self._held[series] and not self._value(series, self.now):
+            self._drop(series)  # a namespace forgotten
+            self._namespaces.get(quota, set()).discard(series)
 
     def _drop(self, series: str) -> None:
         self._memo.pop(series, None)
-        self._base.pop(series, None)
+        self._k.pop(series, None)
         self._held.pop(series, None)
-        self._t0.pop(series, None)
+        self._since.pop(series, None)
 
-    def hold(self, quotas: Iterable[str]) -> None:
-        """What ``quotas`` hold changed just after a fold (the cycle's own admissions, assumed
-        into the cache at once): the next fold charges the new usage from that fold on. Only
-        noted here (a set), so an admission costs the history nothing more."""
-        self._assumed.update(quotas)
+    def hold(self, *leaves: str) -> None:
+        """What the quotas ``leaves`` (and so every quota above them) hold changed just after a
+        fold (the cycle's own admissions, assumed into the cache at once): the next fold charges
+        the new usage from that fold on. Only noted here, so an admission costs the history
+        nothing more."""
+        self._assumed.update(leaves)
+
+    def _charge(self, series: str, holding: Mapping[str, int], scale: float) -> None:
+        """From the time whose scale is ``scale`` on, ``series`` holds ``holding``: the average
+        stays continuous there (one multiply-add per resource that changed)."""
+        old, k = self._held[series], self._k[series]
+        held: dict[str, int] = {}
+        for r, v in holding.items():
+            if v:
+                held[r] = v
+            delta = old.get(r, 0) - v
+            if delta:
+                k[r] = k.get(r, 0.0) + delta * scale
+        for r, v in old.items():
+            if r not in holding:
+                k[r] = k.get(r, 0.0) + v * scale
+        self._held[series] = held
+        self._memo.pop(series, None)
 
     def _value(self, series: str, at: float) -> dict[str, float]:
-        base, held = self._base[series], self._held[series]
-        dt = at - self._t0[series]
-        d = 2.0 ** (-dt / self.half_life) if dt > 0 else 1.0
+        held, k = self._held[series], self._k[series]
+        decay = self._scale(at) ** -1
         out: dict[str, float] = {}
-        for r, b in base.items():
+        for r, offset in k.items():
             h = held.get(r, 0)
-            value = h + (b - h) * d
+            value = h + offset * decay
             if value >= 0.5 or h:  # below half a milli unit and nothing held: forgotten
                 out[r] = value
         for r, h in held.items():
-            if r not in base:
-                out[r] = h * (1.0 - d)
+            if r not in k:
+                out[r] = float(h)
         return out
-
-    def _rebase(self, series: str, held: Resources, at: float | None = None) -> None:
-        """From ``at`` (default: now) on, ``series`` holds ``held``; what it held before is
-        charged up to ``at``."""
-        at = self.now if at is None else max(at, self._t0[series])
-        if self._t0[series] != at:  # anchored at that instant already: only the holding changes
-            self._base[series] = self._value(series, at)
-            self._t0[series] = at
-        self._held[series] = held
-        self._memo.pop(series, None)
-        quota, _, ns = series.partition("/")
-        if ns and not self._base[series] and not held:
-            self._drop(series)  # a namespace forgotten
-            self._namespaces.get(quota, set()).discard(series)
 
     def usage(self, name: str) -> Mapping[str, float]:
         """The decayed average of ``name`` (a quota, or ``quota/namespace``) per resource as of
         the last fold (milli units; empty when unknown)."""
         found = self._memo.get(name)
         if found is None:
-            found = self._memo[name] = self._value(name, self.now) if name in self._t0 else {}
+            found = self._memo[name] = self._value(name, self.now) if name in self._since else {}
         return found
 
     def record(self, name: str) -> Record | None:
         """What to store on the quota now (None: not counted yet, or history off)."""
-        if name not in self._t0:
+        if name not in self._since:
             return None
         namespaces = {
             s.partition("/")[2]: {r: round(v) for r, v in sorted(self.usage(s).items()) if round(v) > 0}

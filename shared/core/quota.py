@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from koord_queue.shared.api import names, quantities
 from koord_queue.shared.api.model import Quota, Unit
@@ -143,6 +144,9 @@ def priority_cap(cluster_cap: int | None, quota: Quota | None) -> int | None:
     """The smallest of the cluster-wide cap and the quota's own cap (None: no cap at all)."""
     caps = [c for c in (cluster_cap, quota.max_user_priority if quota is not None else None) if c is not None]
     return min(caps, default=None)
+
+
+_EMPTY: Mapping[str, int] = MappingProxyType({})
 
 
 def _nonzero(res: Mapping[str, int]) -> Resources:
@@ -473,6 +477,11 @@ class QuotaLedger:
     def used(self, name: str) -> Resources:
         """Usage of ``name`` including all its descendants (a copy, zeros dropped)."""
         return _nonzero(self._used.get(name, {}))
+
+    def holding(self, name: str) -> Mapping[str, int]:
+        """Usage of ``name`` including its descendants, read only and live (zeros may appear): for
+        a caller that copies what it keeps, without :meth:`used`'s sorting."""
+        return self._used.get(name, _EMPTY)
 
     def self_used(self, name: str) -> Resources:
         """Usage of the units labelled with ``name`` itself (a copy, zeros dropped)."""

@@ -100,7 +100,7 @@ def _in_order(snapshot: Snapshot, due: list[QueueState]) -> list[QueueState]:
     history = snapshot.history
     if len(due) < 2 or not history.enabled or not guarantees.anyone_borrows(snapshot.ledger):
         return sorted(due, key=lambda qs: queue_key(qs.config))
-    ranks = fairness.Ranks(snapshot.ledger, history)
+    ranks = fairness.ranks(snapshot.ledger, history)
     return sorted(due, key=lambda qs: (-qs.config.priority, ranks.key(qs.name), qs.name))
 
 
@@ -352,9 +352,7 @@ class Cache:
         the time from that cycle on with the new usage (``UsageHistory.hold``)."""
         history = self.snapshot.history
         if history.enabled and unit.quota:
-            chain = self.ledger.chain(unit.quota).names
-            via = self.ledger.chain(unit.pool_quota).names if unit.pool_quota else ()
-            history.hold((*chain, *via))
+            history.hold(unit.quota, unit.pool_quota)  # no pool quota: "", not a quota
 
     def forget_park(self, key: str) -> None:
         """A park's message write failed: the unit gets its message decided and written again."""

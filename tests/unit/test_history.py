@@ -71,6 +71,26 @@ def test_usage_that_stops_decays_and_is_forgotten() -> None:
     assert h.usage("a") == {}
 
 
+def test_folds_are_a_grain_apart_and_a_change_between_is_charged_at_the_next() -> None:
+    """Between two folds the figures (and what is derived from them) stand; a change in between
+    is charged from the next fold, so the average is late by one grain at most."""
+    ledger, h = ledger_with(10), UsageHistory(H)
+    assert h.grain == pytest.approx(H / 128)
+    h.fold(ledger, 0.0)
+    h.fold(ledger, H)
+    version, before = h.version, dict(h.usage("a"))
+    h.derived["x"] = 1
+    ledger.delete_unit("default/x")
+    assert h.fold(ledger, H + h.grain / 2)
+    assert h.version == version and h.usage("a") == before and h.derived == {"x": 1}
+    h.fold(ledger, H + h.grain)
+    assert h.version > version and h.derived == {}
+    exact = 5000 * 2 ** (-h.grain / H) + 10_000 * (1 - 2 ** (-h.grain / H))  # held 10 cpu to the fold
+    assert h.usage("a")["cpu"] == pytest.approx(exact, rel=1e-9)
+    assert h.usage("a")["cpu"] - 5000 < 10_000 * h.grain / H  # within one grain of the truth
+    assert UsageHistory(24 * 3600.0).grain == history.FOLD_GRAIN_SECONDS
+
+
 def test_history_off_folds_nothing() -> None:
     h = UsageHistory(0.0)
     assert not h.fold(ledger_with(10), 5.0)
@@ -162,7 +182,7 @@ def test_queues_of_equal_priority_are_scanned_by_standing() -> None:
     assert (
         "ahead of it" in text
         and "b (held 0 cpu" in text
-        and "a has held 5006m cpu (17% of the parent)" in text
+        and "a has held 5 cpu (17% of the parent)" in text  # the fold one grain before
     )
 
 
