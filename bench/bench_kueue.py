@@ -186,6 +186,9 @@ FLAVOR: Final = "default-flavor"
 KUEUE_NAMESPACE: Final = "kueue-system"
 #: ResourceFlavors a ClusterQueue's resource group may list (its CRD's maxItems): ``--pools`` at most
 MAX_POOLS: Final = 64
+#: ``--order`` kind: ours with usage history off, the baseline of history's cost
+#: (docs/compatibility.md#fair-over-time)
+NO_HISTORY: Final = "ours-nohistory"
 #: the CRDs Kueue's kustomization gives a conversion webhook, which its cert rotator must find
 CONVERSION_CRDS: Final = frozenset(
     {"localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters"}
@@ -807,7 +810,7 @@ def common_figures(result: dict[str, Any]) -> dict[str, Any]:
         return round(busy * 1e3 / admitted, 2)
 
     out: dict[str, Any] = {
-        "system": "ours" if ours else "kueue",
+        "system": result.get("system") or ("ours" if ours else "kueue"),
         "mode": result["config"].get("mode", "comparable"),
         "quota_bound_rate": result["config"].get("quota_bound_rate"),
         "admitted": run["admitted"],
@@ -895,23 +898,24 @@ def mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 3) if values else None
 
 
-def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """ours / Kueue of each figure's mean over the runs of each system."""
+def ratios(rows: list[dict[str, Any]], baseline: str = "kueue") -> dict[str, Any]:
+    """ours / ``baseline`` (Kueue, or ours with usage history off) of each figure's mean over the
+    runs of each."""
     out: dict[str, Any] = {}
     for key in RATIO_KEYS:
         ours = mean([r[key] for r in rows if r["system"] == "ours" and r.get(key) is not None])
-        theirs = mean([r[key] for r in rows if r["system"] == "kueue" and r.get(key) is not None])
+        theirs = mean([r[key] for r in rows if r["system"] == baseline and r.get(key) is not None])
         out[key] = {
             "ours": ours,
-            "kueue": theirs,
-            "ours_over_kueue": round(ours / theirs, 3) if ours is not None and theirs else None,
+            baseline: theirs,
+            f"ours_over_{baseline}": round(ours / theirs, 3) if ours is not None and theirs else None,
         }
     return out
 
 
 def print_row(row: dict[str, Any]) -> None:
     print(
-        f"  {row['system']:>5}: all admitted {row['all_admitted_s']}s, overall {row['overall_rate']}/s,"
+        f"  {row['system']:>14}: all admitted {row['all_admitted_s']}s, overall {row['overall_rate']}/s,"
         f" sustained {row['sustained_rate']}/s"
         f" | apiserver+etcd {row['apiserver_etcd_cpu_ms_per_job']} ms/job,"
         f" controller {row['controller_cpu_ms_per_job']} ms/job | writes/job {row['writes_per_job']}"
@@ -995,8 +999,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     order = [s.strip() for s in args.order.split(",") if s.strip()]
-    if set(order) - {"ours", "kueue"}:
-        parser.error("--order takes ours and kueue")
+    if set(order) - {"ours", "kueue", NO_HISTORY}:
+        parser.error(f"--order takes ours, kueue and {NO_HISTORY}")
     if args.saturate and args.mode != "comparable":
         parser.error("--saturate needs --mode comparable: the runner finishes the jobs")
     if args.pools and args.mode != "comparable":
@@ -1039,12 +1043,17 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     for system in order:
         t0 = time.monotonic()
-        if system == "ours":
+        if system in ("ours", NO_HISTORY):
             if args.pools:
                 print(f"== ours with {args.pools} pools (ElasticQuotaProfiles, fallback quotas)", flush=True)
+            run_cfg = cfg
+            if system == NO_HISTORY:
+                print("== ours with usage history off (--usage-half-life=0s)", flush=True)
+                off = (*cfg.reconciler_args, "--usage-half-life=0s")
+                run_cfg = dataclasses.replace(cfg, reconciler_args=off)
             with ours_in_pools(args.pools) if args.pools else contextlib.nullcontext():
-                result = ba.run_once(cfg)
-            result["system"] = "ours"
+                result = ba.run_once(run_cfg)
+            result["system"] = system
         else:
             assert build is not None
             result = run_kueue_once(cfg, build, args.kueue_qps, args.kueue_burst, args.pools)
@@ -1075,6 +1084,7 @@ def main() -> None:
             "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
             "rows": rows,
             "ratios": ratios(rows),
+            "history_cost": ratios(rows, baseline=NO_HISTORY),
             "runs": runs,
         }
         out_path.write_text(json.dumps(summary, indent=1) + "\n")  # after every run: partial results survive
@@ -1082,6 +1092,10 @@ def main() -> None:
         print(f"  ratios ours / kueue with {args.pools} pools:", flush=True)
     for key, value in ratios(rows).items():
         print(f"  {key:>32}: ours {value['ours']} / kueue {value['kueue']} = {value['ours_over_kueue']}")
+    if NO_HISTORY in order:
+        print("  usage history's cost, ours / ours with history off:", flush=True)
+        for key, value in ratios(rows, baseline=NO_HISTORY).items():
+            print(f"  {key:>32}: {value['ours']} / {value[NO_HISTORY]} = {value[f'ours_over_{NO_HISTORY}']}")
     print(f"  written to {out_path.relative_to(ROOT)}", flush=True)
 
 
