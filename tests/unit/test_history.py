@@ -91,6 +91,32 @@ def test_folds_are_a_grain_apart_and_a_change_between_is_charged_at_the_next() -
     assert UsageHistory(24 * 3600.0).grain == history.FOLD_GRAIN_SECONDS
 
 
+@given(
+    st.lists(
+        st.tuples(st.floats(min_value=0.1, max_value=400.0), st.integers(min_value=0, max_value=50)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_the_closed_form_matches_folding_step_by_step(steps: list[tuple[float, int]]) -> None:
+    """Whatever the holdings and however far apart the folds (past the origin's move every 256
+    half-lives too), the average equals ``a * d + u * (1 - d)`` applied step by step."""
+    half_life = 10.0
+    ledger, h = ledger_with(0), UsageHistory(half_life)
+    now, expected, held = 1000.0, 0.0, 0
+    h.fold(ledger, now)
+    for dt, cpu in steps:
+        ledger.delete_unit("default/x")
+        if cpu:
+            ledger.put_unit(unit("x").quota("a").cpu(str(cpu)).admitted().build())
+        now += dt
+        h.fold(ledger, now)  # the holding seen here is charged from here on
+        d = 2.0 ** (-dt / half_life)
+        expected = expected * d + held * 1000 * (1 - d)
+        held = cpu
+        assert h.usage("a").get("cpu", 0.0) == pytest.approx(expected, rel=1e-9, abs=0.5)
+
+
 def test_history_off_folds_nothing() -> None:
     h = UsageHistory(0.0)
     assert not h.fold(ledger_with(10), 5.0)
