@@ -289,6 +289,8 @@ class Kube:
         self.requests: Counter[str] = Counter()
         #: called with the verb of every request sent (the reconciler feeds its Prometheus counter)
         self.on_request: Callable[[str], None] | None = None
+        #: called with the verb and HTTP status (0: no response) of every request that failed
+        self.on_error: Callable[[str, int], None] | None = None
 
     @classmethod
     async def connect(
@@ -352,6 +354,10 @@ class Kube:
         if self.on_request is not None:
             self.on_request(verb)
 
+    def _failed(self, verb: str, status: int) -> None:
+        if self.on_error is not None:
+            self.on_error(verb, status)
+
     async def _headers_for(self, content_type: str | None) -> dict[str, str]:
         headers = dict(self._headers)
         if content_type:
@@ -388,8 +394,10 @@ class Kube:
             ) as resp:
                 payload = await resp.read()
                 if resp.status >= 300:
+                    self._failed(verb or method, resp.status)
                     raise error_for(resp.status, payload)
         except (aiohttp.ClientError, TimeoutError) as err:
+            self._failed(verb or method, 0)
             raise KubeError(0, type(err).__name__, str(err) or type(err).__name__) from err
         if not payload:
             return {}
@@ -501,6 +509,7 @@ class Kube:
         try:
             async with session.get(url, headers=headers, timeout=timeout) as resp:
                 if resp.status >= 300:
+                    self._failed("WATCH", resp.status)
                     raise error_for(resp.status, await resp.read())
                 async for line in resp.content:
                     if not line.strip():
@@ -510,12 +519,14 @@ class Kube:
                     obj = event.get("object") or {}
                     if kind == "ERROR":
                         code = int(obj.get("code", 500))
+                        self._failed("WATCH", code)
                         raise error_for(code, orjson.dumps(obj))
                     if kind != "BOOKMARK":
                         obj.setdefault("apiVersion", res.api_version)
                         obj.setdefault("kind", res.kind)
                     yield kind, obj
         except (aiohttp.ClientError, TimeoutError) as err:
+            self._failed("WATCH", 0)
             raise KubeError(0, type(err).__name__, str(err) or type(err).__name__) from err
 
 
