@@ -171,6 +171,9 @@ class QueueState:
         self.entries: dict[str, Entry] = {}
         self.assumed: list[Item] = []
         self.assumed_items: dict[str, Item] = {}
+        #: the assumed units whose preemption priority is above their priority (the only ones that
+        #: can hold the queue against a preemptor that sorts before them: ``preemption``)
+        self.raised: set[str] = set()
         self.in_flight: dict[str, dict[str, int]] = {}
         #: when each ``in_flight`` reclaim was first seen by :meth:`expire` (its clock), and those
         #: past :data:`RECLAIM_TIMEOUT`
@@ -264,6 +267,7 @@ class QueueState:
         item = self.assumed_items.pop(key, None)
         if item is not None:
             del self.assumed[bisect.bisect_left(self.assumed, item)]
+        self.raised.discard(key)
         for table in (self.in_flight, self.marks, self.parked, self.in_flight_seen):
             table.pop(key, None)
         self.stale.discard(key)
@@ -374,6 +378,11 @@ class QueueState:
         key = unit.key
         old = self.assumed_items.get(key)
         new = (*unit_key(unit, self.config.policy), key) if is_assumed(unit) else None
+        pp = unit.preemption_priority
+        if new is not None and pp is not None and pp > unit.priority:
+            self.raised.add(key)
+        else:
+            self.raised.discard(key)
         if old == new:
             return
         if old is not None:

@@ -217,19 +217,16 @@ def _unpreemptable_holder(ctx: _Ctx, preemptor: Item, exclude: str) -> bool:
     but not at its preemption priority: it holds the queue and can never be this preemptor's
     victim, so marking others would not free the queue. (Those sorting before are
     :func:`first_holder`'s.) Only a unit with a preemption priority can be one; the scan is asked
-    only before something would be marked or counted on, once per round."""
+    only before something would be marked or counted on, once per round; it reads only the
+    assumed units with a raised preemption priority (``QueueState.raised``), not all of them."""
     state, units = ctx.state, ctx.units
-    for item in reversed(state.assumed):
-        if item <= preemptor:
-            return False
-        unit = units[str(item[-1])]
-        pp = unit.preemption_priority
+    for key in state.raised:
+        item = state.assumed_items[key]
         if (
-            pp is not None
-            and pp > unit.priority
-            and item[-1] != exclude
-            and not state.on_the_way(unit.key)
-            and _victim_item(state, unit, unit.key) <= preemptor
+            item > preemptor
+            and key != exclude
+            and not state.on_the_way(key)
+            and _victim_item(state, units[key], key) <= preemptor
         ):
             return True
     return False
