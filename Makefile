@@ -101,6 +101,10 @@ chart: venv ## Generate the job-kind lists of manifests/ from the adapter regist
 helm: venv ## Build helm (pinned in hack/helmbin) into the binary cache and print where it is
 	$(PY) -c 'from testenv import binaries; print(binaries.helm())'
 
+.PHONY: dist
+dist: venv ## Release artifacts of HEAD in dist/: sdist, wheel, Helm chart, install manifest, krew archive + manifest (KREW_URL=where the archive is published)
+	$(PY) -m hack.dist $(if $(KREW_URL),--base-url $(KREW_URL),)
+
 .PHONY: clean
 clean: ## Remove local state (.local/, caches); keeps the venv and the binary cache
 	rm -rf .local .pytest_cache .mypy_cache .ruff_cache .hypothesis
