@@ -153,6 +153,9 @@ class QueueConfig:
     #: ``koord-queue/fair-order: namespace``: among units of equal priority, those of the namespace
     #: that used less of the quota lately go first (docs/compatibility.md#fair-order-inside-a-queue)
     fair_order: bool = False
+    #: ``koord-queue/stopped: "true"``: an administrator stopped the queue; it admits nothing and
+    #: its waiting units keep their places (docs/compatibility.md#stopping-a-queue)
+    stopped: bool = False
 
 
 @dataclass(frozen=True, slots=True)

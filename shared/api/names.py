@@ -88,6 +88,9 @@ PRIORITY_THRESHOLD_ANNOTATION: Final = "koord-queue/priority-threshold"
 QUEUE_ITEMS_REFRESH_ANNOTATION: Final = "koord-queue/queue-items-refresh-interval"
 DISABLE_SHOW_QUEUE_ITEMS_ANNOTATION: Final = "koord-queue/disable-show-queue-items"
 QUEUE_ARGS_ANNOTATION: Final = "koord-queue/queue-args"
+#: ``"true"``: an administrator stopped the queue; it admits nothing until the annotation is
+#: removed or false, and its waiting units keep their places (docs/compatibility.md#stopping-a-queue).
+STOPPED_ANNOTATION: Final = "koord-queue/stopped"
 
 DEFAULT_QUEUE_PRIORITY: Final = 1000
 DEFAULT_PRIORITY_THRESHOLD: Final = 4
@@ -256,6 +259,10 @@ class Message:
     @staticmethod
     def queue_not_exist(queue: str) -> str:
         return f"queue {queue} is not exist"
+
+    @staticmethod
+    def queue_stopped(queue: str) -> str:
+        return f"queue {queue} is stopped by an administrator; nothing is admitted until it is resumed"
 
     @staticmethod
     def queue_not_found_event(queue: str, namespace: str, name: str) -> str:

@@ -366,6 +366,7 @@ def parse_queue(raw: Mapping[str, object]) -> QueueConfig:
             f"metadata.annotations[{names.FAIR_ORDER_ANNOTATION}]: expected "
             f"{names.FAIR_ORDER_NAMESPACE!r} (or nothing), got {fair_order!r}; the plain order stays"
         )
+    stopped = r.go_bool(annotations, names.STOPPED_ANNOTATION, False)  # before problems are taken
     return QueueConfig(
         name=name,
         policy=policy,
@@ -384,6 +385,7 @@ def parse_queue(raw: Mapping[str, object]) -> QueueConfig:
         problems=tuple(r.problems),
         quota_holder=annotations.get(names.QUOTA_HOLDER_ANNOTATION, ""),
         fair_order=fair_order == names.FAIR_ORDER_NAMESPACE,
+        stopped=stopped,
     )
 
 

@@ -152,6 +152,11 @@ class Cycle:
         qs.dirty = False
         qs.wake_at = None
         self.levels = set()
+        if qs.config.stopped:
+            self.park_stopped(qs)
+            qs.limiting = frozenset()  # no release can let it admit: only resuming wakes it
+            self.set_timer(qs)
+            return
         if qs.config.policy is QueuePolicy.INTELLIGENT:
             stop = self.scan_lane(qs, 0)
             high_left = qs.active_in_lane[0] - sum(
@@ -168,6 +173,16 @@ class Cycle:
             self.scan_lane(qs, 0)
         qs.limiting = None if None in self.levels else frozenset(str(n) for n in self.levels)
         self.set_timer(qs)
+
+    def park_stopped(self, qs: QueueState) -> None:
+        """A stopped queue admits nothing: each unit not parked since it (re)entered the queue is
+        told so once (inactive or invalid units keep their own reason). Changing the Queue rebuilds
+        its state, so stopping re-parks every unit and resuming lets all compete again, in their
+        places (docs/compatibility.md#stopping-a-queue)."""
+        for key in sorted(k for k in qs.unparked if k not in qs.updating):
+            entry = qs.entries[key]
+            text = Message.queue_stopped(qs.name) if entry.active else self.idle_reason(qs, entry)
+            self.park(qs, key, text, quota_failure=False)
 
     def scan_lane(self, qs: QueueState, lane_no: int) -> _Stop | None:
         lane = qs.lanes[lane_no]
