@@ -1,7 +1,12 @@
 """Prometheus metrics of the reconciler, served on :10259 (docs/compatibility.md#metrics).
 
 Upstream's names are kept so existing dashboards work, and every metric declared here is populated
-(upstream declares several it never sets). Our own metrics carry the ``koord_queue_`` prefix.
+(upstream declares several it never sets). Our own metrics carry the ``koord_queue_`` prefix and
+base units with their suffix (``_seconds``, ``_total``); where an upstream name breaks that (the
+cycle latency in milliseconds) both are exported, the upstream one for compatibility only. The
+private registry also carries the process metrics, the build info, the leader gauge and the
+certificate expiry (``shared/telemetry.py``), so one scrape tells an operator which release runs,
+whether this replica leads, and how long its serving certificate has left.
 """
 
 from __future__ import annotations
@@ -11,14 +16,20 @@ import collections
 import contextlib
 import dataclasses
 import enum
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from collections.abc import Set as AbstractSet
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from koord_queue.certs import pki
+from koord_queue.shared import telemetry
+
 REGISTRY = CollectorRegistry(auto_describe=True)
+telemetry.register_process_metrics(REGISTRY)
 
 JOB_SCHEDULE_ATTEMPTS = Counter(
     "job_schedule_attempts",
@@ -44,12 +55,29 @@ DEQUEUED_QUOTA_USAGE = Gauge(
     ["quota", "resource"],
     registry=REGISTRY,
 )
+#: Upstream's name and unit (milliseconds), kept for compatibility: new dashboards and alerts use
+#: :data:`SCHEDULING_CYCLE`, the same observations in seconds. Both are fed by :func:`observe_cycle`.
 SCHEDULING_LATENCY = Histogram(
     "job_scheduling_algorithm_latency",
-    "Decision time of one scheduling cycle, in milliseconds.",
+    "Decision time of one scheduling cycle, in milliseconds (upstream's name, kept for compatibility; "
+    "koord_queue_scheduling_cycle_duration_seconds is the same in seconds).",
     buckets=[0.01 * 2**i for i in range(15)],
     registry=REGISTRY,
 )
+SCHEDULING_CYCLE = Histogram(
+    "koord_queue_scheduling_cycle_duration_seconds",
+    "Decision time of one scheduling cycle.",
+    buckets=[0.00001 * 2**i for i in range(15)],
+    registry=REGISTRY,
+)
+
+
+def observe_cycle(seconds: float) -> None:
+    """One scheduling cycle's decision time, into both histograms (same buckets, scaled)."""
+    SCHEDULING_CYCLE.observe(seconds)
+    SCHEDULING_LATENCY.observe(seconds * 1000)
+
+
 QUEUEUNITS_BY_JOB_TYPE = Gauge(
     "queueunits_by_job_type",
     "QueueUnits by namespace and consumer kind.",
@@ -128,6 +156,70 @@ def count_api_request(verb: str) -> None:
     if child is None:
         child = _api_request_children[verb] = API_REQUESTS.labels(verb)
     child.inc()
+
+
+API_ERRORS = Counter(
+    "koord_queue_api_errors_total",
+    "Apiserver requests that failed, by verb and HTTP status code (0: no response, a transport error "
+    "or timeout). 404 and 409 are routine answers to lookups and optimistic writes; 401, 403, 429 "
+    "and 5xx are worth an alert.",
+    ["verb", "code"],
+    registry=REGISTRY,
+)
+_api_error_children: dict[tuple[str, int], Any] = {}
+
+
+def count_api_error(verb: str, status: int) -> None:
+    """``Kube.on_error`` hook. Label values are bounded: verbs are ours, codes are HTTP statuses."""
+    key = (verb, status)
+    child = _api_error_children.get(key)
+    if child is None:
+        child = _api_error_children[key] = API_ERRORS.labels(verb, str(status))
+    child.inc()
+
+
+# --- leadership and certificates (docs/operations.md#reconciler-metrics) ------------------------------
+
+
+class _Gate(Protocol):
+    """What the leader gauge reads: ``kube.Leadership`` (not imported, to keep this module free of
+    the API client)."""
+
+    @property
+    def leading(self) -> bool: ...
+
+
+LEADER = Gauge(
+    "koord_queue_leader",
+    "1 while this replica holds the leader Lease and acts, 0 while it follows (read at scrape time).",
+    ["component"],
+    registry=REGISTRY,
+)
+
+
+def watch_leadership(leadership: _Gate, component: str = "reconciler") -> None:
+    """Export ``koord_queue_leader{component}`` as ``leadership.leading`` at each scrape, so the
+    gauge follows the gate every write passes, not a copy that a missed transition would leave
+    stale."""
+    LEADER.labels(component).set_function(lambda: 1.0 if leadership.leading else 0.0)
+
+
+CERTIFICATES = telemetry.CertificateExpiry()
+REGISTRY.register(CERTIFICATES)
+#: a certificate is parsed once, not at every scrape (the PEM in force changes at rotation only)
+_not_after = functools.lru_cache(maxsize=8)(pki.not_after)
+
+
+def watch_certificate(purpose: str, cert_pem: Callable[[], bytes | None]) -> None:
+    """Export the expiry of the certificate ``cert_pem()`` returns (the one in force, None while
+    there is none) as ``koord_queue_certificate_expiry_timestamp_seconds{component="reconciler",
+    purpose}``."""
+
+    def expiry() -> datetime | None:
+        pem = cert_pem()
+        return None if pem is None else _not_after(pem)
+
+    CERTIFICATES.watch("reconciler", purpose, expiry)
 
 
 # --- sizes of the stores and of the per-object maps, for leak hunting (bench/bench_soak.py) ---------

@@ -288,7 +288,7 @@ class SchedulerLoop:
         now = time.time()
         started = time.perf_counter()
         plan = self.cache.schedule(now)
-        metrics.SCHEDULING_LATENCY.observe((time.perf_counter() - started) * 1000)
+        metrics.observe_cycle(time.perf_counter() - started)
         self.cycles += 1
         for decision in plan.decisions:
             if isinstance(decision, Admit):

@@ -7,7 +7,8 @@ errors. Label values are bounded: ``kind`` is one of the kinds we know or ``othe
 request body is attacker-controlled and must not be able to mint time series.
 
 Each :class:`WebhookMetrics` owns its own ``CollectorRegistry`` so several apps (tests) can live in
-one process without duplicate-registration errors.
+one process without duplicate-registration errors; the process metrics, the build info and the
+serving certificate's expiry are registered on it too (``shared/telemetry.py``).
 
 The request path only appends ``(operation, kind, result, seconds)`` to a list
 (:meth:`WebhookMetrics.observe_since`); the list is applied to the collectors every
@@ -24,6 +25,7 @@ from typing import Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
+from koord_queue.shared import telemetry
 from koord_queue.shared.jobs import registry
 
 _LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -55,6 +57,10 @@ class WebhookMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        telemetry.register_process_metrics(self.registry)
+        #: the serving certificate's expiry; ``webhook/server.py`` adds the source when TLS is on
+        self.certificates = telemetry.CertificateExpiry()
+        self.registry.register(self.certificates)
         labels = ("operation", "kind", "result")
         self.latency = Histogram(
             "koord_queue_webhook_request_duration_seconds",

@@ -45,6 +45,7 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
+from koord_queue.certs import pki
 from koord_queue.shared.admission import decisions as admission
 from koord_queue.shared.admission import podgate
 from koord_queue.shared.admission.decisions import AdmissionConfig, AdmissionRequest, Operation
@@ -92,12 +93,19 @@ class ReloadingTLS:
     def __init__(self, cert_file: Path, key_file: Path) -> None:
         self.cert_file, self.key_file = cert_file, key_file
         self._stamp = self._file_stamp()
+        #: notAfter of the certificate in force (the ``koord_queue_certificate_expiry_...`` metric)
+        self.not_after = self._expiry()
         self.current = make_ssl_context(cert_file, key_file)
         self.listening = make_ssl_context(cert_file, key_file)
         self.listening.sni_callback = self._select
 
     def _select(self, connection: Any, server_name: str | None, context: ssl.SSLContext) -> None:
         connection.context = self.current
+
+    def _expiry(self) -> datetime:
+        """The leaf's notAfter (the first certificate of the chain file); read before the context
+        is built, so a pair replaced in between shows its own expiry at the next reload."""
+        return pki.not_after(self.cert_file.read_bytes())
 
     def _file_stamp(self) -> tuple[tuple[int, int, int], ...] | None:
         try:
@@ -113,10 +121,12 @@ class ReloadingTLS:
             return None
         self._stamp = stamp
         try:
+            not_after = self._expiry()
             self.current = make_ssl_context(self.cert_file, self.key_file)
         except (OSError, ssl.SSLError, ValueError) as err:
             log.warning("serving certificate not reloaded, keeping the previous one: %s", err)
             return False
+        self.not_after = not_after
         log.info("serving certificate reloaded from %s", self.cert_file)
         return True
 
@@ -294,7 +304,8 @@ def make_app(config: ServerConfig, *, metrics: WebhookMetrics | None = None) -> 
     app[METRICS_KEY] = metrics or WebhookMetrics()
     app[STATE_KEY] = ServerState()
     if config.cert_file is not None and config.key_file is not None:
-        app[TLS_KEY] = ReloadingTLS(config.cert_file, config.key_file)
+        tls = app[TLS_KEY] = ReloadingTLS(config.cert_file, config.key_file)
+        app[METRICS_KEY].certificates.watch("webhook", "serving", lambda: tls.not_after)
         app.cleanup_ctx.append(_certificate_reloader)
     app.router.add_post("/mutate", mutate)
     app.router.add_post("/mutate/{kind}", mutate)
