@@ -17,8 +17,9 @@ tag and the kustomization's image tag must say the same version, or nothing is b
   plugins/krew/koord-queue.yaml with the archive's real sha256,
 * ``SHA256SUMS`` of all of them.
 
-The krew archive is byte-for-byte reproducible (fixed order, owners, times and modes), so its
-checksum depends only on the wheel.
+The wheel (file times from ``SOURCE_DATE_EPOCH``, the commit's time) and the krew archive (fixed
+order, owners, times and modes) are byte-for-byte reproducible: the same commit gives the same krew
+checksum. The sdist and the chart archive are not (their archivers stamp the build time).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import gzip
 import hashlib
 import io
+import os
 import subprocess
 import sys
 import tarfile
@@ -83,25 +85,28 @@ def version_mismatches(source: Path, version: str) -> list[str]:
     return [f"{where} is {value!r}" for where, value in found.items() if str(value) != version]
 
 
-def export_head(root: Path, dest: Path) -> str:
-    """``git archive HEAD`` unpacked into ``dest`` (links kept as links); returns the commit."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-    ).stdout.strip()
+def export_head(root: Path, dest: Path) -> tuple[str, int]:
+    """``git archive HEAD`` unpacked into ``dest`` (links kept as links); returns the commit and its
+    time (seconds since the epoch)."""
+    commit, epoch = subprocess.run(
+        ["git", "log", "-1", "--format=%H %ct", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
     archive = subprocess.run(
         ["git", "archive", "--format=tar", commit], cwd=root, capture_output=True, check=True
     )
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(dest, filter="data")
-    return commit
+    return commit, int(epoch)
 
 
-def build_python(source: Path, out: Path, version: str) -> tuple[Path, Path]:
-    """The sdist and the wheel (from the sdist), offline with the running interpreter's setuptools."""
+def build_python(source: Path, out: Path, version: str, epoch: int) -> tuple[Path, Path]:
+    """The sdist and the wheel (from the sdist), offline with the running interpreter's setuptools;
+    file times are the commit's (``SOURCE_DATE_EPOCH``), so the same commit gives the same wheel."""
     subprocess.run(
         [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)],
         check=True,
         capture_output=True,
+        env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)},
     )
     sdist = out / f"koord_queue_py-{version}.tar.gz"
     wheel = out / f"koord_queue_py-{version}-py3-none-any.whl"
@@ -166,6 +171,17 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+class _BlockDumper(yaml.SafeDumper):
+    """Writes multi-line strings as literal blocks, the way the template has them."""
+
+
+def _string(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_BlockDumper.add_representer(str, _string)
+
+
 def krew_manifest(template: Path, archive: Path, out: Path, version: str, base_url: str) -> Path:
     """plugins/krew/koord-queue.yaml with this version, the archive's address and its real sha256."""
     manifest: dict[str, Any] = yaml.safe_load(template.read_text())
@@ -179,7 +195,7 @@ def krew_manifest(template: Path, archive: Path, out: Path, version: str, base_u
         "# Install from the local archive:\n"
         f"#   kubectl krew install --manifest={path.name} --archive={archive.name}\n"
     )
-    path.write_text(header + yaml.safe_dump(manifest, sort_keys=False, width=100))
+    path.write_text(header + yaml.dump(manifest, Dumper=_BlockDumper, sort_keys=False, width=100))
     return path
 
 
@@ -200,12 +216,12 @@ def dist(root: Path, out: Path, base_url: str, helm: Path, kubectl: Path) -> lis
     """All artifacts of HEAD into ``out``; returns them."""
     with tempfile.TemporaryDirectory(prefix="koord-queue-dist-") as tmp:
         source = Path(tmp) / "source"
-        commit = export_head(root, source)
+        commit, epoch = export_head(root, source)
         version = project_version(source)
         if mismatches := version_mismatches(source, version):
             raise DistError(f"pyproject.toml says {version}, but " + "; ".join(mismatches))
         clear(out)
-        sdist, wheel = build_python(source, out, version)
+        sdist, wheel = build_python(source, out, version, epoch)
         artifacts = [
             sdist,
             wheel,
