@@ -34,6 +34,10 @@ QUEUE_UNITS: Final = kube.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_P
 QUEUES: Final = kube.Resource(names.GROUP, names.VERSION, names.QUEUE_PLURAL, "Queue")
 QUOTAS: Final = kube.Resource(names.QUOTA_GROUP, names.QUOTA_VERSION, names.QUOTA_PLURAL, "ElasticQuota")
 CONFIGMAPS: Final = kube.Resource("", "v1", "configmaps", "ConfigMap")
+EVENTS: Final = kube.Resource("", "v1", "events", "Event")
+DEPLOYMENTS: Final = kube.Resource("apps", "v1", "deployments", "Deployment")
+#: The reconciler's Deployment (manifests/reconciler.yaml): its image tag is the server's version.
+RECONCILER_DEPLOYMENT: Final = "koord-queue-reconciler"
 #: The component configuration the install ships (manifests/config.yaml).
 CONFIG_MAP: Final = "koord-queue-config"
 CONFIG_KEY: Final = "config.yaml"
@@ -165,6 +169,8 @@ class Gathered:
     quotas_complete: bool = True
     #: the standings among siblings the visibility API served, by quota
     standings: dict[str, ServedStanding] = field(default_factory=dict)
+    #: the resourceVersion of the QueueUnit list, for ``list --watch``
+    resource_version: str = ""
 
     def parsed_units(self) -> dict[str, Unit]:
         return {key: parse_unit(raw) for key, raw in self.units.items()}
@@ -190,9 +196,12 @@ class Reader:
     def __init__(self, client: kube.Kube) -> None:
         self.client = client
 
-    async def units(self, namespace: str | None, got: Gathered, *, want_all: bool) -> None:
+    async def units(
+        self, namespace: str | None, got: Gathered, *, want_all: bool, selector: str | None = None
+    ) -> None:
         """QueueUnits of ``namespace`` (None: every namespace). ``want_all`` first tries every
-        namespace (a complete view for the replay) and falls back to ``namespace`` on a refusal."""
+        namespace (a complete view for the replay) and falls back to ``namespace`` on a refusal.
+        ``selector`` is a label selector, as ``kubectl get -l`` takes it."""
         if want_all and namespace is not None:
             try:
                 items, _ = await self.client.list(QUEUE_UNITS)
@@ -207,11 +216,13 @@ class Reader:
                     "usage counts only what you can see"
                 )
         try:
-            items, _ = await self.client.list(QUEUE_UNITS, namespace=namespace)
+            items, got.resource_version = await self.client.list(
+                QUEUE_UNITS, namespace=namespace, label_selector=selector
+            )
         except kube.KubeError as err:
             raise denied(err, "list", QUEUE_UNITS, namespace) from None
         got.units = {_key(u): u for u in items}
-        got.complete = namespace is None
+        got.complete = namespace is None and not selector
 
     async def quotas(self, namespace: str | None, got: Gathered) -> None:
         """Every ElasticQuota, else those of ``namespace``; the parents referenced but not read are
@@ -325,6 +336,54 @@ class Reader:
                 return False
             return None
         return True
+
+    async def events(self, namespace: str, kind: str, name: str, uid: str) -> tuple[list[Obj], str | None]:
+        """The events about one object, oldest first; the reason when they cannot be read."""
+        fields = f"involvedObject.kind={kind},involvedObject.name={name}"
+        if uid:
+            fields += f",involvedObject.uid={uid}"
+        try:
+            page = await self.client.request(
+                "GET", EVENTS.path(namespace), query={"fieldSelector": fields, "limit": 500}, verb="LIST"
+            )
+        except kube.KubeError as err:
+            return [], str(denied(err, "list", EVENTS, namespace))
+
+        def when(e: Obj) -> str:
+            return str(
+                e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp", "")
+            )
+
+        return sorted(page.get("items") or [], key=when), None
+
+    async def server_version(self) -> str:
+        """The reconciler Deployment's image tag; ``unknown`` when it cannot be read."""
+        try:
+            dep = await self.client.get(
+                DEPLOYMENTS, RECONCILER_DEPLOYMENT, namespace=names.COMPONENT_NAMESPACE
+            )
+        except kube.KubeError:
+            return "unknown"
+        containers = ((dep.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
+        image = str(containers[0].get("image") or "") if containers else ""
+        ref = image.rsplit("/", 1)[-1]
+        if "@" in ref:
+            return ref.split("@", 1)[1]
+        return ref.split(":", 1)[1] if ":" in ref else "unknown"
+
+    # --- queues (administrators) -------------------------------------------------------------
+
+    async def patch_queue(self, queue: str, patch: Obj) -> Obj:
+        """Merge ``patch`` into Queue ``queue``; a user without the right gets :class:`Denied`."""
+        try:
+            return await self.client.patch(QUEUES, queue, patch, namespace=names.COMPONENT_NAMESPACE)
+        except kube.KubeError as err:
+            if isinstance(err, kube.NotFound):
+                raise NotFoundError(
+                    f"queue {queue} does not exist (queues are named after their ElasticQuota: "
+                    "kubectl koord-queue quotas -A)"
+                ) from None
+            raise denied(err, "patch", QUEUES, names.COMPONENT_NAMESPACE) from None
 
     # --- jobs --------------------------------------------------------------------------------
 

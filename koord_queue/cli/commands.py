@@ -3,6 +3,7 @@ decides with the core (``shared.core.explain`` replays the scheduler's own code)
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -12,8 +13,9 @@ from typing import Any, TextIO
 
 import yaml
 
-from koord_queue.cli import render
-from koord_queue.cli.client import CliError, Gathered, Reader, find_unit
+from koord_queue.cli import jsonpath, render
+from koord_queue.cli.client import QUEUE_UNITS, QUOTAS, CliError, Gathered, Reader, denied, find_unit
+from koord_queue.shared import kube
 from koord_queue.shared.api import goparse, names
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.names import Phase
@@ -79,6 +81,45 @@ def short_reason(unit: Unit) -> str:
     return words.get(found.reason, unit.message)
 
 
+def output_format(*allowed: str) -> Any:
+    """An argparse ``type`` for ``-o``: one of ``allowed``, or ``jsonpath=TEMPLATE`` when allowed
+    (checked here, so that a bad template is a usage error before anything is read)."""
+
+    def check(text: str) -> str:
+        kind, sep, template = text.partition("=")
+        if kind == "jsonpath" and "jsonpath" in allowed:
+            if not sep or not template:
+                raise argparse.ArgumentTypeError(
+                    "jsonpath needs a template: -o jsonpath='{.items[*].metadata.name}'"
+                )
+            try:
+                jsonpath.parse(template)
+            except jsonpath.JsonPathError as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+            return text
+        if text in allowed and text != "jsonpath":
+            return text
+        shown = ", ".join(a if a != "jsonpath" else "jsonpath=TEMPLATE" for a in allowed)
+        raise argparse.ArgumentTypeError(f"invalid output format {text!r} (choose from {shown})")
+
+    check.__name__ = "output format"
+    return check
+
+
+def write_objects(output: str, objects: list[Obj], res: kube.Resource, out: TextIO) -> bool:
+    """``-o name`` and ``-o jsonpath=`` over the raw objects, as ``kubectl get`` prints them;
+    False for any other format (the command prints its own)."""
+    if output == "name":
+        prefix = f"{res.kind.lower()}.{res.group}" if res.group else res.kind.lower()
+        out.write("".join(f"{prefix}/{(o.get('metadata') or {}).get('name', '')}\n" for o in objects))
+        return True
+    if output.startswith("jsonpath="):
+        listed = {"apiVersion": "v1", "kind": "List", "items": objects, "metadata": {"resourceVersion": ""}}
+        out.write(jsonpath.render(output.split("=", 1)[1], listed))
+        return True
+    return False
+
+
 def _dump(data: Any, output: str, out: TextIO) -> None:
     if output == "json":
         out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
@@ -90,14 +131,46 @@ def _dump(data: Any, output: str, out: TextIO) -> None:
 
 
 async def cmd_list(reader: Reader, args: Any, out: TextIO, style: render.Style) -> int:
+    """``list``; with ``--watch``, print again whenever a unit changes, until interrupted."""
     namespace = None if args.all_namespaces else args.namespace
     got = Gathered()
-    await reader.units(namespace, got, want_all=False)
+    await reader.units(namespace, got, want_all=False, selector=args.selector)
+    await _print_list(reader, args, got, namespace, out, style)
+    if not args.watch:
+        return 0
+    version = got.resource_version
+    while True:
+        try:
+            async for kind, obj in reader.client.watch(
+                QUEUE_UNITS, resource_version=version, namespace=namespace, label_selector=args.selector
+            ):
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind == "BOOKMARK":
+                    continue
+                key = f"{obj['metadata'].get('namespace', '')}/{obj['metadata'].get('name', '')}"
+                if kind == "DELETED":
+                    got.units.pop(key, None)
+                else:
+                    got.units[key] = obj
+                out.write("\n")
+                await _print_list(reader, args, got, namespace, out, style)
+        except kube.Gone:
+            await reader.units(namespace, got, want_all=False, selector=args.selector)
+            version = got.resource_version
+        except kube.KubeError as err:
+            raise denied(err, "watch", QUEUE_UNITS, namespace) from None
+
+
+async def _print_list(
+    reader: Reader, args: Any, got: Gathered, namespace: str | None, out: TextIO, style: render.Style
+) -> None:
+    got.positions = {}
     parsed = got.parsed_units()
     queues = {u.quota for u in parsed.values() if u.quota}
     await reader.positions(namespace, sorted(q for q in queues if q), got)
     now = time.time()
     rows: list[dict[str, Any]] = []
+    shown: list[Obj] = []
     for key in sorted(parsed, key=lambda k: (parsed[k].namespace, parsed[k].quota or "", k)):
         unit, raw = parsed[key], got.units[key]
         if args.queue and unit.quota != args.queue:
@@ -112,6 +185,7 @@ async def cmd_list(reader: Reader, args: Any, out: TextIO, style: render.Style) 
             waited = unit.last_allocate_time - unit.created
         else:
             waited = None
+        shown.append(raw)
         rows.append(
             {
                 "namespace": unit.namespace,
@@ -129,13 +203,18 @@ async def cmd_list(reader: Reader, args: Any, out: TextIO, style: render.Style) 
                 "holds": render.resources(reserved_resources(unit)),
             }
         )
+    if args.output and write_objects(args.output, shown, QUEUE_UNITS, out):
+        out.flush()
+        return
     if args.output in ("json", "yaml"):
         _dump({"items": rows, "positionsKnown": got.visibility_ok}, args.output, out)
-        return 0
+        out.flush()
+        return
     if not rows:
         where = "any namespace" if namespace is None else f"namespace {namespace}"
         out.write(f"No QueueUnits found in {where}.\n")
-        return 0
+        out.flush()
+        return
     wide = args.output == "wide"
     headers = ["NAMESPACE"] if namespace is None else []
     headers += ["NAME", "QUEUE", "PHASE", "PRIORITY", "POSITION", "WAITED", "REASON"]
@@ -158,7 +237,7 @@ async def cmd_list(reader: Reader, args: Any, out: TextIO, style: render.Style) 
             cells += [r["job"], r["request"], r["holds"], r["message"] or "-"]
         table_rows.append(cells)
     out.write(render.table(headers, table_rows) + "\n")
-    return 0
+    out.flush()
 
 
 # --- explain ---------------------------------------------------------------------------------------
@@ -455,6 +534,19 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
     rows = replay.quota_rows(view, time.time())
     if namespace is not None and not args.tree:
         rows = [r for r in rows if r.namespace in (namespace, "")]
+    if args.output and args.output not in ("json", "yaml"):
+        wanted = {(r.namespace, r.name) for r in rows}
+        objects = [
+            q
+            for q in got.quotas
+            if (
+                str((q.get("metadata") or {}).get("namespace", "")),
+                str((q.get("metadata") or {}).get("name", "")),
+            )
+            in wanted
+        ]
+        write_objects(args.output, objects, QUOTAS, out)
+        return 0
     if args.output in ("json", "yaml"):
         items = []
         for r in rows:

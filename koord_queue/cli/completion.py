@@ -14,16 +14,54 @@ import asyncio
 from collections.abc import Sequence
 from typing import Final
 
-COMMANDS: Final = ("list", "explain", "quotas", "hold", "release", "priority", "completion")
+COMMANDS: Final = (
+    "list",
+    "explain",
+    "describe",
+    "quotas",
+    "hold",
+    "release",
+    "priority",
+    "stop",
+    "resume",
+    "version",
+    "completion",
+)
 GLOBAL_FLAGS: Final = ("--kubeconfig", "--context", "--namespace", "-n", "--as", "--color")
 FLAGS: Final = {
-    "list": ("-A", "--all-namespaces", "--queue", "--phase", "-o", "--output"),
-    "ls": ("-A", "--all-namespaces", "--queue", "--phase", "-o", "--output"),
+    "list": (
+        "-A",
+        "--all-namespaces",
+        "--queue",
+        "--phase",
+        "-l",
+        "--selector",
+        "-w",
+        "--watch",
+        "-o",
+        "--output",
+    ),
+    "ls": (
+        "-A",
+        "--all-namespaces",
+        "--queue",
+        "--phase",
+        "-l",
+        "--selector",
+        "-w",
+        "--watch",
+        "-o",
+        "--output",
+    ),
     "explain": ("-o", "--output"),
     "quotas": ("--tree", "-A", "--all-namespaces", "-o", "--output"),
     "hold": (),
     "release": (),
     "priority": (),
+    "describe": (),
+    "stop": (),
+    "resume": (),
+    "version": (),
 }
 VALUES: Final = {
     "--color": ("auto", "always", "never"),
@@ -39,10 +77,10 @@ VALUES: Final = {
     ),
 }
 OUTPUTS: Final = {
-    "list": ("wide", "json", "yaml"),
-    "ls": ("wide", "json", "yaml"),
+    "list": ("wide", "json", "yaml", "name", "jsonpath="),
+    "ls": ("wide", "json", "yaml", "name", "jsonpath="),
     "explain": ("json", "yaml"),
-    "quotas": ("json", "yaml"),
+    "quotas": ("json", "yaml", "name", "jsonpath="),
 }
 TAKES_VALUE: Final = frozenset(
     {
@@ -54,6 +92,8 @@ TAKES_VALUE: Final = frozenset(
         "--color",
         "--queue",
         "--phase",
+        "-l",
+        "--selector",
         "-o",
         "--output",
     }
@@ -110,6 +150,29 @@ def _job_names(words: Sequence[str]) -> list[str]:
         return []
 
 
+def _queue_names(words: Sequence[str]) -> list[str]:
+    """The Queues, for ``stop`` and ``resume`` (only who may read them gets any)."""
+    from koord_queue.cli import client as cli_client
+    from koord_queue.shared import kube
+    from koord_queue.shared.api import names
+
+    async def read() -> list[str]:
+        path = cli_client.kubeconfig_path(_flag_value(words, "--kubeconfig"))
+        api = await cli_client.connect(path, _flag_value(words, "--context"), _flag_value(words, "--as"))
+        try:
+            items, _ = await asyncio.wait_for(
+                api.list(cli_client.QUEUES, namespace=names.COMPONENT_NAMESPACE), 3.0
+            )
+        finally:
+            await api.close()
+        return sorted({str((i.get("metadata") or {}).get("name", "")) for i in items} - {""})
+
+    try:
+        return asyncio.run(read())
+    except (cli_client.CliError, kube.KubeError, TimeoutError, OSError):
+        return []
+
+
 def candidates(words: Sequence[str]) -> list[str]:
     """What may follow ``words[:-1]``, for the partial word ``words[-1]``."""
     if not words:
@@ -130,8 +193,10 @@ def candidates(words: Sequence[str]) -> list[str]:
         return ["bash", "zsh"] if len(positional) == 1 else []
     if current.startswith("-"):
         return [*FLAGS.get(command, ()), *GLOBAL_FLAGS]
-    if command in ("explain", "hold", "release", "priority") and len(positional) == 1:
+    if command in ("explain", "describe", "hold", "release", "priority") and len(positional) == 1:
         return _job_names(before)
+    if command in ("stop", "resume") and len(positional) == 1:
+        return _queue_names(before)
     return []
 
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from koord_queue.cli import commands, completion, render
+from koord_queue.cli import admin, commands, completion, render
 from koord_queue.cli.client import CliError, Reader, connect, default_namespace, kubeconfig_path
 from koord_queue.shared import kube
 
@@ -35,6 +35,11 @@ examples:
   kubectl koord-queue quotas --tree             the quota tree: min, max, used, waiting work
   kubectl koord-queue hold my-job               keep my-job from being admitted (release undoes it)
   kubectl koord-queue priority my-job 50        ask for priority 50 (within the cluster's cap)
+  kubectl koord-queue describe my-job           the QueueUnit's fields, admissions and events
+  kubectl koord-queue list -w -l team=a         list units labelled team=a, again on every change
+  kubectl koord-queue list -o jsonpath='{range .items[*]}{.metadata.name}{"\\n"}{end}'
+  kubectl koord-queue stop team-a               admins: admit nothing more from queue team-a
+  kubectl koord-queue resume team-a             admins: let queue team-a admit again
 """
 
 
@@ -72,7 +77,16 @@ def parser() -> argparse.ArgumentParser:
     ls.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
     ls.add_argument("--queue", help="only units of this queue (quota)")
     ls.add_argument("--phase", help="only units in this phase (Pending, Enqueued, Reserved, Dequeued, ...)")
-    ls.add_argument("-o", "--output", choices=("wide", "json", "yaml"), help="output format")
+    ls.add_argument("-l", "--selector", help="only units matching this label selector (as kubectl get -l)")
+    ls.add_argument(
+        "-w", "--watch", action="store_true", help="print again whenever a unit changes (Ctrl-C ends)"
+    )
+    ls.add_argument(
+        "-o",
+        "--output",
+        type=commands.output_format("wide", "json", "yaml", "name", "jsonpath"),
+        help="output format: wide, json, yaml, name, jsonpath=TEMPLATE (over the QueueUnit objects)",
+    )
 
     ex = command("explain", "why a job waits, from the scheduler's own decision code")
     ex.add_argument("job", metavar="JOB|UNIT", help="job name, KIND/NAME, or QueueUnit name")
@@ -81,7 +95,12 @@ def parser() -> argparse.ArgumentParser:
     qt = command("quotas", "the quota tree: min, max, used, borrowed and waiting work per quota")
     qt.add_argument("--tree", action="store_true", help="show quotas as a tree under their parents")
     qt.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace's quotas")
-    qt.add_argument("-o", "--output", choices=("json", "yaml"), help="output format")
+    qt.add_argument(
+        "-o",
+        "--output",
+        type=commands.output_format("json", "yaml", "name", "jsonpath"),
+        help="output format: json, yaml, name, jsonpath=TEMPLATE (over the ElasticQuota objects)",
+    )
 
     hold = command("hold", "keep a job from being admitted (scheduling.x-k8s.io/active=false)")
     hold.add_argument("job", metavar="JOB", help="job name or KIND/NAME")
@@ -91,6 +110,16 @@ def parser() -> argparse.ArgumentParser:
     prio = command("priority", "set a job's priority (scheduling.x-k8s.io/priority), within the cap")
     prio.add_argument("job", metavar="JOB", help="job name or KIND/NAME")
     prio.add_argument("priority", metavar="N", help="the priority (a 32-bit integer)")
+
+    desc = command("describe", "a QueueUnit's fields, conditions, admissions and recent events")
+    desc.add_argument("job", metavar="UNIT|JOB", help="job name, KIND/NAME, or QueueUnit name")
+
+    stop = command("stop", "admins: stop a queue, which then admits nothing (koord-queue/stopped=true)")
+    stop.add_argument("queue", metavar="QUEUE", help="the queue (named after its ElasticQuota)")
+    resume = command("resume", "admins: resume a stopped queue")
+    resume.add_argument("queue", metavar="QUEUE", help="the queue (named after its ElasticQuota)")
+
+    command("version", "the plugin's version, and the server's when it can be read")
 
     comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
     comp.add_argument("shell", choices=("bash", "zsh"))
@@ -116,6 +145,12 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             return await commands.cmd_active(reader, args, out, style, active=name == "release")
         if name == "priority":
             return await commands.cmd_priority(reader, args, out, style)
+        if name == "describe":
+            return await admin.cmd_describe(reader, args, out)
+        if name in ("stop", "resume"):
+            return await admin.cmd_stop(reader, args, out, stop=name == "stop")
+        if name == "version":
+            return await admin.cmd_version(reader, out)
         raise CliError(f"unknown command {name}")
     finally:
         await client.close()
@@ -132,6 +167,11 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     if args.command == "completion":
         stdout.write(completion.script(args.shell))
         return 0
+    if args.command == "version":
+        try:  # the plugin's own version does not need a cluster
+            return asyncio.run(_run(args, stdout))
+        except (CliError, kube.KubeError, OSError):
+            return asyncio.run(admin.cmd_version(None, stdout))
     try:
         return asyncio.run(_run(args, stdout))
     except CliError as failure:
@@ -140,7 +180,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     except kube.KubeError as failure:
         stderr.write(f"error: {failure}\n")
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # list --watch ends here
         return 130
 
 

@@ -16,9 +16,11 @@ covered the same way, and each refusal by RBAC exits 4 naming the permission tha
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -439,4 +441,131 @@ def test_completion_scripts_and_the_kubectl_completion_hook() -> None:
         text=True,
         check=True,
     )
-    assert flags.stdout.splitlines() == ["wide", "json", "yaml", ":4"]
+    assert flags.stdout.splitlines() == ["wide", "json", "yaml", "name", "jsonpath=", ":4"]
+    commands = subprocess.run(
+        [str(BIN / "kubectl_complete-koord_queue"), "st"], capture_output=True, text=True, env=env, check=True
+    )
+    assert commands.stdout == "stop\n:4\n"
+
+
+# --- stop and resume a queue, describe, version, -o name / jsonpath, -l, --watch -------------------
+
+
+async def test_stop_admits_nothing_keeps_places_and_resume_admits_in_order(t: Tenant) -> None:
+    """docs/compatibility.md#stopping-a-queue: the admin stops a queue; a namespace user may not."""
+    q = t.sc.name("stop")
+    await t.sc.create_quota(s.quota(q, cpu="4"))
+    await t.sc.create_unit(s.unit("running", quota=q))
+    await t.sc.wait_phase("running", "Dequeued")
+
+    refused = t.run("stop", q)  # alice: edit in her namespace, nothing on Queues
+    assert refused.returncode == 4, refused.stderr
+    assert 'permission denied: you may not patch "queues.scheduling.x-k8s.io"' in refused.stderr
+    assert f'in namespace "{names.COMPONENT_NAMESPACE}"' in refused.stderr
+    queue = await t.sc.get_queue(q)
+    assert queue is not None and names.STOPPED_ANNOTATION not in (queue["metadata"].get("annotations") or {})
+
+    stopped = t.run("stop", q, admin=True)
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"queue {q} stopped: nothing new is admitted" in stopped.stdout
+    await t.sc.wait_queue(
+        q, lambda o: (o["metadata"].get("annotations") or {}).get(names.STOPPED_ANNOTATION) == "true"
+    )
+    await t.sc.create_unit(s.unit("low", quota=q, priority=1))
+    await t.sc.create_unit(s.unit("high", quota=q, priority=9))
+    text = f"queue {q} is stopped by an administrator; nothing is admitted until it is resumed"
+    for name in ("low", "high"):
+        unit = await t.sc.wait_message(name, text)
+        assert unit["status"]["phase"] == "Enqueued"
+    assert (await t.sc.get_unit("running"))["status"]["phase"] == "Dequeued"  # admitted: untouched
+    listed = json.loads(t.run("list", "-o", "json").stdout)["items"]
+    assert {i["name"]: i["reason"] for i in listed if i["name"] != "running"} == {"low": text, "high": text}
+
+    resumed = t.run("resume", q, admin=True)
+    assert resumed.returncode == 0, resumed.stderr
+    await t.sc.wait_phase("high", "Dequeued")
+    await t.sc.wait_phase("low", "Dequeued")
+    queue = await t.sc.get_queue(q)
+    assert queue is not None and names.STOPPED_ANNOTATION not in (queue["metadata"].get("annotations") or {})
+    missing = t.run("stop", t.sc.name("no-such-queue"), admin=True)
+    assert missing.returncode == 3 and "does not exist" in missing.stderr
+
+
+async def test_describe_version_output_formats_and_selectors(t: Tenant) -> None:
+    q = t.sc.name("fmt")
+    await t.sc.create_quota(s.quota(q, cpu="1"))
+    await t.sc.create_unit(s.unit("holder", quota=q))
+    await t.sc.wait_phase("holder", "Dequeued")
+    waiting = s.unit("waiting", quota=q)
+    waiting["metadata"].setdefault("labels", {})["team"] = "blue"
+    await t.sc.create_unit(waiting)
+    await t.sc.wait_message("waiting", f"limited quotaName:{q}")
+
+    described = t.run("describe", "waiting")
+    assert described.returncode == 0, described.stderr
+    lines = described.stdout.splitlines()
+    assert lines[0].split() == ["Name:", "waiting"] and ["Namespace:", t.ns] in [x.split() for x in lines]
+    assert any(x.split()[:2] == ["Phase:", "Enqueued"] for x in lines)
+    assert f"limited quotaName:{q}" in described.stdout and "Events:" in described.stdout
+    assert "Admissions:\n  <none>" in described.stdout
+    holder = t.run("describe", "holder").stdout
+    assert (
+        "Admissions:" in holder
+        and "<none>" not in holder.split("Admissions:")[1].split("Admission Checks")[0]
+    )
+    assert t.run("describe", "nobody").returncode == 3
+
+    version = t.run("version")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.splitlines()[0].startswith("Plugin version: 0.")
+    assert version.stdout.splitlines()[1].startswith("Server version: ")
+
+    names_out = t.run("list", "-o", "name")
+    assert names_out.returncode == 0, names_out.stderr
+    assert names_out.stdout.splitlines() == [
+        "queueunit.scheduling.x-k8s.io/holder",
+        "queueunit.scheduling.x-k8s.io/waiting",
+    ]
+    template = '{range .items[*]}{.metadata.name}={.status.phase}{"\\n"}{end}'
+    ranged = t.run("list", "-o", f"jsonpath={template}")
+    assert ranged.stdout == "holder=Dequeued\nwaiting=Enqueued\n", ranged.stderr
+    selected = t.run("list", "-l", "team=blue", "-o", "jsonpath={.items[*].metadata.name}")
+    assert selected.stdout == "waiting", selected.stderr
+    assert t.run("list", "-l", "team=green", "-o", "name").stdout == ""
+    quotas = t.run("quotas", "-o", "jsonpath={.items[*].metadata.name}")
+    assert quotas.returncode == 0 and q in quotas.stdout.split(), quotas.stderr
+    assert f"elasticquota.scheduling.sigs.k8s.io/{q}" in t.run("quotas", "-o", "name").stdout.splitlines()
+    bad = t.run("list", "-o", "jsonpath={..name}")
+    assert bad.returncode == 2 and "recursive descent" in bad.stderr
+
+
+async def test_list_watch_prints_again_when_a_unit_changes(t: Tenant) -> None:
+    q = t.sc.name("watch")
+    await t.sc.create_quota(s.quota(q, cpu="1"))
+    await t.sc.create_unit(s.unit("early", quota=q))
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
+    command = [str(binaries.kubectl()), "koord-queue", f"--kubeconfig={t.cluster.kubeconfig}", f"--as={USER}"]
+    proc = await asyncio.create_subprocess_exec(
+        *command, "list", "-w", "-n", t.ns, "-o", "name", env=env, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    try:
+
+        async def line() -> str:
+            assert proc.stdout is not None
+            return (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
+
+        assert await line() == "queueunit.scheduling.x-k8s.io/early\n"  # the first listing
+        await t.sc.create_unit(s.unit("late", quota=q))
+        seen = ""
+        while "queueunit.scheduling.x-k8s.io/late" not in seen:  # printed again on the watch event
+            seen = await line()
+        assert proc.returncode is None  # still watching
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=15)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode in (130, -signal.SIGINT)
