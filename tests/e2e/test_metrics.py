@@ -34,12 +34,24 @@ RECONCILER_METRICS = (
     "koord_queue_reclaimed_pods",
     "koord_queue_unqueued_pods_deleted",
     "koord_queue_api_requests",
+    "koord_queue_scheduling_cycle_duration_seconds",
+    "koord_queue_leader",
+    "koord_queue_build_info",
+    "koord_queue_certificate_expiry_timestamp_seconds",
+    "process_resident_memory_bytes",
 )
-WEBHOOK_METRICS = ("koord_queue_webhook_request_duration_seconds", "koord_queue_webhook_requests")
+WEBHOOK_METRICS = (
+    "koord_queue_webhook_request_duration_seconds",
+    "koord_queue_webhook_requests",
+    "koord_queue_build_info",
+    "koord_queue_certificate_expiry_timestamp_seconds",
+    "process_resident_memory_bytes",
+)
 #: Metrics that must have increased (counters, histogram counts) over the story.
 MOVING = (
     "job_schedule_attempts",
     "job_scheduling_algorithm_latency",
+    "koord_queue_scheduling_cycle_duration_seconds",
     "koord_queue_admission_wait_seconds",
     "koord_queue_preemption_rounds",
     "koord_queue_preemption_victims",
