@@ -5,7 +5,7 @@ version, listed in SHA256SUMS with its real checksum; a tree whose chart or imag
 version is refused; the krew manifest carries the archive's real sha256 and names files the archive
 holds, and the archive is reproducible; the plugin installs from the archive as krew lays it out
 (a link to the launcher), into a private virtual environment holding none of the servers'
-dependencies, and runs (help, completion) — and a launcher under a foreign name refuses to run; the
+dependencies, and runs (help, completion, version) — and a launcher under a foreign name refuses to run; the
 install manifest holds every object ``kubectl kustomize manifests/`` renders and a server-side dry
 run against the real kube-apiserver accepts all of it, while a namespace user is refused it.
 """
@@ -174,6 +174,7 @@ def plugin_env(bin_dir: Path) -> dict[str, str]:
     drop = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
     env = {key: value for key, value in os.environ.items() if key not in drop}
     env["PATH"] = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
+    env["KUBECONFIG"] = str(bin_dir / "no-such-kubeconfig")
     return env
 
 
@@ -202,6 +203,10 @@ def test_the_plugin_installs_from_the_archive_and_runs_without_the_servers_depen
     assert again.returncode == 0, again.stderr
     assert (again.stdout, again.stderr) == ("quotas\n:4\n", "")
     assert run("kubectl-koord_queue", "completion", "bash").returncode == 0
+    # The plugin's own version needs no cluster (here: no kubeconfig at all).
+    version = run("kubectl-koord_queue", "version")
+    assert version.returncode == 0, version.stderr
+    assert f"Plugin version: {VERSION}" in version.stdout
 
     environment = tmp_path / "krew" / "store" / "koord-queue" / f"v{VERSION}" / "venv"
     listing = subprocess.run(
