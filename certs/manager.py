@@ -31,8 +31,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from tenacity import RetryCallState
+
 from koord_queue.certs import bundle, pki
-from koord_queue.shared import kube
+from koord_queue.shared import kube, retrying
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +94,21 @@ class ServingCertManager:
         self._previous_ca: bytes | None = None
 
     async def run(self) -> None:
+        """A pass every ``interval_s``; a pass the API failed is tried again after 10 s (sooner if
+        the interval is shorter)."""
         while True:
-            try:
-                await self.sync(now=datetime.now(UTC))
-            except kube.KubeError as err:
-                log.warning("%s certificate sync failed (%s); retrying in 10s", self.what, err)
-                await asyncio.sleep(min(10.0, self.interval_s))
-                continue
+            async for attempt in retrying.steady(min(10.0, self.interval_s), self._failed):
+                with attempt:
+                    await self.sync(now=datetime.now(UTC))
             await asyncio.sleep(self.interval_s)
+
+    def _failed(self, state: RetryCallState) -> None:
+        log.warning(
+            "%s certificate sync failed (%s); retrying in %gs",
+            self.what,
+            retrying.failure(state),
+            retrying.delay(state),
+        )
 
     async def sync(self, *, now: datetime) -> pki.KeyPair:
         """One pass; returns the CA now in force."""

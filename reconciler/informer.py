@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable, Iterator, MutableMapping
 
 import orjson
+from tenacity import RetryCallState
 
-from koord_queue.shared import kube
+from koord_queue.shared import kube, retrying
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class Informer:
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
+        self._need_list = True
 
     def _dispatch(self, old: kube.Obj | None, new: kube.Obj | None) -> None:
         try:
@@ -156,13 +157,25 @@ class Informer:
         self.synced.set()
 
     async def run(self) -> None:
-        attempt = 0
-        need_list = True
+        """List, then watch from the list's version, for ever. A ``410 Gone`` relists at once; a kind
+        that is not installed (``404``) is listed again every 2 s, or every 30 s if it is optional;
+        any other API error backs off (``shared.retrying.watch_backoff``, up to 10 s), the count
+        starting over with each event a watch delivers."""
+        missing = retrying.steady(30.0 if self.optional else 2.0, self._missing, errors=kube.NotFound)
+        async for missing_try in missing:
+            with missing_try:
+                self._need_list = True
+                async for attempt in retrying.watch_backoff(self._failed):
+                    with attempt:
+                        await self._follow(attempt.retry_state)
+
+    async def _follow(self, state: RetryCallState) -> None:
+        """Watch after watch until an error other than ``410 Gone`` ends it."""
         while True:
             try:
-                if need_list:
+                if self._need_list:
                     await self._relist()
-                    need_list = False
+                    self._need_list = False
                 async for kind, obj in self.client.watch(
                     self.resource,
                     resource_version=self.resource_version,
@@ -170,7 +183,7 @@ class Informer:
                     label_selector=self.label_selector,
                     timeout_seconds=self.watch_timeout_s,
                 ):
-                    attempt = 0
+                    retrying.start_over(state)
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if kind == "DELETED":
                         self._remove(obj)
@@ -180,24 +193,19 @@ class Informer:
                         self.resource_version = str(rv)
             except kube.Gone:
                 log.info("%s watch expired (410); relisting", self.resource.plural)
-                need_list = True
-            except kube.NotFound as err:
-                if not self.optional:
-                    log.warning("%s list/watch failed (%s); retrying", self.resource.plural, err)
-                    need_list = True
-                    await asyncio.sleep(2.0)
-                    continue
-                if not self.synced.is_set():
-                    log.info(
-                        "%s: not installed in this cluster; checking again every 30s", self.resource.plural
-                    )
-                    self.synced.set()
-                need_list = True
-                await asyncio.sleep(30)
-            except kube.KubeError as err:
-                attempt += 1
-                delay = min(10.0, 0.2 * 2 ** min(attempt, 10)) * random.uniform(0.5, 1.0)
-                log.warning("%s list/watch failed (%s); retrying in %.1fs", self.resource.plural, err, delay)
-                await asyncio.sleep(delay)
-                if err.status in (400, 403, 404):
-                    need_list = True
+                self._need_list = True
+
+    def _missing(self, state: RetryCallState) -> None:
+        if not self.optional:
+            log.warning("%s list/watch failed (%s); retrying", self.resource.plural, retrying.failure(state))
+        elif not self.synced.is_set():
+            log.info("%s: not installed in this cluster; checking again every 30s", self.resource.plural)
+            self.synced.set()
+
+    def _failed(self, state: RetryCallState) -> None:
+        err = retrying.failure(state)
+        log.warning(
+            "%s list/watch failed (%s); retrying in %.1fs", self.resource.plural, err, retrying.delay(state)
+        )
+        if isinstance(err, kube.KubeError) and err.status in (400, 403, 404):
+            self._need_list = True

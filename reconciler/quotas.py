@@ -39,8 +39,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from tenacity import RetryCallState
+
 from koord_queue.reconciler.events import EventRecorder
-from koord_queue.shared import kube
+from koord_queue.shared import kube, retrying
 from koord_queue.shared.api import names
 from koord_queue.shared.api.model import Quota
 from koord_queue.shared.api.parsing import parse_quota
@@ -309,50 +311,46 @@ class QuotaBindingSync:
 
     async def run(self) -> None:
         while True:
-            self._wake.clear()
-            try:
-                await self.sync()
-            except kube.KubeError as err:
-                log.warning("ConfigMap %s/%s: %s; will retry", self.namespace, self.name, err)
-                await asyncio.sleep(1.0)
-                continue
+            async for attempt in retrying.steady(1.0, self._failed):
+                with attempt:
+                    self._wake.clear()
+                    await self.sync()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.resync_seconds)
             await asyncio.sleep(self.settle_seconds)  # let a burst of quota events land first
 
+    def _failed(self, state: RetryCallState) -> None:
+        log.warning("ConfigMap %s/%s: %s; will retry", self.namespace, self.name, retrying.failure(state))
+
     async def sync(self) -> None:
-        """Create or replace the ConfigMap when its data differs (a conflict is retried at once)."""
-        while True:
-            data = self.desired()
-            try:
-                current = await self.client.get(CONFIG_MAPS, self.name, namespace=self.namespace)
-            except kube.NotFound:
-                body = {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": {
-                        "name": self.name,
-                        "namespace": self.namespace,
-                        "labels": {"app.kubernetes.io/part-of": "koord-queue"},
-                    },
-                    "data": data,
-                }
-                try:
-                    await self.client.create(CONFIG_MAPS, body, namespace=self.namespace)
-                except kube.Conflict:
-                    continue  # created meanwhile (another leader's last write): compare again
-                self.writes += 1
-                return
-            if (current.get("data") or {}) == data:
-                return
-            try:
-                await self.client.replace(
-                    CONFIG_MAPS, self.name, {**current, "data": data}, namespace=self.namespace
-                )
-            except kube.Conflict:
-                continue
+        """Create or replace the ConfigMap when its data differs (a conflict is retried at once: the
+        ConfigMap was created or replaced meanwhile, by another leader's last write; compare again)."""
+        async for attempt in retrying.on_conflict():
+            with attempt:
+                await self._sync_once()
+
+    async def _sync_once(self) -> None:
+        data = self.desired()
+        try:
+            current = await self.client.get(CONFIG_MAPS, self.name, namespace=self.namespace)
+        except kube.NotFound:
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": self.name,
+                    "namespace": self.namespace,
+                    "labels": {"app.kubernetes.io/part-of": "koord-queue"},
+                },
+                "data": data,
+            }
+            await self.client.create(CONFIG_MAPS, body, namespace=self.namespace)
             self.writes += 1
             return
+        if (current.get("data") or {}) == data:
+            return
+        await self.client.replace(CONFIG_MAPS, self.name, {**current, "data": data}, namespace=self.namespace)
+        self.writes += 1
 
 
 class QuotaStatusSync:
@@ -454,24 +452,25 @@ class QuotaStatusSync:
     async def _write(
         self, namespace: str, name: str, key: str, fig: quotastatus.Figures, writes: quotastatus.Writes
     ) -> bool:
-        for _ in range(3):
-            try:
-                await self._apply(namespace, name, key, fig, writes)
-            except kube.Conflict:
-                continue  # merge patches carry no resourceVersion: simply send it again
-            except kube.NotFound:
-                return False  # deleted meanwhile
-            except kube.KubeError as err:
-                text = str(err)
-                if self._complaints.get(key) != text:
-                    self._complaints[key] = text
-                    log.warning("ElasticQuota %s: figures not published: %s; will retry", key, err)
-                return False
-            self._complaints.pop(key, None)
-            self.writes += 1
-            return True
-        self._last.pop(key, None)  # conflicted every time: the next pass tries again
-        return False
+        try:
+            # merge patches carry no resourceVersion: after a conflict, simply send it again
+            async for attempt in retrying.on_conflict(3):
+                with attempt:
+                    await self._apply(namespace, name, key, fig, writes)
+        except kube.Conflict:
+            self._last.pop(key, None)  # conflicted every time: the next pass tries again
+            return False
+        except kube.NotFound:
+            return False  # deleted meanwhile
+        except kube.KubeError as err:
+            text = str(err)
+            if self._complaints.get(key) != text:
+                self._complaints[key] = text
+                log.warning("ElasticQuota %s: figures not published: %s; will retry", key, err)
+            return False
+        self._complaints.pop(key, None)
+        self.writes += 1
+        return True
 
     async def _apply(
         self, namespace: str, name: str, key: str, fig: quotastatus.Figures, writes: quotastatus.Writes

@@ -26,10 +26,12 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tenacity import RetryCallState
+
 from koord_queue.reconciler import job_events, metrics
 from koord_queue.reconciler.events import EventRecorder
 from koord_queue.reconciler.job_units import QUEUE_UNITS
-from koord_queue.shared import kube
+from koord_queue.shared import kube, retrying
 from koord_queue.shared.api import admission_checks, conditions, quantities
 from koord_queue.shared.api.durations import format_time
 from koord_queue.shared.api.model import Unit
@@ -268,22 +270,27 @@ class Writer:
         current = unit
         namespace, name = park.key.split("/", 1)
         try:
-            for _ in range(PARK_WRITE_ATTEMPTS):
-                body = {
-                    "metadata": {"resourceVersion": current.resource_version},
-                    "status": self._park_status(park, current),
-                }
-                try:
-                    written = await self._write_status(park.key, body)
-                    break
-                except kube.Conflict:
-                    latest = parse_unit(await self.host.client.get(QUEUE_UNITS, name, namespace=namespace))
-                    if self._superseded(unit, latest):
-                        dropped = True
-                        break
-                    current = latest
+            async for attempt in retrying.on_conflict(PARK_WRITE_ATTEMPTS):
+                with attempt:
+                    body = {
+                        "metadata": {"resourceVersion": current.resource_version},
+                        "status": self._park_status(park, current),
+                    }
+                    try:
+                        written = await self._write_status(park.key, body)
+                    except kube.Conflict:
+                        latest = parse_unit(
+                            await self.host.client.get(QUEUE_UNITS, name, namespace=namespace)
+                        )
+                        if self._superseded(unit, latest):
+                            dropped = True
+                            break
+                        current = latest
+                        raise
         except kube.NotFound:
             dropped = True
+        except kube.Conflict:
+            pass  # conflicted every time: the message is not written, the event still is
         except kube.KubeError as err:
             log.info("message for %s not written: %s", park.key, err)
             # Decide it again later: the core would otherwise take the message as given and the
@@ -466,22 +473,23 @@ class Writer:
             return None  # a definite refusal (409, 422, ...): nothing was written
         namespace, name = key.split("/", 1)
         admitted_before = sum(a.replicas for a in before.admissions)
-        attempt = 0
-        while True:
-            current = self._newer_in_store(key, before)
-            if current is None:
-                try:
-                    current = await self.host.client.get(QUEUE_UNITS, name, namespace=namespace)
-                except kube.NotFound:
-                    return None
-                except kube.KubeError:
-                    if attempt == 8:
-                        log.warning("admission of %s: outcome still unknown; it stays assumed", key)
-                    attempt += 1
-                    await asyncio.sleep(min(0.25 * 2 ** min(attempt, 5), 4.0))
-                    continue
-            now_admitted = sum(a.replicas for a in parse_unit(current).admissions)
-            return current if now_admitted > admitted_before else None
+
+        def still_unknown(state: RetryCallState) -> None:
+            if state.attempt_number == 9:
+                log.warning("admission of %s: outcome still unknown; it stays assumed", key)
+
+        current: kube.Obj | None = None
+        try:
+            async for attempt in retrying.outcome_backoff(still_unknown):
+                with attempt:
+                    current = self._newer_in_store(key, before)
+                    if current is None:
+                        current = await self.host.client.get(QUEUE_UNITS, name, namespace=namespace)
+        except kube.NotFound:
+            return None
+        assert current is not None
+        now_admitted = sum(a.replicas for a in parse_unit(current).admissions)
+        return current if now_admitted > admitted_before else None
 
     def _newer_in_store(self, key: str, before: Unit) -> kube.Obj | None:
         """The watched version of ``key`` if the watch has delivered one newer than ``before``."""

@@ -21,13 +21,14 @@ job extensions need no new constructor argument.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Final
 
-from koord_queue.shared import kube
+from tenacity import RetryCallState
+
+from koord_queue.shared import kube, retrying
 from koord_queue.shared.api import names
 from koord_queue.shared.api.parsing import parse_unit
 from koord_queue.shared.core import workloadref
@@ -106,13 +107,13 @@ async def publish(client: kube.Kube, state: Handoff) -> None:
         with contextlib.suppress(kube.KubeError):
             await client.delete(CONFIG_MAPS, name, namespace=namespace)
         return
-    while True:
-        try:
+
+    def failed(state: RetryCallState) -> None:
+        log.warning("ConfigMap %s/%s: %s; will retry", namespace, name, retrying.failure(state))
+
+    async for attempt in retrying.steady(2.0, failed):
+        with attempt:
             await _write(client, state, namespace, name)
-            return
-        except kube.KubeError as err:
-            log.warning("ConfigMap %s/%s: %s; will retry", namespace, name, err)
-            await asyncio.sleep(2.0)
 
 
 async def _write(client: kube.Kube, state: Handoff, namespace: str, name: str) -> None:
@@ -120,32 +121,25 @@ async def _write(client: kube.Kube, state: Handoff, namespace: str, name: str) -
         workloadref.STATE_KEY: workloadref.WORKLOAD_API_VERSION if state.served else "",
         "detail": "served" if state.served else workloadref.refusal(state.other),
     }
-    while True:
-        try:
-            current = await client.get(CONFIG_MAPS, name, namespace=namespace)
-        except kube.NotFound:
-            body = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "labels": {"app.kubernetes.io/part-of": "koord-queue"},
-                },
-                "data": data,
-            }
+    async for attempt in retrying.on_conflict():  # created or replaced meanwhile: compare again
+        with attempt:
             try:
+                current = await client.get(CONFIG_MAPS, name, namespace=namespace)
+            except kube.NotFound:
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {
+                        "name": name,
+                        "namespace": namespace,
+                        "labels": {"app.kubernetes.io/part-of": "koord-queue"},
+                    },
+                    "data": data,
+                }
                 await client.create(CONFIG_MAPS, body, namespace=namespace)
-            except kube.Conflict:
-                continue
-            return
-        if (current.get("data") or {}) == data:
-            return
-        try:
-            await client.replace(CONFIG_MAPS, name, {**current, "data": data}, namespace=namespace)
-        except kube.Conflict:
-            continue
-        return
+                return
+            if (current.get("data") or {}) != data:
+                await client.replace(CONFIG_MAPS, name, {**current, "data": data}, namespace=namespace)
 
 
 async def before_ungate(

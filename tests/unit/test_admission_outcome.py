@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from koord_queue.reconciler import scheduler_writes
-from koord_queue.shared import kube
+from koord_queue.shared import kube, retrying
 from koord_queue.shared.api.parsing import parse_unit
 
 UNIT: dict[str, Any] = {
@@ -46,11 +46,14 @@ def writer_with(client: FlakyClient, store: dict[str, Any]) -> scheduler_writes.
 
 
 @pytest.fixture(autouse=True)
-def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def instant(_: float) -> None:
-        return None
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    taken: list[float] = []
 
-    monkeypatch.setattr("koord_queue.reconciler.scheduler_writes.asyncio.sleep", instant)
+    async def instant(seconds: float) -> None:
+        taken.append(seconds)
+
+    monkeypatch.setattr(retrying, "sleep", instant)
+    return taken
 
 
 async def test_a_write_that_landed_is_kept_however_long_the_cluster_takes_to_answer() -> None:
@@ -83,3 +86,29 @@ async def test_a_write_that_did_not_land_is_forgotten_once_known() -> None:
     refused = kube.KubeError(409, "Conflict", "")
     assert await writer._outcome_of("ns/u", parse_unit(UNIT), refused) is None
     assert client.gets == 4
+
+
+async def test_failed_reads_wait_half_a_second_doubling_to_4s_and_the_ninth_is_logged(
+    waits: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    client = FlakyClient(failures=12, answer=UNIT)
+    writer = writer_with(client, {})
+    with caplog.at_level("WARNING", logger="koord_queue.reconciler.scheduler_writes"):
+        await writer._outcome_of("ns/u", parse_unit(UNIT), kube.KubeError(0, "Transport", "reset"))
+    assert waits == [0.5, 1.0, 2.0, 4.0] + [4.0] * 8
+    unknown = [r for r in caplog.records if "outcome still unknown" in r.getMessage()]
+    assert len(unknown) == 1  # once, after the ninth failed read
+
+
+async def test_a_unit_deleted_meanwhile_was_not_admitted(waits: list[float]) -> None:
+    class GoneClient(FlakyClient):
+        async def get(self, *_: Any, **__: Any) -> dict[str, Any]:
+            self.gets += 1
+            if self.gets == 1:
+                raise kube.KubeError(0, "Transport", "reset")
+            raise kube.NotFound(404, "NotFound", "")
+
+    client = GoneClient(failures=0, answer=UNIT)
+    writer = writer_with(client, {})
+    assert await writer._outcome_of("ns/u", parse_unit(UNIT), kube.KubeError(503, "x", "")) is None
+    assert client.gets == 2 and waits == [0.5]

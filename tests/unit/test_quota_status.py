@@ -324,6 +324,13 @@ async def test_write_errors_are_logged_and_retried_and_conflicts_retried_at_once
     api2.fail = [kube.Conflict(409, "Conflict", "modified")] * 2
     assert await sync2.sync() == 2  # each conflict sent again at once
 
+    api3 = FakeAPI()
+    sync3, _, _ = world(api3)
+    api3.fail = [kube.Conflict(409, "Conflict", "modified")] * 3
+    assert await sync3.sync() == 1  # q conflicted three times: given up for this pass
+    assert await sync3.sync() == 1  # ...and tried again by the next, without waiting for the interval
+    assert shown(api3, "default/q")[1][RUNTIME] == '{"cpu":"0"}'
+
 
 async def test_nothing_is_published_before_the_scheduler_has_run_a_cycle() -> None:
     api = FakeAPI()
