@@ -16,14 +16,26 @@ SOURCES := shared webhook reconciler certs koord_queue/__init__.py koord_queue/c
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml
+# The dependencies come from the lock (exact versions, every file checked against its hash: pip
+# itself included), then the project without dependencies; docs/development.md#locked-dependencies.
+$(STAMP): pyproject.toml requirements/dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	@touch $(STAMP)
 
 .PHONY: venv
 venv: $(STAMP) ## Create the virtual environment and install the package (when missing)
+
+LOCK := CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras \
+	--no-emit-find-links --no-emit-index-url --no-allow-unsafe --unsafe-package koord-queue-py $(if $(UPGRADE),--upgrade,)
+
+.PHONY: lock
+lock: venv ## Regenerate the locked dependencies requirements/{dev,server,bench}.txt (with hashes) from pyproject.toml; UPGRADE=1 takes the newest allowed
+	$(LOCK) --extra server --extra dev -o requirements/dev.txt pyproject.toml
+	$(LOCK) -c requirements/dev.txt --extra server --build-deps-for wheel -o requirements/server.txt pyproject.toml
+	$(LOCK) -c requirements/dev.txt --extra server --extra dev --extra bench -o requirements/bench.txt pyproject.toml
 
 .PHONY: testenv
 testenv: venv ## Build the control-plane binaries (etcd, kube-apiserver, controller-manager, scheduler, kwok)
@@ -66,7 +78,7 @@ test: lint unit integration e2e ## Everything CI runs: lint, unit, integration, 
 
 .PHONY: bench
 bench: venv testenv ## Benchmarks (core, webhook, end-to-end admission, Kueue as baseline); results in bench/results/, BENCHMARKS.md
-	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements/bench.txt
 	$(PY) bench/bench_core.py
 	$(PY) bench/bench_webhook.py
 	$(PY) bench/bench_admission.py
