@@ -11,6 +11,8 @@
 # installed packages, and a non-root user (uid/gid 65532) so runAsNonRoot can verify it.
 # Both stages must use the same base image: the venv's python is a symlink to the base's interpreter.
 
+# Pin the base by digest for a reproducible image: PYTHON_IMAGE=python:3.11-slim@sha256:<digest>
+# (`docker buildx imagetools inspect python:3.11-slim` prints it); both stages use the same value.
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS builder
@@ -19,6 +21,10 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
 RUN python -m venv /opt/venv
 WORKDIR /src
+COPY requirements/server.txt ./requirements/server.txt
+# The servers' dependencies from the lock first (exact versions, every file checked against its
+# hash; docs/development.md#locked-dependencies), as a layer of their own that survives code changes.
+RUN /opt/venv/bin/pip install --require-hashes -r requirements/server.txt
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY webhook ./webhook
@@ -27,11 +33,15 @@ COPY certs ./certs
 COPY koord_queue ./koord_queue
 # Wheels exist for every dependency (aiohttp, orjson, cryptography, pyyaml, ...), so no build tools
 # are needed even here. pip byte-compiles at install time: the running containers have a read-only
-# root filesystem and never write .pyc files. The package is `koord_queue` with the servers' extra;
-# `koord_queue/` links the top-level folders, which the wheel copies. Then a smoke import of both
-# entry points; the kubectl plugin (a client tool) is not used here, so its console scripts go; pip
-# goes last. The test harness (testenv/) is not part of the wheel.
-RUN /opt/venv/bin/pip install '/src[server]' \
+# root filesystem and never write .pyc files. The package is `koord_queue`, built with the locked
+# setuptools (no build isolation) and installed without dependencies (they are all locked above;
+# `pip check` fails if a locked version does not fit the package's requirements, the smoke import
+# if the servers' extra is missing). `koord_queue/` links the top-level folders,
+# which the wheel copies. Then a smoke import of both entry points; the kubectl plugin (a client
+# tool) is not used here, so its console scripts go; pip goes last. The test harness (testenv/) is
+# not part of the wheel.
+RUN /opt/venv/bin/pip install --no-deps --no-build-isolation /src \
+ && /opt/venv/bin/pip check \
  && /opt/venv/bin/python -c "import koord_queue.webhook.main, koord_queue.reconciler.main, koord_queue.certs" \
  && rm -f /opt/venv/bin/kubectl-koord_queue /opt/venv/bin/kubectl_complete-koord_queue \
  && /opt/venv/bin/pip uninstall --yes pip setuptools
