@@ -3,9 +3,10 @@
 Covers: one build of HEAD gives every artifact, each named with and carrying pyproject.toml's
 version, listed in SHA256SUMS with its real checksum; a tree whose chart or image tags name another
 version is refused; the krew manifest carries the archive's real sha256 and names files the archive
-holds, and the archive is reproducible; the plugin installs from the archive as krew lays it out
-(a link to the launcher), into a private virtual environment holding none of the servers'
-dependencies, and runs (help, completion, version) — and a launcher under a foreign name refuses to run; the
+holds, and the archive is reproducible; the real krew (built from its Go module) refuses the archive
+under another checksum, and installs it under the manifest; the plugin then runs through kubectl
+(help, completion, version) from a private virtual environment holding none of the servers'
+dependencies — and a launcher under a foreign name refuses to run; the
 install manifest holds every object ``kubectl kustomize manifests/`` renders and a server-side dry
 run against the real kube-apiserver accepts all of it, while a namespace user is refused it.
 """
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import tomllib
 import zipfile
 from pathlib import Path
@@ -153,53 +155,94 @@ def test_the_krew_archive_is_reproducible(out: Path, tmp_path: Path) -> None:
     assert again.read_bytes() == archive_of(out).read_bytes()
 
 
-def krew_install(out: Path, home: Path) -> Path:
-    """What krew does with the archive: unpack it into a store folder of its own and link the
-    plugin's command from a bin folder (krew checks the sha256 first, the test above)."""
-    store, bin_dir = home / "store" / "koord-queue" / f"v{VERSION}", home / "bin"
-    store.mkdir(parents=True)
-    bin_dir.mkdir()
-    with tarfile.open(archive_of(out)) as tar:
-        tar.extractall(store, filter="data")
-    for command in ("kubectl-koord_queue", "kubectl_complete-koord_queue"):
-        (bin_dir / command).symlink_to(store / command)
-    # The launcher runs under the python3 on PATH: the base interpreter, never this test's venv.
+#: the krew the tests install with, built from its Go module like the other binaries (cached)
+KREW_MODULE: Final = "sigs.k8s.io/krew/cmd/krew@v0.4.3"
+
+
+@pytest.fixture(scope="module")
+def krew() -> Path:
+    """krew itself, so the archive and its manifest go through the real validation and install."""
+    go = shutil.which("go")
+    assert go is not None, "go is needed to build krew (as for the control-plane binaries)"
+    go_version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "koord-queue-py" / "bin"
+    folder = cache / f"krew-{KREW_MODULE.rsplit('@', 1)[1]}_{go_version.strip()}"
+    if not (folder / "krew").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".krew-", dir=cache))
+        env = {**os.environ, "GOBIN": str(staging), "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
+        subprocess.run([go, "install", KREW_MODULE], env=env, check=True, capture_output=True, timeout=900)
+        try:
+            staging.rename(folder)
+        except OSError:
+            shutil.rmtree(staging)  # built at the same time by another run: use that one
+    return folder / "krew"
+
+
+def tools(home: Path) -> Path:
+    """A bin folder with the python3 the launcher runs under: the base interpreter, never this
+    test's virtual environment."""
+    folder = home / "tools"
+    folder.mkdir(parents=True)
     python3 = Path(sys.base_prefix) / "bin" / "python3"
     assert python3.exists(), python3
-    (bin_dir / "python3").symlink_to(python3)
-    return bin_dir
+    (folder / "python3").symlink_to(python3)
+    return folder
 
 
-def plugin_env(bin_dir: Path) -> dict[str, str]:
+def plugin_env(home: Path) -> dict[str, str]:
     drop = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
     env = {key: value for key, value in os.environ.items() if key not in drop}
-    env["PATH"] = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
-    env["KUBECONFIG"] = str(bin_dir / "no-such-kubeconfig")
+    env["KREW_ROOT"] = str(home / "krew")
+    env["PATH"] = os.pathsep.join((str(home / "krew" / "bin"), str(home / "tools"), "/usr/bin", "/bin"))
+    env["KUBECONFIG"] = str(home / "no-such-kubeconfig")
     return env
 
 
-def test_the_plugin_installs_from_the_archive_and_runs_without_the_servers_dependencies(
-    out: Path, tmp_path: Path
+def test_krew_refuses_the_archive_under_a_manifest_with_another_checksum(
+    out: Path, krew: Path, tmp_path: Path
 ) -> None:
-    bin_dir = krew_install(out, tmp_path / "krew")
-    env = plugin_env(bin_dir)
+    manifest = krew_manifest(out)
+    (platform,) = manifest["spec"]["platforms"]
+    platform["sha256"] = hashlib.sha256(b"another archive").hexdigest()
+    (tmp_path / "koord-queue.yaml").write_text(yaml.safe_dump(manifest))
+    done = subprocess.run(
+        [str(krew), "install", f"--manifest={tmp_path / 'koord-queue.yaml'}", f"--archive={archive_of(out)}"],
+        env=plugin_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "checksum does not match" in done.stderr, done.stderr
+    assert not (tmp_path / "krew" / "bin" / "kubectl-koord_queue").exists()
 
-    def run(command: str, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(bin_dir / command), *args],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
 
-    first = run("kubectl-koord_queue", "--help")
+def test_the_plugin_installs_with_krew_and_runs_without_the_servers_dependencies(
+    out: Path, krew: Path, tmp_path: Path
+) -> None:
+    tools(tmp_path)
+    env = plugin_env(tmp_path)
+    krew_done = subprocess.run(
+        [str(krew), "install", f"--manifest={out / 'koord-queue.yaml'}", f"--archive={archive_of(out)}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert krew_done.returncode == 0, krew_done.stderr
+    store = tmp_path / "krew" / "store" / "koord-queue" / f"v{VERSION}"
+
+    def run(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    # kubectl finds the plugin through krew's link on PATH.
+    first = run(str(binaries.kubectl()), "koord-queue", "--help")
     assert first.returncode == 0, first.stderr
     assert "usage: kubectl koord-queue" in first.stdout
     assert "first use: installing" in first.stderr
     # Later runs reuse the private environment; the completion hook answers through it.
-    again = run("kubectl_complete-koord_queue", "qu")
+    again = run(str(store / "kubectl_complete-koord_queue"), "qu")
     assert again.returncode == 0, again.stderr
     assert (again.stdout, again.stderr) == ("quotas\n:4\n", "")
     assert run("kubectl-koord_queue", "completion", "bash").returncode == 0
@@ -208,7 +251,7 @@ def test_the_plugin_installs_from_the_archive_and_runs_without_the_servers_depen
     assert version.returncode == 0, version.stderr
     assert f"Plugin version: {VERSION}" in version.stdout
 
-    environment = tmp_path / "krew" / "store" / "koord-queue" / f"v{VERSION}" / "venv"
+    environment = store / "venv"
     listing = subprocess.run(
         [
             str(environment / "bin" / "python"),
