@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(PY) -m pytest
-SOURCES := shared webhook reconciler certs koord_queue/__init__.py koord_queue/cli testenv chaos
+SOURCES := shared webhook reconciler certs koord_queue/__init__.py koord_queue/cli testenv chaos hack/dist.py plugins/krew/launcher.py
 
 .DEFAULT_GOAL := help
 
@@ -54,6 +54,7 @@ lint: venv ## ruff, mypy --strict and the import rules (import-linter)
 	$(VENV)/bin/ruff check $(SOURCES) tests bench
 	$(VENV)/bin/ruff format --check $(SOURCES) tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy hack/dist.py plugins/krew/launcher.py
 	$(VENV)/bin/lint-imports
 
 .PHONY: format
