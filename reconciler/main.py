@@ -254,9 +254,6 @@ async def run(args: argparse.Namespace) -> None:
         log.warning("%s", warning)
     adapters = registry.enabled_adapters(args.enabled_extensions.split(","))
     leadership, client = await _connect(args)
-    client.on_request = metrics.count_api_request
-    client.on_error = metrics.count_api_error
-    metrics.watch_leadership(leadership)
     runners: list[web.AppRunner] = []
     try:
         # docs/compatibility.md#native-gang-hand-off: refused (with an error) without the API.
@@ -402,6 +399,9 @@ async def _connect(args: argparse.Namespace) -> tuple[kube.Leadership, kube.Kube
         impersonate=args.impersonate or None,
         leadership=leadership,
     )
+    client.on_request = metrics.count_api_request
+    client.on_error = metrics.count_api_error
+    metrics.watch_leadership(leadership)
     return leadership, client
 
 
@@ -417,11 +417,7 @@ async def _start_servers(
     server joins ``started`` as it starts, so the caller stops those that did if a later one fails."""
     visibility_app, tls = _visibility_server(args, client, cache)
     if tls is not None:
-        serving = tls  # the name the closure keeps (mypy narrows a local only here)
-        metrics.watch_certificate(
-            "visibility-serving",
-            lambda: serving.serving.cert_pem if serving.current is not None and serving.serving else None,
-        )
+        metrics.watch_certificate("visibility-serving", tls.cert_in_force)
     apps = (
         (servers.health_app(ready), args.health_port, None),
         (servers.metrics_app(), args.metrics_port, None),

@@ -181,6 +181,11 @@ class ServingTLS:
     def ready(self) -> bool:
         return self.current is not None
 
+    def cert_in_force(self) -> bytes | None:
+        """The certificate handshakes present now (None until a context is in force): the one whose
+        expiry ``koord_queue_certificate_expiry_timestamp_seconds`` reports."""
+        return self.serving.cert_pem if self.current is not None and self.serving is not None else None
+
     def _select(self, connection: Any, server_name: str | None, context: ssl.SSLContext) -> None:
         if self.current is not None:
             # OpenSSL verifies the client against the store of the context swapped in here.

@@ -152,10 +152,7 @@ def test_a_webhook_without_tls_exports_no_certificate_expiry() -> None:
 
 def test_the_reconciler_exports_the_visibility_certificate_in_force() -> None:
     tls = visibility.ServingTLS(client_auth=False)
-    reconciler_metrics.watch_certificate(
-        "visibility-serving",
-        lambda: tls.serving.cert_pem if tls.current is not None and tls.serving else None,
-    )
+    reconciler_metrics.watch_certificate("visibility-serving", tls.cert_in_force)
     labels = {"component": "reconciler", "purpose": "visibility-serving"}
     name = "koord_queue_certificate_expiry_timestamp_seconds"
     assert reconciler(name, **labels) is None  # nothing in force yet: no sample rather than a 0
