@@ -11,6 +11,20 @@ What the values reach (everything else is the manifests, verbatim):
 
 * ``image.repository`` / ``image.tag`` / ``image.pullPolicy``: both Deployments;
 * ``reconciler.replicas`` / ``webhook.replicas``, ``reconciler.resources`` / ``webhook.resources``;
+* per component (``reconciler.*``, ``webhook.*``): ``nodeSelector``, ``tolerations``, ``affinity``,
+  ``topologySpreadConstraints``, ``priorityClassName``, ``imagePullSecrets``, ``podSecurityContext``
+  and the container's ``securityContext`` (defaults: what the manifests set, e.g. the hardened
+  security contexts and the webhook's ``system-cluster-critical``);
+* ``.Release.Namespace``: every place the manifests name their namespace ``koord-queue`` (objects,
+  binding subjects, Services the apiserver dials, policy parameters, the reconciler's ServiceAccount
+  username in CEL expressions and the webhook's ``--reconciler-username``, the namespace excluded by
+  selectors), so ``helm install -n <namespace>`` moves all of it;
+* a ``checksum/config`` annotation on both pod templates (a configuration change rolls both);
+* ``crds.install``: the CRDs as templates (``helm upgrade`` applies a changed one; Helm never
+  upgrades ``crds/``), with ``helm.sh/resource-policy: keep``;
+* ``certManager.*``: cert-manager issues the webhook's serving certificate and injects its CA,
+  instead of the reconciler's ``--manage-webhook-certs``;
+* ``values.schema.json``: a value of the wrong type, or a misspelt one, is refused naming it;
 * ``config.*``: the component configuration (ConfigMap ``koord-queue-config``):
   ``defaultReclaimProtectTime``, ``quotaNamespaceBinding``, ``quotaGuarantees``,
   ``publishQuotaStatus``, ``maxUserPriority`` (also given to the
@@ -22,7 +36,7 @@ What the values reach (everything else is the manifests, verbatim):
   ``config.enabledExtensions`` (the job kinds, ``--enabled-extensions`` of both
   processes; empty: their default);
 * ``reconciler.extraArgs`` / ``webhook.extraArgs``;
-* ``namespace.create``: the Namespace object (off when something else owns ``koord-queue``);
+* ``namespace.create``: the Namespace object (off when something else owns the release namespace);
 * ``metrics.serviceMonitor.*``: a Prometheus Operator ServiceMonitor for both ``metrics`` ports;
 * ``dashboard.*``: the Grafana dashboard (manifests/dashboards) as a ConfigMap for Grafana's sidecar.
 
@@ -35,6 +49,7 @@ adapter registry (``testenv/kinds.py``), so a new job kind reaches both with no 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import sys
@@ -45,11 +60,23 @@ from typing import Any, Final
 import yaml
 
 from testenv import binaries, kinds, system
+from testenv.chart_files import (
+    CERT_MANAGER,
+    CONFIG_MAP,
+    DASHBOARD_TEMPLATE,
+    HELPERS,
+    NOTES,
+    POD_EMPTY,
+    POD_VALUES,
+    SERVICE_MONITOR,
+    schema,
+    split_image,
+    values_yaml,
+)
 
 ROOT = binaries.PROJECT_ROOT
 CHART: Final = ROOT / "charts" / "koord-queue"
 DASHBOARD: Final = ROOT / "manifests" / "dashboards" / "koord-queue.json"
-CONFIG_MAP: Final = "koord-queue-config"
 NAMESPACE: Final = "koord-queue"
 DEPLOYMENTS: Final = {"koord-queue-reconciler": "reconciler", "koord-queue-webhook": "webhook"}
 
@@ -64,13 +91,6 @@ def _token(name: str) -> str:
     return f"__KQ_{name.upper()}__"
 
 
-def _split_image(image: str) -> tuple[str, str]:
-    repository, _, tag = image.rpartition(":")
-    if not repository or "/" in tag:
-        return image, "latest"
-    return repository, tag
-
-
 def _deployment_values(obj: Obj, component: str) -> dict[str, Any]:
     """Pull the defaults out of a Deployment and leave tokens where the values go."""
     spec = obj["spec"]
@@ -81,12 +101,71 @@ def _deployment_values(obj: Obj, component: str) -> dict[str, Any]:
         "image": container["image"],
         "pullPolicy": container.get("imagePullPolicy", "IfNotPresent"),
     }
+    pod = spec["template"]["spec"]
+    for value, key in POD_VALUES.items():
+        found[value] = pod.pop(key, POD_EMPTY[value])
+    pod[_token(f"{component}_pod")] = "x"
+    found["securityContext"] = container.get("securityContext", {})
     spec["replicas"] = _token(f"{component}_replicas")
+    spec["template"]["metadata"].setdefault("annotations", {})[CHECKSUM] = _token("checksum")
     container["image"] = _token("image")
     container["imagePullPolicy"] = _token("pull_policy")
     container["resources"] = _token(f"{component}_resources")
+    container["securityContext"] = _token(f"{component}_security_context")
     container.setdefault("args", []).append(_token(f"{component}_extra_args"))
     return found
+
+
+#: The pod template annotation carrying the configuration's hash: a change of ``config.*`` changes
+#: both pod templates, so ``helm upgrade`` rolls the reconciler (which reads the file only at start)
+#: and the webhook. kustomize has no such annotation; the test compares without it.
+CHECKSUM: Final = "checksum/config"
+
+
+def _pod_values(text: str, component: str) -> str:
+    """The pod-spec token -> each pod value, rendered only when set."""
+    pattern = re.compile(rf"^(?P<indent> *){re.escape(_token(component + '_pod'))}: x$", re.M)
+    match = pattern.search(text)
+    if match is None:
+        raise ChartError(f"the pod token of {component} not found")
+    indent = match["indent"]
+    lines: list[str] = []
+    for value, key in POD_VALUES.items():
+        lines.append(f"{{{{- with .Values.{component}.{value} }}}}")
+        if value == "priorityClassName":
+            lines.append(f"{key}: {{{{ . | quote }}}}")
+        else:
+            lines += [f"{key}:", f"  {{{{- toYaml . | nindent {len(indent) + 2} }}}}"]
+        lines.append("{{- end }}")
+    return pattern.sub("\n".join(indent + line for line in lines), text)
+
+
+NS_TOKEN: Final = "__KQ_NAMESPACE__"
+SERVICE_ACCOUNT_PREFIX: Final = f"system:serviceaccount:{NAMESPACE}:"
+
+
+def _follow_namespace(node: Any) -> Any:
+    """Every place the manifests name their own namespace -> a token for ``.Release.Namespace``:
+    ``namespace:`` fields (objects, subjects, services, paramRefs), the ServiceAccount usernames in
+    CEL expressions and flags, and the namespace lists of ``kubernetes.io/metadata.name``
+    selectors (the component's namespace is never a managed one)."""
+    if isinstance(node, str):
+        return node.replace(SERVICE_ACCOUNT_PREFIX, f"system:serviceaccount:{NS_TOKEN}:")
+    if isinstance(node, list):
+        return [_follow_namespace(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        if k == "namespace" and v == NAMESPACE:
+            out[k] = NS_TOKEN
+        elif k == "key" and v == "kubernetes.io/metadata.name" and isinstance(node.get("values"), list):
+            out[k] = v
+        else:
+            out[k] = _follow_namespace(v)
+    if node.get("key") == "kubernetes.io/metadata.name" and isinstance(node.get("values"), list):
+        out["values"] = [NS_TOKEN if item == NAMESPACE else item for item in node["values"]]
+    return out
 
 
 def _escape(text: str) -> str:
@@ -137,8 +216,15 @@ EXTRA_ARGS: Final = {
 
 
 def _template(obj: Obj) -> str:
-    text = _escape(yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, width=1 << 16))
     kind, name = obj["kind"], obj["metadata"]["name"]
+    if kind == "Namespace" and name == NAMESPACE:
+        obj = {**obj, "metadata": {**obj["metadata"], "name": NS_TOKEN}}
+    if kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        if "annotations" in obj["metadata"]:
+            raise ChartError(f"{kind}: the cert-manager annotation would replace its annotations")
+        obj = {**obj, "metadata": {**obj["metadata"], _token("inject"): "x"}}
+    obj = _follow_namespace(obj)
+    text = _escape(yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, width=1 << 16))
     if kind == "Deployment" and name in DEPLOYMENTS:
         component = DEPLOYMENTS[name]
         text = text.replace(_token(f"{component}_replicas"), f"{{{{ .Values.{component}.replicas }}}}")
@@ -147,15 +233,45 @@ def _template(obj: Obj) -> str:
         text = _block(
             text, _token(f"{component}_resources"), "resources", f"toYaml .Values.{component}.resources"
         )
+        text = _block(
+            text,
+            _token(f"{component}_security_context"),
+            "securityContext",
+            f"toYaml .Values.{component}.securityContext",
+        )
         text = _args(text, _token(f"{component}_extra_args"), EXTRA_ARGS[component])
+        text = _pod_values(text, component)
+        text = text.replace(_token("checksum"), '{{ include "koord-queue.config" . | sha256sum | quote }}')
+        if component == "reconciler":
+            text = _args(text, "--manage-webhook-certs", MANAGE_WEBHOOK_CERTS)
     if kind == "ConfigMap" and name == CONFIG_MAP:
         text = _block(text, _token("config"), "config.yaml", 'include "koord-queue.config" .')
         text = text.replace("config.yaml:\n", "config.yaml: |\n", 1)
     if kind == "Namespace":
         text = "{{- if .Values.namespace.create }}\n" + text + "{{- end }}\n"
     if kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        pattern = re.compile(rf"^(?P<indent> *){re.escape(_token('inject'))}: x$", re.M)
+        match = pattern.search(text)
+        if match is None:
+            raise ChartError(f"{kind}: the cert-manager token not found")
+        lines = [
+            "{{- if .Values.certManager.enabled }}",
+            "annotations:",
+            "  cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/koord-queue-webhook-cert",
+            "{{- end }}",
+        ]
+        text = pattern.sub("\n".join(match["indent"] + line for line in lines), text)
         text += _unlabelled_webhook(obj)
+    text = text.replace(NS_TOKEN, "{{ .Release.Namespace }}")
     return text
+
+
+#: With cert-manager serving the webhook's certificate, the reconciler leaves it alone.
+MANAGE_WEBHOOK_CERTS: Final = [
+    "{{- if not .Values.certManager.enabled }}",
+    "- --manage-webhook-certs",
+    "{{- end }}",
+]
 
 
 #: The namespace selector of the webhook for unlabelled jobs: never kube-system or koord-queue
@@ -167,7 +283,7 @@ _SELECTED: Final = """\
       operator: NotIn
       values:
       - kube-system
-      - koord-queue
+      - {{ .Release.Namespace }}
     {{- with .Values.config.managedJobsNamespaceSelector.matchExpressions }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -208,185 +324,14 @@ def _unlabelled_webhook(obj: Obj) -> str:
     return "{{- if .Values.config.manageJobsWithoutQuotaName }}\n" + dumped + "{{- end }}\n"
 
 
-HELPERS: Final = """\
-{{/* Generated by `make chart` (testenv/chart.py) from manifests/: edit those, not this. */}}
-{{/* The component configuration (KoordQueueConfiguration) from .Values.config. */}}
-{{- define "koord-queue.config" -}}
-apiVersion: scheduling.k8s.io/v1
-kind: KoordQueueConfiguration
-defaultReclaimProtectTime: {{ .Values.config.defaultReclaimProtectTime | quote }}
-quotaNamespaceBinding: {{ .Values.config.quotaNamespaceBinding }}
-quotaGuarantees: {{ .Values.config.quotaGuarantees }}
-publishQuotaStatus: {{ .Values.config.publishQuotaStatus }}
-{{- if not (kindIs "invalid" .Values.config.maxUserPriority) }}
-maxUserPriority: {{ int64 .Values.config.maxUserPriority }}
-{{- end }}
-{{- with .Values.config.jobRunningTimeout }}
-jobRunningTimeout:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-nativeGangHandoff: {{ .Values.config.nativeGangHandoff }}
-scheduledEvents: {{ .Values.config.scheduledEvents }}
-usageHalfLife: {{ .Values.config.usageHalfLife | quote }}
-manageJobsWithoutQuotaName: {{ .Values.config.manageJobsWithoutQuotaName }}
-{{- with .Values.config.managedJobsNamespaceSelector }}
-managedJobsNamespaceSelector:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .Values.config.plugins }}
-plugins:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- end -}}
-"""
-
-SERVICE_MONITOR: Final = """\
-{{/* Generated by `make chart` (testenv/chart.py). Needs the Prometheus Operator's CRDs. */}}
-{{- if .Values.metrics.serviceMonitor.enabled }}
-apiVersion: monitoring.coreos.com/v1
-kind: ServiceMonitor
-metadata:
-  name: koord-queue
-  namespace: koord-queue
-  labels:
-    app.kubernetes.io/part-of: koord-queue
-    {{- with .Values.metrics.serviceMonitor.labels }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
-spec:
-  namespaceSelector:
-    matchNames: [koord-queue]
-  selector:
-    matchExpressions:
-      - key: app.kubernetes.io/component
-        operator: In
-        values: [reconciler, webhook]
-  endpoints:
-    - port: metrics
-      interval: {{ .Values.metrics.serviceMonitor.interval }}
-{{- end }}
-"""
-
-DASHBOARD_TEMPLATE: Final = """\
-{{/* Generated by `make chart` (testenv/chart.py): manifests/dashboards/koord-queue.json for Grafana's
-dashboard sidecar, which loads every ConfigMap carrying the label below. */}}
-{{- if .Values.dashboard.enabled }}
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: koord-queue-dashboard
-  namespace: {{ .Values.dashboard.namespace }}
-  labels:
-    app.kubernetes.io/part-of: koord-queue
-    {{ .Values.dashboard.label }}: {{ .Values.dashboard.labelValue | quote }}
-data:
-  koord-queue.json: |-
-    {{- .Files.Get "dashboards/koord-queue.json" | nindent 4 }}
-{{- end }}
-"""
-
-NOTES: Final = """\
-koord-queue is installed in namespace koord-queue.
-
-Jobs labelled quota.scheduling.koordinator.sh/name=<quota> are queued. See where they stand:
-
-  kubectl koord-queue list -n <namespace>       (the plugin comes with the koord-queue-py package)
-  kubectl koord-queue explain <job> -n <namespace>
-  kubectl get queueunit -n <namespace>
-"""
-
-
-def _values(defaults: dict[str, Any], config: Obj) -> str:
-    def block(value: Any, indent: int) -> str:
-        dumped = yaml.safe_dump(value, sort_keys=False, default_flow_style=False).rstrip("\n")
-        return "\n".join(" " * indent + line for line in dumped.splitlines())
-
-    repository, tag = _split_image(defaults["reconciler"]["image"])
-    cap = config.get("maxUserPriority")
-    return f"""\
-# Values of the koord-queue chart. Generated by `make chart` (testenv/chart.py) from manifests/:
-# the defaults here are the manifests' own, and `helm template` with them renders exactly the
-# objects of `kubectl kustomize manifests/` (tests/integration/test_chart.py).
-
-image:
-  repository: {repository}
-  tag: {tag}
-  pullPolicy: {defaults["reconciler"]["pullPolicy"]}
-
-reconciler:
-  # Two replicas with Lease leader election: only the leader acts; both serve reads.
-  replicas: {defaults["reconciler"]["replicas"]}
-  resources:
-{block(defaults["reconciler"]["resources"], 4)}
-  # More flags (reconciler/main.py --help), e.g. ["--qps=100"].
-  extraArgs: []
-
-webhook:
-  # Stateless; keep at least two so a rollout or a node drain never leaves labelled jobs refused.
-  replicas: {defaults["webhook"]["replicas"]}
-  resources:
-{block(defaults["webhook"]["resources"], 4)}
-  extraArgs: []
-
-# The component configuration (ConfigMap {CONFIG_MAP}; docs/operations.md#component-configuration-file).
-config:
-  # A unit admitted less than this long ago is never a preemption victim (Go duration; 0s = off).
-  defaultReclaimProtectTime: {yaml.safe_dump(config.get("defaultReclaimProtectTime", "0s")).splitlines()[0]}
-  # A quota serves only jobs of its own namespace and of those in its
-  # quota.scheduling.koordinator.sh/namespaces annotation; false: any job may name any quota.
-  quotaNamespaceBinding: {str(config.get("quotaNamespaceBinding", True)).lower()}
-  # min guaranteed, lending and fair shares below parent quotas; false: max-only admission.
-  quotaGuarantees: {str(config.get("quotaGuarantees", True)).lower()}
-  # Write status.used and the runtime/request/borrowed annotations (false: koord-scheduler does).
-  publishQuotaStatus: {str(config.get("publishQuotaStatus", True)).lower()}
-  # The highest priority a job may ask for with scheduling.x-k8s.io/priority (null: no cap).
-  # Also given to the webhook as --max-user-priority, so larger values are refused at once.
-  maxUserPriority: {"null" if cap is None else cap}
-  # Running timeout with backoff per job extension (a "default" entry and per-kind overrides).
-  jobRunningTimeout:
-{block(config.get("jobRunningTimeout") or {}, 4)}
-  # Native gang hand-off to kube-scheduler's gang scheduling (docs/compatibility.md#native-gang-hand-off):
-  # needs the alpha Workload API scheduling.k8s.io/v1alpha1 and the feature gates GenericWorkload
-  # and GangScheduling; refused with an error (and no effect) on a cluster without them.
-  nativeGangHandoff: {str(config.get("nativeGangHandoff", False)).lower()}
-  # The QueueUnit event Scheduled "dequeue success" (docs/compatibility.md#events): AfterWait only
-  # for units that waited first; Always on every admission, as upstream.
-  scheduledEvents: {config.get("scheduledEvents", "AfterWait")}
-  # Usage history (docs/compatibility.md#fair-over-time): the half-life of each quota's decayed
-  # usage, which orders spare capacity among sibling quotas by what they used lately; 0s: off.
-  usageHalfLife: {config.get("usageHalfLife", "1h")}
-  # Mandatory queueing (docs/operations.md#mandatory-queueing): every job of an enabled kind in the
-  # namespaces the selector picks is queued, an unlabelled one on the namespace's default quota;
-  # also adds the webhooks for unlabelled jobs there. The selector is a LabelSelector
-  # (matchLabels, matchExpressions); empty: every namespace but kube-system and koord-queue.
-  manageJobsWithoutQuotaName: {str(config.get("manageJobsWithoutQuotaName", False)).lower()}
-  managedJobsNamespaceSelector: {{}}
-  # Accepted for compatibility with upstream configuration files.
-  plugins:
-{block(config.get("plugins") or [], 4)}
-  # Job kinds to manage (--enabled-extensions of both processes), e.g. [job, tfjob, pytorchjob];
-  # empty: their default (every kind but raycluster).
-  enabledExtensions: []
-
-namespace:
-  # Create the Namespace koord-queue (with the restricted Pod Security labels). Everything is
-  # installed there whatever namespace the release is recorded in.
-  create: true
-
-metrics:
-  serviceMonitor:
-    # A Prometheus Operator ServiceMonitor scraping the reconciler's and the webhook's metrics ports.
-    enabled: false
-    interval: 30s
-    labels: {{}}
-
-dashboard:
-  # The Grafana dashboard as a ConfigMap for Grafana's dashboard sidecar.
-  enabled: false
-  namespace: {NAMESPACE}
-  label: grafana_dashboard
-  labelValue: "1"
-"""
+def _crd_template(crd: Obj) -> str:
+    """A CRD as a template behind ``crds.install``: Helm upgrades templates, never ``crds/``; the
+    keep policy leaves the CRD (and every object of its kind) in place on ``helm uninstall``."""
+    meta = crd["metadata"]
+    annotations = {**meta.get("annotations", {}), "helm.sh/resource-policy": "keep"}
+    crd = {**crd, "metadata": {**meta, "annotations": annotations}}
+    text = _escape(yaml.safe_dump(crd, sort_keys=False, default_flow_style=False, width=1 << 16))
+    return "{{- if .Values.crds.install }}\n" + text + "{{- end }}\n"
 
 
 def generate(out: Path) -> None:
@@ -415,11 +360,10 @@ def generate(out: Path) -> None:
     images = {d["image"] for d in defaults.values()}
     if len(images) != 1:
         raise ChartError(f"the Deployments use different images: {sorted(images)}")
-    _, tag = _split_image(images.pop())
+    _, tag = split_image(images.pop())
     if out.exists():
         shutil.rmtree(out)
-    (out / "templates").mkdir(parents=True)
-    (out / "crds").mkdir()
+    (out / "templates" / "crds").mkdir(parents=True)
     (out / "dashboards").mkdir()
     (out / "Chart.yaml").write_text(
         "# Generated by `make chart` (testenv/chart.py) from manifests/.\n"
@@ -438,13 +382,15 @@ def generate(out: Path) -> None:
             sort_keys=False,
         )
     )
-    (out / "values.yaml").write_text(_values(defaults, config))
-    for crd in crds:
-        name = crd["metadata"]["name"]
-        (out / "crds" / f"{name}.yaml").write_text(yaml.safe_dump(crd, sort_keys=False, width=1 << 16))
+    (out / "values.yaml").write_text(values_yaml(defaults, config))
+    (out / "values.schema.json").write_text(json.dumps(schema(), indent=2) + "\n")
     header = "# Generated by `make chart` (testenv/chart.py) from manifests/: edit those, not this.\n"
     for filename, text in sorted(templates.items()):
         (out / "templates" / filename).write_text(header + text)
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        (out / "templates" / "crds" / f"{name}.yaml").write_text(header + _crd_template(crd))
+    (out / "templates" / "cert-manager.yaml").write_text(CERT_MANAGER)
     (out / "templates" / "_helpers.tpl").write_text(HELPERS)
     (out / "templates" / "servicemonitor.yaml").write_text(SERVICE_MONITOR)
     (out / "templates" / "dashboard.yaml").write_text(DASHBOARD_TEMPLATE)

@@ -10,13 +10,24 @@ the control plane):
 * each value changes what it should and nothing else, and the configuration it renders is one the
   reconciler accepts (``shared.core.config.parse``);
 * the chart installs with ``helm install --dry-run=server`` against the real kube-apiserver, and
-  every object it renders, with the values changed too, is accepted by a server-side dry-run apply.
+  every object it renders, with the values changed too, is accepted by a server-side dry-run apply;
+* installed in another namespace, nothing names ``koord-queue`` as a namespace any more;
+* ``helm upgrade`` applies a changed CRD, and ``helm uninstall`` keeps the CRDs;
+* a wrong value type is refused, naming the value (``values.schema.json``).
+
+cert-manager's CRDs are not on the local control plane: its mode is proven on the rendered objects.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+import shutil
 import subprocess
+import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,13 +72,42 @@ def helm(*args: str, kubeconfig: str | None = None) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
 
 
-def template(*sets: str, crds: bool = True) -> dict[Key, Obj]:
-    args = ["template", "koord-queue", str(chart.CHART), *(["--include-crds"] if crds else [])]
+def template(*sets: str, namespace: str = "koord-queue") -> dict[Key, Obj]:
+    """``helm template`` into ``namespace`` (``helm install -n``); a set beginning with ``--`` is
+    passed as it is (``--set-json=...``), any other is a ``--set``."""
+    args = ["template", "koord-queue", str(chart.CHART), f"--namespace={namespace}"]
     for value in sets:
-        args += ["--set", value]
+        args += [value] if value.startswith("--") else ["--set", value]
     result = helm(*args)
     assert result.returncode == 0, result.stderr
     return normalised([d for d in yaml.safe_load_all(result.stdout) if d])
+
+
+def pod(objs: dict[Key, Obj], deployment: Key) -> Obj:
+    found: Obj = objs[deployment]["spec"]["template"]["spec"]
+    return found
+
+
+def checksum(objs: dict[Key, Obj], deployment: Key) -> str:
+    found: str = objs[deployment]["spec"]["template"]["metadata"]["annotations"][chart.CHECKSUM]
+    return found
+
+
+def without_chart_annotations(objs: dict[Key, Obj]) -> dict[Key, Obj]:
+    """What the chart adds that kustomize cannot: the configuration's checksum on the pod templates
+    and the keep policy on the CRDs. Removed here, asserted where they are tested."""
+    out: dict[Key, Obj] = {}
+    for k, obj in objs.items():
+        obj = json.loads(json.dumps(obj))
+        if k in (RECONCILER, WEBHOOK):
+            del obj["spec"]["template"]["metadata"]["annotations"][chart.CHECKSUM]
+        if obj["kind"] == "CustomResourceDefinition":
+            annotations = obj["metadata"]["annotations"]
+            del annotations["helm.sh/resource-policy"]
+            if not annotations:
+                del obj["metadata"]["annotations"]
+        out[k] = obj
+    return out
 
 
 def container(objs: dict[Key, Obj], deployment: Key) -> Obj:
@@ -86,7 +126,16 @@ def test_the_committed_chart_is_generated_from_the_manifests() -> None:
 
 
 def test_helm_template_with_default_values_renders_exactly_the_kustomize_objects() -> None:
-    rendered = template()
+    full = template()
+    crds = [o for o in full.values() if o["kind"] == "CustomResourceDefinition"]
+    assert len(crds) == 4 and all(
+        o["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for o in crds
+    )
+    for deployment in (RECONCILER, WEBHOOK):
+        assert len(checksum(full, deployment)) == 64
+    assert pod(full, WEBHOOK)["priorityClassName"] == "system-cluster-critical"
+    assert "priorityClassName" not in pod(full, RECONCILER)
+    rendered = without_chart_annotations(full)
     expected = normalised(system.rendered_manifests())
     assert sorted(rendered) == sorted(expected)
     for name, obj in expected.items():
@@ -145,6 +194,82 @@ def check_mandatory_queueing(o: dict[Key, Obj]) -> None:
         assert {e["operator"] for e in hook["objectSelector"]["matchExpressions"]} == {"DoesNotExist"}
 
 
+NODE_AFFINITY: Obj = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "role", "operator": "In", "values": ["infra"]}]}
+            ]
+        }
+    }
+}
+SPREAD: list[Obj] = [
+    {
+        "maxSkew": 2,
+        "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "koord-queue-reconciler"}},
+    }
+]
+
+
+def check_node_selector(o: dict[Key, Obj]) -> None:
+    assert pod(o, RECONCILER)["nodeSelector"] == {"disk": "ssd"}
+    assert pod(o, WEBHOOK)["nodeSelector"] == {"pool": "system"}
+
+
+def check_tolerations(o: dict[Key, Obj]) -> None:
+    assert pod(o, WEBHOOK)["tolerations"] == [
+        {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+
+
+def check_affinity(o: dict[Key, Obj]) -> None:
+    assert pod(o, RECONCILER)["affinity"] == NODE_AFFINITY
+
+
+def check_spread(o: dict[Key, Obj]) -> None:
+    assert "topologySpreadConstraints" not in pod(o, WEBHOOK)
+    assert pod(o, RECONCILER)["topologySpreadConstraints"] == SPREAD
+
+
+def check_priority_class(o: dict[Key, Obj]) -> None:
+    assert pod(o, RECONCILER)["priorityClassName"] == "system-cluster-critical"
+    assert "priorityClassName" not in pod(o, WEBHOOK)
+
+
+def check_pull_secrets(o: dict[Key, Obj]) -> None:
+    for deployment in (RECONCILER, WEBHOOK):
+        assert pod(o, deployment)["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def check_security_contexts(o: dict[Key, Obj]) -> None:
+    """A value merges into the hardened default: the rest of it stays."""
+    webhook = pod(o, WEBHOOK)["securityContext"]
+    assert webhook["runAsUser"] == 1001 and webhook["runAsNonRoot"] is True
+    reconciler = container(o, RECONCILER)["securityContext"]
+    assert reconciler["readOnlyRootFilesystem"] is False and reconciler["capabilities"] == {"drop": ["ALL"]}
+
+
+def check_checksum_only(o: dict[Key, Obj]) -> None:
+    """A configuration change rolls both Deployments: their pod templates differ from the default
+    in the configuration's checksum alone, which is the rendered configuration's sha256."""
+    default = template()
+    text = helm(
+        "template",
+        "koord-queue",
+        str(chart.CHART),
+        "--set=config.usageHalfLife=2h",
+        "--show-only=templates/configmap-koord-queue-config.yaml",
+    )
+    assert text.returncode == 0, text.stderr
+    rendered_config = yaml.safe_load(text.stdout)["data"]["config.yaml"]
+    for deployment in (RECONCILER, WEBHOOK):
+        assert checksum(o, deployment) != checksum(default, deployment)
+        assert checksum(o, deployment) == hashlib.sha256(rendered_config.rstrip("\n").encode()).hexdigest()
+        assert without_chart_annotations(o)[deployment] == without_chart_annotations(default)[deployment]
+
+
 VALUES: list[tuple[list[str], set[Key], Callable[[dict[Key, Obj]], None]]] = [
     (
         ["image.repository=registry.example.com/kq", "image.tag=9.9.9", "image.pullPolicy=Always"],
@@ -163,10 +288,10 @@ VALUES: list[tuple[list[str], set[Key], Callable[[dict[Key, Obj]], None]]] = [
             "config.jobRunningTimeout.default.runningTimeout=10m",
             "config.quotaNamespaceBinding=false",
         ],
-        {CONFIG},
+        {CONFIG, RECONCILER, WEBHOOK},
         check_config,
     ),
-    (["config.maxUserPriority=1000"], {CONFIG, WEBHOOK}, check_priority_cap),
+    (["config.maxUserPriority=1000"], {CONFIG, RECONCILER, WEBHOOK}, check_priority_cap),
     (
         ["config.enabledExtensions={job,tfjob}", "reconciler.extraArgs={--qps=100}"],
         {RECONCILER, WEBHOOK},
@@ -174,9 +299,50 @@ VALUES: list[tuple[list[str], set[Key], Callable[[dict[Key, Obj]], None]]] = [
     ),
     (
         ["config.manageJobsWithoutQuotaName=true", "config.managedJobsNamespaceSelector.matchLabels.team=ml"],
-        {CONFIG, MUTATING, VALIDATING},
+        {CONFIG, MUTATING, VALIDATING, RECONCILER, WEBHOOK},
         check_mandatory_queueing,
     ),
+    (
+        ["reconciler.nodeSelector.disk=ssd", "webhook.nodeSelector.pool=system"],
+        {RECONCILER, WEBHOOK},
+        check_node_selector,
+    ),
+    (
+        ['--set-json=webhook.tolerations=[{"key":"dedicated","operator":"Exists","effect":"NoSchedule"}]'],
+        {WEBHOOK},
+        check_tolerations,
+    ),
+    (["--set-json=reconciler.affinity=" + json.dumps(NODE_AFFINITY)], {RECONCILER}, check_affinity),
+    (
+        [
+            "--set-json=webhook.topologySpreadConstraints=[]",
+            "--set-json=reconciler.topologySpreadConstraints=" + json.dumps(SPREAD),
+        ],
+        {RECONCILER, WEBHOOK},
+        check_spread,
+    ),
+    (
+        ["reconciler.priorityClassName=system-cluster-critical", "webhook.priorityClassName="],
+        {RECONCILER, WEBHOOK},
+        check_priority_class,
+    ),
+    (
+        [
+            '--set-json=reconciler.imagePullSecrets=[{"name":"regcred"}]',
+            '--set-json=webhook.imagePullSecrets=[{"name":"regcred"}]',
+        ],
+        {RECONCILER, WEBHOOK},
+        check_pull_secrets,
+    ),
+    (
+        [
+            "webhook.podSecurityContext.runAsUser=1001",
+            "reconciler.securityContext.readOnlyRootFilesystem=false",
+        ],
+        {RECONCILER, WEBHOOK},
+        check_security_contexts,
+    ),
+    (["config.usageHalfLife=2h"], {CONFIG, RECONCILER, WEBHOOK}, check_checksum_only),
 ]
 
 
@@ -216,6 +382,134 @@ def test_namespace_servicemonitor_and_dashboard_switches_add_or_remove_only_thei
     assert sorted(s["metadata"]["labels"]["app.kubernetes.io/component"] for s in services) == sorted(wanted)
 
 
+def namespaces_named(node: Any, path: str = "") -> list[str]:
+    """Every place of a rendered object that names a namespace: ``namespace`` fields, ServiceAccount
+    usernames (in CEL expressions and flags), ``kubernetes.io/metadata.name`` selector values,
+    cert-manager's ``inject-ca-from`` and service DNS names."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "namespace" and isinstance(v, str):
+                found.append(f"{path}.namespace={v}")
+            found += namespaces_named(v, f"{path}.{k}")
+        if node.get("key") == "kubernetes.io/metadata.name":
+            found += [f"{path}.values={v}" for v in node.get("values", [])]
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            found += namespaces_named(item, f"{path}[{i}]")
+    elif isinstance(node, str):
+        for marker in ("system:serviceaccount:", "cert-manager.io/inject-ca-from", ".svc"):
+            if marker in node:
+                found.append(f"{path}={node}")
+    return found
+
+
+EVERYTHING_ON = (
+    "certManager.enabled=true",
+    "config.manageJobsWithoutQuotaName=true",
+    "metrics.serviceMonitor.enabled=true",
+    "dashboard.enabled=true",
+)
+
+
+def test_installed_in_another_namespace_nothing_names_koord_queue_as_a_namespace() -> None:
+    """``helm install -n other``: every namespace the objects name (their own, the ServiceAccount
+    usernames of the admission policies and the webhook's --reconciler-username, the webhook and
+    visibility Services, the policy parameters, the excluded namespace of the selectors, the
+    cert-manager names) is the release's; only kube-system stays where it is."""
+    other = template(*EVERYTHING_ON, namespace="other")
+    default = template(*EVERYTHING_ON)
+    assert ("v1", "Namespace", "", "other") in other
+    named = [f"{k[1]}/{k[3]}{n}" for k, obj in other.items() for n in namespaces_named(obj)]
+    left = [n for n in named if _names_koord_queue(n.split("=", 1)[1])]
+    assert not left, left
+    assert any("system:serviceaccount:other:koord-queue-reconciler" in n for n in named)
+    assert (
+        "--reconciler-username=system:serviceaccount:other:koord-queue-reconciler"
+        in container(other, ("apps/v1", "Deployment", "other", "koord-queue-webhook"))["args"]
+    )
+    # The same places name koord-queue in a release installed there: the walk finds them.
+    assert [
+        n
+        for n in (f"{k[1]}/{k[3]}{n}" for k, obj in default.items() for n in namespaces_named(obj))
+        if _names_koord_queue(n.split("=", 1)[1])
+    ]
+    # Nothing else differs: the same objects, with the namespace swapped.
+    swapped = json.loads(
+        json.dumps(list(other.values()))
+        .replace('"other"', '"koord-queue"')
+        .replace(":other:", ":koord-queue:")
+        .replace(".other.svc", ".koord-queue.svc")
+        .replace("other/koord-queue-webhook-cert", "koord-queue/koord-queue-webhook-cert")
+    )
+    assert without_chart_annotations(normalised(swapped)) == without_chart_annotations(default)
+
+
+def _names_koord_queue(value: str) -> bool:
+    return (
+        value == "koord-queue"
+        or ":koord-queue:" in value
+        or ".koord-queue.svc" in value
+        or value.startswith("koord-queue/")
+    )
+
+
+def test_crds_are_templates_kept_on_uninstall_and_can_be_left_out() -> None:
+    default = template()
+    without = template("crds.install=false")
+    removed = set(default) - set(without)
+    assert {k[1] for k in removed} == {"CustomResourceDefinition"} and len(removed) == 4
+    assert all(without[k] == default[k] for k in without)
+
+
+def test_cert_manager_mode_renders_its_certificate_and_ca_injection() -> None:
+    """Rendered only: cert-manager's CRDs are not on the local control plane."""
+    default = template()
+    on = template("certManager.enabled=true")
+    added = {k: on[k] for k in set(on) - set(default)}
+    assert {(k[1], k[3]) for k in added} == {
+        ("Issuer", "koord-queue-selfsigned"),
+        ("Certificate", "koord-queue-webhook-ca"),
+        ("Issuer", "koord-queue-webhook-ca"),
+        ("Certificate", "koord-queue-webhook-cert"),
+    }
+    assert {k for k in default if on[k] != default[k]} == {MUTATING, VALIDATING, RECONCILER}
+    for config in (MUTATING, VALIDATING):
+        annotations = on[config]["metadata"]["annotations"]
+        assert annotations == {"cert-manager.io/inject-ca-from": "koord-queue/koord-queue-webhook-cert"}
+    assert "--manage-webhook-certs" in container(default, RECONCILER)["args"]
+    assert "--manage-webhook-certs" not in container(on, RECONCILER)["args"]
+    cert = added[("cert-manager.io/v1", "Certificate", "koord-queue", "koord-queue-webhook-cert")]["spec"]
+    volume = {v["name"]: v for v in pod(on, WEBHOOK)["volumes"]}["certs"]
+    assert cert["secretName"] == volume["secret"]["secretName"]
+    service = on[("v1", "Service", "koord-queue", "koord-queue-webhook")]["metadata"]
+    assert f"{service['name']}.{service['namespace']}.svc" in cert["dnsNames"]
+    assert cert["issuerRef"] == {"kind": "Issuer", "name": "koord-queue-webhook-ca"}
+    own = template(
+        "certManager.enabled=true",
+        "certManager.issuerRef.name=corp-ca",
+        "certManager.issuerRef.kind=ClusterIssuer",
+    )
+    assert {(k[1], k[3]) for k in set(own) - set(default)} == {("Certificate", "koord-queue-webhook-cert")}
+    issuer = own[("cert-manager.io/v1", "Certificate", "koord-queue", "koord-queue-webhook-cert")]["spec"][
+        "issuerRef"
+    ]
+    assert issuer == {"name": "corp-ca", "kind": "ClusterIssuer"}
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("reconciler.replicas=abc", "at '/reconciler/replicas': got string, want integer"),
+        ("webhook.replica=3", "at '/webhook': additional properties 'replica' not allowed"),
+        ("config.quotaGuarantees=maybe", "at '/config/quotaGuarantees': got string, want boolean"),
+    ],
+)
+def test_a_wrong_value_is_refused_naming_it(value: str, named: str) -> None:
+    result = helm("template", "koord-queue", str(chart.CHART), f"--set={value}")
+    assert result.returncode != 0 and named in result.stderr, result.stderr
+
+
 def test_the_chart_installs_with_a_server_side_dry_run(integration_cluster: LocalCluster) -> None:
     """``helm install --dry-run=server``: helm renders against the live cluster, maps every kind
     through its discovery, validates against its OpenAPI schema and checks ownership. The test
@@ -229,7 +523,7 @@ def test_the_chart_installs_with_a_server_side_dry_run(integration_cluster: Loca
         "install",
         "koord-queue",
         str(chart.CHART),
-        "--namespace=default",
+        "--namespace=koord-queue",
         "--dry-run=server",
         "--take-ownership",
         "--set=config.maxUserPriority=1000",
@@ -247,8 +541,26 @@ def test_the_chart_installs_with_a_server_side_dry_run(integration_cluster: Loca
         kubeconfig=kubeconfig,
     )
     assert broken.returncode != 0 and 'no matches for kind "ServiceMonitor"' in broken.stderr, broken.stderr
-    for sets in ([], ["reconciler.replicas=3", "config.maxUserPriority=7", "dashboard.enabled=true"]):
-        args = ["template", "koord-queue", str(chart.CHART), *(f"--set={s}" for s in sets)]
+    for sets in (
+        [],
+        ["reconciler.replicas=3", "config.maxUserPriority=7", "dashboard.enabled=true"],
+        [
+            "reconciler.nodeSelector.disk=ssd",
+            "webhook.tolerations[0].operator=Exists",
+            "reconciler.priorityClassName=system-cluster-critical",
+            "webhook.imagePullSecrets[0].name=regcred",
+            "webhook.podSecurityContext.runAsUser=1001",
+            "reconciler.securityContext.readOnlyRootFilesystem=false",
+            "crds.install=false",
+        ],
+    ):
+        args = [
+            "template",
+            "koord-queue",
+            str(chart.CHART),
+            "--namespace=koord-queue",
+            *(f"--set={s}" for s in sets),
+        ]
         rendered = helm(*args)
         assert rendered.returncode == 0, rendered.stderr
         applied = kube.kubectl(
@@ -265,3 +577,112 @@ def test_the_chart_installs_with_a_server_side_dry_run(integration_cluster: Loca
         )
         assert applied.returncode == 0, (sets, applied.stderr)
         assert "deployment.apps/koord-queue-reconciler serverside-applied (server dry run)" in applied.stdout
+
+
+def test_the_chart_installs_in_another_namespace_with_a_server_side_dry_run(
+    integration_cluster: LocalCluster,
+) -> None:
+    """``helm install -n <other>`` against the real apiserver (the cluster-scoped objects exist
+    already, hence ``--take-ownership``; a dry run changes nothing), and every object it renders
+    through the apiserver's server-side dry-run apply."""
+    kubeconfig = str(integration_cluster.kubeconfig)
+    namespace = f"chart-{uuid.uuid4().hex[:8]}"
+    kube.kubectl(integration_cluster, "create", "namespace", namespace)
+    try:
+        result = helm(
+            "install",
+            "kq",
+            str(chart.CHART),
+            f"--namespace={namespace}",
+            "--dry-run=server",
+            "--take-ownership",
+            kubeconfig=kubeconfig,
+        )
+        assert result.returncode == 0, result.stderr
+        assert (
+            f"--reconciler-username=system:serviceaccount:{namespace}:koord-queue-reconciler" in result.stdout
+        )
+        rendered = helm(
+            "template", "kq", str(chart.CHART), f"--namespace={namespace}", "--set=crds.install=false"
+        )
+        assert rendered.returncode == 0, rendered.stderr
+        applied = kube.kubectl(
+            integration_cluster,
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=chart-dry-run",
+            "--dry-run=server",
+            "-f",
+            "-",
+            input_text=rendered.stdout,
+            check=False,
+        )
+        assert applied.returncode == 0, applied.stderr
+        assert "deployment.apps/koord-queue-webhook serverside-applied (server dry run)" in applied.stdout
+    finally:
+        kube.kubectl(integration_cluster, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+QUEUES_CRD = "queues.scheduling.x-k8s.io"
+
+
+def _crds_only(into: Path, description: str | None = None) -> Path:
+    """The chart with its CRD templates only (the rest would take over the running install of this
+    shared test cluster); with ``description``, the Queue CRD's schema changed."""
+    shutil.copytree(chart.CHART, into)
+    for template_file in (into / "templates").glob("*"):
+        if template_file.is_file() and template_file.name != "_helpers.tpl":
+            template_file.unlink()
+    if description is not None:
+        crd = into / "templates" / "crds" / f"{QUEUES_CRD}.yaml"
+        text = crd.read_text()
+        schema = re.search(r"^      openAPIV3Schema:\n        description: .*$", text, re.M)
+        assert schema is not None
+        crd.write_text(text.replace(schema[0], f"      openAPIV3Schema:\n        description: {description}"))
+    return into
+
+
+def test_helm_upgrade_applies_a_changed_crd_and_uninstall_keeps_it(
+    integration_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A real install and upgrade against the apiserver: the CRDs are templates, so the upgrade
+    applies the changed one (Helm never upgrades ``crds/``), and the keep policy leaves them on
+    uninstall. Finally the CRD is put back as kustomize has it."""
+    kubeconfig = str(integration_cluster.kubeconfig)
+    release = ["kq-crds", "--namespace=default"]
+    original, changed = _crds_only(tmp_path / "a"), _crds_only(tmp_path / "b", "changed-by-test-chart")
+
+    def description() -> str | None:
+        got = kube.kubectl(integration_cluster, "get", "crd", QUEUES_CRD, "-o", "json")
+        schema = json.loads(got.stdout)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        found: str | None = schema.get("description")
+        return found
+
+    before = description()
+    try:
+        installed = helm(
+            "install", *release, str(original), "--take-ownership", "--wait", kubeconfig=kubeconfig
+        )
+        assert installed.returncode == 0, installed.stderr
+        assert description() == before
+        upgraded = helm("upgrade", *release, str(changed), "--wait", kubeconfig=kubeconfig)
+        assert upgraded.returncode == 0, upgraded.stderr
+        assert description() == "changed-by-test-chart"
+        removed = helm("uninstall", *release, "--wait", kubeconfig=kubeconfig)
+        assert removed.returncode == 0, removed.stderr
+        assert "kept due to the resource policy" in removed.stdout + removed.stderr
+        assert description() == "changed-by-test-chart"
+    finally:
+        helm("uninstall", *release, kubeconfig=kubeconfig)
+        crd = next(o for o in system.rendered_manifests() if o["metadata"]["name"] == QUEUES_CRD)
+        kube.kubectl(
+            integration_cluster,
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=kustomize-restore",
+            "-f",
+            "-",
+            input_text=yaml.safe_dump(crd),
+        )
