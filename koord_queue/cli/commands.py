@@ -3,7 +3,6 @@ decides with the core (``shared.core.explain`` replays the scheduler's own code)
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -13,16 +12,15 @@ from typing import Any, TextIO
 
 import yaml
 
-from koord_queue.cli import jsonpath, render
-from koord_queue.cli.client import QUEUE_UNITS, QUOTAS, CliError, Gathered, Reader, denied, find_unit
-from koord_queue.shared import kube
+from koord_queue.cli import render
+from koord_queue.cli.client import QUOTAS, CliError, Gathered, Reader, find_unit
+from koord_queue.cli.formats import write_objects
 from koord_queue.shared.api import goparse, names
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.names import Phase
 from koord_queue.shared.api.parsing import parse_quota, parse_unit
 from koord_queue.shared.api.predicates import TERMINAL_PHASES, all_running, has_reclaim
 from koord_queue.shared.core import explain, pools, reasons, replay
-from koord_queue.shared.core.charges import remaining_request, reserved_resources
 from koord_queue.shared.core.explanation import Explanation, Level
 from koord_queue.shared.core.policies import is_waiting
 from koord_queue.shared.core.quota import priority_cap
@@ -33,7 +31,7 @@ from koord_queue.shared.jobs.running_timeout import RunningTimeout
 Obj = dict[str, Any]
 
 
-def _job(unit: Unit, raw: Obj) -> str:
+def job_ref(unit: Unit, raw: Obj) -> str:
     ref = (raw.get("spec") or {}).get("consumerRef") or {}
     kind, name = str(ref.get("kind") or ""), str(ref.get("name") or "")
     return f"{kind.lower()}/{name}" if kind and name else "-"
@@ -70,6 +68,7 @@ def short_reason(unit: Unit) -> str:
         Reason.PREEMPTOR: "preempting: waiting for victims to give back quota",
         Reason.INACTIVE: "inactive: held",
         Reason.QUEUE_NOT_FOUND: f"queue {q} does not exist",
+        Reason.STOPPED: f"queue {q} is stopped by an administrator",
         Reason.NOT_BOUND: f"quota {unit.quota} is not bound to this namespace",
         Reason.PARENT_ONLY: f"quota {unit.quota} is a parent quota: it takes no jobs",
         Reason.SHARE: f"the rest of {q}'s parent is held for sibling quotas ({found.resource})",
@@ -81,163 +80,11 @@ def short_reason(unit: Unit) -> str:
     return words.get(found.reason, unit.message)
 
 
-def output_format(*allowed: str) -> Any:
-    """An argparse ``type`` for ``-o``: one of ``allowed``, or ``jsonpath=TEMPLATE`` when allowed
-    (checked here, so that a bad template is a usage error before anything is read)."""
-
-    def check(text: str) -> str:
-        kind, sep, template = text.partition("=")
-        if kind == "jsonpath" and "jsonpath" in allowed:
-            if not sep or not template:
-                raise argparse.ArgumentTypeError(
-                    "jsonpath needs a template: -o jsonpath='{.items[*].metadata.name}'"
-                )
-            try:
-                jsonpath.parse(template)
-            except jsonpath.JsonPathError as err:
-                raise argparse.ArgumentTypeError(str(err)) from None
-            return text
-        if text in allowed and text != "jsonpath":
-            return text
-        shown = ", ".join(a if a != "jsonpath" else "jsonpath=TEMPLATE" for a in allowed)
-        raise argparse.ArgumentTypeError(f"invalid output format {text!r} (choose from {shown})")
-
-    check.__name__ = "output format"
-    return check
-
-
-def write_objects(output: str, objects: list[Obj], res: kube.Resource, out: TextIO) -> bool:
-    """``-o name`` and ``-o jsonpath=`` over the raw objects, as ``kubectl get`` prints them;
-    False for any other format (the command prints its own)."""
-    if output == "name":
-        prefix = f"{res.kind.lower()}.{res.group}" if res.group else res.kind.lower()
-        out.write("".join(f"{prefix}/{(o.get('metadata') or {}).get('name', '')}\n" for o in objects))
-        return True
-    if output.startswith("jsonpath="):
-        listed = {"apiVersion": "v1", "kind": "List", "items": objects, "metadata": {"resourceVersion": ""}}
-        out.write(jsonpath.render(output.split("=", 1)[1], listed))
-        return True
-    return False
-
-
-def _dump(data: Any, output: str, out: TextIO) -> None:
+def dump(data: Any, output: str, out: TextIO) -> None:
     if output == "json":
         out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     else:
         out.write(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
-
-
-# --- list ------------------------------------------------------------------------------------------
-
-
-async def cmd_list(reader: Reader, args: Any, out: TextIO, style: render.Style) -> int:
-    """``list``; with ``--watch``, print again whenever a unit changes, until interrupted."""
-    namespace = None if args.all_namespaces else args.namespace
-    got = Gathered()
-    await reader.units(namespace, got, want_all=False, selector=args.selector)
-    await _print_list(reader, args, got, namespace, out, style)
-    if not args.watch:
-        return 0
-    version = got.resource_version
-    while True:
-        try:
-            async for kind, obj in reader.client.watch(
-                QUEUE_UNITS, resource_version=version, namespace=namespace, label_selector=args.selector
-            ):
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if kind == "BOOKMARK":
-                    continue
-                key = f"{obj['metadata'].get('namespace', '')}/{obj['metadata'].get('name', '')}"
-                if kind == "DELETED":
-                    got.units.pop(key, None)
-                else:
-                    got.units[key] = obj
-                out.write("\n")
-                await _print_list(reader, args, got, namespace, out, style)
-        except kube.Gone:
-            await reader.units(namespace, got, want_all=False, selector=args.selector)
-            version = got.resource_version
-        except kube.KubeError as err:
-            raise denied(err, "watch", QUEUE_UNITS, namespace) from None
-
-
-async def _print_list(
-    reader: Reader, args: Any, got: Gathered, namespace: str | None, out: TextIO, style: render.Style
-) -> None:
-    got.positions = {}
-    parsed = got.parsed_units()
-    queues = {u.quota for u in parsed.values() if u.quota}
-    await reader.positions(namespace, sorted(q for q in queues if q), got)
-    now = time.time()
-    rows: list[dict[str, Any]] = []
-    shown: list[Obj] = []
-    for key in sorted(parsed, key=lambda k: (parsed[k].namespace, parsed[k].quota or "", k)):
-        unit, raw = parsed[key], got.units[key]
-        if args.queue and unit.quota != args.queue:
-            continue
-        phase = unit.phase or "Pending"
-        if args.phase and phase.lower() != args.phase.lower():
-            continue
-        waiting = is_waiting(unit) and unit.phase not in TERMINAL_PHASES
-        if waiting:
-            waited = now - unit.created if unit.created else None
-        elif unit.last_allocate_time and unit.created:
-            waited = unit.last_allocate_time - unit.created
-        else:
-            waited = None
-        shown.append(raw)
-        rows.append(
-            {
-                "namespace": unit.namespace,
-                "name": unit.name,
-                "job": _job(unit, raw),
-                "queue": unit.quota or "",
-                "phase": phase,
-                "priority": unit.priority,
-                "position": got.positions.get(key),
-                "waitSeconds": None if waited is None else round(waited, 1),
-                "waiting": waiting,
-                "reason": short_reason(unit),
-                "message": unit.message,
-                "request": render.resources(remaining_request(unit)),
-                "holds": render.resources(reserved_resources(unit)),
-            }
-        )
-    if args.output and write_objects(args.output, shown, QUEUE_UNITS, out):
-        out.flush()
-        return
-    if args.output in ("json", "yaml"):
-        _dump({"items": rows, "positionsKnown": got.visibility_ok}, args.output, out)
-        out.flush()
-        return
-    if not rows:
-        where = "any namespace" if namespace is None else f"namespace {namespace}"
-        out.write(f"No QueueUnits found in {where}.\n")
-        out.flush()
-        return
-    wide = args.output == "wide"
-    headers = ["NAMESPACE"] if namespace is None else []
-    headers += ["NAME", "QUEUE", "PHASE", "PRIORITY", "POSITION", "WAITED", "REASON"]
-    if wide:
-        headers += ["JOB", "REQUEST", "HOLDS", "MESSAGE"]
-    table_rows = []
-    for r in rows:
-        colour = ("yellow",) if r["waiting"] else ("green",) if r["phase"] in ("Running", "Dequeued") else ()
-        cells = [r["namespace"]] if namespace is None else []
-        cells += [
-            r["name"],
-            r["queue"] or "-",
-            style(r["phase"], *colour),
-            str(r["priority"]),
-            "-" if r["position"] is None else str(r["position"]),
-            render.age(r["waitSeconds"]),
-            r["reason"] if wide else render.truncate(r["reason"], 60),
-        ]
-        if wide:
-            cells += [r["job"], r["request"], r["holds"], r["message"] or "-"]
-        table_rows.append(cells)
-    out.write(render.table(headers, table_rows) + "\n")
-    out.flush()
 
 
 # --- explain ---------------------------------------------------------------------------------------
@@ -307,12 +154,12 @@ async def cmd_explain(reader: Reader, args: Any, out: TextIO, style: render.Styl
     if args.output in ("json", "yaml"):
         data = dataclasses.asdict(result)
         data["reason"] = result.reason.value
-        data["job"] = _job(unit, raw)
+        data["job"] = job_ref(unit, raw)
         data["waiting"] = result.waiting_now
         for level in data["fairness"]:
             for sibling in level["siblings"]:  # a zero share stands last of all: no JSON number
                 sibling["score"] = sibling["score"] if math.isfinite(sibling["score"]) else None
-        _dump(data, args.output, out)
+        dump(data, args.output, out)
         return 0
     out.write(render_explanation(result, unit, raw, style, now) + "\n")
     return 0
@@ -557,7 +404,7 @@ async def cmd_quotas(reader: Reader, args: Any, out: TextIO, style: render.Style
             item["decayed"] = None if r.decayed is None else render.resources(r.decayed, empty="")
             item["readable"] = r.name not in got.unreadable_quotas
             items.append(item)
-        _dump({"items": items, "usageComplete": got.complete}, args.output, out)
+        dump({"items": items, "usageComplete": got.complete}, args.output, out)
         return 0
     if not rows:
         out.write("No ElasticQuotas found.\n")

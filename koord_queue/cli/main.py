@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from koord_queue.cli import admin, commands, completion, render
+from koord_queue.cli import admin, commands, completion, formats, listing, render
 from koord_queue.cli.client import CliError, Reader, connect, default_namespace, kubeconfig_path
 from koord_queue.shared import kube
 
@@ -84,7 +84,7 @@ def parser() -> argparse.ArgumentParser:
     ls.add_argument(
         "-o",
         "--output",
-        type=commands.output_format("wide", "json", "yaml", "name", "jsonpath"),
+        type=formats.output_format("wide", "json", "yaml", "name", "jsonpath"),
         help="output format: wide, json, yaml, name, jsonpath=TEMPLATE (over the QueueUnit objects)",
     )
 
@@ -98,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     qt.add_argument(
         "-o",
         "--output",
-        type=commands.output_format("json", "yaml", "name", "jsonpath"),
+        type=formats.output_format("json", "yaml", "name", "jsonpath"),
         help="output format: json, yaml, name, jsonpath=TEMPLATE (over the ElasticQuota objects)",
     )
 
@@ -136,7 +136,7 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
         reader = Reader(client)
         name = args.command
         if name in ("list", "ls"):
-            return await commands.cmd_list(reader, args, out, style)
+            return await listing.cmd_list(reader, args, out, style)
         if name == "explain":
             return await commands.cmd_explain(reader, args, out, style)
         if name == "quotas":

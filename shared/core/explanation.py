@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from koord_queue.shared.api import quantities
 from koord_queue.shared.api.model import Unit
@@ -347,6 +348,20 @@ def _name(key: str) -> str:
 Finish = Callable[..., Explanation]
 
 
+#: Waiting reasons that are the queue's state, not the unit's: (summary, next step), ``{q}`` the queue.
+_QUEUE_UNUSABLE: Final = {
+    Reason.STOPPED: (  # docs/compatibility.md#stopping-a-queue
+        "queue {q} is stopped by an administrator: it admits nothing until it is resumed; the job "
+        "keeps its place",
+        "a cluster admin resumes it: kubectl koord-queue resume {q}",
+    ),
+    Reason.QUEUE_NOT_FOUND: (
+        "its quota label names queue {q}, which does not exist",
+        "create ElasticQuota {q}, or re-create the job with an existing quota's label",
+    ),
+}
+
+
 def for_waiting(
     finish: Finish,
     c: Classified,
@@ -430,13 +445,9 @@ def for_waiting(
             ["a cluster admin must fix the ElasticQuota tree"],
             message=message,
         )
-    if c.reason is Reason.QUEUE_NOT_FOUND:
-        return finish(
-            Reason.QUEUE_NOT_FOUND,
-            f"its quota label names queue {quota}, which does not exist",
-            [f"create ElasticQuota {quota}, or re-create the job with an existing quota's label"],
-            message=message,
-        )
+    if c.reason in _QUEUE_UNUSABLE:
+        summary, step = _QUEUE_UNUSABLE[c.reason]
+        return finish(c.reason, summary.format(q=quota), [step.format(q=quota)], message=message)
     if c.reason is Reason.INACTIVE:
         return finish(
             Reason.INACTIVE,

@@ -39,6 +39,7 @@ class Reason(enum.StrEnum):
     ADMISSION_CHECK = "admission-check"  # quota reserved, waiting for the queue's admission checks
     INACTIVE = "inactive"  # spec.active is false (scheduling.x-k8s.io/active: "false")
     QUEUE_NOT_FOUND = "queue-not-found"  # its quota label names no usable queue
+    STOPPED = "queue-stopped"  # an administrator stopped its queue (docs/compatibility.md#stopping-a-queue)
     NOT_BOUND = "not-bound"  # its namespace may not use the quota
     PARENT_ONLY = "parent-takes-no-jobs"  # its quota is labelled is-parent: it takes no jobs
     SHARE = "share"  # room exists, but it is held for siblings (their min or fair share)
@@ -68,6 +69,7 @@ WAITING_REASONS = frozenset(
         Reason.ADMISSION_CHECK,
         Reason.INACTIVE,
         Reason.QUEUE_NOT_FOUND,
+        Reason.STOPPED,
         Reason.NOT_BOUND,
         Reason.PARENT_ONLY,
         Reason.SHARE,
@@ -90,6 +92,7 @@ _STRUCTURE = re.compile(
 _VICTIMS = re.compile(r"^preemption: waiting for queueUnit preempted, victims: \[(?P<victims>[^\]]*)\]")
 _PREEMPTING = re.compile(r"^queue (?P<queue>.+) is preempting, not allowed to preempt again$")
 _NOT_EXIST = re.compile(r"^queue (?P<queue>.+) is not exist$")
+_STOPPED = re.compile(r"^queue (?P<queue>.+) is stopped by an administrator; ")
 _GUARANTEE = re.compile(r"; (?:reclaiming borrowed quota from |within min, waiting for )")
 _SHARE_TAIL = "is held for sibling quotas (their min or fair share)"
 _BEYOND = re.compile(r"^waiting in queue .+: position is beyond the queue's max-depth (?P<depth>-?\d+)$")
@@ -141,6 +144,8 @@ def classify(message: str, unit_quota: str | None) -> Classified | None:
         return Classified(Reason.PREEMPTING)
     if found := _NOT_EXIST.match(text):
         return Classified(Reason.QUEUE_NOT_FOUND, quota=found["queue"])
+    if found := _STOPPED.match(text):
+        return Classified(Reason.STOPPED, quota=found["queue"])
     if found := _BEYOND.match(text):
         return Classified(Reason.BEYOND_DEPTH)
     if text == Message.BLOCKED_BY_HIGHER:

@@ -479,7 +479,10 @@ async def test_stop_admits_nothing_keeps_places_and_resume_admits_in_order(t: Te
         assert unit["status"]["phase"] == "Enqueued"
     assert (await t.sc.get_unit("running"))["status"]["phase"] == "Dequeued"  # admitted: untouched
     listed = json.loads(t.run("list", "-o", "json").stdout)["items"]
-    assert {i["name"]: i["reason"] for i in listed if i["name"] != "running"} == {"low": text, "high": text}
+    short = f"queue {q} is stopped by an administrator"
+    assert {i["name"]: i["reason"] for i in listed if i["name"] != "running"} == {"low": short, "high": short}
+    explained = await t.explained("low", "queue-stopped")
+    assert explained["next_steps"] == [f"a cluster admin resumes it: kubectl koord-queue resume {q}"]
 
     resumed = t.run("resume", q, admin=True)
     assert resumed.returncode == 0, resumed.stderr

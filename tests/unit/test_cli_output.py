@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from koord_queue.cli import admin, commands, completion, jsonpath, main
+from koord_queue.cli import admin, completion, formats, jsonpath, main
 from koord_queue.cli.client import QUEUE_UNITS, QUOTAS
 
 LISTED: dict[str, Any] = {
@@ -51,7 +51,7 @@ def test_jsonpath_outside_the_subset_is_an_error(template: str) -> None:
 
 
 def test_output_format_accepts_the_listed_formats_and_checks_templates() -> None:
-    check = commands.output_format("wide", "json", "name", "jsonpath")
+    check = formats.output_format("wide", "json", "name", "jsonpath")
     assert check("name") == "name"
     assert check("jsonpath={.items[*].metadata.name}") == "jsonpath={.items[*].metadata.name}"
     for bad in ("yaml", "jsonpath", "jsonpath=", "jsonpath={..x}", "custom-columns=A:.a"):
@@ -61,12 +61,12 @@ def test_output_format_accepts_the_listed_formats_and_checks_templates() -> None
 
 def test_o_name_prints_resource_and_name_as_kubectl_get() -> None:
     out = io.StringIO()
-    assert commands.write_objects("name", LISTED["items"], QUEUE_UNITS, out)
+    assert formats.write_objects("name", LISTED["items"], QUEUE_UNITS, out)
     assert out.getvalue() == "queueunit.scheduling.x-k8s.io/a\nqueueunit.scheduling.x-k8s.io/b\n"
     out = io.StringIO()
-    assert commands.write_objects("name", LISTED["items"][:1], QUOTAS, out)
+    assert formats.write_objects("name", LISTED["items"][:1], QUOTAS, out)
     assert out.getvalue() == "elasticquota.scheduling.sigs.k8s.io/a\n"
-    assert not commands.write_objects("wide", [], QUEUE_UNITS, io.StringIO())
+    assert not formats.write_objects("wide", [], QUEUE_UNITS, io.StringIO())
 
 
 def test_the_parser_knows_the_new_commands_and_flags() -> None:

@@ -4,6 +4,8 @@ are not touched, and resuming lets them compete again in the same order."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from koord_queue.shared.api import names
 from koord_queue.shared.api.names import Message
 from tests.unit.test_model import QueueBuilder, queue, quota, unit
@@ -66,3 +68,22 @@ def test_stopping_one_queue_does_not_stop_another() -> None:
     w = World(quota("a", cpu="2"), quota("b", cpu="2"), queues=(stopped("a"), queue("b")))
     w.add(unit("x").quota("a").cpu("1"), unit("y").quota("b").cpu("1"))
     assert admits(w.cycle()) == ["y"]
+
+
+def test_explain_and_the_plugin_name_a_stopped_queue() -> None:
+    from koord_queue.cli.commands import short_reason
+    from koord_queue.shared.core import explain, reasons
+    from koord_queue.shared.core.reasons import Reason
+    from tests.unit import test_explain as te
+
+    ann = {names.STOPPED_ANNOTATION: "true"}
+    e = explain.explain(
+        te.view([te.unit("w", "q")], [te.quota("q", "4")], [te.queue("q", ann=ann)]), "ns/w", te.NOW
+    )
+    assert e.reason is Reason.STOPPED and e.waiting_now
+    assert "stopped by an administrator" in e.summary
+    assert e.next_steps == ("a cluster admin resumes it: kubectl koord-queue resume q",)
+    found = reasons.classify(Message.queue_stopped("q"), "q")
+    assert found is not None and (found.reason, found.quota) == (Reason.STOPPED, "q")
+    parked = dataclasses.replace(te.unit("w", "q"), phase="Enqueued", message=Message.queue_stopped("q"))
+    assert short_reason(parked) == "queue q is stopped by an administrator"
