@@ -232,6 +232,7 @@ def schema() -> dict[str, Any]:
         return {"type": "object", "properties": props, **({"additionalProperties": False} if closed else {})}
 
     string, boolean, anyobj = {"type": "string"}, {"type": "boolean"}, {"type": "object"}
+    scalar = {"type": ["string", "number", "boolean"]}
     strings = {"type": "array", "items": string}
     objects = {"type": "array", "items": anyobj}
     component = obj(
@@ -257,7 +258,8 @@ def schema() -> dict[str, Any]:
                 "image": obj(
                     {
                         "repository": string,
-                        "tag": string,
+                        # `--set image.tag=1` and `--set dashboard.labelValue=1` give numbers.
+                        "tag": scalar,
                         "pullPolicy": {"type": "string", "enum": ["Always", "IfNotPresent", "Never"]},
                     }
                 ),
@@ -300,7 +302,7 @@ def schema() -> dict[str, Any]:
                     }
                 ),
                 "dashboard": obj(
-                    {"enabled": boolean, "namespace": string, "label": string, "labelValue": string}
+                    {"enabled": boolean, "namespace": string, "label": string, "labelValue": scalar}
                 ),
             }
         ),

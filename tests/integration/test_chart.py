@@ -510,6 +510,14 @@ def test_a_wrong_value_is_refused_naming_it(value: str, named: str) -> None:
     assert result.returncode != 0 and named in result.stderr, result.stderr
 
 
+def test_a_value_helm_reads_as_a_number_where_a_string_is_meant_still_renders() -> None:
+    """``--set`` makes ``1`` a number; an image tag or a label value like that is still meant."""
+    o = template("image.tag=1", "dashboard.enabled=true", "dashboard.labelValue=1")
+    assert container(o, RECONCILER)["image"] == "koord-queue-py:1"
+    board = o[("v1", "ConfigMap", "koord-queue", "koord-queue-dashboard")]
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
 def test_the_chart_installs_with_a_server_side_dry_run(integration_cluster: LocalCluster) -> None:
     """``helm install --dry-run=server``: helm renders against the live cluster, maps every kind
     through its discovery, validates against its OpenAPI schema and checks ownership. The test
