@@ -17,8 +17,9 @@ exist before the pod can start.
 
 During a CA rotation the old CA stays in ``caBundle`` next to the new one until a pass with nothing
 due has completed, so servers still presenting the old certificate are trusted while they catch
-up. Writes are optimistic (resourceVersion); a conflict with another writer is retried on the next
-pass. A target that does not exist (not installed yet) is skipped and picked up by a later pass.
+up. Writes are optimistic (resourceVersion); a conflict with another writer, like any failed API
+call, makes the pass run again 10 s later (``shared.retrying.steady``). A target that does not
+exist (not installed yet) is skipped and picked up by a later pass.
 """
 
 from __future__ import annotations

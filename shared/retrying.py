@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from tenacity import (
     AsyncRetrying,
@@ -34,8 +33,8 @@ BeforeSleep = Callable[[RetryCallState], Awaitable[None] | None]
 
 #: A list or watch that failed in transit: ``d = min(10, 0.4 * 2 ** (n - 1))`` seconds before try
 #: ``n + 1``, scaled by a random factor in ``[0.5, 1)`` ("equal jitter": half of ``d`` fixed, half
-#: random), so informers that lost the same apiserver do not come back in step. Here the fixed half
-#: plus a uniform draw below it.
+#: random), so informers that lost the same apiserver do not come back in step: the fixed half
+#: (``wait_exponential``) plus a uniform draw of up to as much again (``wait_random_exponential``).
 WATCH_WAIT = wait_exponential(multiplier=0.2, max=5.0) + wait_random_exponential(multiplier=0.2, max=5.0)
 
 #: Reading back an admission whose write failed in transit: 0.5, 1, 2, then every 4 seconds.
@@ -44,7 +43,7 @@ OUTCOME_WAIT = wait_exponential(multiplier=0.5, max=4.0)
 
 async def sleep(seconds: float) -> None:
     """Every policy's wait: one name for tests to replace, so they count the waits without taking
-    them."""
+    them (the policies look it up at each wait, hence their ``lambda``)."""
     await asyncio.sleep(seconds)
 
 
@@ -91,7 +90,12 @@ def outcome_backoff(before_sleep: BeforeSleep | None = None) -> AsyncRetrying:
     )
 
 
-def steady(seconds: float, before_sleep: BeforeSleep, *, errors: Any = kube.KubeError) -> AsyncRetrying:
+def steady(
+    seconds: float,
+    before_sleep: BeforeSleep,
+    *,
+    errors: type[BaseException] | tuple[type[BaseException], ...] = kube.KubeError,
+) -> AsyncRetrying:
     """Retry ``errors`` (by default every API error) for ever, ``seconds`` apart: for work that must
     be done before anything else makes sense (publishing a ConfigMap the webhook reads, issuing the
     serving certificate) and whose failure says nothing about how long to wait."""
