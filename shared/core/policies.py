@@ -171,8 +171,7 @@ class QueueState:
         self.entries: dict[str, Entry] = {}
         self.assumed: list[Item] = []
         self.assumed_items: dict[str, Item] = {}
-        #: the assumed units whose preemption priority is above their priority (the only ones that
-        #: can hold the queue against a preemptor that sorts before them: ``preemption``)
+        #: assumed units with a raised preemption priority (``preemption._unpreemptable_holder``)
         self.raised: set[str] = set()
         self.in_flight: dict[str, dict[str, int]] = {}
         #: when each ``in_flight`` reclaim was first seen by :meth:`expire` (its clock), and those
@@ -378,11 +377,9 @@ class QueueState:
         key = unit.key
         old = self.assumed_items.get(key)
         new = (*unit_key(unit, self.config.policy), key) if is_assumed(unit) else None
-        pp = unit.preemption_priority
-        if new is not None and pp is not None and pp > unit.priority:
+        self.raised.discard(key)
+        if new is not None and unit.victim_priority > unit.priority:
             self.raised.add(key)
-        else:
-            self.raised.discard(key)
         if old == new:
             return
         if old is not None:
@@ -425,14 +422,8 @@ def queue_item_details(state: QueueState) -> list[dict[str, object]]:
     for lane in state.lanes:
         for item in lane:
             entry = state.entries[str(item[-1])]
-            out.append(
-                {
-                    "name": entry.name,
-                    "namespace": entry.namespace,
-                    "priority": entry.priority,
-                    "position": len(out) + 1,
-                }
-            )
+            row = {"name": entry.name, "namespace": entry.namespace, "priority": entry.priority}
+            out.append({**row, "position": len(out) + 1})
     return out
 
 
