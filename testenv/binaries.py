@@ -9,6 +9,7 @@ is missing (for example kwok, which envtest does not ship) comes from the build.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,12 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = PROJECT_ROOT / "hack" / "build-binaries.sh"
+
+#: The Go release every pinned module builds with: the highest `go` line of the wrapper modules in
+#: hack/ (helm v3.22 and kwok v0.8 ask for 1.26). README.md's prerequisites state it, and
+#: tests/unit/test_prerequisites.py keeps the two equal; ``check_go`` fails a build loudly when a
+#: bumped module asks for more, so the README is raised with it (docs/development.md#set-up).
+GO_VERSION = "1.26"
 
 INTEGRATION_BINARIES = ("etcd", "kube-apiserver")
 E2E_BINARIES = (*INTEGRATION_BINARIES, "kube-controller-manager", "kube-scheduler", "kwok")
@@ -48,6 +55,53 @@ def _from_assets(names: tuple[str, ...]) -> dict[str, Path]:
     return found
 
 
+def _go_release(text: str) -> tuple[int, int]:
+    """``(major, minor)`` of a Go version as go.mod (``1.26.0``, ``1.24``) or ``go env GOVERSION``
+    (``go1.26.8``, ``go1.27rc1``) writes it."""
+    match = re.match(r"(?:go)?(\d+)\.(\d+)", text.strip())
+    if match is None:
+        raise BinariesError(f"not a Go version: {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def pinned_go_requirements(hack: Path = PROJECT_ROOT / "hack") -> dict[Path, str]:
+    """The `go` line of every wrapper module under ``hack`` (control plane, kwok, helm, operators).
+
+    A wrapper's line is at least every dependency's own (the go command refuses a main module that
+    declares less than a module it requires), so these lines are what the pinned modules need."""
+    found: dict[Path, str] = {}
+    for go_mod in sorted(hack.rglob("go.mod")):
+        for line in go_mod.read_text().splitlines():
+            words = line.split()
+            if len(words) == 2 and words[0] == "go":
+                found[go_mod] = words[1]
+                break
+    return found
+
+
+def check_go(hack: Path = PROJECT_ROOT / "hack", local: str | None = None) -> None:
+    """Fail loudly before a build when a pinned module asks for a newer Go than ``GO_VERSION`` (the
+    README would then be wrong), or when the local toolchain is older than ``GO_VERSION`` (the build
+    runs with GOTOOLCHAIN=local and would fail deep in the module graph). ``local`` is the
+    toolchain's ``go env GOVERSION``; asked of ``go`` when not given."""
+    stated = _go_release(GO_VERSION)
+    for go_mod, version in pinned_go_requirements(hack).items():
+        if _go_release(version) > stated:
+            raise BinariesError(
+                f"{go_mod} asks for go {version}, more than testenv.binaries.GO_VERSION ({GO_VERSION}): "
+                "raise GO_VERSION and the Go version in README.md's prerequisites together"
+            )
+    if local is None:
+        go = shutil.which("go")
+        if go is None:
+            raise BinariesError(f"go not found on PATH: building the binaries needs Go {GO_VERSION}+")
+        local = subprocess.run(
+            [go, "env", "GOVERSION"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    if _go_release(local) < stated:
+        raise BinariesError(f"building the binaries needs Go {GO_VERSION}+, found {local} (README.md)")
+
+
 def build(*, quiet: bool = False, target: str = "", args: tuple[str, ...] = ()) -> Path:
     """Run the build script (a no-op when the cache is warm) and return the cache directory.
 
@@ -55,6 +109,7 @@ def build(*, quiet: bool = False, target: str = "", args: tuple[str, ...] = ()) 
     ``target="operator", args=(name,)`` the job operator of hack/operators/<name>."""
     if not BUILD_SCRIPT.is_file():
         raise BinariesError(f"build script not found: {BUILD_SCRIPT}")
+    check_go()
     result = subprocess.run(
         ["bash", str(BUILD_SCRIPT), *([target] if target else []), *args],
         stdout=subprocess.PIPE,
