@@ -275,7 +275,12 @@ def validate_queue_annotations(annotations: Mapping[str, str]) -> list[FieldErro
     """The ``koord-queue/*`` tuning annotations a Queue is configured by
     (docs/compatibility.md#queue-annotations)."""
     errors: list[FieldError] = []
-    for key in (names.WAIT_FOR_PODS_RUNNING_ANNOTATION, names.ENABLE_PREEMPTION_ANNOTATION):
+    bools = (
+        names.WAIT_FOR_PODS_RUNNING_ANNOTATION,
+        names.ENABLE_PREEMPTION_ANNOTATION,
+        names.STOPPED_ANNOTATION,
+    )
+    for key in bools:
         if (value := annotations.get(key)) is not None and parse_go_bool(value) is None:
             errors.append(invalid(_annotation(key), value, 'must be "true" or "false"'))
     if (value := annotations.get(names.MAX_DEPTH_ANNOTATION)) is not None and parse_go_int(value) is None:

@@ -87,3 +87,11 @@ def test_explain_and_the_plugin_name_a_stopped_queue() -> None:
     assert found is not None and (found.reason, found.quota) == (Reason.STOPPED, "q")
     parked = dataclasses.replace(te.unit("w", "q"), phase="Enqueued", message=Message.queue_stopped("q"))
     assert short_reason(parked) == "queue q is stopped by an administrator"
+
+
+def test_the_webhook_refuses_a_stopped_value_that_is_not_a_boolean() -> None:
+    from koord_queue.shared.admission import validation
+
+    assert validation.validate_queue_annotations({names.STOPPED_ANNOTATION: "true"}) == []
+    (error,) = validation.validate_queue_annotations({names.STOPPED_ANNOTATION: "yes please"})
+    assert names.STOPPED_ANNOTATION in str(error) and "true" in str(error)
