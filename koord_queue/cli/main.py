@@ -24,7 +24,7 @@ exit status:
   0  success
   1  failure (API error, invalid input, a priority above the cap)
   2  usage error
-  3  not found (no QueueUnit for that job)
+  3  not found (no QueueUnit for that job, no such queue)
   4  permission denied by RBAC (the message names the missing permission)
   5  refused by the cluster's admission (a webhook or an admission policy)
 
