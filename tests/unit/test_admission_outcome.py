@@ -13,16 +13,10 @@ from typing import Any
 import pytest
 
 from koord_queue.reconciler import scheduler_writes
-from koord_queue.shared import kube, retrying
+from koord_queue.shared import kube
 from koord_queue.shared.api.parsing import parse_unit
-
-UNIT: dict[str, Any] = {
-    "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-    "kind": "QueueUnit",
-    "metadata": {"name": "u", "namespace": "ns", "resourceVersion": "5"},
-    "spec": {"queue": "q", "podSet": [{"name": "main", "count": 1, "template": {}}]},
-    "status": {"phase": "Enqueued"},
-}
+from tests.unit import retry_waits
+from tests.unit.retry_waits import UNIT
 
 
 class FlakyClient:
@@ -47,13 +41,7 @@ def writer_with(client: FlakyClient, store: dict[str, Any]) -> scheduler_writes.
 
 @pytest.fixture(autouse=True)
 def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    taken: list[float] = []
-
-    async def instant(seconds: float) -> None:
-        taken.append(seconds)
-
-    monkeypatch.setattr(retrying, "sleep", instant)
-    return taken
+    return retry_waits.record(monkeypatch)
 
 
 async def test_a_write_that_landed_is_kept_however_long_the_cluster_takes_to_answer() -> None:

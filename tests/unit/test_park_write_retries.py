@@ -15,14 +15,8 @@ from koord_queue.reconciler import scheduler_writes
 from koord_queue.shared import kube, retrying
 from koord_queue.shared.api.parsing import parse_unit
 from koord_queue.shared.core.scheduling import Park
+from tests.unit.retry_waits import UNIT
 
-UNIT: dict[str, Any] = {
-    "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-    "kind": "QueueUnit",
-    "metadata": {"name": "u", "namespace": "ns", "resourceVersion": "5"},
-    "spec": {"queue": "q", "podSet": [{"name": "main", "count": 1, "template": {}}]},
-    "status": {"phase": "Enqueued"},
-}
 PARK = Park(key="ns/u", queue="q", message="insufficient quota")
 
 

@@ -16,6 +16,7 @@ import pytest
 from tenacity import AsyncRetrying, RetryCallState
 
 from koord_queue.shared import kube, retrying
+from tests.unit import retry_waits
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 #: the product's folders; the pure decision modules that compute user-facing requeue times (not
@@ -29,21 +30,9 @@ NOT_FOUND = kube.NotFound(404, "NotFound", "gone")
 CONFLICT = kube.Conflict(409, "Conflict", "the object has been modified")
 
 
-class Enough(Exception):
-    """Raised by the fake sleep to end a run that would retry for ever."""
-
-
 @pytest.fixture
 def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    taken: list[float] = []
-
-    async def record(seconds: float) -> None:
-        taken.append(seconds)
-        if len(taken) >= 100:
-            raise Enough
-
-    monkeypatch.setattr(retrying, "sleep", record)
-    return taken
+    return retry_waits.record(monkeypatch, limit=100)
 
 
 def wait_at(policy_wait: object, attempt: int) -> float:

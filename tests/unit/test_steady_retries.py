@@ -13,24 +13,16 @@ import pytest
 from koord_queue.certs.manager import WebhookCertManager
 from koord_queue.reconciler import workloads
 from koord_queue.reconciler.quotas import QuotaBindingSync
-from koord_queue.shared import kube, retrying
+from koord_queue.shared import kube
+from tests.unit import retry_waits
+from tests.unit.retry_waits import Enough
 
 AWAY = kube.KubeError(503, "ServiceUnavailable", "etcd is away")
 
 
-class Enough(Exception):
-    """Ends a loop that runs for ever: not an API error, so no policy retries it."""
-
-
 @pytest.fixture
 def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    taken: list[float] = []
-
-    async def record(seconds: float) -> None:
-        taken.append(seconds)
-
-    monkeypatch.setattr(retrying, "sleep", record)
-    return taken
+    return retry_waits.record(monkeypatch)
 
 
 def failing(times: int, then: BaseException | None = None) -> Any:
