@@ -25,6 +25,7 @@ COMMANDS: Final = (
     "stop",
     "resume",
     "version",
+    "uninstall",
     "completion",
 )
 GLOBAL_FLAGS: Final = ("--kubeconfig", "--context", "--namespace", "-n", "--as", "--color")
@@ -51,9 +52,11 @@ FLAGS: Final = {
     "stop": (),
     "resume": (),
     "version": (),
+    "uninstall": ("--held", "--yes", "--dry-run"),
 }
 VALUES: Final = {
     "--color": ("auto", "always", "never"),
+    "--held": ("release", "delete"),
     "--phase": (
         "Pending",
         "Enqueued",
@@ -85,6 +88,7 @@ TAKES_VALUE: Final = frozenset(
         "--selector",
         "-o",
         "--output",
+        "--held",
     }
 )
 NO_FILES: Final = ":4\n"

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from koord_queue.cli import admin, commands, completion, formats, listing, render
+from koord_queue.cli import admin, commands, completion, formats, listing, render, uninstall
 from koord_queue.cli.client import CliError, Reader, connect, default_namespace, kubeconfig_path
 from koord_queue.shared import kube
 
@@ -40,6 +40,8 @@ examples:
   kubectl koord-queue list -o jsonpath='{range .items[*]}{.metadata.name}{"\\n"}{end}'
   kubectl koord-queue stop team-a               admins: admit nothing more from queue team-a
   kubectl koord-queue resume team-a             admins: let queue team-a admit again
+  kubectl koord-queue uninstall --held=release --dry-run
+                                                admins: what taking the queue out would do
 """
 
 
@@ -121,6 +123,20 @@ def parser() -> argparse.ArgumentParser:
 
     command("version", "the plugin's version, and the server's when it can be read")
 
+    out = command(
+        "uninstall",
+        "admins: take the queue out of the way before removing the release: stop the reconciler, "
+        "delete the webhooks and admission policies, release or delete every held job, ungate pods",
+    )
+    out.add_argument(
+        "--held",
+        required=True,
+        choices=("release", "delete"),
+        help="what to do with each job the queue holds: release it (it runs without the queue) or delete it",
+    )
+    out.add_argument("--yes", action="store_true", help="really do it (required unless --dry-run)")
+    out.add_argument("--dry-run", action="store_true", help="print what would be done and change nothing")
+
     comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
     comp.add_argument("shell", choices=("bash", "zsh"))
     return main
@@ -151,6 +167,8 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             return await admin.cmd_stop(reader, args, out, stop=name == "stop")
         if name == "version":
             return await admin.cmd_version(reader, out)
+        if name == "uninstall":
+            return await uninstall.cmd_uninstall(client, args, out)
         raise CliError(f"unknown command {name}")
     finally:
         await client.close()
@@ -173,6 +191,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         except (CliError, kube.KubeError, OSError):
             return asyncio.run(admin.cmd_version(None, stdout))
     try:
+        if args.command == "uninstall":
+            uninstall.check_args(args)  # before any credentials are read
         return asyncio.run(_run(args, stdout))
     except CliError as failure:
         stderr.write(f"error: {failure}\n")

@@ -1,0 +1,237 @@
+"""``kubectl koord-queue uninstall`` against a real kube-apiserver (docs/operations.md#uninstall).
+
+A job the queue holds (suspended, stamped as enqueued, its template gated, its QueueUnit
+``Enqueued``) with a gated pod, behind the install's webhook configurations and admission policies;
+the command takes those away and releases or deletes the job, and takes the gate off the pod.
+``--dry-run`` changes nothing, and a namespace user is refused with the plugin's RBAC error.
+
+The command deletes cluster-wide objects the shared integration cluster relies on, so these tests
+run on a control plane of their own. No webhook serves here: the configurations point nowhere, so
+only the command's own deletions let its writes through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from koord_queue.cli import uninstall
+from koord_queue.shared import kube as kq
+from koord_queue.shared.api import names
+from testenv import binaries, system
+from testenv.cluster import LocalCluster
+from tests import tenancy
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+JOBS = kq.Resource("batch", "v1", "jobs", "Job")
+PODS = kq.Resource("", "v1", "pods", "Pod")
+NAMESPACES = kq.Resource("", "v1", "namespaces", "Namespace")
+UNITS = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
+GATE = {"name": names.ADMISSION_GATE}
+
+
+@pytest.fixture(scope="module")
+def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(profile="integration", workdir=tmp_path_factory.mktemp("uninstall")) as cluster:
+        system.install_crds(cluster)
+        yield cluster
+
+
+def plugin(cluster: LocalCluster, *args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``kubectl koord-queue ARGS`` with the package's console scripts on PATH."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
+    command = [str(binaries.kubectl()), "koord-queue", f"--kubeconfig={cluster.kubeconfig}"]
+    if user:
+        command.append(f"--as={user}")
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def held_job(name: str) -> dict[str, Any]:
+    """A Job as the webhook leaves it: suspended, stamped, its template gated."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": {names.QUOTA_NAME_LABEL: "team-a"},
+            "annotations": {
+                names.JOB_HAS_ENQUEUED_ANNOTATION: "true",
+                names.JOB_ENQUEUE_TIMESTAMP_ANNOTATION: "2026-01-01T00:00:00Z",
+            },
+        },
+        "spec": {
+            "suspend": True,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "schedulingGates": [GATE],
+                    "containers": [{"name": "c", "image": "busybox"}],
+                }
+            },
+        },
+    }
+
+
+def unit_of(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": "QueueUnit",
+        "metadata": {"name": name, "labels": {names.QUOTA_NAME_LABEL: "team-a"}},
+        "spec": {
+            "consumerRef": {"apiVersion": "batch/v1", "kind": "Job", "name": name},
+            "priority": 0,
+            "resource": {"cpu": "1"},
+            "podSet": [
+                {
+                    "name": name,
+                    "count": 1,
+                    "template": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}},
+                }
+            ],
+        },
+    }
+
+
+def pod_of(job: dict[str, Any]) -> dict[str, Any]:
+    owner = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": job["metadata"]["name"],
+        "uid": job["metadata"]["uid"],
+        "controller": True,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{job['metadata']['name']}-0", "ownerReferences": [owner]},
+        "spec": {"schedulingGates": [GATE], "containers": [{"name": "c", "image": "busybox"}]},
+    }
+
+
+def install_admission(cluster: LocalCluster) -> None:
+    """The install's webhook configurations (pointing nowhere) and admission policies."""
+    for config in system.webhook_configurations(url="https://127.0.0.1:9", ca_pem=cluster.ca_pem):
+        config["metadata"]["name"] = uninstall.WEBHOOK_CONFIG_NAME  # as manifests/ name them
+        cluster.request("POST", f"/apis/admissionregistration.k8s.io/v1/{config['kind'].lower()}s", config)
+    system.install_policies(cluster)
+
+
+async def admission_left(api: kq.Kube) -> list[str]:
+    left = []
+    for res in (*uninstall.WEBHOOK_CONFIGS, *uninstall.POLICY_KINDS):
+        items, _ = await api.list(res)
+        left += [
+            f"{res.kind}/{o['metadata']['name']}" for o in items if "koord-queue" in o["metadata"]["name"]
+        ]
+    return left
+
+
+@dataclass
+class Stage:
+    cluster: LocalCluster
+    api: kq.Kube
+    ns: str
+    job: str = "held"
+
+    def run(self, *args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+        return plugin(self.cluster, "uninstall", *args, user=user)
+
+    async def stored_job(self) -> dict[str, Any] | None:
+        try:
+            return await self.api.get(JOBS, self.job, namespace=self.ns)
+        except kq.NotFound:
+            return None
+
+    async def pod_gates(self) -> list[Any]:
+        pod = await self.api.get(PODS, f"{self.job}-0", namespace=self.ns)
+        return list(pod["spec"].get("schedulingGates") or [])
+
+
+@pytest.fixture
+async def stage(own_cluster: LocalCluster, request: pytest.FixtureRequest) -> AsyncIterator[Stage]:
+    """A held job with its Enqueued unit and a gated pod, then the install's admission control."""
+    api = await kq.Kube.connect(kubeconfig=str(own_cluster.kubeconfig))
+    ns = f"u-{request.node.name[5:20].replace('_', '-').strip('-')}"
+    try:
+        await api.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        tenancy.grant(own_cluster, ns, tenancy.ALICE)
+        job = await api.create(JOBS, held_job("held"), namespace=ns)
+        await api.create(UNITS, unit_of("held"), namespace=ns)
+        await api.patch(UNITS, "held", {"status": {"phase": "Enqueued"}}, namespace=ns, subresource="status")
+        await api.create(PODS, pod_of(job), namespace=ns)
+        install_admission(own_cluster)
+        yield Stage(own_cluster, api, ns)
+    finally:
+        # no garbage collector runs here: the pod of a deleted job would stay, gated, for the next test
+        with contextlib.suppress(kq.NotFound):
+            await api.delete(PODS, "held-0", namespace=ns)
+        for res in (*uninstall.WEBHOOK_CONFIGS, *uninstall.POLICY_KINDS):  # what a refused or dry run left
+            items, _ = await api.list(res)
+            for item in items:
+                await api.delete(res, item["metadata"]["name"])
+        await api.close()
+
+
+async def test_uninstall_releases_the_held_job_and_ungates_its_pod(stage: Stage) -> None:
+    result = stage.run("--held=release", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert await admission_left(stage.api) == []
+    job = await stage.stored_job()
+    assert job is not None and job["spec"]["suspend"] is False
+    assert job["metadata"]["annotations"].get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
+    assert GATE not in (job["spec"]["template"]["spec"].get("schedulingGates") or [])
+    assert await stage.pod_gates() == []
+    assert await stage.api.get(UNITS, "held", namespace=stage.ns)  # QueueUnits stay
+    assert f"released 1 held jobs: {stage.ns}/job/held" in result.stdout
+    assert f"ungated 1 pods: {stage.ns}/held-0" in result.stdout
+    assert "deleted 1 MutatingWebhookConfigurations: koord-queue" in result.stdout
+
+
+async def test_uninstall_deletes_the_held_job_when_asked(stage: Stage) -> None:
+    result = stage.run("--held=delete", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert await admission_left(stage.api) == []
+    assert await stage.stored_job() is None
+    assert await stage.pod_gates() == [GATE]  # the pod of a deleted job is left to its collector
+    assert f"deleted 1 held jobs: {stage.ns}/job/held" in result.stdout
+
+
+async def test_dry_run_changes_nothing(stage: Stage) -> None:
+    before = await admission_left(stage.api)
+    result = stage.run("--held=release", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"would release 1 held jobs: {stage.ns}/job/held" in result.stdout
+    assert f"would ungate 1 pods: {stage.ns}/held-0" in result.stdout
+    assert await admission_left(stage.api) == before and len(before) >= 4
+    job = await stage.stored_job()
+    assert job is not None and job["spec"]["suspend"] is True
+    assert await stage.pod_gates() == [GATE]
+
+
+async def test_without_yes_nothing_happens(stage: Stage) -> None:
+    result = stage.run("--held=release")
+    assert result.returncode == 2 and "--yes" in result.stderr
+    assert len(await admission_left(stage.api)) >= 4
+
+
+async def test_a_namespace_user_is_refused(stage: Stage) -> None:
+    before = await admission_left(stage.api)
+    result = stage.run("--held=release", "--yes", user=tenancy.ALICE)
+    assert result.returncode == 4, result.stderr
+    assert "permission denied" in result.stderr
+    assert await admission_left(stage.api) == before
+    job = await stage.stored_job()
+    assert job is not None and job["spec"]["suspend"] is True
+    assert await stage.pod_gates() == [GATE]
