@@ -37,6 +37,7 @@ JOBS = kq.Resource("batch", "v1", "jobs", "Job")
 PODS = kq.Resource("", "v1", "pods", "Pod")
 NAMESPACES = kq.Resource("", "v1", "namespaces", "Namespace")
 UNITS = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
+DEPLOYMENTS = kq.Resource("apps", "v1", "deployments", "Deployment")
 GATE = {"name": names.ADMISSION_GATE}
 
 
@@ -138,6 +139,25 @@ async def admission_left(api: kq.Kube) -> list[str]:
     return left
 
 
+def reconciler_deployment() -> dict[str, Any]:
+    """The reconciler's Deployment as the install names it (no controller runs it here, so it has no
+    replicas to wait for: what counts is that the command scales it to 0)."""
+    labels = {"app.kubernetes.io/name": uninstall.RECONCILER}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": uninstall.RECONCILER},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "reconciler", "image": "koord-queue-py:0.1.0"}]},
+            },
+        },
+    }
+
+
 @dataclass
 class Stage:
     cluster: LocalCluster
@@ -153,6 +173,10 @@ class Stage:
             return await self.api.get(JOBS, self.job, namespace=self.ns)
         except kq.NotFound:
             return None
+
+    async def reconciler_replicas(self) -> int:
+        dep = await self.api.get(DEPLOYMENTS, uninstall.RECONCILER, namespace=names.COMPONENT_NAMESPACE)
+        return int(dep["spec"]["replicas"])
 
     async def pod_gates(self) -> list[Any]:
         pod = await self.api.get(PODS, f"{self.job}-0", namespace=self.ns)
@@ -171,6 +195,11 @@ async def stage(own_cluster: LocalCluster, request: pytest.FixtureRequest) -> As
         await api.create(UNITS, unit_of("held"), namespace=ns)
         await api.patch(UNITS, "held", {"status": {"phase": "Enqueued"}}, namespace=ns, subresource="status")
         await api.create(PODS, pod_of(job), namespace=ns)
+        with contextlib.suppress(kq.Conflict):
+            await api.create(DEPLOYMENTS, reconciler_deployment(), namespace=names.COMPONENT_NAMESPACE)
+        await api.patch(
+            DEPLOYMENTS, uninstall.RECONCILER, {"spec": {"replicas": 2}}, namespace=names.COMPONENT_NAMESPACE
+        )
         install_admission(own_cluster)
         yield Stage(own_cluster, api, ns)
     finally:
@@ -197,6 +226,7 @@ async def test_uninstall_releases_the_held_job_and_ungates_its_pod(stage: Stage)
     assert f"released 1 held jobs: {stage.ns}/job/held" in result.stdout
     assert f"ungated 1 pods: {stage.ns}/held-0" in result.stdout
     assert "deleted 1 MutatingWebhookConfigurations: koord-queue" in result.stdout
+    assert await stage.reconciler_replicas() == 0
 
 
 async def test_uninstall_deletes_the_held_job_when_asked(stage: Stage) -> None:
@@ -218,6 +248,7 @@ async def test_dry_run_changes_nothing(stage: Stage) -> None:
     job = await stage.stored_job()
     assert job is not None and job["spec"]["suspend"] is True
     assert await stage.pod_gates() == [GATE]
+    assert await stage.reconciler_replicas() == 2
 
 
 async def test_without_yes_nothing_happens(stage: Stage) -> None:
@@ -232,6 +263,7 @@ async def test_a_namespace_user_is_refused(stage: Stage) -> None:
     assert result.returncode == 4, result.stderr
     assert "permission denied" in result.stderr
     assert await admission_left(stage.api) == before
+    assert await stage.reconciler_replicas() == 2
     job = await stage.stored_job()
     assert job is not None and job["spec"]["suspend"] is True
     assert await stage.pod_gates() == [GATE]
