@@ -55,6 +55,7 @@ from chaos import (
     tenant_pool_job,
     tenant_pools,
     tenant_preemption,
+    tenant_release,
     tenant_submitter,
     tenant_workflows,
 )
@@ -235,6 +236,7 @@ ATTACKS: Final[dict[str, str]] = {
     **tenant_pools.ATTACKS,
     **tenant_preemption.ATTACKS,
     **tenant_history.ATTACKS,
+    **tenant_release.ATTACKS,
     "write-queueunit-status": "RBAC: namespace users may only read QueueUnits (user roles)",
     "create-queueunit": "RBAC: namespace users may only read QueueUnits (user roles)",
     "raise-quota-max": "RBAC: ElasticQuotas are cluster-admin objects",
@@ -650,6 +652,7 @@ class Tenant:
             tenant_pool_job.pool_job(self, r),
             tenant_preemption.preemption_attacks(self, r, bound=OWN_PRIORITY_BOUND),
             tenant_history.history_attacks(self, r),
+            tenant_release.release_attacks(self, r),
         ]
         if self.workflows:
             attacks.append(self.workflow(r))
