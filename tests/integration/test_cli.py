@@ -542,6 +542,10 @@ async def test_describe_version_output_formats_and_selectors(t: Tenant) -> None:
     assert bad.returncode == 2 and "recursive descent" in bad.stderr
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def test_list_watch_prints_again_when_a_unit_changes(t: Tenant) -> None:
     q = t.sc.name("watch")
     await t.sc.create_quota(s.quota(q, cpu="1"))
@@ -549,7 +553,18 @@ async def test_list_watch_prints_again_when_a_unit_changes(t: Tenant) -> None:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
     command = [str(binaries.kubectl()), "koord-queue", f"--kubeconfig={t.cluster.kubeconfig}", f"--as={USER}"]
     proc = await asyncio.create_subprocess_exec(
-        *command, "list", "-w", "-n", t.ns, "-o", "name", env=env, stdout=asyncio.subprocess.PIPE
+        *command,
+        "list",
+        "-w",
+        "-n",
+        t.ns,
+        "-o",
+        "name",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        # Ctrl-C as at a terminal: a suite started in the background (``make test &``, nohup) ignores
+        # SIGINT, and an ignored SIGINT is inherited through kubectl's exec by the plugin.
+        preexec_fn=_interruptible,
     )
     assert proc.stdout is not None
     try:
