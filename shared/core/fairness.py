@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from koord_queue.shared.api import quantities
 from koord_queue.shared.core import guarantees
 from koord_queue.shared.core.guarantees import weight
-from koord_queue.shared.core.history import Standing, UsageHistory, standing_score
+from koord_queue.shared.core.history import Standing, UsageHistory
 from koord_queue.shared.core.quota import QuotaLedger
 
 __all__ = ["Level", "Ranks", "describe_level", "levels", "ranks"]
@@ -49,7 +49,6 @@ class Ranks:
         self.ledger = ledger
         self.history = history
         self._cache: dict[str, dict[str, Standing]] = {}
-        self._scores: dict[str, dict[str, float]] = {}
         self._keys: dict[str, tuple[float, ...]] = {}
 
     def standing(self, parent: str) -> dict[str, Standing]:
@@ -65,21 +64,9 @@ class Ranks:
         return found
 
     def score(self, parent: str, kid: str) -> float:
-        """``kid``'s standing below ``parent`` (as :meth:`standing` gives it), computed lean: the
-        scan order needs only this number, once per due queue and cycle."""
-        found = self._scores.get(parent)
-        if found is None:
-            quotas = self.ledger.quotas
-            kids = self.ledger.children().get(parent, ())
-            found = self._scores[parent] = {}
-            for r, cap in quotas[parent].max.items():
-                weights = [weight(quotas[c], r, unlimited=cap) for c in kids]
-                total = sum(weights)
-                for c, w in zip(kids, weights, strict=True):
-                    share = w / total if total > 0 else 0.0
-                    value = standing_score(self.history.usage(c).get(r, 0.0), cap, share)
-                    found[c] = max(found.get(c, 0.0), value)
-        return found.get(kid, 0.0)
+        """``kid``'s standing below ``parent`` (0 for a quota that is not its child)."""
+        found = self.standing(parent).get(kid)
+        return found.score if found is not None else 0.0
 
     def key(self, name: str) -> tuple[float, ...]:
         """The standing of ``name`` and of each quota above it, from the top, below the parents

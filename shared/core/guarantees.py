@@ -123,8 +123,10 @@ def weight(spec: Quota, resource: str, *, unlimited: int) -> int:
     return spec.max.get(resource, unlimited)
 
 
-def _borrowing(ledger: QuotaLedger) -> frozenset[str]:
-    """The parents below which some child may borrow (cached until the tree changes)."""
+def borrowing(ledger: QuotaLedger) -> frozenset[str]:
+    """The parent quotas below which some child may borrow (the only places spare capacity is
+    divided, and so the only places usage history orders siblings); cached until the tree
+    changes."""
     if not ledger.children():
         return frozenset()
     found = ledger.per_tree("guarantees.borrowing", lambda: _borrowing_parents(ledger))
@@ -132,16 +134,10 @@ def _borrowing(ledger: QuotaLedger) -> frozenset[str]:
     return found
 
 
-def borrowing(ledger: QuotaLedger) -> frozenset[str]:
-    """The parent quotas below which some child may borrow (the only places spare capacity is
-    divided, and so the only places usage history orders siblings)."""
-    return _borrowing(ledger)
-
-
 def anyone_borrows(ledger: QuotaLedger) -> bool:
     """Whether :func:`compute` can return anything for this tree: the caller skips gathering the
     queues' demand when it cannot (most trees: nothing is oversubscribed)."""
-    return bool(_borrowing(ledger))
+    return bool(borrowing(ledger))
 
 
 def compute(
@@ -157,8 +153,8 @@ def compute(
     decayed usages that scale the weights (None or off: the plain weights). Cost:
     O(quotas x depth) times the size of those lists."""
     children = ledger.children()
-    borrowing = _borrowing(ledger)
-    if not borrowing:
+    dividing = borrowing(ledger)
+    if not dividing:
         return Shares()  # nobody can borrow anywhere: upstream's admission, at no cost
     quotas = ledger.quotas
     sub_pending: dict[str, dict[str, int]] = {}
@@ -198,7 +194,7 @@ def compute(
             continue
         seen.add(parent)
         kids = children[parent]
-        if parent in runtime or parent in borrowing:
+        if parent in runtime or parent in dividing:
             _divide(
                 ledger, parent, kids, runtime, request, held, sub_pending, sub_small, pending, below, history
             )
@@ -444,13 +440,16 @@ class _Split:
         and the figures move once a fold."""
         history = self.history
         if history is None or not history.enabled:
-            return {c: weight(self.quotas[c], r, unlimited=self.limit[r]) for c in self.kids}
+            return self._plain_weights(r)
         key = ("weights", self.epoch, self.kids, r, self.limit[r])
         found = history.derived.get(key)
         if found is None:
-            plain = {c: weight(self.quotas[c], r, unlimited=self.limit[r]) for c in self.kids}
+            plain = self._plain_weights(r)
             found = history.derived[key] = fair_weights(history, self.kids, plain, self.limit[r], r)
         return cast(dict[str, int], found)
+
+    def _plain_weights(self, r: str) -> dict[str, int]:
+        return {c: weight(self.quotas[c], r, unlimited=self.limit[r]) for c in self.kids}
 
     def run(self, asks: Mapping[str, Resources]) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {c: {} for c in self.kids}

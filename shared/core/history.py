@@ -192,7 +192,8 @@ class UsageHistory:
         #: they also keep one series per namespace, named ``quota/namespace``
         self.by_namespace: set[str] = set()
         self._namespaces: dict[str, set[str]] = {}
-        #: figures read at :attr:`now`, so that the division and the order read each once a cycle
+        #: figures read at :attr:`now` (cleared when a fold begins), so that the division and the
+        #: order read each once
         self._memo: dict[str, dict[str, float]] = {}
         #: quotas whose usage the last cycle's own admissions changed (:meth:`hold`)
         self._assumed: set[str] = set()
@@ -228,7 +229,6 @@ class UsageHistory:
         self._since.clear()
         self._origin = None
         self._namespaces.clear()
-        self._memo.clear()
         self._assumed.clear()
         self._epoch = -1
         self._moved()
@@ -248,9 +248,7 @@ class UsageHistory:
             return True  # within the grain: the last fold's figures stand, changes wait for the next
         previous = self.now
         self._moved()
-        if now > self.now:
-            self.now = now
-            self._memo.clear()
+        self.now = max(now, self.now)
         self._keep_finite()
         if self._epoch != ledger.tree_epoch:
             self._epoch = ledger.tree_epoch
@@ -278,8 +276,11 @@ class UsageHistory:
         return True
 
     def _moved(self) -> None:
+        """A fold (or a restart) begins: every figure read before, and all derived from them, may
+        change."""
         self.version += 1
         self.derived.clear()
+        self._memo.clear()
 
     def _scale(self, t: float) -> float:
         assert self._origin is not None
@@ -340,7 +341,6 @@ class UsageHistory:
         self._k[series] = {r: (base.get(r, 0.0) - held.get(r, 0)) * scale for r in base.keys() | held.keys()}
         self._held[series] = held
         self._since[series] = since
-        self._memo.pop(series, None)
 
     def _namespace_series(self, quota: str, ns: str, ledger: QuotaLedger, at: float) -> None:
         series = f"{quota}/{ns}"
@@ -355,7 +355,6 @@ class UsageHistory:
             self._namespaces.get(quota, set()).discard(series)
 
     def _drop(self, series: str) -> None:
-        self._memo.pop(series, None)
         self._k.pop(series, None)
         self._held.pop(series, None)
         self._since.pop(series, None)
@@ -382,9 +381,11 @@ class UsageHistory:
             if r not in holding:
                 k[r] = k.get(r, 0.0) + v * scale
         self._held[series] = held
-        self._memo.pop(series, None)
 
     def _value(self, series: str, at: float) -> dict[str, float]:
+        """The average at ``at``. Every resource held has an offset (:meth:`_start` gives one to
+        each, :meth:`_charge` to each that changes, and none is ever removed), so the offsets name
+        every resource the average can have."""
         held, k = self._held[series], self._k[series]
         decay = self._scale(at) ** -1
         out: dict[str, float] = {}
@@ -393,9 +394,6 @@ class UsageHistory:
             value = h + offset * decay
             if value >= 0.5 or h:  # below half a milli unit and nothing held: forgotten
                 out[r] = value
-        for r, h in held.items():
-            if r not in k:
-                out[r] = float(h)
         return out
 
     def usage(self, name: str) -> Mapping[str, float]:
