@@ -26,6 +26,7 @@ from tenacity import (
     wait_none,
     wait_random_exponential,
 )
+from tenacity.wait import wait_base
 
 from koord_queue.shared import kube
 
@@ -57,18 +58,23 @@ def delay(state: RetryCallState) -> float:
     return state.next_action.sleep if state.next_action is not None else 0.0
 
 
+def _until_not_found(wait: wait_base, before_sleep: BeforeSleep | None) -> AsyncRetrying:
+    """Every API error but ``NotFound`` retried for ever, ``wait`` apart."""
+    return AsyncRetrying(
+        sleep=lambda seconds: sleep(seconds),
+        retry=retry_if_exception_type(kube.KubeError) & retry_if_not_exception_type(kube.NotFound),
+        wait=wait,
+        stop=stop_never,
+        before_sleep=before_sleep,
+    )
+
+
 def watch_backoff(before_sleep: BeforeSleep) -> AsyncRetrying:
     """An informer's list and watch (``reconciler/informer.py``): every API error but ``NotFound``
     (a kind that is not installed, which the caller waits for at a steady pace) is retried for ever
     with :data:`WATCH_WAIT`. The caller starts the count again when a watch event arrives
     (:func:`start_over`)."""
-    return AsyncRetrying(
-        sleep=lambda seconds: sleep(seconds),
-        retry=retry_if_exception_type(kube.KubeError) & retry_if_not_exception_type(kube.NotFound),
-        wait=WATCH_WAIT,
-        stop=stop_never,
-        before_sleep=before_sleep,
-    )
+    return _until_not_found(WATCH_WAIT, before_sleep)
 
 
 def start_over(state: RetryCallState) -> None:
@@ -81,13 +87,7 @@ def outcome_backoff(before_sleep: BeforeSleep | None = None) -> AsyncRetrying:
     """Reading back a write whose fate is unknown: every API error but ``NotFound`` (the object is
     gone, which answers the question) is retried for ever with :data:`OUTCOME_WAIT`; no limit, since
     a limit would turn "unknown" into "not written"."""
-    return AsyncRetrying(
-        sleep=lambda seconds: sleep(seconds),
-        retry=retry_if_exception_type(kube.KubeError) & retry_if_not_exception_type(kube.NotFound),
-        wait=OUTCOME_WAIT,
-        stop=stop_never,
-        before_sleep=before_sleep,
-    )
+    return _until_not_found(OUTCOME_WAIT, before_sleep)
 
 
 def steady(
