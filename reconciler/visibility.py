@@ -37,10 +37,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import ssl
-import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -151,12 +151,25 @@ def _context(*, client_auth: bool) -> ssl.SSLContext:
     return ctx
 
 
+@contextlib.contextmanager
+def _memory_file(name: str, data: bytes) -> Iterator[str]:
+    """A path to ``data`` that lives in memory only: an anonymous file (memfd), named through
+    ``/proc/self/fd``. Nothing is written to a disk, so the reconciler needs no writable
+    directory: the image's root filesystem is read-only and it has no home or temporary directory
+    (docs/development.md#runtime-constraints). Only this process can open the path."""
+    fd = os.memfd_create(f"koord-queue-{name}", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
 def _load_pair(ctx: ssl.SSLContext, serving: pki.KeyPair) -> None:
-    # The ssl module loads certificates only from files; they live a moment in a private directory.
-    with tempfile.TemporaryDirectory(prefix="koord-queue-visibility-") as tmp:
-        cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-        pki.write_pem(cert, serving.cert_pem, private=False)
-        pki.write_pem(key, serving.key_pem, private=True)
+    # The ssl module loads certificates only from files: hand it in-memory ones.
+    with _memory_file("tls.crt", serving.cert_pem) as cert, _memory_file("tls.key", serving.key_pem) as key:
         ctx.load_cert_chain(cert, key)
 
 

@@ -186,11 +186,13 @@ def spawn(
     log: Path,
     *,
     env: Mapping[str, str] | None = None,
+    inherit_env: bool = True,
     cwd: Path | None = None,
     ports: dict[str, int] | None = None,
 ) -> Component:
     """Start ``argv`` with its output appended to ``log``, in a session of its own so that
-    :meth:`Component.stop` takes its children down too; ``env`` is added to this process's."""
+    :meth:`Component.stop` takes its children down too; ``env`` is added to this process's, or with
+    ``inherit_env=False`` is the whole environment (``testenv.confined`` builds its own)."""
     with log.open("ab") as handle:
         offset = handle.seek(0, os.SEEK_END)
         process = subprocess.Popen(
@@ -199,7 +201,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, **(env or {})},
+            env={**(os.environ if inherit_env else {}), **(env or {})},
             cwd=str(cwd) if cwd is not None else None,
         )
     return Component(name=name, process=process, log=log, ports=ports or {}, log_offset=offset)
