@@ -25,8 +25,11 @@ Error tree::
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
+import os
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -38,6 +41,7 @@ import aiohttp
 import orjson
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.config import kube_config as k8s_kube_config
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +234,44 @@ LIMIT_RANGES: Final = Resource("", "v1", "limitranges", "LimitRange")
 RUNTIME_CLASSES: Final = Resource("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", namespaced=False)
 
 
+#: kubeconfig entries whose inline form (``<key>-data``, base64) kubernetes-asyncio would write to a
+#: temporary file, as (list, entry, key)
+_INLINE_FILES: Final = (
+    ("clusters", "cluster", "certificate-authority"),
+    ("users", "user", "client-certificate"),
+    ("users", "user", "client-key"),
+)
+#: content -> its in-memory file, open for the process's life (a client may build TLS again later)
+_memory_files: dict[bytes, str] = {}
+
+
+def memory_file(name: str, data: bytes) -> str:
+    """A path to ``data`` held in memory only: an anonymous file (memfd, Linux), named through
+    ``/proc/self/fd``, for APIs that read certificates only from a path. The processes need no
+    writable directory: their image has a read-only root filesystem and no home or temporary
+    directory (docs/development.md#runtime-constraints). Only this process can open the path."""
+    if (path := _memory_files.get(data)) is None:
+        fd = os.memfd_create(f"koord-queue-{name}", os.MFD_CLOEXEC)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        path = _memory_files[data] = f"/proc/self/fd/{fd}"
+    return path
+
+
+def _inline_in_memory(config: Mapping[str, Any]) -> None:
+    """Replace a kubeconfig's inline certificates and keys by in-memory files, in place.
+
+    kubernetes-asyncio hands them to TLS through temporary files (``tempfile.mkstemp``), which needs
+    a writable temporary directory and leaves a private key on disk while the process runs."""
+    for section, kind, key in _INLINE_FILES:
+        for node in config.get(section) or []:
+            entry = getattr(node, "value", node).get(kind)  # the merger wraps entries in ConfigNodes
+            if isinstance(entry, dict) and entry.get(f"{key}-data"):
+                data = base64.standard_b64decode(entry.pop(f"{key}-data"))
+                entry[key] = memory_file(key, data)
+
+
 class RateLimiter:
     """Token bucket: ``qps`` tokens per second, at most ``burst`` banked (client-go semantics)."""
 
@@ -323,7 +365,17 @@ class Kube:
     async def _load(
         configuration: k8s_client.Configuration, kubeconfig: str | None, context: str | None = None
     ) -> None:
-        if kubeconfig:
+        if kubeconfig and sys.platform == "linux":
+            # As load_kube_config, but inline certificates and keys stay in memory (_inline_in_memory).
+            merged = k8s_kube_config.KubeConfigMerger(kubeconfig)
+            if merged.config is not None:
+                _inline_in_memory(merged.config.value)
+            # No persister: it would write the rewritten paths back into the user's kubeconfig.
+            loader = k8s_kube_config.KubeConfigLoader(
+                config_dict=merged.config, active_context=context, config_base_path=None
+            )
+            await loader.load_and_set(configuration)
+        elif kubeconfig:
             await k8s_config.load_kube_config(
                 config_file=kubeconfig, context=context, client_configuration=configuration
             )
