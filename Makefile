@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(PY) -m pytest
-SOURCES := shared webhook reconciler certs koord_queue/__init__.py koord_queue/cli testenv chaos hack/dist.py plugins/krew/launcher.py
+SOURCES := shared webhook reconciler certs koord_queue/__init__.py koord_queue/cli koord_queue/dashboard testenv chaos hack/dist.py plugins/krew/launcher.py
 
 .DEFAULT_GOAL := help
 
@@ -71,7 +71,8 @@ integration: venv testenv ## Integration tests against a real etcd + kube-apiser
 	$(PYTEST) tests/integration
 
 .PHONY: e2e
-e2e: venv testenv ## End-to-end tests: + controller-manager, scheduler and kwok fake nodes
+e2e: venv testenv ## End-to-end tests: + controller-manager, scheduler and kwok fake nodes, headless Chromium (installed with apt-get when missing)
+	$(PY) -m testenv.browser
 	$(PYTEST) tests/e2e
 
 .PHONY: test

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from koord_queue.cli import admin, commands, completion, formats, listing, render, uninstall
 from koord_queue.cli.client import CliError, Reader, connect, default_namespace, kubeconfig_path
+from koord_queue.dashboard import server
 from koord_queue.shared import kube
 
 EPILOG = """\
@@ -40,6 +41,7 @@ examples:
   kubectl koord-queue list -o jsonpath='{range .items[*]}{.metadata.name}{"\\n"}{end}'
   kubectl koord-queue stop team-a               admins: admit nothing more from queue team-a
   kubectl koord-queue resume team-a             admins: let queue team-a admit again
+  kubectl koord-queue dashboard                 the same answers in a browser, as you (Ctrl-C stops it)
   kubectl koord-queue uninstall --held=release --dry-run
                                                 admins: what taking the queue out would do
 """
@@ -123,6 +125,14 @@ def parser() -> argparse.ArgumentParser:
 
     command("version", "the plugin's version, and the server's when it can be read")
 
+    dash = command(
+        "dashboard",
+        "a web dashboard on 127.0.0.1 that reads and writes as you (docs/dashboard.md); Ctrl-C stops it",
+    )
+    dash.add_argument("--port", type=int, default=0, help="the local port (default 0: any free port)")
+    dash.add_argument("--no-browser", action="store_true", help="print the URL only; open no browser")
+    dash.add_argument("-A", "--all-namespaces", action="store_true", help="show every namespace's units")
+
     out = command(
         "uninstall",
         "admins: take the queue out of the way before removing the release: stop the reconciler, "
@@ -169,6 +179,8 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             return await admin.cmd_version(reader, out)
         if name == "uninstall":
             return await uninstall.cmd_uninstall(client, args, out)
+        if name == "dashboard":
+            return await server.serve(reader, args, out, args.as_user or "")
         raise CliError(f"unknown command {name}")
     finally:
         await client.close()

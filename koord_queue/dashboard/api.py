@@ -1,0 +1,276 @@
+"""The dashboard's JSON endpoints: each one runs the plugin's own command code
+(``koord_queue.cli``) with the user's API client, so a page shows exactly what
+``kubectl koord-queue list``, ``explain``, ``describe`` and ``quotas`` print, and a button does
+exactly what ``hold``, ``release`` and ``priority`` do (docs/dashboard.md#the-identity-model).
+
+Nothing is read or written with any identity but the one the plugin was started with; a refusal
+by the API server becomes the plugin's own message with the plugin's status mapped to HTTP:
+RBAC 403, not found 404, refused by admission 422, any other failure of the command 400, the API
+server failing 502.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any, Final
+from urllib.parse import quote
+
+from aiohttp import web
+
+from koord_queue.cli import admin, commands, listing, render
+from koord_queue.cli.client import (
+    EVENTS,
+    CliError,
+    Denied,
+    Gathered,
+    NotFoundError,
+    Reader,
+    Refused,
+    denied,
+)
+from koord_queue.dashboard import views
+from koord_queue.dashboard.guard import refusal
+from koord_queue.shared import kube
+from koord_queue.shared.api.parsing import parse_unit
+from koord_queue.shared.core import explain
+
+PODS: Final = kube.Resource("", "v1", "pods", "Pod")
+#: The history page's window, and the longest one a request may ask for.
+DEFAULT_DAYS: Final = 7
+MAX_DAYS: Final = 31
+PLAIN: Final = render.Style(False)
+
+Run = Callable[[io.StringIO], Awaitable[int]]
+
+
+def status_of(err: CliError) -> int:
+    if isinstance(err, Denied):
+        return 403
+    if isinstance(err, NotFoundError):
+        return 404
+    if isinstance(err, Refused):
+        return 422
+    return 400
+
+
+async def run_command(run: Run) -> tuple[int, str]:
+    """Run one plugin command into a buffer: ``(HTTP status, output or message)``."""
+    out = io.StringIO()
+    try:
+        await run(out)
+    except CliError as err:
+        return status_of(err), str(err)
+    except kube.KubeError as err:
+        return 502, f"the API server failed: {err}"
+    return 200, out.getvalue()
+
+
+def args(namespace: str | None, **extra: Any) -> argparse.Namespace:
+    """The parsed flags a plugin command expects, as ``kubectl koord-queue`` would pass them."""
+    base: dict[str, Any] = {
+        "namespace": namespace,
+        "all_namespaces": namespace is None,
+        "queue": None,
+        "phase": None,
+        "selector": None,
+        "watch": False,
+        "output": "json",
+        "tree": True,
+    }
+    return argparse.Namespace(**{**base, **extra})
+
+
+class Api:
+    """The endpoints, bound to the plugin's :class:`Reader` (the user's own client)."""
+
+    def __init__(self, reader: Reader, namespace: str, all_namespaces: bool, user: str) -> None:
+        self.reader = reader
+        self.namespace = namespace
+        self.all_namespaces = all_namespaces
+        self.user = user
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/api/session", self.session),
+            web.get("/api/ns/{ns}/units", self.units),
+            web.get("/api/all/units", self.units),
+            web.get("/api/ns/{ns}/units/{name}", self.unit),
+            web.get("/api/ns/{ns}/quotas", self.quotas),
+            web.get("/api/ns/{ns}/history", self.history),
+            web.post("/api/ns/{ns}/units/{name}/{action:hold|release|priority}", self.act),
+        ]
+
+    async def session(self, request: web.Request) -> web.Response:
+        """Who the dashboard acts as: the API server's own answer (a SelfSubjectReview), else the
+        ``--as`` user, else unknown."""
+        if not self.user:
+            self.user = await self._whoami()
+        return web.json_response(
+            {"namespace": self.namespace, "allNamespaces": self.all_namespaces, "user": self.user}
+        )
+
+    async def _whoami(self) -> str:
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        try:
+            answer = await self.reader.client.request(
+                "POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=review
+            )
+        except kube.KubeError:
+            return ""
+        return str(((answer.get("status") or {}).get("userInfo") or {}).get("username") or "")
+
+    async def _json(self, run: Run) -> tuple[int, Any]:
+        status, text = await run_command(run)
+        return status, json.loads(text) if status == 200 else {"error": text, "status": status}
+
+    async def units(self, request: web.Request) -> web.Response:
+        """The queues in scheduling order: ``list -o json`` of one namespace (or all), grouped."""
+        ns = request.match_info.get("ns")
+        style = PLAIN
+        status, body = await self._json(lambda out: listing.cmd_list(self.reader, args(ns), out, style))
+        if status != 200:
+            return web.json_response(body, status=status)
+        groups = views.queue_order(body["items"])
+        return web.json_response(
+            {
+                "namespace": ns,
+                "positionsKnown": body["positionsKnown"],
+                "queues": [{"queue": g.queue, "waiting": g.waiting, "units": list(g.rows)} for g in groups],
+                "count": len(body["items"]),
+            }
+        )
+
+    async def unit(self, request: web.Request) -> web.Response:
+        """One unit's story: ``explain`` (text and figures), ``describe`` (admissions, events) and
+        the job's pods."""
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        try:
+            got, raw = await commands.gather_for_unit(self.reader, ns, name)
+        except CliError as err:
+            return refusal(status_of(err), str(err))
+        except kube.KubeError as err:
+            return refusal(502, f"the API server failed: {err}")
+        unit = parse_unit(raw)
+        now = time.time()
+        result = explain.explain(commands.build_view(got, raw), unit.key, now)
+        described = io.StringIO()
+        status, text = await run_command(
+            lambda out: admin.cmd_describe(self.reader, args(ns, job=unit.name), out)
+        )
+        ref = (raw.get("spec") or {}).get("consumerRef") or {}
+        pods, pods_error = await self._pods(ns, str(ref.get("kind") or ""), str(ref.get("name") or ""))
+        described.write(text)
+        return web.json_response(
+            {
+                "namespace": ns,
+                "name": unit.name,
+                "job": commands.job_ref(unit, raw),
+                "phase": unit.phase or "Pending",
+                "priority": unit.priority,
+                "queue": unit.quota or "",
+                "active": unit.active,
+                "position": result.position,
+                "reason": result.reason.value,
+                "summary": result.summary,
+                "short": commands.short_reason(unit),
+                "nextSteps": list(result.next_steps),
+                "explain": commands.render_explanation(result, unit, raw, PLAIN, now),
+                "describe": described.getvalue() if status == 200 else f"({text})",
+                "pods": pods,
+                "podsError": pods_error,
+            }
+        )
+
+    async def _pods(self, ns: str, kind: str, name: str) -> tuple[list[dict[str, str]], str | None]:
+        if not kind or not name:
+            return [], None
+        try:
+            items, _ = await self.reader.client.list(PODS, namespace=ns)
+        except kube.KubeError as err:
+            return [], str(denied(err, "list", PODS, ns))
+        return views.pods_of(items, kind, name), None
+
+    async def quotas(self, request: web.Request) -> web.Response:
+        """``quotas --tree -o json`` for the namespace: min, max, used, borrowed per quota."""
+        ns = request.match_info["ns"]
+        status, body = await self._json(
+            lambda out: commands.cmd_quotas(self.reader, args(ns, all_namespaces=False), out, PLAIN)
+        )
+        return web.json_response(body, status=status)
+
+    async def history(self, request: web.Request) -> web.Response:
+        """Wait-time percentiles per queue and day, and preemptions per queue and day, from the
+        QueueUnits' status and the ``Preempted`` events the namespace still has."""
+        ns = request.match_info["ns"]
+        try:
+            days = min(MAX_DAYS, max(1, int(request.query.get("days", DEFAULT_DAYS))))
+        except ValueError:
+            return refusal(400, "days must be a whole number")
+        got = Gathered()
+        try:
+            await self.reader.units(ns, got, want_all=False)
+        except CliError as err:
+            return refusal(status_of(err), str(err))
+        units = got.parsed_units()
+        events, events_error = await self._preempted_events(ns)
+        now = time.time()
+        queue_of = {key: u.quota for key, u in units.items() if u.quota}
+        return web.json_response(
+            {
+                "namespace": ns,
+                "days": days,
+                "waits": [asdict(w) for w in views.wait_history(units.values(), now, days)],
+                "preemptions": [asdict(p) for p in views.preemption_history(events, queue_of, now, days)],
+                "eventsError": events_error,
+            }
+        )
+
+    async def _preempted_events(self, ns: str) -> tuple[list[dict[str, Any]], str | None]:
+        try:
+            page = await self.reader.client.request(
+                "GET",
+                EVENTS.path(ns),
+                query={"fieldSelector": "reason=Preempted,involvedObject.kind=QueueUnit", "limit": 5000},
+                verb="LIST",
+            )
+        except kube.KubeError as err:
+            return [], str(denied(err, "list", EVENTS, ns))
+        return list(page.get("items") or []), None
+
+    async def act(self, request: web.Request) -> web.Response:
+        """hold, release or priority: the plugin's command, with the user's rights and no more."""
+        ns, name, action = request.match_info["ns"], request.match_info["name"], request.match_info["action"]
+        try:
+            body = await request.json()
+        except ValueError:
+            return refusal(400, "the body must be JSON")
+        if not isinstance(body, dict):
+            return refusal(400, "the body must be a JSON object")
+        flags = args(ns, job=name, priority=str(body.get("priority", "")))
+        if action == "priority":
+            status, text = await run_command(
+                lambda out: commands.cmd_priority(self.reader, flags, out, PLAIN)
+            )
+        else:
+            status, text = await run_command(
+                lambda out: commands.cmd_active(
+                    self.reader,
+                    flags,
+                    out,
+                    PLAIN,
+                    active=action == "release",
+                )
+            )
+        if status != 200:
+            return refusal(status, text)
+        return web.json_response({"message": text.strip()})
+
+
+def page_path(namespace: str | None) -> str:
+    """The page of ``namespace`` (None: every namespace)."""
+    return "/all" if namespace is None else f"/ns/{quote(namespace, safe='')}"

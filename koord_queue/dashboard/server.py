@@ -1,0 +1,102 @@
+"""``kubectl koord-queue dashboard``: a web dashboard served from inside the plugin process, on
+127.0.0.1, acting as the person who started it (docs/dashboard.md).
+
+The server is aiohttp (a core dependency, so ``pip install .`` is enough); the pages are the
+hand-written files of ``static/``, shipped in the package and served from it: nothing is fetched
+from anywhere else at run time. :mod:`~koord_queue.dashboard.guard` keeps other local programs and
+other web pages out; :mod:`~koord_queue.dashboard.api` answers with the plugin's own commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import webbrowser
+from importlib import resources
+from typing import Any, Final, TextIO
+
+from aiohttp import web
+
+from koord_queue.cli.client import Reader
+from koord_queue.dashboard.api import Api, page_path
+from koord_queue.dashboard.guard import Guard
+
+HOST: Final = "127.0.0.1"
+#: The files of the pages, with their types; nothing else is served.
+STATIC: Final = {
+    "app.js": "text/javascript",
+    "style.css": "text/css",
+    "favicon.svg": "image/svg+xml",
+}
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("koord_queue.dashboard").joinpath("static", name).read_bytes()
+
+
+async def index(request: web.Request) -> web.Response:
+    """Every page is the one HTML file; the script reads the path."""
+    return web.Response(body=_asset("index.html"), content_type="text/html", charset="utf-8")
+
+
+async def static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    kind = STATIC.get(name)
+    if kind is None:
+        raise web.HTTPNotFound()
+    return web.Response(body=_asset(name), content_type=kind)
+
+
+def application(api: Api, guard: Guard) -> web.Application:
+    app = web.Application(middlewares=[guard.middleware])
+    app.add_routes(api.routes())
+    app.add_routes(
+        [
+            web.get("/static/{name}", static),
+            web.get("/", index),
+            web.get("/all", index),
+            web.get("/ns/{ns}", index),
+            web.get("/ns/{ns}/{view:quotas|history}", index),
+            web.get("/ns/{ns}/units/{name}", index),
+        ]
+    )
+    return app
+
+
+def listen(port: int) -> socket.socket:
+    """A socket on 127.0.0.1 (``port`` 0: any free port), bound before the URL is printed."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, port))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(reader: Reader, args: Any, out: TextIO, user: str) -> int:
+    """Serve until interrupted (Ctrl-C or SIGTERM); prints the URL, opens the browser unless
+    ``--no-browser``."""
+    sock = listen(int(args.port))
+    guard = Guard(sock.getsockname()[1])
+    namespace = None if args.all_namespaces else str(args.namespace)
+    api = Api(reader, str(args.namespace), bool(args.all_namespaces), user)
+    runner = web.AppRunner(application(api, guard), access_log=None)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    url = guard.url(page_path(namespace))
+    who = f" as {user}" if user else ""
+    out.write(f"koord-queue dashboard{who} at {url}\n(only this machine can reach it; Ctrl-C stops it)\n")
+    out.flush()
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError):  # not on every platform
+        loop.add_signal_handler(signal.SIGTERM, stopped.set)
+    if not args.no_browser:
+        await loop.run_in_executor(None, webbrowser.open, url)
+    try:
+        await stopped.wait()
+    finally:
+        await runner.cleanup()
+    return 0

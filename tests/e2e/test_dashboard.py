@@ -1,0 +1,376 @@
+"""The dashboard in a real browser, as a namespace user (docs/dashboard.md).
+
+``kubectl koord-queue dashboard`` runs as the real kubectl plugin with a tenant's own kubeconfig
+(a client certificate for ``alice``, bound in her namespace to the built-in ``edit`` role, into
+which the install's user role aggregates), against the full local control plane with the
+visibility API registered. Headless Chromium (Debian's package, testenv/browser.py), driven by
+Playwright, opens the printed URL and reads the page as a person would. Checked:
+
+* she sees her namespace's units and no one else's; another namespace's page is refused (403)
+  with the plugin's message naming the missing permission;
+* the positions on the page are those the visibility API serves her, the reasons those of
+  ``kubectl koord-queue list``, and a unit's "Why" that of ``kubectl koord-queue explain``;
+* a user with only the ``view`` role who presses Hold is refused, and the page says why;
+* a new job and a priority change show on the page within 2 s of reaching the API server;
+* the keyboard reaches the table and its actions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright
+
+from koord_queue.shared.api import names
+from testenv import binaries, browser, system
+from testenv.cluster import LocalCluster
+from tests import kube, tenancy
+from tests.e2e.test_tenant_roles import aggregated
+from tests.integration.test_visibility import GROUP_VERSION, available, registered, serving_visibility
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SCREENSHOT = ROOT / "docs" / "dashboard.png"
+#: docs/dashboard.md#what-it-shows: a change shows within this many seconds.
+UPDATE_WITHIN = 2.0
+
+
+def job(name: str, quota: str, *, cpu: str, priority: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": {names.QUOTA_NAME_LABEL: quota},
+            "annotations": {names.PRIORITY_ANNOTATION: str(priority)},
+        },
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}
+                    ],
+                }
+            }
+        },
+    }
+
+
+def bind(cluster: LocalCluster, namespace: str, user: str, role: str) -> None:
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": f"{user}-{role}", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+    kube.kubectl(cluster, "apply", "-f", "-", input_text=json.dumps(binding))
+
+
+def plugin(kubeconfig: Path, *args: str) -> dict[str, Any]:
+    """``kubectl koord-queue ARGS -o json`` with a user's own kubeconfig."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
+    done = subprocess.run(
+        [str(binaries.kubectl()), "koord-queue", f"--kubeconfig={kubeconfig}", *args, "-o", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
+@contextlib.asynccontextmanager
+async def dashboard(kubeconfig: Path, namespace: str) -> AsyncIterator[str]:
+    """``kubectl koord-queue dashboard --no-browser`` as the kubeconfig's user; yields the printed URL."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    process = await asyncio.create_subprocess_exec(
+        str(binaries.kubectl()),
+        "koord-queue",
+        f"--kubeconfig={kubeconfig}",
+        "-n",
+        namespace,
+        "dashboard",
+        "--no-browser",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), timeout=30)).decode()
+        assert " at http://127.0.0.1:" in line, line
+        yield line.split(" at ", 1)[1].strip()
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), timeout=10)
+        assert code == 0, (await process.stderr.read()).decode() if process.stderr else code
+
+
+@pytest.fixture
+async def chromium() -> AsyncIterator[Browser]:
+    async with async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=str(browser.chromium()), headless=True)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+async def stage(
+    e2e_cluster: LocalCluster, system_e2e: system.Processes, namespace_in: str
+) -> AsyncIterator[str]:
+    """Alice's namespace with the visibility API registered and her roles in force."""
+    vis = await serving_visibility(e2e_cluster, system_e2e)
+    await kube.eventually(lambda: aggregated(e2e_cluster), what="our rules aggregated into view, edit, admin")
+    tenancy.grant(e2e_cluster, namespace_in, tenancy.ALICE)
+    with registered(e2e_cluster, port=vis.port):
+        await available(e2e_cluster)
+        yield namespace_in
+
+
+async def rows(page: Page) -> dict[str, dict[str, str]]:
+    """The queue table as the page shows it: unit key -> cells."""
+    found: dict[str, dict[str, str]] = await page.eval_on_selector_all(
+        "tr[data-unit]",
+        """rows => Object.fromEntries(rows.map(r => [r.dataset.unit, {
+            position: r.querySelector('.position').textContent,
+            priority: r.querySelector('.priority-value').textContent,
+            reason: r.querySelector('.reason').textContent,
+        }]))""",
+    )
+    return found
+
+
+async def shown_within(page: Page, probe: Any, what: str) -> float:
+    """Seconds until ``probe(rows)`` holds on the page; polled every 50 ms (the page's own polling
+    is what is measured)."""
+    start = time.monotonic()
+
+    async def check() -> bool:
+        return bool(probe(await rows(page)))
+
+    await kube.eventually(check, timeout=15, interval=0.05, what=what)
+    return time.monotonic() - start
+
+
+async def test_a_tenant_sees_her_queue_as_the_plugin_explains_it_and_nothing_else(
+    e2e_cluster: LocalCluster, stage: str, chromium: Browser, tmp_path: Path
+) -> None:
+    ns = stage
+    quota = f"{ns}-dash"
+    roomy = f"{ns}-roomy"
+    for name, cpu in ((quota, "1"), (roomy, "4")):
+        kube.kubectl(
+            e2e_cluster,
+            "apply",
+            "-f",
+            "-",
+            input_text=json.dumps(
+                {
+                    "apiVersion": f"{names.QUOTA_GROUP}/{names.QUOTA_VERSION}",
+                    "kind": "ElasticQuota",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"min": {"cpu": cpu}, "max": {"cpu": cpu}},
+                }
+            ),
+        )
+    await tenancy.create_as(e2e_cluster, ns, job("quick", roomy, cpu="1", priority=1))
+    for name, priority in (("train-low", 1), ("train-mid", 3), ("train-high", 5)):
+        await tenancy.create_as(e2e_cluster, ns, job(name, quota, cpu="2", priority=priority))
+    kubeconfig = e2e_cluster.kubeconfig_for("alice", user=tenancy.ALICE)
+
+    async def parked() -> list[dict[str, Any]] | None:
+        everything = plugin(kubeconfig, "-n", ns, "list")["items"]
+        items: list[dict[str, Any]] = [i for i in everything if i["queue"] == quota]
+        ready = len(items) == 3 and all(i["position"] is not None and i["phase"] == "Enqueued" for i in items)
+        admitted = any(i["name"] == "quick" and not i["waiting"] for i in everything)
+        return items if ready and admitted else None
+
+    listed = {i["name"]: i for i in await kube.eventually(parked, timeout=60, what="three parked units")}
+
+    async with dashboard(kubeconfig, ns) as url:
+        page = await chromium.new_page(viewport={"width": 1400, "height": 800})
+        refused_calls: list[str] = []
+        page.on("requestfailed", lambda r: refused_calls.append(r.url))
+        await page.goto(url)
+        assert "token=" not in page.url  # exchanged for the cookie, dropped from the address
+
+        # Her namespace only, in the visibility API's order, with list's reasons.
+        await shown_within(page, lambda r: len(r) == 4, "four rows")
+        shown = await rows(page)
+        assert set(shown) == {f"{ns}/{name}" for name in [*listed, "quick"]}
+        assert shown[f"{ns}/quick"]["position"] == "-"
+        shown = {k: v for k, v in shown.items() if k != f"{ns}/quick"}
+        served = json.loads(
+            tenancy.as_user(
+                e2e_cluster,
+                tenancy.ALICE,
+                "get",
+                "--raw",
+                f"/apis/{GROUP_VERSION}/namespaces/{ns}/queueunits",
+            ).stdout
+        )
+        positions = {
+            f"{i['metadata']['namespace']}/{i['metadata']['name']}": i["position"] for i in served["items"]
+        }
+        assert {k: int(v["position"]) for k, v in shown.items()} == positions
+        assert [k.split("/")[1] for k, _ in sorted(positions.items(), key=lambda kv: kv[1])] == [
+            "train-high",
+            "train-mid",
+            "train-low",
+        ]
+        for name, item in listed.items():
+            assert shown[f"{ns}/{name}"]["reason"] == item["reason"] == f"no room in quota {quota} for cpu"
+        assert await page.locator("section[data-queue]").count() == 2
+        assert "acting as alice" in await page.inner_text("#who")
+
+        # The keyboard reaches the table's links and its actions.
+        focused: list[str] = []
+        for _ in range(12):
+            await page.keyboard.press("Tab")
+            focused.append(
+                await page.evaluate("document.activeElement.dataset.key || document.activeElement.id || ''")
+            )
+        assert any(k.endswith(":link") for k in focused) and any(k.endswith(":hold") for k in focused), (
+            focused
+        )
+
+        with contextlib.suppress(FileNotFoundError):
+            (tmp_path / "dashboard.png").unlink()
+        await page.evaluate("document.activeElement.blur()")
+        await page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+        if os.environ.get("UPDATE_SCREENSHOT"):
+            shutil.copy(tmp_path / "dashboard.png", SCREENSHOT)
+
+        # One unit's story: explain's "Why" and next steps.
+        await page.click(f"tr[data-unit='{ns}/train-low'] a")
+        await page.wait_for_selector("#unit-why")
+        explained = plugin(kubeconfig, "-n", ns, "explain", "train-low")
+        assert await page.inner_text("#unit-why") == explained["summary"]
+        assert await page.inner_text("#unit-position") == str(explained["position"])
+        steps = await page.locator("#next-steps li").all_inner_texts()
+        assert steps == explained["next_steps"]
+        assert "Events:" in await page.inner_text("#describe")
+        await page.go_back()
+        await shown_within(page, lambda r: len(r) == 4, "the queue again")
+
+        # The quota tree and the history, from what the cluster records.
+        await page.click("#nav-quotas")
+        await page.wait_for_selector(f"#quotas tr[data-quota='{quota}']")
+        cells = await page.locator(f"#quotas tr[data-quota='{quota}'] td").all_inner_texts()
+        assert cells[:4] == [quota, ns, "cpu=1", "cpu=1"] and cells[-1].startswith("3 ")
+        await page.click("#nav-history")
+        await page.wait_for_selector("#waits")
+        waits = await page.locator("#waits tbody tr").all_inner_texts()
+        assert any(w.startswith(f"{roomy}\tall days\t1\t") for w in waits), waits
+        await page.click("#nav-queues")
+        await shown_within(page, lambda r: len(r) == 4, "the queues again")
+
+        # A change shows within 2 s of reaching the API server: a new job, then a priority.
+        await tenancy.create_as(e2e_cluster, ns, job("train-new", quota, cpu="2", priority=2))
+        seen_at = await unit_seen(e2e_cluster, ns, "train-new", lambda u: True)
+        await shown_within(page, lambda r: f"{ns}/train-new" in r, "the new unit on the page")
+        lag = time.monotonic() - seen_at
+        assert lag <= UPDATE_WITHIN, f"the new unit showed {lag:.2f}s after the API server served it"
+        kube.kubectl(
+            e2e_cluster,
+            "annotate",
+            "--overwrite",
+            "job",
+            "train-low",
+            "-n",
+            ns,
+            f"{names.PRIORITY_ANNOTATION}=9",
+        )
+        seen_at = await unit_seen(e2e_cluster, ns, "train-low", lambda u: u["spec"].get("priority") == 9)
+        await shown_within(page, lambda r: r[f"{ns}/train-low"]["priority"] == "9", "priority 9 on the page")
+        lag = time.monotonic() - seen_at
+        assert lag <= UPDATE_WITHIN, f"the new priority showed {lag:.2f}s after the API server served it"
+
+        # Another namespace's page is refused, naming the permission.
+        response = await page.goto(url.split("/ns/")[0] + "/ns/kube-system")
+        assert response is not None and response.status == 200  # the page; its data is refused
+        await page.wait_for_selector("#refused")
+        assert await page.get_attribute("#refused", "data-status") == "403"
+        text = await page.inner_text("#refused-message")
+        assert 'you may not list "queueunits.scheduling.x-k8s.io" in namespace "kube-system"' in text
+        api = await page.request.get(url.split("/ns/")[0] + "/api/ns/kube-system/units")
+        assert api.status == 403
+        assert not [
+            u for u in refused_calls if not u.startswith(url.split("/ns/")[0])
+        ]  # nothing from outside
+
+
+async def unit_seen(cluster: LocalCluster, ns: str, name: str, probe: Any) -> float:
+    """The moment (monotonic) the API server first serves unit ``name`` satisfying ``probe``."""
+
+    async def check() -> float | None:
+        done = kube.kubectl(cluster, "get", "queueunit", name, "-n", ns, "-o", "json", check=False)
+        if done.returncode != 0:
+            return None
+        return time.monotonic() if probe(json.loads(done.stdout)) else None
+
+    seen: float = await kube.eventually(check, timeout=30, interval=0.05, what=f"{name} in the API server")
+    return seen
+
+
+async def test_a_view_only_user_pressing_hold_is_refused_with_the_missing_permission(
+    e2e_cluster: LocalCluster, stage: str, chromium: Browser
+) -> None:
+    ns = stage
+    quota = f"{ns}-view"
+    kube.kubectl(
+        e2e_cluster,
+        "apply",
+        "-f",
+        "-",
+        input_text=json.dumps(
+            {
+                "apiVersion": f"{names.QUOTA_GROUP}/{names.QUOTA_VERSION}",
+                "kind": "ElasticQuota",
+                "metadata": {"name": quota, "namespace": ns},
+                "spec": {"min": {"cpu": "1"}, "max": {"cpu": "1"}},
+            }
+        ),
+    )
+    await tenancy.create_as(e2e_cluster, ns, job("waits", quota, cpu="2", priority=1))
+    bob = "bob"
+    bind(e2e_cluster, ns, bob, "view")
+    kubeconfig = e2e_cluster.kubeconfig_for(bob, user=bob)
+
+    async def listed() -> bool:
+        return len(plugin(kubeconfig, "-n", ns, "list")["items"]) == 1
+
+    await kube.eventually(listed, timeout=60, what="bob reads the unit")
+    async with dashboard(kubeconfig, ns) as url:
+        page = await chromium.new_page()
+        await page.goto(url)
+        await shown_within(page, lambda r: f"{ns}/waits" in r, "bob's row")
+        await page.click(f"tr[data-unit='{ns}/waits'] button[data-action='hold']")
+        await page.wait_for_selector("#message.error")
+        text = await page.inner_text("#message")
+        assert text.startswith('permission denied: you may not patch "jobs.batch"'), text
+        assert f'in namespace "{ns}"' in text
+    got = kube.kubectl(e2e_cluster, "get", "job", "waits", "-n", ns, "-o", "json")
+    assert names.ACTIVE_ANNOTATION not in (json.loads(got.stdout)["metadata"].get("annotations") or {})

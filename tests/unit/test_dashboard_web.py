@@ -1,0 +1,225 @@
+"""The dashboard's local server refuses everything but its own page
+(docs/dashboard.md#local-server-protections): each refusal is tried here the way an attacker on the
+same machine or a hostile web page would, against the real server on a real socket; and the pages
+load nothing from anywhere else and ship in the wheel.
+
+What a request that gets through may read or write is the API server's decision, with the user's
+own identity: tests/e2e/test_dashboard.py tries that against the real control plane.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from collections.abc import AsyncIterator
+from http.cookies import SimpleCookie
+from importlib import resources
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from koord_queue.cli import main as cli_main
+from koord_queue.cli.client import Denied, Gathered, Reader
+from koord_queue.dashboard import server
+from koord_queue.dashboard.api import Api
+from koord_queue.dashboard.guard import CSP, Guard
+from tests.unit.test_import_root import wheel  # noqa: F401  (the fixture)
+
+STATIC = ("index.html", "app.js", "style.css", "favicon.svg")
+
+
+class RefusingReader:
+    """A reader for which RBAC refuses every QueueUnit list, as for another namespace."""
+
+    client = None
+
+    async def units(self, namespace: str | None, got: Gathered, **_: Any) -> None:
+        raise Denied("list", "queueunits", "scheduling.x-k8s.io", namespace, "forbidden: alice cannot list")
+
+
+class Served:
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+        self.base = f"http://127.0.0.1:{guard.port}"
+        self.http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
+
+    async def request(
+        self, method: str, path: str, *, cookie: bool = True, headers: dict[str, str] | None = None, **kw: Any
+    ) -> tuple[int, dict[str, str], str]:
+        sent = dict(headers or {})
+        if cookie:
+            sent["Cookie"] = f"{self.guard.cookie}={self.guard.session}"
+        async with self.http.request(
+            method, self.base + path, headers=sent, allow_redirects=False, **kw
+        ) as response:
+            return response.status, dict(response.headers), await response.text()
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    sock = server.listen(0)
+    guard = Guard(sock.getsockname()[1])
+    api = Api(cast(Reader, RefusingReader()), "team-a", False, "alice")
+    runner = web.AppRunner(server.application(api, guard), access_log=None)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    it = Served(guard)
+    try:
+        yield it
+    finally:
+        await it.http.close()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/ns/team-a", "/api/session", "/api/ns/team-a/units", "/static/app.js"]
+)
+async def test_without_the_session_cookie_every_request_is_401(served: Served, path: str) -> None:
+    status, _, body = await served.request("GET", path, cookie=False)
+    assert status == 401, body
+    forged = {"Cookie": f"{served.guard.cookie}=guess"}
+    status, _, _ = await served.request("GET", path, cookie=False, headers=forged)
+    assert status == 401
+
+
+async def test_the_token_is_exchanged_for_an_httponly_strict_cookie_and_dropped_from_the_url(
+    served: Served,
+) -> None:
+    status, headers, _ = await served.request("GET", f"/ns/team-a?token={served.guard.token}", cookie=False)
+    assert status == 303
+    assert headers["Location"] == "/ns/team-a"
+    morsel = SimpleCookie(headers["Set-Cookie"])[served.guard.cookie]
+    assert morsel.value == served.guard.session != served.guard.token
+    assert morsel["httponly"] and morsel["samesite"] == "Strict" and morsel["path"] == "/"
+    status, _, _ = await served.request("GET", "/ns/team-a?token=not-the-token", cookie=False)
+    assert status == 401
+    status, _, page = await served.request("GET", "/ns/team-a")
+    assert status == 200 and "/static/app.js" in page
+
+
+def test_the_printed_url_carries_an_unguessable_token_and_each_run_its_own() -> None:
+    one, two = Guard(8080), Guard(8080)
+    assert one.token != two.token and one.session != two.session
+    assert len(one.token) >= 40  # 32 random bytes, URL-safe
+    assert one.url("/ns/x") == f"http://127.0.0.1:8080/ns/x?token={one.token}"
+    assert Guard(8081).cookie != one.cookie  # two dashboards on one machine keep their own cookies
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1:1", "10.0.0.1:{port}"])
+async def test_a_foreign_host_header_is_refused_even_with_the_cookie(served: Served, host: str) -> None:
+    """DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1."""
+    status, _, body = await served.request(
+        "GET", "/api/session", headers={"Host": host.format(port=served.guard.port)}
+    )
+    assert status == 403 and "Host" in body
+
+
+async def test_localhost_and_127_0_0_1_are_both_accepted(served: Served) -> None:
+    for host in ("127.0.0.1:{port}", "localhost:{port}"):
+        status, _, body = await served.request(
+            "GET", "/api/session", headers={"Host": host.format(port=served.guard.port)}
+        )
+        assert status == 200, body
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"Content-Type": "application/json"}, 403),  # no Origin
+        ({"Content-Type": "application/json", "Origin": "http://evil.example"}, 403),
+        ({"Content-Type": "application/json", "Origin": "http://127.0.0.1:1"}, 403),
+        ({"Content-Type": "application/json", "Origin": "null"}, 403),
+        ({"Content-Type": "text/plain", "Origin": "{origin}"}, 415),  # what a cross-site form can send
+        ({"Content-Type": "application/json", "Origin": "{origin}", "Sec-Fetch-Site": "cross-site"}, 403),
+    ],
+)
+async def test_a_write_from_anywhere_but_the_dashboards_page_is_refused(
+    served: Served, headers: dict[str, str], status: int
+) -> None:
+    origin = served.base
+    sent = {k: v.format(origin=origin) for k, v in headers.items()}
+    got, _, body = await served.request("POST", "/api/ns/team-a/units/job/hold", headers=sent, data="{}")
+    assert got == status, body
+    assert "permission denied" not in body  # refused before the plugin's command ran
+
+
+async def test_a_write_is_a_post_only(served: Served) -> None:
+    for method in ("PUT", "DELETE", "PATCH"):
+        status, _, _ = await served.request(
+            method, "/api/ns/team-a/units/job/hold", headers={"Origin": served.base}
+        )
+        assert status == 405
+
+
+async def test_a_same_origin_write_runs_the_plugins_command_and_an_rbac_refusal_is_403_naming_the_permission(
+    served: Served,
+) -> None:
+    status, _, body = await served.request(
+        "POST",
+        "/api/ns/team-b/units/job/hold",
+        headers={"Content-Type": "application/json", "Origin": served.base},
+        data="{}",
+    )
+    assert status == 403
+    assert (
+        'you may not list "queueunits.scheduling.x-k8s.io" in namespace "team-b"' in json.loads(body)["error"]
+    )
+    status, _, body = await served.request("GET", "/api/ns/team-b/units")
+    assert status == 403 and "missing RBAC permission" in json.loads(body)["error"]
+
+
+async def test_every_answer_carries_the_strict_content_security_policy(served: Served) -> None:
+    for path, cookie in (("/", True), ("/static/style.css", True), ("/api/session", False)):
+        _, headers, _ = await served.request("GET", path, cookie=cookie)
+        assert headers["Content-Security-Policy"] == CSP
+        assert "default-src 'self'" in CSP
+        assert headers["X-Content-Type-Options"] == "nosniff"
+        assert headers["Referrer-Policy"] == "no-referrer"
+
+
+async def test_only_the_pages_own_files_are_served(served: Served) -> None:
+    for name in STATIC[1:]:
+        status, _, _ = await served.request("GET", f"/static/{name}")
+        assert status == 200, name
+    for path in ("/static/../api.py", "/static/%2e%2e/server.py", "/static/views.py", "/static/index.htm"):
+        status, _, _ = await served.request("GET", path)
+        assert status == 404, path
+
+
+def test_the_pages_load_nothing_from_anywhere_else() -> None:
+    """No CDN, font or script from outside: every URL in the pages is the server's own path, and
+    nothing is written inline (the CSP would refuse it)."""
+    for name in STATIC:
+        text = resources.files("koord_queue.dashboard").joinpath("static", name).read_text()
+        assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", text), name
+        assert "@import" not in text and "url(" not in text, name
+        assert "innerHTML" not in text and "eval(" not in text, name
+    page = resources.files("koord_queue.dashboard").joinpath("static", "index.html").read_text()
+    assert re.findall(r'(?:src|href)="([^"]+)"', page) == [
+        "/static/favicon.svg",
+        "/static/style.css",
+        "/static/app.js",
+        "#main",
+        "/",
+        "/",
+        "/",
+        "/",
+    ]
+    assert "<script>" not in page and "style=" not in page and "<style" not in page
+
+
+def test_the_wheel_ships_the_pages(wheel: Path) -> None:  # noqa: F811
+    names = zipfile.ZipFile(wheel).namelist()
+    for name in STATIC:
+        assert f"koord_queue/dashboard/static/{name}" in names
+
+
+def test_the_plugin_lists_the_dashboard_command() -> None:
+    text = cli_main.parser().format_help()
+    assert "dashboard" in text
+    args = cli_main.parser().parse_args(["dashboard", "--no-browser", "--port", "0", "-n", "team-a"])
+    assert (args.command, args.no_browser, args.port, args.namespace) == ("dashboard", True, 0, "team-a")
