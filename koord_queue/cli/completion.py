@@ -26,6 +26,7 @@ COMMANDS: Final = (
     "resume",
     "version",
     "uninstall",
+    "dashboard",
     "completion",
 )
 GLOBAL_FLAGS: Final = ("--kubeconfig", "--context", "--namespace", "-n", "--as", "--color")
@@ -52,6 +53,7 @@ FLAGS: Final = {
     "stop": (),
     "resume": (),
     "version": (),
+    "dashboard": ("--port", "--no-browser", "-A", "--all-namespaces"),
     "uninstall": ("--held", "--yes", "--dry-run"),
 }
 VALUES: Final = {

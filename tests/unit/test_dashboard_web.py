@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from koord_queue.cli import completion
 from koord_queue.cli import main as cli_main
 from koord_queue.cli.client import Denied, Gathered, Reader
 from koord_queue.dashboard import server
@@ -223,3 +224,9 @@ def test_the_plugin_lists_the_dashboard_command() -> None:
     assert "dashboard" in text
     args = cli_main.parser().parse_args(["dashboard", "--no-browser", "--port", "0", "-n", "team-a"])
     assert (args.command, args.no_browser, args.port, args.namespace) == ("dashboard", True, 0, "team-a")
+
+
+def test_the_shell_completion_knows_the_dashboard_and_its_flags() -> None:
+    assert "dashboard" in completion.answer(["dash"]).splitlines()
+    flags = completion.answer(["dashboard", "--"]).splitlines()
+    assert {"--port", "--no-browser", "--all-namespaces"} <= set(flags)
