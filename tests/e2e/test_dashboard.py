@@ -99,7 +99,7 @@ def plugin(kubeconfig: Path, *args: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def dashboard(kubeconfig: Path, namespace: str) -> AsyncIterator[str]:
+async def dashboard(kubeconfig: Path, namespace: str, *flags: str) -> AsyncIterator[str]:
     """``kubectl koord-queue dashboard --no-browser`` as the kubeconfig's user; yields the printed URL."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     process = await asyncio.create_subprocess_exec(
@@ -110,6 +110,7 @@ async def dashboard(kubeconfig: Path, namespace: str) -> AsyncIterator[str]:
         namespace,
         "dashboard",
         "--no-browser",
+        *flags,
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -315,8 +316,17 @@ async def test_a_tenant_sees_her_queue_as_the_plugin_explains_it_and_nothing_els
         assert await page.get_attribute("#refused", "data-status") == "403"
         text = await page.inner_text("#refused-message")
         assert 'you may not list "queueunits.scheduling.x-k8s.io" in namespace "kube-system"' in text
-        api = await page.request.get(url.split("/ns/")[0] + "/api/ns/kube-system/units")
+        base = url.split("/ns/")[0]
+        api = await page.request.get(base + "/api/ns/kube-system/units")
         assert api.status == 403
+        # A write there, sent as the page would send it, is refused by the API server too.
+        write = await page.request.post(
+            base + "/api/ns/kube-system/units/coredns/hold",
+            data="{}",
+            headers={"Content-Type": "application/json", "Origin": base},
+        )
+        assert write.status == 403
+        assert 'in namespace "kube-system"' in (await write.json())["error"]
         assert not [
             u for u in refused_calls if not u.startswith(url.split("/ns/")[0])
         ]  # nothing from outside
@@ -374,3 +384,33 @@ async def test_a_view_only_user_pressing_hold_is_refused_with_the_missing_permis
         assert f'in namespace "{ns}"' in text
     got = kube.kubectl(e2e_cluster, "get", "job", "waits", "-n", ns, "-o", "json")
     assert names.ACTIVE_ANNOTATION not in (json.loads(got.stdout)["metadata"].get("annotations") or {})
+
+
+async def test_an_admin_sees_every_namespace_with_dash_a(
+    e2e_cluster: LocalCluster, stage: str, chromium: Browser
+) -> None:
+    ns = stage
+    quota = f"{ns}-all"
+    kube.kubectl(
+        e2e_cluster,
+        "apply",
+        "-f",
+        "-",
+        input_text=json.dumps(
+            {
+                "apiVersion": f"{names.QUOTA_GROUP}/{names.QUOTA_VERSION}",
+                "kind": "ElasticQuota",
+                "metadata": {"name": quota, "namespace": ns},
+                "spec": {"min": {"cpu": "1"}, "max": {"cpu": "1"}},
+            }
+        ),
+    )
+    await tenancy.create_as(e2e_cluster, ns, job("somewhere", quota, cpu="2", priority=1))
+    async with dashboard(e2e_cluster.kubeconfig, ns, "-A") as url:
+        assert "/all?token=" in url
+        page = await chromium.new_page()
+        await page.goto(url)
+        await shown_within(page, lambda r: f"{ns}/somewhere" in r, "the unit of the tenant's namespace")
+        row = page.locator(f"tr[data-unit='{ns}/somewhere'] td")
+        assert ns in await row.all_inner_texts()  # the namespace column
+        assert "every namespace" in await page.inner_text("#who")

@@ -230,3 +230,37 @@ def test_the_shell_completion_knows_the_dashboard_and_its_flags() -> None:
     assert "dashboard" in completion.answer(["dash"]).splitlines()
     flags = completion.answer(["dashboard", "--"]).splitlines()
     assert {"--port", "--no-browser", "--all-namespaces"} <= set(flags)
+
+
+def _luminance(colour: str) -> float:
+    channels = [int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast(one: str, two: str) -> float:
+    """The WCAG 2 contrast ratio of two ``#rrggbb`` colours."""
+    high, low = sorted((_luminance(one), _luminance(two)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_every_text_colour_is_readable_on_its_background() -> None:
+    """WCAG AA for normal text: at least 4.5:1, for each pair the stylesheet puts together."""
+    css = resources.files("koord_queue.dashboard").joinpath("static", "style.css").read_text()
+    colour = dict(re.findall(r"--([a-z]+):\s*(#[0-9a-fA-F]{6});", css))
+    assert contrast("#000000", "#ffffff") == pytest.approx(21)
+    pairs = [
+        (colour["fg"], colour["bg"]),
+        (colour["fg"], colour["panel"]),
+        (colour["muted"], colour["bg"]),
+        (colour["link"], colour["bg"]),
+        (colour["wait"], colour["bg"]),
+        (colour["ok"], colour["bg"]),
+        (colour["bad"], colour["bg"]),
+        (colour["bad"], colour["panel"]),
+        (colour["bad"], "#fff5f5"),  # the refusal panel
+        ("#ffffff", colour["head"]),  # the header
+    ]
+    for text, background in pairs:
+        assert contrast(text, background) >= 4.5, (text, background)
+    assert contrast(colour["focus"], colour["bg"]) >= 3  # the focus ring: a non-text contrast
