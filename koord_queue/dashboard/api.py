@@ -25,6 +25,7 @@ from aiohttp import web
 from koord_queue.cli import admin, commands, listing, render
 from koord_queue.cli.client import (
     EVENTS,
+    QUEUE_UNITS,
     CliError,
     Denied,
     Gathered,
@@ -32,6 +33,7 @@ from koord_queue.cli.client import (
     Reader,
     Refused,
     denied,
+    is_rbac_refusal,
 )
 from koord_queue.dashboard import views
 from koord_queue.dashboard.guard import refusal
@@ -123,6 +125,18 @@ class Api:
         except kube.KubeError:
             return ""
         return str(((answer.get("status") or {}).get("userInfo") or {}).get("username") or "")
+
+    async def page_status(self, namespace: str | None) -> int:
+        """The HTTP status of a page: 403 when the API server refuses this user the namespace's
+        QueueUnits (one list of at most one item), so another namespace's page is refused
+        itself; the page still loads and shows the plugin's message from its data request."""
+        try:
+            await self.reader.client.request(
+                "GET", QUEUE_UNITS.path(namespace), query={"limit": 1}, verb="LIST"
+            )
+        except kube.KubeError as err:
+            return 403 if is_rbac_refusal(err) else 200
+        return 200
 
     async def _json(self, run: Run) -> tuple[int, Any]:
         status, text = await run_command(run)

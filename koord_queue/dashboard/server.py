@@ -36,9 +36,27 @@ def _asset(name: str) -> bytes:
     return resources.files("koord_queue.dashboard").joinpath("static", name).read_bytes()
 
 
-async def index(request: web.Request) -> web.Response:
-    """Every page is the one HTML file; the script reads the path."""
-    return web.Response(body=_asset("index.html"), content_type="text/html", charset="utf-8")
+def pages(api: Api) -> list[web.RouteDef]:
+    """Every page is the one HTML file (the script reads the path), answered with 403 when the
+    user may not read the namespace it shows."""
+
+    async def index(request: web.Request) -> web.Response:
+        path = request.path
+        namespace = request.match_info.get("ns")
+        status = 200
+        if namespace is not None or path == "/all":
+            status = await api.page_status(namespace)
+        return web.Response(
+            body=_asset("index.html"), status=status, content_type="text/html", charset="utf-8"
+        )
+
+    return [
+        web.get("/", index),
+        web.get("/all", index),
+        web.get("/ns/{ns}", index),
+        web.get("/ns/{ns}/{view:quotas|history}", index),
+        web.get("/ns/{ns}/units/{name}", index),
+    ]
 
 
 async def static(request: web.Request) -> web.Response:
@@ -52,16 +70,7 @@ async def static(request: web.Request) -> web.Response:
 def application(api: Api, guard: Guard) -> web.Application:
     app = web.Application(middlewares=[guard.middleware])
     app.add_routes(api.routes())
-    app.add_routes(
-        [
-            web.get("/static/{name}", static),
-            web.get("/", index),
-            web.get("/all", index),
-            web.get("/ns/{ns}", index),
-            web.get("/ns/{ns}/{view:quotas|history}", index),
-            web.get("/ns/{ns}/units/{name}", index),
-        ]
-    )
+    app.add_routes([web.get("/static/{name}", static), *pages(api)])
     return app
 
 

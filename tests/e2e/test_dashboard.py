@@ -311,7 +311,7 @@ async def test_a_tenant_sees_her_queue_as_the_plugin_explains_it_and_nothing_els
 
         # Another namespace's page is refused, naming the permission.
         response = await page.goto(url.split("/ns/")[0] + "/ns/kube-system")
-        assert response is not None and response.status == 200  # the page; its data is refused
+        assert response is not None and response.status == 403  # refused, and the page says why
         await page.wait_for_selector("#refused")
         assert await page.get_attribute("#refused", "data-status") == "403"
         text = await page.inner_text("#refused-message")

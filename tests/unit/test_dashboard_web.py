@@ -28,15 +28,29 @@ from koord_queue.cli.client import Denied, Gathered, Reader
 from koord_queue.dashboard import server
 from koord_queue.dashboard.api import Api
 from koord_queue.dashboard.guard import CSP, Guard
+from koord_queue.shared import kube
 from tests.unit.test_import_root import wheel  # noqa: F401  (the fixture)
 
 STATIC = ("index.html", "app.js", "style.css", "favicon.svg")
 
 
+class RefusingClient:
+    """The API server as it answers a user bound to namespace ``team-a`` only."""
+
+    async def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        if "/namespaces/team-a/" in path:
+            return {"items": []}
+        raise kube.KubeError(
+            403,
+            "Forbidden",
+            'queueunits.scheduling.x-k8s.io is forbidden: User "alice" cannot list resource "queueunits"',
+        )
+
+
 class RefusingReader:
     """A reader for which RBAC refuses every QueueUnit list, as for another namespace."""
 
-    client = None
+    client = RefusingClient()
 
     async def units(self, namespace: str | None, got: Gathered, **_: Any) -> None:
         raise Denied("list", "queueunits", "scheduling.x-k8s.io", namespace, "forbidden: alice cannot list")
@@ -264,3 +278,17 @@ def test_every_text_colour_is_readable_on_its_background() -> None:
     for text, background in pairs:
         assert contrast(text, background) >= 4.5, (text, background)
     assert contrast(colour["focus"], colour["bg"]) >= 3  # the focus ring: a non-text contrast
+
+
+async def test_another_namespaces_page_is_refused_itself_and_still_says_why(served: Served) -> None:
+    """The page of a namespace the API server refuses is a 403 (its script then shows the plugin's
+    message from the data request); the user's own namespace is a 200."""
+    for path, status in (
+        ("/ns/team-a", 200),
+        ("/ns/team-b", 403),
+        ("/ns/team-b/units/x", 403),
+        ("/all", 403),
+    ):
+        got, _, page = await served.request("GET", path)
+        assert got == status, path
+        assert "/static/app.js" in page
