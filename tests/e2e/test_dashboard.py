@@ -309,6 +309,28 @@ async def test_a_tenant_sees_her_queue_as_the_plugin_explains_it_and_nothing_els
         lag = time.monotonic() - seen_at
         assert lag <= UPDATE_WITHIN, f"the new priority showed {lag:.2f}s after the API server served it"
 
+        # Hold, release and priority from the page, with her rights: the plugin's own answers.
+        row = f"tr[data-unit='{ns}/train-mid']"
+        await page.click(f"{row} button[data-action='hold']")
+        await said(page, "job/train-mid held: it keeps its place")
+        await shown_within(page, lambda r: r[f"{ns}/train-mid"]["reason"].startswith("inactive"), "held")
+        await page.click(f"{row} button[data-action='release']")
+        await said(page, "job/train-mid released")
+        await shown_within(
+            page, lambda r: not r[f"{ns}/train-mid"]["reason"].startswith("inactive"), "released"
+        )
+        await page.fill(f"{row} input.priority", "7")
+        await page.press(f"{row} input.priority", "Enter")
+        await said(page, "job/train-mid priority set to 7")
+        await shown_within(
+            page, lambda r: r[f"{ns}/train-mid"]["priority"] == "7", "priority 7 from the page"
+        )
+        got = kube.kubectl(e2e_cluster, "get", "job", "train-mid", "-n", ns, "-o", "json")
+        annotations = json.loads(got.stdout)["metadata"]["annotations"]
+        assert (
+            annotations[names.PRIORITY_ANNOTATION] == "7" and annotations[names.ACTIVE_ANNOTATION] == "true"
+        )
+
         # Another namespace's page is refused, naming the permission.
         response = await page.goto(url.split("/ns/")[0] + "/ns/kube-system")
         assert response is not None and response.status == 403  # refused, and the page says why
@@ -330,6 +352,16 @@ async def test_a_tenant_sees_her_queue_as_the_plugin_explains_it_and_nothing_els
         assert not [
             u for u in refused_calls if not u.startswith(url.split("/ns/")[0])
         ]  # nothing from outside
+
+
+async def said(page: Page, text: str) -> None:
+    """Wait until the page's message box says ``text`` (not as an error)."""
+
+    async def check() -> bool:
+        box = page.locator("#message")
+        return text in await box.inner_text() and "error" not in (await box.get_attribute("class") or "")
+
+    await kube.eventually(check, timeout=15, what=f"the message {text!r}")
 
 
 async def unit_seen(cluster: LocalCluster, ns: str, name: str, probe: Any) -> float:

@@ -6,7 +6,8 @@
 "use strict";
 
 const POLL_MS = 1000;
-const state = { session: null, route: null, lastBody: null, timer: null };
+// editing: a priority field the user has typed in and not yet submitted or left
+const state = { session: null, route: null, lastBody: null, timer: null, editing: false };
 
 // --- small helpers -------------------------------------------------------------------------------
 
@@ -161,7 +162,7 @@ function actionCell(ns, row) {
     try {
       const answer = await post(`${base}/${action}`, body);
       say(answer.message, false);
-      await refresh(true);
+      await refresh(true, true);
     } catch (error) {
       say(error.message, true);
     }
@@ -170,9 +171,12 @@ function actionCell(ns, row) {
   const input = el("input", {
     class: "priority", type: "number", step: "1", value: row.priority,
     "aria-label": `priority of ${row.name}`, "data-key": `${key}:priority-input`,
+    oninput: () => { state.editing = true; },
+    onblur: () => { state.editing = false; },
   });
   const form = el("form", { onsubmit: (event) => {
     event.preventDefault();
+    state.editing = false;
     act("priority", { priority: input.value });
   } }, input, el("button", { type: "submit", "data-key": `${key}:priority`, text: "Set priority" }));
   const held = row.reason && row.reason.startsWith("inactive");
@@ -303,7 +307,7 @@ function historyView(body, route) {
 
 const VIEWS = { queues: queuesView, unit: unitView, quotas: quotasView, history: historyView };
 
-async function refresh(keepFocus) {
+async function refresh(keepFocus, force) {
   const route = state.route;
   let body;
   try {
@@ -318,8 +322,7 @@ async function refresh(keepFocus) {
     return;
   }
   if (route !== state.route) return;
-  const active = document.activeElement;
-  if (keepFocus && active && active.tagName === "INPUT") return; // do not redraw under a typing user
+  if (keepFocus && !force && state.editing) return; // not under a typing user
   const text = JSON.stringify(body);
   document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   if (text === state.lastBody) return;
@@ -332,7 +335,7 @@ function show(route, moveFocus) {
   state.lastBody = null;
   navigation(route);
   document.title = `koord-queue: ${pagePath(route)}`;
-  refresh(false).then(() => { if (moveFocus) document.getElementById("main").focus(); });
+  refresh(false, true).then(() => { if (moveFocus) document.getElementById("main").focus(); });
 }
 
 async function start() {
@@ -349,7 +352,8 @@ async function start() {
   history.replaceState(null, "", pagePath(route));
   window.addEventListener("popstate", () => show(parseRoute(location.pathname) || route, true));
   show(route, false);
-  state.timer = setInterval(() => refresh(true), POLL_MS);
+  state.timer = setInterval(() => { if (!document.hidden) refresh(true, false); }, POLL_MS);
+  document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(true, false); });
 }
 
 document.addEventListener("DOMContentLoaded", start);
