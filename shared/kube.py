@@ -39,6 +39,15 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 import orjson
+
+# kubernetes-asyncio works out its default kubeconfig (~/.kube/config) when it is imported, even
+# with KUBECONFIG set, and that raises where there is no home directory: no HOME and a uid without
+# a passwd entry, as when the image runs as another user (docs/development.md#runtime-constraints).
+# The default is never used here (a kubeconfig is named, or the in-cluster ServiceAccount is), so a
+# home that does not exist, as system users have, lets the import through.
+if os.path.expanduser("~") == "~":
+    os.environ["HOME"] = "/nonexistent"
+
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.config import kube_config as k8s_kube_config

@@ -28,7 +28,8 @@ The environment is built, not inherited: ``PATH``, ``LANG`` and the Python flags
 ``TMPDIR`` (stricter than the image, whose ``HOME=/tmp`` is an emptyDir in the manifests: nothing
 may depend on a writable directory). The working directory is ``/`` and stdin is ``/dev/null``.
 
-Files the process is given (every absolute path among its arguments, plus ``mounts``) are handled
+Files the process is given (every absolute path among its arguments, or the directory of one that
+does not exist yet, plus ``mounts``) are handled
 as the kubelet handles a pod's volumes with ``fsGroup``: one the image user cannot read gets the
 image's group and group read permission, so a key written 0600 by root becomes readable by the
 process and by no one else (:func:`grant_group`). A directory is handed over as it is.
@@ -145,12 +146,19 @@ def plan_mounts(
 
 
 def argument_paths(args: Sequence[str]) -> list[Path]:
-    """The existing absolute paths among ``args``: ``/path`` or ``--flag=/path``."""
+    """What the absolute paths among ``args`` (``/path`` or ``--flag=/path``) ask to be mounted:
+    the path when it exists, else its directory when that exists (a file that appears later, as
+    the kubelet projects a ConfigMap's key into a volume the pod mounted at start)."""
     found: list[Path] = []
     for arg in args:
         value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
-        if value.startswith("/") and os.path.exists(value):
-            found.append(Path(value))
+        if not value.startswith("/"):
+            continue
+        path = Path(value)
+        if path.exists():
+            found.append(path)
+        elif path.parent.is_dir():
+            found.append(path.parent)
     return found
 
 

@@ -22,7 +22,7 @@ import yaml
 
 from koord_queue.certs import pki
 from koord_queue.shared.api import names
-from testenv import binaries, kinds
+from testenv import binaries, confined, kinds
 from testenv.cluster import LocalCluster
 from testenv.processes import ClusterError, Component, free_port, http_ok, retry_port_clash, spawn, wait_until
 
@@ -102,6 +102,10 @@ class Processes:
 
 
 def _spawn(name: str, argv: list[str], logdir: Path) -> Component:
+    """Start one of our processes; confined as the container image runs it when
+    ``KOORD_QUEUE_CONFINED=1`` (the e2e suite; docs/development.md#runtime-constraints)."""
+    if confined.requested():
+        return confined.spawn(name, argv, logdir / f"{name}.log")
     return spawn(name, argv, logdir / f"{name}.log", env={"PYTHONUNBUFFERED": "1"})
 
 

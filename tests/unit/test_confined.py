@@ -80,7 +80,7 @@ def test_a_blocked_tree_is_covered_once_at_its_outermost_blocked_directory() -> 
     assert confined.Plan.from_json(plan.to_json()) == plan
 
 
-def test_only_absolute_existing_paths_among_the_arguments_are_mounted(tmp_path: Path) -> None:
+def test_absolute_paths_among_the_arguments_or_their_directories_are_mounted(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("{}")
     args = [
@@ -89,11 +89,12 @@ def test_only_absolute_existing_paths_among_the_arguments_are_mounted(tmp_path: 
         f"--kubeconfig={config}",
         "--config",
         str(tmp_path),
-        f"--missing={tmp_path / 'nope'}",
+        f"--later={tmp_path / 'published'}",  # appears later: its directory is the volume
+        f"--missing={tmp_path / 'no' / 'such'}",
         "--port=9443",
         "relative/path",
     ]
-    assert confined.argument_paths(args) == [config, tmp_path]
+    assert confined.argument_paths(args) == [config, tmp_path, tmp_path]
 
 
 def test_the_environment_is_built_with_no_home_and_no_temporary_directory() -> None:
