@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from playwright.async_api import Browser, Page, async_playwright
 
 from koord_queue.shared.api import names
@@ -127,6 +128,35 @@ async def dashboard(kubeconfig: Path, namespace: str, *flags: str) -> AsyncItera
         assert code == 0, (await process.stderr.read()).decode() if process.stderr else code
 
 
+@contextlib.asynccontextmanager
+async def evil_page(target: str) -> AsyncIterator[str]:
+    """A web page on another port of 127.0.0.1 (same site, other origin) that tries to make the
+    dashboard write: a JSON fetch with credentials, and a form it submits when asked."""
+    page = f"""<!doctype html><title>waiting</title>
+<form id="attack" method="POST" action="{target}" enctype="text/plain">
+<input name='{{"x":"' value='"}}'></form>
+<script>
+fetch("{target}", {{method: "POST", credentials: "include",
+  headers: {{"Content-Type": "application/json"}}, body: "{{}}"}})
+  .then(r => {{ document.title = "fetch:" + r.status; }})
+  .catch(() => {{ document.title = "fetch-failed"; }});
+</script>"""
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/html")
+
+    app = web.Application()
+    app.add_routes([web.get("/", serve)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        await runner.cleanup()
+
+
 @pytest.fixture
 async def chromium() -> AsyncIterator[Browser]:
     async with async_playwright() as p:
@@ -212,8 +242,8 @@ async def test_a_tenant_sees_her_queue_as_the_plugin_explains_it_and_nothing_els
 
     async with dashboard(kubeconfig, ns) as url:
         page = await chromium.new_page(viewport={"width": 1400, "height": 800})
-        refused_calls: list[str] = []
-        page.on("requestfailed", lambda r: refused_calls.append(r.url))
+        requested: list[str] = []
+        page.on("request", lambda r: requested.append(r.url))
         await page.goto(url)
         assert "token=" not in page.url  # exchanged for the cookie, dropped from the address
 
@@ -349,9 +379,21 @@ async def test_a_tenant_sees_her_queue_as_the_plugin_explains_it_and_nothing_els
         )
         assert write.status == 403
         assert 'in namespace "kube-system"' in (await write.json())["error"]
-        assert not [
-            u for u in refused_calls if not u.startswith(url.split("/ns/")[0])
-        ]  # nothing from outside
+        # Nothing the pages asked for came from anywhere but the dashboard.
+        assert requested and all(u.startswith(base + "/") for u in requested), requested
+
+        # A hostile page on another local port, in the same browser: its fetch and its form are
+        # refused (preflight without the cookie; Origin not the dashboard's), nothing is held.
+        async with evil_page(f"{base}/api/ns/{ns}/units/train-high/hold") as evil:
+            await page.goto(evil)
+            await page.wait_for_function("document.title.startsWith('fetch')", timeout=15000)
+            assert await page.title() == "fetch-failed"
+            async with page.expect_navigation() as navigation:
+                await page.evaluate("document.getElementById('attack').submit()")
+            answer = await navigation.value
+            assert answer is not None and answer.status in (403, 415), answer.status if answer else None
+        got = kube.kubectl(e2e_cluster, "get", "job", "train-high", "-n", ns, "-o", "json")
+        assert names.ACTIVE_ANNOTATION not in (json.loads(got.stdout)["metadata"].get("annotations") or {})
 
 
 async def said(page: Page, text: str) -> None:
