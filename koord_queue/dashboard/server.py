@@ -107,5 +107,7 @@ async def serve(reader: Reader, args: Any, out: TextIO, user: str) -> int:
     try:
         await stopped.wait()
     finally:
+        with contextlib.suppress(NotImplementedError):
+            loop.remove_signal_handler(signal.SIGTERM)
         await runner.cleanup()
     return 0

@@ -9,8 +9,13 @@ own identity: tests/e2e/test_dashboard.py tries that against the real control pl
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
+import io
 import json
 import re
+import webbrowser
 import zipfile
 from collections.abc import AsyncIterator
 from http.cookies import SimpleCookie
@@ -292,3 +297,30 @@ async def test_another_namespaces_page_is_refused_itself_and_still_says_why(serv
         got, _, page = await served.request("GET", path)
         assert got == status, path
         assert "/static/app.js" in page
+
+
+@pytest.mark.parametrize("no_browser", [False, True])
+async def test_serve_prints_the_url_and_opens_the_browser_at_it_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, no_browser: bool
+) -> None:
+    opened: list[str] = []
+    monkeypatch.setattr(webbrowser, "open", lambda url: opened.append(url) or True)
+    out = io.StringIO()
+    flags = argparse.Namespace(port=0, no_browser=no_browser, all_namespaces=False, namespace="team-a")
+    task = asyncio.create_task(server.serve(cast(Reader, RefusingReader()), flags, out, "alice"))
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while "token=" not in out.getvalue() or (not no_browser and not opened):
+            assert asyncio.get_running_loop().time() < deadline, out.getvalue()
+            await asyncio.sleep(0.01)
+        (url,) = re.findall(r"http://127\.0\.0\.1:\d+/ns/team-a\?token=[\w-]+", out.getvalue())
+        assert opened == ([] if no_browser else [url])
+        async with (
+            aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http,
+            http.get(url, allow_redirects=False) as response,
+        ):
+            assert response.status == 303  # the printed URL is this server's
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
