@@ -115,3 +115,15 @@ def test_writable_mounts_are_named_from_mountinfo() -> None:
         "70 46 0:40 / /mnt/with\\040space rw,nosuid - tmpfs tmpfs rw\n"
     )
     assert confined.writable_mounts(mountinfo) == ["/proc", "/mnt/with space"]
+
+
+def test_a_machine_that_cannot_confine_is_told_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No silent fallback: each missing prerequisite is a ClusterError that names it."""
+    check = confined.tools.__wrapped__
+    monkeypatch.setattr("shutil.which", lambda name: None if name == "setpriv" else f"/usr/bin/{name}")
+    with pytest.raises(ClusterError, match=r"needs setpriv \(util-linux\)"):
+        check()
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(ClusterError, match=f"needs root.*uid 1000.*{confined.ENV}=0"):
+        check()
