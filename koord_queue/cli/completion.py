@@ -54,7 +54,7 @@ FLAGS: Final = {
     "resume": (),
     "version": (),
     "dashboard": ("--port", "--no-browser", "-A", "--all-namespaces"),
-    "uninstall": ("--held", "--yes", "--dry-run"),
+    "uninstall": ("--held", "--yes", "--dry-run", "--follow"),
 }
 VALUES: Final = {
     "--color": ("auto", "always", "never"),

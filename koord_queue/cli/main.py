@@ -146,6 +146,11 @@ def parser() -> argparse.ArgumentParser:
     )
     out.add_argument("--yes", action="store_true", help="really do it (required unless --dry-run)")
     out.add_argument("--dry-run", action="store_true", help="print what would be done and change nothing")
+    out.add_argument(
+        "--follow",
+        action="store_true",
+        help="then ungate the new pods of started Jobs whose template keeps the gate, until they finish",
+    )
 
     comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
     comp.add_argument("shell", choices=("bash", "zsh"))

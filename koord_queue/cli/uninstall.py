@@ -9,10 +9,23 @@ behind the ``koord-queue/admission`` gate, which only the reconciler may remove.
 2. delete the webhook configurations and every admission policy and binding of the install, so
    nothing new is held and nothing refuses the writes below (found by the label the manifests and
    the chart put on them, and by their names);
-3. release (the adapter's own resume patch, as the reconciler writes it on admission) or delete
-   every job whose QueueUnit is not admitted while the job is still suspended, taking the gate off
-   its pod templates where the API still allows template changes;
-4. remove the gate from every pod that still carries it.
+3. list every job of every kind the queue knows (the adapters' registry; a kind whose CRD is not
+   served is skipped) and release (the adapter's own resume patch, as the reconciler writes it on
+   admission) or delete each one the queue holds: unfinished, suspended, never resumed since, and
+   marked by the queue (a QueueUnit naming it, the webhook's enqueue stamps, or a quota label).
+   The marks, not the QueueUnits alone, find a job the webhook held while no reconciler ran to give
+   it a unit;
+4. take the gate off the pod templates of every unfinished job that carries it (held or already
+   released), where the API still allows template changes;
+5. remove the gate from every pod that still carries it.
+
+Step 4 cannot reach a ``batch/v1`` Job the Job controller has started: its template is immutable
+from then on, and its later pods (retries, further completions) are created gated. The gate cannot
+be left out of admitted Jobs' templates instead: it is what keeps a Job's pods beyond its
+admission (scaled up after admission, partially admitted) from being scheduled, and the reconciler
+releases pods one by one under it (docs/architecture.md#decision-5-gate-pods-reclaim-only-unbound-ones).
+Deleting and re-creating such a Job would kill its running pods. So the command names those jobs,
+and ``--follow`` stays to ungate their pods as they appear until every one has finished or is gone.
 
 Deleting policies takes a moment to reach the apiserver's admission chain, so a write refused by
 admission is retried for a while. CRDs and QueueUnits stay: the admin removes the release after.
@@ -67,6 +80,8 @@ RECONCILER: Final = "koord-queue-reconciler"
 #: long the reconciler's pods get to stop.
 SETTLE_SECONDS: Final = 30.0
 STOP_SECONDS: Final = 120.0
+#: How often ``--follow`` looks for new gated pods of the Jobs that keep the gate in their template.
+FOLLOW_POLL_SECONDS: Final = 2.0
 
 
 class UsageError(CliError):
@@ -75,13 +90,15 @@ class UsageError(CliError):
 
 @dataclass
 class Held:
-    """A job the queue holds: its resource, namespace, name and the object as read."""
+    """A job the command acts on: its resource, namespace, name and the object as read, and whether
+    the queue holds it (else it only carries the gate in a pod template)."""
 
     res: kube.Resource
     namespace: str
     name: str
     job: Obj
     adapter: base.JobAdapter
+    holds: bool = True
 
     @property
     def label(self) -> str:
@@ -137,12 +154,45 @@ def gate_ops(obj: object, path: str = "") -> list[Obj]:
     return ops
 
 
-def held_job(unit: Mapping[str, Any], job: Obj, adapter: base.JobAdapter) -> bool:
-    """The queue holds ``job``: suspended and never resumed by the reconciler since (a held, waiting
-    or preempted job; an admitted one carries the dequeue timestamp)."""
-    phase = str((unit.get("status") or {}).get("phase") or "")
-    finished = phase in (names.Phase.SUCCEED, names.Phase.FAILED)
-    return not finished and adapter.is_suspended(job) and not base.is_dequeued(job)
+def finished(job: Obj, adapter: base.JobAdapter) -> bool:
+    return adapter.job_status(job) in (base.JobStatus.SUCCEEDED, base.JobStatus.FAILED)
+
+
+def held_job(unit: Mapping[str, Any] | None, job: Obj, adapter: base.JobAdapter) -> bool:
+    """The queue holds ``job``: unfinished, suspended and never resumed by the reconciler since (a
+    held, waiting or preempted job; an admitted one carries the dequeue timestamp), and marked as
+    the queue's: ``unit`` (its QueueUnit, None when it has none), the webhook's enqueue stamps, or
+    its kind's own managed test (a quota label; a ``batch/v1`` Job its parent controls is not, as
+    its parent is released instead). A job the webhook held while no reconciler ran has no unit."""
+    if unit is not None:
+        phase = str((unit.get("status") or {}).get("phase") or "")
+        if phase in (names.Phase.SUCCEED, names.Phase.FAILED):
+            return False
+    if finished(job, adapter) or not adapter.is_suspended(job) or base.is_dequeued(job):
+        return False
+    return unit is not None or base.is_enqueued(job) or adapter.is_managed(job)
+
+
+def template_locked(res: kube.Resource, job: Obj) -> bool:
+    """A ``batch/v1`` Job that runs or has ever started (``status.startTime``): the apiserver lets
+    a Job's pod template change only while it is suspended and has never started."""
+    if (res.group, res.kind) != ("batch", "Job"):
+        return False
+    return base.dig(job, "spec", "suspend") is not True or base.dig(job, "status", "startTime") is not None
+
+
+def job_kinds() -> list[list[tuple[kube.Resource, base.JobAdapter]]]:
+    """Every kind of the registry once, each as the served versions to try in order (the adapters'
+    own, then their ``older_versions``): RayJob's two adapters are two views of the same objects."""
+    kinds: dict[tuple[str, str], list[tuple[kube.Resource, base.JobAdapter]]] = {}
+    for adapter in registry.ADAPTERS:
+        group, _, version = adapter.api_version.rpartition("/")
+        tries = kinds.setdefault((group, adapter.kind), [])
+        for each in (version, *adapter.older_versions):
+            res = kube.Resource(group, each, adapter.plural, adapter.kind)
+            if all(known.version != each for known, _ in tries):
+                tries.append((res, adapter))
+    return list(kinds.values())
 
 
 # --- the cluster -----------------------------------------------------------------------------------
@@ -218,43 +268,71 @@ async def remove_admission(api: kube.Kube, report: Report, *, dry_run: bool) -> 
 
 
 async def held_jobs(api: kube.Kube) -> list[Held]:
-    """Every job behind a QueueUnit the queue has not admitted and still keeps suspended."""
-    found: list[Held] = []
-    for unit in await _list(api, QUEUE_UNITS):
+    """Every job the queue holds, and every other unfinished job whose pod templates carry the
+    gate (``holds`` False), over every served kind of the registry."""
+    units: dict[tuple[str, str, str, str], Obj] = {}
+    try:
+        listed, _ = await api.list(QUEUE_UNITS)
+    except kube.NotFound:
+        listed = []  # the CRD is gone already
+    except kube.KubeError as err:
+        raise denied(err, "list", QUEUE_UNITS, None) from None
+    for unit in listed:
         ref = (unit.get("spec") or {}).get("consumerRef") or {}
-        api_version, kind, name = str(ref.get("apiVersion", "")), str(ref.get("kind", "")), ref.get("name")
+        group = str(ref.get("apiVersion", "")).rpartition("/")[0]
         namespace = str((unit.get("metadata") or {}).get("namespace", ""))
-        adapter = registry.by_kind(api_version, kind)
-        if adapter is None or not name:
-            continue
-        group, _, version = api_version.rpartition("/")
-        res = kube.Resource(group, version, adapter.plural, kind)
-        try:
-            job = await api.get(res, str(name), namespace=namespace)
-        except kube.NotFound:
-            continue
-        except kube.KubeError as err:
-            raise denied(err, "get", res, namespace) from None
-        if held_job(unit, job, adapter):
-            found.append(Held(res, namespace, str(name), job, adapter))
+        units[(namespace, group, str(ref.get("kind", "")), str(ref.get("name", "")))] = unit
+    found: list[Held] = []
+    for tries in job_kinds():
+        for res, adapter in tries:
+            try:
+                jobs, _ = await api.list(res)
+            except kube.NotFound:
+                continue  # not served in this version (or at all)
+            except kube.KubeError as err:
+                raise denied(err, "list", res, None) from None
+            for job in jobs:
+                meta = job.get("metadata") or {}
+                if meta.get("deletionTimestamp"):
+                    continue  # on its way out: nothing to release or ungate
+                namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+                own = units.get((namespace, res.group, res.kind, name))
+                if held_job(own, job, adapter):
+                    found.append(Held(res, namespace, name, job, adapter))
+                elif not finished(job, adapter) and gate_ops(job.get("spec")):
+                    found.append(Held(res, namespace, name, job, adapter, holds=False))
+            break
     return found
+
+
+async def ungate_templates(api: kube.Kube, held: Held) -> bool:
+    """Take the gate off the job's pod templates; False when the API keeps them as they are (a
+    started Job). A template may change while a Job is suspended and has never started."""
+    ops = gate_ops(held.job.get("spec"), "/spec")
+    if not ops:
+        return True
+
+    async def write() -> bool:
+        try:
+            await api.patch(held.res, held.name, ops, namespace=held.namespace, content_type=kube.JSON_PATCH)
+        except kube.KubeError as err:
+            if err.status == 422 and "immutable" in err.message:
+                return False
+            raise
+        return True
+
+    try:
+        return await _settled(write, "patch", held.res, held.namespace)
+    except CliError:
+        if await _exists(api, held.res, held.namespace, held.name):
+            raise
+        return True  # deleted meanwhile: nothing left to gate
 
 
 async def release(api: kube.Kube, held: Held) -> bool:
     """Ungate the job's templates (while it is suspended, the only time a Job allows it), then
     resume it with the adapter's patch. False when a template had to keep its gate."""
-    ops = gate_ops(held.job)
-
-    async def ungate_templates() -> bool:
-        try:
-            await api.patch(held.res, held.name, ops, namespace=held.namespace, content_type=kube.JSON_PATCH)
-        except kube.KubeError as err:
-            if err.status == 422 and "immutable" in err.message:
-                return False  # a Job that has started keeps its template
-            raise
-        return True
-
-    templates_clean = await _settled(ungate_templates, "patch", held.res, held.namespace) if ops else True
+    templates_clean = await ungate_templates(api, held)
     job = await api.get(held.res, held.name, namespace=held.namespace)
     patch = held.adapter.resume_patch(job, now_text=durations.format_time(time.time()))
 
@@ -276,10 +354,17 @@ async def delete(api: kube.Kube, held: Held) -> None:
             raise
 
 
-async def ungate_pods(api: kube.Kube, skip_owners: set[str], *, dry_run: bool) -> list[str]:
+async def ungate_pods(
+    api: kube.Kube,
+    skip_owners: set[str],
+    *,
+    dry_run: bool,
+    namespace: str | None = None,
+    seen: Callable[[str], None] | None = None,
+) -> list[str]:
     """Take the admission gate off every pod that carries it, but those of deleted jobs."""
     done: list[str] = []
-    for pod in await _list(api, PODS):
+    for pod in await _list(api, PODS, namespace):
         meta = pod.get("metadata") or {}
         gates = (pod.get("spec") or {}).get("schedulingGates")
         kept = without_gate(gates)
@@ -294,7 +379,41 @@ async def ungate_pods(api: kube.Kube, skip_owners: set[str], *, dry_run: bool) -
             ]
             await _ungate(api, ns, name, ops)
         done.append(f"{ns}/{name}")
+        if seen is not None:
+            seen(f"{ns}/{name}")
     return done
+
+
+async def still_gated(api: kube.Kube, held: Held) -> bool:
+    """The job is unfinished and its pod templates still carry the gate."""
+    try:
+        job = await api.get(held.res, held.name, namespace=held.namespace)
+    except kube.NotFound:
+        return False
+    except kube.KubeError as err:
+        raise denied(err, "get", held.res, held.namespace) from None
+    return not finished(job, held.adapter) and bool(gate_ops(job.get("spec")))
+
+
+async def follow(
+    api: kube.Kube, kept: list[Held], skip_owners: set[str], out: TextIO, *, poll: float = FOLLOW_POLL_SECONDS
+) -> int:
+    """Ungate the pods of ``kept`` (jobs whose templates keep the gate) as they appear, until every
+    one has finished or is gone; returns how many pods it ungated."""
+
+    def seen(pod: str) -> None:
+        out.write(f"ungated pod {pod}\n")
+        out.flush()
+
+    count = 0
+    left = list(kept)
+    while left:
+        for namespace in sorted({k.namespace for k in left}):
+            count += len(await ungate_pods(api, skip_owners, dry_run=False, namespace=namespace, seen=seen))
+        left = [k for k in left if await still_gated(api, k)]
+        if left:
+            await asyncio.sleep(poll)
+    return count
 
 
 async def _ungate(api: kube.Kube, namespace: str, name: str, ops: list[Obj]) -> None:
@@ -330,27 +449,49 @@ async def cmd_uninstall(client: kube.Kube, args: Any, out: TextIO) -> int:
     report = Report()
     await stop_reconciler(client, report, dry_run=dry_run)
     await remove_admission(client, report, dry_run=dry_run)
-    held = await held_jobs(client)
+    found = await held_jobs(client)
+    held = [j for j in found if j.holds]
+    gated = [j for j in found if not j.holds]
     deleted_uids: set[str] = set()
-    kept_gates: list[str] = []
+    kept: list[Held] = []
+    if dry_run:
+        kept = [j for j in found if template_locked(j.res, j.job) and gate_ops(j.job.get("spec"))]
+        kept = [j for j in kept if not (j.holds and args.held == "delete")]
     for job in held if not dry_run else ():
         if args.held == "delete":
             await delete(client, job)
         elif not await release(client, job):
-            kept_gates.append(job.label)
+            kept.append(job)
+    for job in gated if not dry_run else ():
+        if not await ungate_templates(client, job):
+            kept.append(job)
     if args.held == "delete":
         deleted_uids = {str(j.job["metadata"].get("uid")) for j in held}
     verb = {"delete": "deleted", "release": "released"}[args.held]
     report.section(f"would {args.held}" if dry_run else verb, "held jobs", [j.label for j in held])
-    if kept_gates:
-        report.section(
-            "kept the gate in the pod templates of (started before; rerun uninstall to ungate new pods)",
-            "jobs",
-            kept_gates,
-        )
+    kept_labels = {j.label for j in kept}
+    report.section(
+        "would ungate the pod templates of" if dry_run else "ungated the pod templates of",
+        "jobs the queue had released",
+        [j.label for j in gated if j.label not in kept_labels],
+    )
+    if kept:
+        report.section("kept the gate in the pod templates of", "started Jobs", [j.label for j in kept])
     pods = await ungate_pods(client, deleted_uids, dry_run=dry_run)
     report.section("would ungate" if dry_run else "ungated", "pods", pods)
     out.write("\n".join(report.lines) + "\n")
+    follow_on = bool(getattr(args, "follow", False))
+    if kept and not follow_on:
+        out.write(
+            "the pods those Jobs create from now on (retries, further completions) are gated again: "
+            "run uninstall with --follow to ungate them as they appear until the Jobs finish "
+            "(docs/operations.md#uninstall)\n"
+        )
+    if kept and follow_on and not dry_run:
+        out.write(f"following {len(kept)} Jobs until they finish or are deleted (Ctrl-C stops)\n")
+        out.flush()
+        more = await follow(client, kept, deleted_uids, out)
+        out.write(f"the {len(kept)} Jobs finished or are gone; ungated {more} more pods\n")
     if not dry_run:
         out.write(
             "the queue is out of the way; now remove the release (helm uninstall, or kubectl delete -k "

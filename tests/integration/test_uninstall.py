@@ -5,6 +5,11 @@ A job the queue holds (suspended, stamped as enqueued, its template gated, its Q
 the command takes those away and releases or deletes the job, and takes the gate off the pod.
 ``--dry-run`` changes nothing, and a namespace user is refused with the plugin's RBAC error.
 
+Jobs are found by the marks the queue leaves on them, not by their QueueUnits alone: a Job and a
+TFJob the webhook held while no reconciler ran (no unit) are released too, the pod templates of a
+job the queue had already released lose the gate, and a job suspended by its owner without the
+queue's marks is left alone (docs/operations.md#uninstall).
+
 The command deletes cluster-wide objects the shared integration cluster relies on, so these tests
 run on a control plane of their own. No webhook serves here: the configurations point nowhere, so
 only the command's own deletions let its writes through.
@@ -26,6 +31,7 @@ import pytest
 from koord_queue.cli import uninstall
 from koord_queue.shared import kube as kq
 from koord_queue.shared.api import names
+from koord_queue.shared.jobs import patches, registry
 from testenv import binaries, system
 from testenv.cluster import LocalCluster
 from tests import tenancy
@@ -38,7 +44,9 @@ PODS = kq.Resource("", "v1", "pods", "Pod")
 NAMESPACES = kq.Resource("", "v1", "namespaces", "Namespace")
 UNITS = kq.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
 DEPLOYMENTS = kq.Resource("apps", "v1", "deployments", "Deployment")
+TFJOBS = kq.Resource("kubeflow.org", "v1", "tfjobs", "TFJob")
 GATE = {"name": names.ADMISSION_GATE}
+NOW = "2026-01-01T00:00:00Z"
 
 
 @pytest.fixture(scope="module")
@@ -183,34 +191,103 @@ class Stage:
         return list(pod["spec"].get("schedulingGates") or [])
 
 
-@pytest.fixture
-async def stage(own_cluster: LocalCluster, request: pytest.FixtureRequest) -> AsyncIterator[Stage]:
-    """A held job with its Enqueued unit and a gated pod, then the install's admission control."""
-    api = await kq.Kube.connect(kubeconfig=str(own_cluster.kubeconfig))
-    ns = f"u-{request.node.name[5:20].replace('_', '-').strip('-')}"
+def plain_job(name: str, *, quota: bool = True, suspend: bool | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}
+    }
+    if suspend is not None:
+        spec["suspend"] = suspend
+    labels = {names.QUOTA_NAME_LABEL: "team-a"} if quota else {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec,
+    }
+
+
+def tf_job(name: str) -> dict[str, Any]:
+    template = {"spec": {"containers": [{"name": "tensorflow", "image": "busybox"}]}}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": name, "labels": {names.QUOTA_NAME_LABEL: "team-a"}},
+        "spec": {"tfReplicaSpecs": {"Worker": {"replicas": 2, "template": template}}},
+    }
+
+
+def as_webhook_holds(job: dict[str, Any], ns: str) -> dict[str, Any]:
+    """``job`` as the webhook stores it: the kind's own hold patch applied."""
+    adapter = registry.by_kind(job["apiVersion"], job["kind"])
+    assert adapter is not None
+    job["metadata"]["namespace"] = ns
+    return patches.applied(job, adapter.suspend_patch(job, now_text=NOW))
+
+
+async def marked_jobs(api: kq.Kube, ns: str) -> None:
+    """Jobs with no QueueUnit: held by the webhook (a Job, a TFJob), released by the reconciler (its
+    template still gated, as an admitted Job's is), and suspended by its owner outside the queue."""
+    await api.create(JOBS, as_webhook_holds(plain_job("unitless"), ns), namespace=ns)
+    await api.create(TFJOBS, as_webhook_holds(tf_job("tf"), ns), namespace=ns)
+    released = as_webhook_holds(plain_job("admitted"), ns)
+    adapter = registry.by_kind("batch/v1", "Job")
+    assert adapter is not None
+    released = patches.deep_merge(released, adapter.resume_patch(released, now_text=NOW))
+    await api.create(JOBS, released, namespace=ns)
+    await api.create(JOBS, plain_job("mine", quota=False, suspend=True), namespace=ns)
+
+
+@contextlib.asynccontextmanager
+async def staged(cluster: LocalCluster, ns: str, *, extra: bool = False) -> AsyncIterator[Stage]:
+    """A held job with its Enqueued unit and a gated pod (and with ``extra`` the jobs of
+    :func:`marked_jobs`), then the install's admission control. Afterwards every job of the
+    namespace is deleted: the command looks at the whole cluster, and no namespace controller runs
+    here to empty a namespace."""
+    api = await kq.Kube.connect(kubeconfig=str(cluster.kubeconfig))
     try:
         await api.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        tenancy.grant(own_cluster, ns, tenancy.ALICE)
+        tenancy.grant(cluster, ns, tenancy.ALICE)
         job = await api.create(JOBS, held_job("held"), namespace=ns)
         await api.create(UNITS, unit_of("held"), namespace=ns)
         await api.patch(UNITS, "held", {"status": {"phase": "Enqueued"}}, namespace=ns, subresource="status")
         await api.create(PODS, pod_of(job), namespace=ns)
+        if extra:
+            await marked_jobs(api, ns)
         with contextlib.suppress(kq.Conflict):
             await api.create(DEPLOYMENTS, reconciler_deployment(), namespace=names.COMPONENT_NAMESPACE)
         await api.patch(
             DEPLOYMENTS, uninstall.RECONCILER, {"spec": {"replicas": 2}}, namespace=names.COMPONENT_NAMESPACE
         )
-        install_admission(own_cluster)
-        yield Stage(own_cluster, api, ns)
+        install_admission(cluster)
+        yield Stage(cluster, api, ns)
     finally:
-        # no garbage collector runs here: the pod of a deleted job would stay, gated, for the next test
-        with contextlib.suppress(kq.NotFound):
-            await api.delete(PODS, "held-0", namespace=ns)
         for res in (*uninstall.WEBHOOK_CONFIGS, *uninstall.POLICY_KINDS):  # what a refused or dry run left
             items, _ = await api.list(res)
             for item in items:
                 await api.delete(res, item["metadata"]["name"])
+        # no garbage collector runs here: the pod of a deleted job would stay, gated, for the next test
+        for res in (PODS, JOBS, TFJOBS):
+            items, _ = await api.list(res, namespace=ns)
+            for item in items:
+                with contextlib.suppress(kq.NotFound):  # no orphan finalizer: no collector runs here
+                    await api.delete(res, item["metadata"]["name"], namespace=ns, propagation="Background")
         await api.close()
+
+
+def namespace_for(request: pytest.FixtureRequest) -> str:
+    return f"u-{request.node.name[5:20].replace('_', '-').strip('-')}"
+
+
+@pytest.fixture
+async def stage(own_cluster: LocalCluster, request: pytest.FixtureRequest) -> AsyncIterator[Stage]:
+    async with staged(own_cluster, namespace_for(request)) as it:
+        yield it
+
+
+@pytest.fixture
+async def marked(own_cluster: LocalCluster, request: pytest.FixtureRequest) -> AsyncIterator[Stage]:
+    async with staged(own_cluster, namespace_for(request), extra=True) as it:
+        yield it
 
 
 async def test_uninstall_releases_the_held_job_and_ungates_its_pod(stage: Stage) -> None:
@@ -267,3 +344,46 @@ async def test_a_namespace_user_is_refused(stage: Stage) -> None:
     job = await stage.stored_job()
     assert job is not None and job["spec"]["suspend"] is True
     assert await stage.pod_gates() == [GATE]
+
+
+async def test_held_jobs_without_units_are_found_by_their_marks_and_released(marked: Stage) -> None:
+    ns, api = marked.ns, marked.api
+    dry = marked.run("--held=release", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"would release 3 held jobs: {ns}/job/held, {ns}/job/unitless, {ns}/tfjob/tf" in dry.stdout
+    # an admitted Job's template cannot change (a Job's template may only while it is suspended)
+    assert "would ungate the pod templates of 0 jobs the queue had released" in dry.stdout
+    assert f"kept the gate in the pod templates of 1 started Jobs: {ns}/job/admitted" in dry.stdout
+
+    result = marked.run("--held=release", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert f"released 3 held jobs: {ns}/job/held, {ns}/job/unitless, {ns}/tfjob/tf" in result.stdout
+    assert f"kept the gate in the pod templates of 1 started Jobs: {ns}/job/admitted" in result.stdout
+    assert "--follow" in result.stdout
+    unitless = await api.get(JOBS, "unitless", namespace=ns)
+    assert unitless["spec"]["suspend"] is False
+    assert GATE not in (unitless["spec"]["template"]["spec"].get("schedulingGates") or [])
+    admitted = await api.get(JOBS, "admitted", namespace=ns)
+    assert admitted["spec"]["suspend"] is False
+    assert GATE in admitted["spec"]["template"]["spec"]["schedulingGates"]
+    tf = await api.get(TFJOBS, "tf", namespace=ns)
+    assert tf["spec"]["runPolicy"]["suspend"] is False
+    assert tf["metadata"]["annotations"][names.SUSPEND_ANNOTATION] == "false"
+    worker = tf["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert GATE not in (worker.get("schedulingGates") or [])
+    mine = await api.get(JOBS, "mine", namespace=ns)
+    assert mine["spec"]["suspend"] is True  # its owner's, not the queue's
+    assert not (mine["metadata"].get("annotations") or {}).get(names.JOB_DEQUEUE_TIMESTAMP_ANNOTATION)
+
+
+async def test_unitless_held_jobs_are_deleted_when_asked(marked: Stage) -> None:
+    ns = marked.ns
+    result = marked.run("--held=delete", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert f"deleted 3 held jobs: {ns}/job/held, {ns}/job/unitless, {ns}/tfjob/tf" in result.stdout
+    with pytest.raises(kq.NotFound):
+        await marked.api.get(TFJOBS, "tf", namespace=ns)
+    with pytest.raises(kq.NotFound):
+        await marked.api.get(JOBS, "unitless", namespace=ns)
+    assert (await marked.api.get(JOBS, "mine", namespace=ns))["spec"]["suspend"] is True
+    assert (await marked.api.get(JOBS, "admitted", namespace=ns))["spec"]["suspend"] is False
