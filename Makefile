@@ -71,7 +71,7 @@ integration: venv testenv ## Integration tests against a real etcd + kube-apiser
 	$(PYTEST) tests/integration
 
 .PHONY: e2e
-e2e: venv testenv ## End-to-end tests: + controller-manager, scheduler and kwok fake nodes, headless Chromium (installed with apt-get when missing)
+e2e: venv testenv ## End-to-end tests: + controller-manager, scheduler and kwok fake nodes, headless Chromium (installed with apt-get when missing); webhook and reconciler confined as the image runs them (needs root)
 	$(PY) -m testenv.browser
 	$(PYTEST) tests/e2e
 
