@@ -113,9 +113,19 @@ for target in sys.argv[1:]:
     except OSError as err:
         report[target] = errno.errorcode[err.errno]
 try:
-    report["tempfile"] = tempfile.mkstemp()[1]
+    fd, name = tempfile.mkstemp()
+    os.close(fd)
+    os.remove(name)
+    report["tempfile"] = "created"
 except OSError as err:
     report["tempfile"] = errno.errorcode[err.errno] if err.errno else type(err).__name__
+# Undo the read-only flag of the root mount (MS_REMOUNT | MS_BIND): needs CAP_SYS_ADMIN. Tried
+# only where the probe is not root: the unconfined control run must not touch the host's mounts.
+if os.getuid() != 0:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    failed = libc.mount(None, b"/", None, 32 | 4096, None) != 0
+    report["remount"] = errno.errorcode[ctypes.get_errno()] if failed else "remounted"
 print(json.dumps(report), flush=True)
 """
 
@@ -139,12 +149,14 @@ def test_a_process_under_the_launcher_can_write_nowhere(tmp_path: Path) -> None:
     assert {t: report[t] for t in targets} == dict.fromkeys(targets, "EROFS")
     assert report["home"] == "~"  # no HOME and no passwd entry: nothing to expand to
     assert report["tempfile"] in ("ENOENT", "FileNotFoundError")  # no usable temporary directory
+    assert report["remount"] == "EPERM"  # and no capability to make anything writable again
     assert not (given / "probe-write").exists()
 
 
 def test_the_write_probe_sees_a_write_where_one_is_possible(tmp_path: Path) -> None:
     report = _probe(tmp_path, confine=False, targets=[str(tmp_path)])
     assert report[str(tmp_path)] == "written"
+    assert report["tempfile"] == "created"
     assert (tmp_path / "probe-write").read_text() == "x"
 
 
