@@ -4,7 +4,7 @@
 #   reconciler: the default ENTRYPOINT (koord-queue-reconciler)
 #   webhook:    command: ["koord-queue-webhook"] (manifests/webhook.yaml)
 #
-# Build:  docker build -t koord-queue-py:0.1.0 .
+# Build:  docker build -t koord-queue-py:0.2.0 .
 #
 # The builder installs the package (not editable) into a virtual environment; the final image gets
 # only that environment on a slim Python base: no compiler, no pip, no source tree besides the

@@ -97,7 +97,7 @@ bench-soak: venv testenv ## Churn soak: Jobs created, finished, deleted at a ste
 chaos: venv testenv ## Fault injection under load with an independent invariant observer (QUICK=1 for a short run); see RELIABILITY.md
 	$(PY) -m chaos.run $(if $(QUICK),--quick,)
 
-IMAGE ?= koord-queue-py:0.1.0
+IMAGE ?= koord-queue-py:0.2.0
 
 .PHONY: image
 image: ## Build the container image (needs a Docker daemon): IMAGE=registry/name:tag

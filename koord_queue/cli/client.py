@@ -42,7 +42,7 @@ RECONCILER_DEPLOYMENT: Final = "koord-queue-reconciler"
 CONFIG_MAP: Final = "koord-queue-config"
 CONFIG_KEY: Final = "config.yaml"
 VISIBILITY: Final = f"/apis/{visibility.GROUP}/{visibility.VERSION}"
-USER_AGENT: Final = "kubectl-koord_queue/0.1.0"
+USER_AGENT: Final = "kubectl-koord_queue/0.2.0"
 
 
 class CliError(Exception):
