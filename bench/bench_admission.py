@@ -428,6 +428,9 @@ def start_reconciler(cluster: Any, logdir: pathlib.Path, cfg: RunConfig, profile
     system.install_rbac(cluster)
     health, metrics_port = free_port(), free_port()
     optional = [f"--visibility-port={free_port()}"] if _accepts("--visibility-port=0") else []
+    # The benchmarks scrape their own counters in the clear; a cluster never does
+    # (docs/operations.md#metrics).
+    optional += ["--metrics-secure=false"] if _accepts("--metrics-secure=false") else []
     argv = [sys.executable, str(pathlib.Path(__file__).resolve()), "--as-reconciler"]
     if profile_out:
         argv.append(f"--profile-out={profile_out}")

@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
@@ -43,6 +44,8 @@ from koord_queue.shared.core.scheduling import Cache
 from koord_queue.shared.jobs import registry
 
 log = logging.getLogger("reconciler")
+#: The Service in front of /metrics (manifests/reconciler.yaml): the self-issued certificate's names.
+METRICS_SERVICE = "koord-queue-reconciler"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,7 +84,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst", type=int, default=1000, help="client-side API burst (default %(default)s)")
     p.add_argument("--workers", type=int, default=8, help="job-extension workers (default %(default)s)")
     p.add_argument("--health-port", type=int, default=8081, help="/healthz and /readyz port; 0 disables")
-    p.add_argument("--metrics-port", type=int, default=10259, help="Prometheus /metrics port; 0 disables")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=10259,
+        help="Prometheus /metrics port (HTTPS unless --metrics-secure=false); 0 disables",
+    )
+    p.add_argument(
+        "--metrics-secure",
+        type=_switch,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="serve /metrics over HTTPS, only to a bearer token that passes a TokenReview and a "
+        "SubjectAccessReview for get /metrics (docs/operations.md#metrics); false: plain HTTP to "
+        "anyone, for local use only (default %(default)s)",
+    )
+    p.add_argument(
+        "--metrics-cert-file",
+        default="",
+        help="TLS certificate of /metrics, re-read when it changes (default: a pair this replica "
+        "issues itself; scrapers then skip verification)",
+    )
+    p.add_argument("--metrics-key-file", default="", help="TLS key of --metrics-cert-file")
     p.add_argument(
         "--visibility-port",
         type=int,
@@ -195,6 +221,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--visibility-cert-file and --visibility-key-file go together")
     if args.visibility_client_ca and not (args.visibility_cert_file or args.manage_visibility_certs):
         p.error("--visibility-client-ca needs TLS: --visibility-cert-file or --manage-visibility-certs")
+    if bool(args.metrics_cert_file) != bool(args.metrics_key_file):
+        p.error("--metrics-cert-file and --metrics-key-file go together")
+    if args.metrics_cert_file and not args.metrics_secure:
+        p.error("--metrics-cert-file needs --metrics-secure")
     if args.cert_sync_interval <= 0:
         p.error("--cert-sync-interval must be positive")
     return args
@@ -418,15 +448,36 @@ async def _start_servers(
     visibility_app, tls = _visibility_server(args, client, cache)
     if tls is not None:
         metrics.watch_certificate("visibility-serving", tls.cert_in_force)
+    metrics_app, metrics_context = _metrics_server(args, client)
     apps = (
         (servers.health_app(ready), args.health_port, None),
-        (servers.metrics_app(), args.metrics_port, None),
+        (metrics_app, args.metrics_port, metrics_context),
         (visibility_app, args.visibility_port, tls.listening if tls else None),
     )
     for app, port, context in apps:
         runner = await servers.serve(app, args.bind_address, port, context)
         if runner is not None:
             started.append(runner)
+
+
+def _metrics_server(
+    args: argparse.Namespace, client: kube.Kube
+) -> tuple[web.Application, ssl.SSLContext | None]:
+    """``/metrics`` and its TLS context: guarded by token and access reviews over HTTPS, or plain
+    with ``--metrics-secure=false`` (docs/operations.md#metrics)."""
+    if not args.metrics_secure or args.metrics_port <= 0:
+        if args.metrics_port > 0:
+            log.warning("--metrics-secure=false: /metrics is plain HTTP for anyone (local use only)")
+        return servers.metrics_app(), None
+    tls = servers.metrics_tls(
+        cert_file=args.metrics_cert_file,
+        key_file=args.metrics_key_file,
+        service=METRICS_SERVICE,
+        namespace=args.namespace,
+        interval_s=args.cert_sync_interval,
+    )
+    metrics.watch_certificate("metrics-serving", tls.tls.cert_in_force)
+    return servers.metrics_app(servers.MetricsGuard(client), tls=tls), tls.tls.listening
 
 
 def _leader_work(

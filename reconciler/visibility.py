@@ -182,8 +182,10 @@ class ServingTLS:
     the honest answer while there is nothing to present.
     """
 
-    def __init__(self, *, client_auth: bool) -> None:
+    def __init__(self, *, client_auth: bool, what: str = "visibility") -> None:
         self.client_auth = client_auth
+        #: which server's certificate, for the log (the metrics server reuses this class)
+        self.what = what
         self.listening = _context(client_auth=client_auth)
         self.listening.sni_callback = self._select
         self.current: ssl.SSLContext | None = None
@@ -224,7 +226,7 @@ class ServingTLS:
             # against the store of the context swapped in (tests/unit/test_visibility_server.py).
             ctx.load_verify_locations(cadata=requestheader.client_ca_pem.decode())
         self.current, self.serving, self.requestheader = ctx, serving, requestheader
-        log.info("visibility serving certificate in force: %s", sorted(pki.dns_names_of(serving.cert_pem)))
+        log.info("%s serving certificate in force: %s", self.what, sorted(pki.dns_names_of(serving.cert_pem)))
         return True
 
 

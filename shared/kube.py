@@ -241,6 +241,15 @@ PRIORITY_CLASSES: Final = Resource(
 LEASES: Final = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 LIMIT_RANGES: Final = Resource("", "v1", "limitranges", "LimitRange")
 RUNTIME_CLASSES: Final = Resource("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", namespaced=False)
+TOKEN_REVIEWS: Final = Resource(
+    "authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False
+)
+SUBJECT_ACCESS_REVIEWS: Final = Resource(
+    "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", namespaced=False
+)
+_REVIEWS: Final = frozenset({TOKEN_REVIEWS, SUBJECT_ACCESS_REVIEWS})
+#: Reviews store nothing: a follower may create them (``Kube.review``).
+_REVIEW_PATHS: Final = frozenset(r.path() for r in _REVIEWS)
 
 
 #: kubeconfig entries whose inline form (``<key>-data``, base64) kubernetes-asyncio would write to a
@@ -439,9 +448,10 @@ class Kube:
     ) -> Obj:
         """One API call; returns the decoded JSON body or raises a :class:`KubeError`.
 
-        A write while :attr:`leadership` is closed raises :class:`NotLeading` and sends nothing.
+        A write while :attr:`leadership` is closed raises :class:`NotLeading` and sends nothing (a
+        review excepted, see :meth:`review`).
         """
-        if method not in _READ_METHODS and not self.leadership.leading:
+        if method not in _READ_METHODS and not self.leadership.leading and path not in _REVIEW_PATHS:
             raise NotLeading(method, path)
         await self._limiter.acquire()
         self._count(verb or method)
@@ -498,6 +508,17 @@ class Kube:
 
     async def create(self, res: Resource, obj: Obj, *, namespace: str | None = None) -> Obj:
         return await self.request("POST", res.path(namespace), body=obj)
+
+    async def review(self, res: Resource, obj: Obj) -> Obj:
+        """Create a review (TokenReview, SubjectAccessReview) and return the API server's answer.
+
+        A review is a question, not a write: nothing is stored, so it passes the :class:`Leadership`
+        gate on every replica (each replica guards its own ``/metrics``, docs/operations.md#metrics)
+        and is counted under the verb ``REVIEW``, not among the writes.
+        """
+        if res not in _REVIEWS:
+            raise ValueError(f"{res.kind} is not a review")
+        return await self.request("POST", res.path(), body=obj, verb="REVIEW")
 
     async def patch(
         self,

@@ -37,7 +37,12 @@ What the values reach (everything else is the manifests, verbatim):
   processes; empty: their default);
 * ``reconciler.extraArgs`` / ``webhook.extraArgs``;
 * ``namespace.create``: the Namespace object (off when something else owns the release namespace);
-* ``metrics.serviceMonitor.*``: a Prometheus Operator ServiceMonitor for both ``metrics`` ports;
+* ``metrics.serviceMonitor.*``: Prometheus Operator ServiceMonitors for the ``metrics`` ports (the
+  reconciler's with a bearer token over HTTPS, the webhook's with the client certificate of
+  ``webhookClientSecret``), and ``metrics.clientCA.*``: where the webhook's scrapers' CA is
+  (docs/operations.md#metrics);
+* ``networkPolicy.*``: the kustomize component ``manifests/components/network-policies`` as
+  templates, its peers from ``apiServer`` and ``metrics`` (docs/operations.md#network-policies);
 * ``dashboard.*``: the Grafana dashboard (manifests/dashboards) as a ConfigMap for Grafana's sidecar.
 
 The default values are read from the manifests too (the image, replicas, resources and the
@@ -59,7 +64,7 @@ from typing import Any, Final
 
 import yaml
 
-from testenv import binaries, kinds, system
+from testenv import binaries, components, kinds, system
 from testenv.chart_files import (
     CERT_MANAGER,
     CONFIG_MAP,
@@ -244,6 +249,8 @@ def _template(obj: Obj) -> str:
         text = text.replace(_token("checksum"), '{{ include "koord-queue.config" . | sha256sum | quote }}')
         if component == "reconciler":
             text = _args(text, "--manage-webhook-certs", MANAGE_WEBHOOK_CERTS)
+        if component == "webhook":
+            text = _client_ca_volume(text)
     if kind == "ConfigMap" and name == CONFIG_MAP:
         text = _block(text, _token("config"), "config.yaml", 'include "koord-queue.config" .')
         text = text.replace("config.yaml:\n", "config.yaml: |\n", 1)
@@ -348,6 +355,8 @@ def generate(out: Path) -> None:
             continue
         if kind == "Deployment" and name in DEPLOYMENTS:
             defaults[DEPLOYMENTS[name]] = _deployment_values(obj, DEPLOYMENTS[name])
+            if DEPLOYMENTS[name] == "webhook":
+                defaults["metricsClientCA"] = _client_ca_values(obj)
         if kind == "ConfigMap" and name == CONFIG_MAP:
             config = yaml.safe_load(obj["data"]["config.yaml"]) or {}
             obj["data"]["config.yaml"] = _token("config")
@@ -355,9 +364,11 @@ def generate(out: Path) -> None:
         if filename in templates:
             raise ChartError(f"two objects map to {filename}")
         templates[filename] = _template(obj)
-    if set(defaults) != set(DEPLOYMENTS.values()) or not config:
+    policies, defaults["networkPolicy"] = _network_policies()
+    templates.update(policies)
+    if set(defaults) - {"metricsClientCA", "networkPolicy"} != set(DEPLOYMENTS.values()) or not config:
         raise ChartError("manifests/ lacks a Deployment or the ConfigMap the chart substitutes into")
-    images = {d["image"] for d in defaults.values()}
+    images = {defaults[component]["image"] for component in DEPLOYMENTS.values()}
     if len(images) != 1:
         raise ChartError(f"the Deployments use different images: {sorted(images)}")
     _, tag = split_image(images.pop())
@@ -443,6 +454,97 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote the job kinds of {name}")
     generate(CHART)
     print(f"wrote {CHART.relative_to(ROOT)}")
+
+
+# --- docs/operations.md#metrics: the CA of the webhook's scrapers ----------------------------------
+
+CLIENT_CA_VOLUME: Final = "metrics-client-ca"
+
+
+def _client_ca_values(deployment: Obj) -> dict[str, Any]:
+    """The defaults of ``metrics.clientCA`` (the webhook's ConfigMap volume of the scrapers' CA),
+    leaving a token where the volume's source goes."""
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    index = next((i for i, v in enumerate(volumes) if v["name"] == CLIENT_CA_VOLUME), None)
+    if index is None:
+        raise ChartError(f"the webhook has no volume {CLIENT_CA_VOLUME}")
+    source = volumes[index]["configMap"]
+    volumes[index] = {"name": CLIENT_CA_VOLUME, _token("client_ca"): "x"}
+    return {"configMap": source["name"], "secret": "", "key": source["items"][0]["key"]}
+
+
+#: The volume's source: the ConfigMap of the values, or a Secret when one is named.
+_CLIENT_CA_SOURCE: Final = [
+    "{{- if .Values.metrics.clientCA.secret }}",
+    "secret:",
+    "  secretName: {{ .Values.metrics.clientCA.secret }}",
+    "  optional: true",
+    "  items:",
+    "  - key: {{ .Values.metrics.clientCA.key }}",
+    "    path: ca.crt",
+    "{{- else }}",
+    "configMap:",
+    "  name: {{ .Values.metrics.clientCA.configMap }}",
+    "  optional: true",
+    "  items:",
+    "  - key: {{ .Values.metrics.clientCA.key }}",
+    "    path: ca.crt",
+    "{{- end }}",
+]
+
+
+def _client_ca_volume(text: str) -> str:
+    pattern = re.compile(rf"^(?P<indent> *){re.escape(_token('client_ca'))}: x$", re.M)
+    match = pattern.search(text)
+    if match is None:
+        raise ChartError("the client CA token of the webhook not found")
+    return pattern.sub("\n".join(match["indent"] + line for line in _CLIENT_CA_SOURCE), text)
+
+
+# --- docs/operations.md#network-policies: the opt-in component as templates ------------------------
+
+#: The named ports the API server dials (the rules whose peers are ``networkPolicy.apiServer``) and
+#: the metrics port (``networkPolicy.metrics``).
+_PEERS: Final = {"webhook": "apiServer", "visibility": "apiServer", "metrics": "metrics"}
+
+
+def _network_policies() -> tuple[dict[str, str], dict[str, Any]]:
+    """The component's NetworkPolicies as templates behind ``networkPolicy.enabled``, their peers
+    replaced by the values, and the values' defaults (the component's own peers)."""
+    found: dict[str, Any] = {}
+    templates: dict[str, str] = {}
+    for policy in components.network_policies():
+        for rule in policy["spec"]["ingress"]:
+            names = {str(p["port"]) for p in rule.get("ports", [])}
+            value = {_PEERS[n] for n in names if n in _PEERS}
+            if len(value) > 1:
+                raise ChartError(f"{policy['metadata']['name']}: a rule mixes peers of {sorted(value)}")
+            if not value:
+                continue
+            (which,) = value
+            if found.setdefault(which, rule["from"]) != rule["from"]:
+                raise ChartError(f"{policy['metadata']['name']}: the {which} peers differ between policies")
+            rule["from"] = _token(f"peers_{which}")
+        text = _template(policy)
+        for which in set(_PEERS.values()):
+            pattern = re.compile(
+                rf"^(?P<indent> *)(?P<dash>- )?from: {re.escape(_token(f'peers_{which}'))}$", re.M
+            )
+
+            def peers(match: re.Match[str], which: str = which) -> str:
+                indent, dash = match["indent"], match["dash"] or ""
+                depth = len(indent) + len(dash) + 2
+                values = f"toYaml .Values.networkPolicy.{which}"
+                return f"{indent}{dash}from:\n{' ' * depth}{{{{- {values} | nindent {depth} }}}}"
+
+            text = pattern.sub(peers, text)
+        name = policy["metadata"]["name"]
+        templates[f"networkpolicy-{name}.yaml"] = (
+            "{{- if .Values.networkPolicy.enabled }}\n" + text + "{{- end }}\n"
+        )
+    if set(found) != set(_PEERS.values()):
+        raise ChartError(f"the network policies lack peers for {sorted(set(_PEERS.values()) - set(found))}")
+    return templates, found
 
 
 if __name__ == "__main__":

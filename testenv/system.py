@@ -22,7 +22,7 @@ import yaml
 
 from koord_queue.certs import pki
 from koord_queue.shared.api import names
-from testenv import binaries, confined, kinds
+from testenv import binaries, confined, kinds, scraping
 from testenv.cluster import LocalCluster
 from testenv.processes import ClusterError, Component, free_port, http_ok, retry_port_clash, spawn, wait_until
 
@@ -130,9 +130,12 @@ def start_webhook(
     certdir.mkdir(parents=True, exist_ok=True)
     pki.write_pem(certdir / "tls.crt", serving.cert_pem, private=False)
     pki.write_pem(certdir / "tls.key", serving.key_pem, private=True)
+    # /metrics for clients of a CA of its own only (docs/operations.md#metrics); testenv.scraping
+    # reads it with the certificate that CA signed.
+    client_ca, scraper = scraping.webhook_client(certdir, cluster.ca_pem)
 
     def launch() -> tuple[Component, int]:
-        port, metrics_port = free_port(), free_port()
+        port, metrics_port, health = free_port(), free_port(), free_port()
         component = _spawn(
             "webhook",
             [
@@ -143,6 +146,8 @@ def start_webhook(
                 f"--cert-file={certdir / 'tls.crt'}",
                 f"--key-file={certdir / 'tls.key'}",
                 f"--metrics-port={metrics_port}",
+                f"--metrics-client-ca={client_ca}",
+                f"--health-port={health}",
                 f"--reconciler-username={RECONCILER_USER}",
                 *(extra_args or []),
             ],
@@ -151,7 +156,8 @@ def start_webhook(
         wait_until(
             lambda: _webhook_healthy(cluster, port), timeout=30, what="webhook /healthz", process=component
         )
-        component.ports = {"https": port, "metrics": metrics_port}
+        component.ports = {"https": port, "metrics": metrics_port, "health": health}
+        scraping.register(metrics_port, scraper)
         return component, port
 
     component, port = retry_port_clash(launch)
@@ -506,6 +512,9 @@ def start_reconciler(
     else:
         kubeconfig = cluster.kubeconfig_for(name, user=RECONCILER_USER, groups=("system:masters",))
         identity = []
+    # /metrics over HTTPS for a token allowed get /metrics (docs/operations.md#metrics): the
+    # scraper's, bound to the install's koord-queue-metrics-reader.
+    scraper = scraping.reconciler_scraper(cluster, rendered_manifests())
 
     def launch() -> Component:
         health, metrics_port, visibility_port = free_port(), free_port(), free_port()
@@ -526,6 +535,7 @@ def start_reconciler(
             logdir,
         )
         component.ports = {"health": health, "metrics": metrics_port, "visibility": visibility_port}
+        scraping.register(metrics_port, scraper)
         wait_until(
             lambda: http_ok(f"http://127.0.0.1:{health}/readyz"),
             timeout=60,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +31,7 @@ import yaml
 from kubernetes_asyncio import client as k8s
 
 from koord_queue.shared.api import names
+from testenv import scraping
 from testenv.cluster import LocalCluster
 from tests import kube
 
@@ -553,8 +553,7 @@ class Scenario:
 
     def metric(self, port: int, name: str, labels: Mapping[str, str]) -> float:
         """A sample from the reconciler's /metrics (0 when the series does not exist yet)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+        text = scraping.metrics_text(port)  # as the local system's scraper (docs/operations.md#metrics)
         for line in text.splitlines():
             if not line.startswith(name + "{"):
                 continue

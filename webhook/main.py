@@ -106,7 +106,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=_port,
         default=8080,
-        help="plain-HTTP /metrics port, 0 disables (default: %(default)s)",
+        help="/metrics port, HTTPS for clients of --metrics-client-ca only; 0 disables "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics-client-ca",
+        type=Path,
+        default=None,
+        help="PEM CA of the clients allowed to scrape /metrics (mutual TLS; re-read when it changes; "
+        "while the file is missing every client is refused); without it and without "
+        "--metrics-insecure the metrics are not served (docs/operations.md#metrics)",
+    )
+    parser.add_argument(
+        "--metrics-insecure",
+        action="store_true",
+        help="serve /metrics as plain HTTP to anyone, for local use only",
+    )
+    parser.add_argument(
+        "--health-port",
+        type=_port,
+        default=8081,
+        help="plain-HTTP /healthz and /readyz port for probes, 0 disables (default: %(default)s)",
     )
     parser.add_argument(
         "--max-body-bytes",
@@ -132,6 +152,10 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[server.ServerConfig
     args = parser.parse_args(argv)
     if (args.cert_file is None) != (args.key_file is None):
         parser.error("--cert-file and --key-file must be given together")
+    if args.metrics_client_ca is not None and args.cert_file is None:
+        parser.error("--metrics-client-ca needs TLS: --cert-file and --key-file")
+    if args.metrics_client_ca is not None and args.metrics_insecure:
+        parser.error("--metrics-client-ca and --metrics-insecure exclude each other")
     try:
         extensions = frozenset(e.strip() for e in args.enabled_extensions.split(",") if e.strip())
         admission_config = admission.AdmissionConfig(
@@ -152,6 +176,9 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[server.ServerConfig
         cert_file=args.cert_file,
         key_file=args.key_file,
         metrics_port=args.metrics_port,
+        metrics_client_ca=args.metrics_client_ca,
+        metrics_insecure=args.metrics_insecure,
+        health_port=args.health_port,
         max_body_bytes=args.max_body_bytes,
         cert_reload_interval=args.cert_reload_interval,
         shutdown_delay=args.shutdown_delay,

@@ -25,6 +25,15 @@ when their mtime, size or inode changes it builds a fresh context from them and 
 current. New connections get the new certificate, established connections keep theirs, nothing
 is closed, and a broken pair on disk (half-written, mismatched) is logged and ignored until the files
 change again. Kubernetes Secret volumes change by an atomic symlink swap, which changes the inode.
+
+Side ports (docs/operations.md#metrics). Health (``/healthz``, ``/readyz``) is plain HTTP on
+``health_port`` for the kubelet. ``/metrics`` is served on ``metrics_port`` over mutual TLS: the
+same serving pair, and a client certificate chaining to ``metrics_client_ca`` is required, so a
+caller without one fails the handshake. The webhook holds no API credentials (it cannot send a
+TokenReview as the reconciler does), so the CA is the whole check: whoever holds a client
+certificate it signed may scrape. The CA file is watched with the serving pair; while it is
+missing nobody is trusted. Without a CA the metrics are not served, unless ``metrics_insecure``
+asks for plain HTTP (local use only).
 """
 
 from __future__ import annotations
@@ -65,6 +74,12 @@ class ServerConfig:
     cert_file: Path | None = None
     key_file: Path | None = None
     metrics_port: int = 8080
+    #: the CA of the clients allowed to scrape ``/metrics`` (mutual TLS, docs/operations.md#metrics)
+    metrics_client_ca: Path | None = None
+    #: serve ``/metrics`` as plain HTTP to anyone (local use only); without it and without
+    #: ``metrics_client_ca`` the metrics are not served at all
+    metrics_insecure: bool = False
+    health_port: int = 8081
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     cert_reload_interval: float = 10.0
     shutdown_delay: float = 3.0
@@ -77,26 +92,39 @@ class ServerState:
     ready: bool = True
 
 
-def make_ssl_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
-    """A server context with our TLS policy and the given certificate chain and key."""
+def make_ssl_context(cert_file: Path, key_file: Path, client_ca: Path | None = None) -> ssl.SSLContext:
+    """A server context with our TLS policy and the given certificate chain and key.
+
+    With ``client_ca`` every client must present a certificate that chains to it (the metrics
+    listener); while that file does not exist nothing is trusted, so every client is refused.
+    """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_ciphers(CIPHERS)  # TLS 1.2 suites; TLS 1.3 suites are all AEAD already
     context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
     context.load_cert_chain(cert_file, key_file)
+    if client_ca is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        # A resumed session skips the client's verification: it could outlive a CA change.
+        context.options |= ssl.OP_NO_TICKET
+        context.num_tickets = 0
+        if client_ca.is_file():
+            context.load_verify_locations(cafile=client_ca)
     return context
 
 
 class ReloadingTLS:
     """The listening context plus the current serving context (see the module docstring)."""
 
-    def __init__(self, cert_file: Path, key_file: Path) -> None:
-        self.cert_file, self.key_file = cert_file, key_file
+    def __init__(self, cert_file: Path, key_file: Path, client_ca: Path | None = None) -> None:
+        self.cert_file, self.key_file, self.client_ca = cert_file, key_file, client_ca
         self._stamp = self._file_stamp()
         #: notAfter of the certificate in force (the ``koord_queue_certificate_expiry_...`` metric)
         self.not_after = self._expiry()
-        self.current = make_ssl_context(cert_file, key_file)
-        self.listening = make_ssl_context(cert_file, key_file)
+        self.current = make_ssl_context(cert_file, key_file, client_ca)
+        # The listening context decides whether a client certificate is asked for at all; the
+        # chain is verified against the store of the context swapped in by ``_select``.
+        self.listening = make_ssl_context(cert_file, key_file, client_ca)
         self.listening.sni_callback = self._select
 
     def _select(self, connection: Any, server_name: str | None, context: ssl.SSLContext) -> None:
@@ -112,7 +140,14 @@ class ReloadingTLS:
             stats = (self.cert_file.stat(), self.key_file.stat())
         except OSError:
             return None
-        return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in stats)
+        stamp = tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in stats)
+        if self.client_ca is not None:
+            try:
+                ca = self.client_ca.stat()
+            except OSError:
+                return (*stamp, (0, 0, 0))  # no CA (yet): refuse everyone until it appears
+            stamp = (*stamp, (ca.st_mtime_ns, ca.st_size, ca.st_ino))
+        return stamp
 
     def reload_if_changed(self) -> bool | None:
         """``None`` when the files did not change, else whether the new pair was loaded."""
@@ -122,7 +157,7 @@ class ReloadingTLS:
         self._stamp = stamp
         try:
             not_after = self._expiry()
-            self.current = make_ssl_context(self.cert_file, self.key_file)
+            self.current = make_ssl_context(self.cert_file, self.key_file, self.client_ca)
         except (OSError, ssl.SSLError, ValueError) as err:
             log.warning("serving certificate not reloaded, keeping the previous one: %s", err)
             return False
@@ -135,6 +170,8 @@ CONFIG_KEY: Final = web.AppKey("config", ServerConfig)
 METRICS_KEY: Final = web.AppKey("metrics", WebhookMetrics)
 STATE_KEY: Final = web.AppKey("state", ServerState)
 TLS_KEY: Final = web.AppKey("tls", ReloadingTLS)
+#: the metrics listener's TLS: the same serving pair, plus the client CA (mutual TLS)
+METRICS_TLS_KEY: Final = web.AppKey("metrics_tls", ReloadingTLS)
 
 
 class _SecondClock:
@@ -281,12 +318,16 @@ async def _certificate_reloader(app: web.Application) -> AsyncIterator[None]:
     """Poll the certificate files while the app runs (a ``cleanup_ctx`` generator)."""
     tls, metrics = app[TLS_KEY], app[METRICS_KEY]
 
+    scraping = app.get(METRICS_TLS_KEY)
+
     async def poll() -> None:
         while True:
             await asyncio.sleep(app[CONFIG_KEY].cert_reload_interval)
             outcome = tls.reload_if_changed()
             if outcome is not None:
                 metrics.certificate_reloads.labels("ok" if outcome else "failed").inc()
+            if scraping is not None:
+                scraping.reload_if_changed()
 
     task = asyncio.create_task(poll(), name="webhook-certificate-reloader")
     try:
@@ -306,6 +347,8 @@ def make_app(config: ServerConfig, *, metrics: WebhookMetrics | None = None) -> 
     if config.cert_file is not None and config.key_file is not None:
         tls = app[TLS_KEY] = ReloadingTLS(config.cert_file, config.key_file)
         app[METRICS_KEY].certificates.watch("webhook", "serving", lambda: tls.not_after)
+        if config.metrics_client_ca is not None:
+            app[METRICS_TLS_KEY] = ReloadingTLS(config.cert_file, config.key_file, config.metrics_client_ca)
         app.cleanup_ctx.append(_certificate_reloader)
     app.router.add_post("/mutate", mutate)
     app.router.add_post("/mutate/{kind}", mutate)
@@ -320,12 +363,31 @@ def make_app(config: ServerConfig, *, metrics: WebhookMetrics | None = None) -> 
 
 
 def make_metrics_app(admission_app: web.Application) -> web.Application:
-    """Plain-HTTP side app: ``/metrics`` and ``/healthz`` for Prometheus and probes."""
+    """The metrics side app: ``/metrics`` only, served over mutual TLS (``METRICS_TLS_KEY``) or, with
+    ``metrics_insecure``, plain HTTP."""
     app = web.Application()
     app[METRICS_KEY] = admission_app[METRICS_KEY]
     app.router.add_get("/metrics", metrics_endpoint)
-    app.router.add_get("/healthz", healthz)
     return app
+
+
+def make_health_app(admission_app: web.Application) -> web.Application:
+    """The probes' side app, plain HTTP: ``/healthz`` and ``/readyz`` (not ready once shutdown starts)."""
+    app = web.Application()
+    app[STATE_KEY] = admission_app[STATE_KEY]
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def metrics_context(app: web.Application) -> ssl.SSLContext | None:
+    """The metrics listener's context; None for plain HTTP. Raises ``ValueError`` when the metrics
+    would be served neither with a client CA nor on purpose in the clear."""
+    if METRICS_TLS_KEY in app:
+        return app[METRICS_TLS_KEY].listening
+    if app[CONFIG_KEY].metrics_insecure:
+        return None
+    raise ValueError("no client CA for the metrics")
 
 
 def make_runner(app: web.Application) -> web.AppRunner:
@@ -356,12 +418,26 @@ async def run(config: ServerConfig, *, stop: asyncio.Event | None = None) -> Non
         if ssl_context is None:
             log.warning("no --cert-file/--key-file: serving plain HTTP (the apiserver requires HTTPS)")
         await web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context).start()
-        if config.metrics_port:
+        if config.health_port:
+            health_runner = make_runner(make_health_app(app))
+            await health_runner.setup()
+            runners.append(health_runner)
+            await web.TCPSite(health_runner, config.host, config.health_port).start()
+        if config.metrics_port and (METRICS_TLS_KEY in app or config.metrics_insecure):
             metrics_runner = make_runner(make_metrics_app(app))
             await metrics_runner.setup()
             runners.append(metrics_runner)
-            await web.TCPSite(metrics_runner, config.host, config.metrics_port).start()
-        log.info("webhook serving on %s:%d (metrics port %d)", config.host, config.port, config.metrics_port)
+            scraping = metrics_context(app)
+            await web.TCPSite(metrics_runner, config.host, config.metrics_port, ssl_context=scraping).start()
+        elif config.metrics_port:
+            log.warning("metrics not served: no --metrics-client-ca (docs/operations.md#metrics)")
+        log.info(
+            "webhook serving on %s:%d (metrics port %d, health port %d)",
+            config.host,
+            config.port,
+            config.metrics_port,
+            config.health_port,
+        )
         await stop.wait()
         app[STATE_KEY].ready = False
         log.info("shutting down in %.1fs", config.shutdown_delay)

@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from koord_queue.shared.core import config as component_config
-from testenv import binaries, chart, system
+from testenv import binaries, chart, components, system
 from testenv.cluster import LocalCluster
 from tests import kube
 
@@ -364,22 +364,75 @@ def test_namespace_servicemonitor_and_dashboard_switches_add_or_remove_only_thei
     assert all(without[k] == default[k] for k in without)
     added = template("metrics.serviceMonitor.enabled=true", "dashboard.enabled=true")
     new = {k: added[k] for k in set(added) - set(default)}
-    assert set(new) == {
-        ("monitoring.coreos.com/v1", "ServiceMonitor", "koord-queue", "koord-queue"),
-        ("v1", "ConfigMap", "koord-queue", "koord-queue-dashboard"),
+    monitors = {
+        component: ("monitoring.coreos.com/v1", "ServiceMonitor", "koord-queue", f"koord-queue-{component}")
+        for component in ("reconciler", "webhook")
     }
+    assert set(new) == {monitors["reconciler"], ("v1", "ConfigMap", "koord-queue", "koord-queue-dashboard")}
     assert all(added[k] == default[k] for k in default)
     board = new[("v1", "ConfigMap", "koord-queue", "koord-queue-dashboard")]
     assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert board["data"]["koord-queue.json"] == chart.DASHBOARD.read_text().rstrip("\n")
-    monitor = new[("monitoring.coreos.com/v1", "ServiceMonitor", "koord-queue", "koord-queue")]
-    services = [
-        o
+    # docs/operations.md#metrics: the reconciler is scraped over HTTPS with Prometheus' token; the
+    # webhook, over mutual TLS, only once a client certificate Secret is named.
+    endpoint = new[monitors["reconciler"]]["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https" and endpoint["bearerTokenFile"].endswith("/serviceaccount/token")
+    with_webhook = template(
+        "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.webhookClientSecret=prom"
+    )
+    webhook_monitor = with_webhook[monitors["webhook"]]
+    tls = webhook_monitor["spec"]["endpoints"][0]["tlsConfig"]
+    assert tls["cert"]["secret"] == {"name": "prom", "key": "tls.crt"}
+    assert tls["keySecret"] == {"name": "prom", "key": "tls.key"}
+    assert tls["serverName"] == "koord-queue-webhook.koord-queue.svc"
+    services = {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]
         for o in default.values()
         if o["kind"] == "Service" and any(p["name"] == "metrics" for p in o["spec"]["ports"])
-    ]
-    wanted = monitor["spec"]["selector"]["matchExpressions"][0]["values"]
-    assert sorted(s["metadata"]["labels"]["app.kubernetes.io/component"] for s in services) == sorted(wanted)
+    }
+    selected = {
+        with_webhook[m]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
+        for m in monitors.values()
+    }
+    assert selected == services == {"reconciler", "webhook"}
+
+
+def test_network_policies_render_exactly_the_kustomize_component() -> None:
+    """docs/operations.md#network-policies: ``networkPolicy.enabled`` adds the objects an overlay
+    with manifests/components/network-policies adds, and nothing else changes; the peers follow
+    their values."""
+    default = template()
+    enabled = template("networkPolicy.enabled=true")
+    expected = normalised(components.rendered([components.NETWORK_POLICIES]))
+    assert sorted(without_chart_annotations(enabled)) == sorted(expected)
+    for name, obj in expected.items():
+        assert without_chart_annotations(enabled)[name] == obj, f"{name} differs from the kustomize component"
+    added = set(enabled) - set(default)
+    assert {k[1] for k in added} == {"NetworkPolicy"} and len(added) == 2
+    assert all(enabled[k] == default[k] for k in default)
+
+    peers = {"namespaceSelector": {"matchLabels": {"team": "observability"}}}
+    narrowed = template(
+        "networkPolicy.enabled=true",
+        '--set-json=networkPolicy.apiServer=[{"ipBlock":{"cidr":"10.0.0.0/24"}}]',
+        "--set-json=networkPolicy.metrics=" + json.dumps([peers]),
+    )
+    for k in added:
+        rules = {r["ports"][0]["port"]: r.get("from") for r in narrowed[k]["spec"]["ingress"]}
+        assert rules["metrics"] == [peers] and rules["health"] is None
+        own = "webhook" if "webhook" in rules else "visibility"
+        assert rules[own] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+
+
+def test_the_webhook_scrapers_ca_can_come_from_a_secret() -> None:
+    """docs/operations.md#metrics: ``metrics.clientCA`` names where the webhook's scrapers' CA is."""
+    default, rendered = template(), template("metrics.clientCA.secret=prom-ca", "metrics.clientCA.key=ca.pem")
+    assert {k for k in default if rendered[k] != default[k]} == {WEBHOOK}
+    volume = next(v for v in pod(rendered, WEBHOOK)["volumes"] if v["name"] == "metrics-client-ca")
+    assert volume == {
+        "name": "metrics-client-ca",
+        "secret": {"secretName": "prom-ca", "optional": True, "items": [{"key": "ca.pem", "path": "ca.crt"}]},
+    }
 
 
 def namespaces_named(node: Any, path: str = "") -> list[str]:

@@ -19,15 +19,15 @@ ahead of her quota for spare capacity.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
 
-import aiohttp
 import pytest
 
 from koord_queue.shared.api import durations, names
-from testenv import system
+from testenv import scraping, system
 from tests import kube
 from tests import scenario as s
 from tests.integration.test_cli import USER, Tenant, aggregated, apply, other_namespace, plugin, t
@@ -165,11 +165,7 @@ async def test_explain_quotas_visibility_and_metrics_show_who_gets_spare_capacit
         assert plugin(t.cluster, "quotas", "--tree", "-A").returncode == 0
 
         port = next(c.ports["metrics"] for c in system_integration.components if c.name == "reconciler")
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{port}/metrics") as resp,
-        ):
-            metrics = await resp.text()
+        metrics = await asyncio.to_thread(scraping.metrics_text, port)  # docs/operations.md#metrics
         sample = next(
             line
             for line in metrics.splitlines()

@@ -126,6 +126,9 @@ def rbac() -> tuple[Grant, ...]:
             ("get", "update", "patch"),
         ),
         ("", "apiregistration.k8s.io", "apiservices", (APISERVICE,), ("get", "patch")),
+        # docs/operations.md#metrics: a scraper's token, and its right to get /metrics, are asked
+        ("", "authentication.k8s.io", "tokenreviews", (), ("create",)),
+        ("", "authorization.k8s.io", "subjectaccessreviews", (), ("create",)),
         (
             NAMESPACE,
             "scheduling.x-k8s.io",
@@ -307,6 +310,8 @@ def test_kustomize_renders_every_component(integration_cluster: LocalCluster) ->
         ("ClusterRole", RECONCILER_SA),
         ("ClusterRoleBinding", RECONCILER_SA),
         *(("ClusterRole", name) for name in USER_ROLES),
+        # docs/operations.md#metrics: for scrapers of the reconciler's /metrics, bound to nobody
+        ("ClusterRole", "koord-queue-metrics-reader"),
         ("Role", RECONCILER_SA),
         ("RoleBinding", RECONCILER_SA),
         ("ConfigMap", "koord-queue-config"),
@@ -847,7 +852,19 @@ def test_webhook_deployment_serves_the_certificate_secret_behind_port_443(render
     service = find(rendered, "Service", "koord-queue-webhook")
     https = next(p for p in service["spec"]["ports"] if p["port"] == 443)
     assert https["targetPort"] == "webhook"
-    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # docs/operations.md#metrics: probes on the plain health port, /metrics for the client CA only,
+    # the CA from an optional ConfigMap (the webhook refuses every scraper until it exists).
+    assert config.health_port == ports["health"] == 8081
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == "health"
+        assert container[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
+    assert config.metrics_client_ca is not None and not config.metrics_insecure
+    ca_volume = volumes[mounts[str(config.metrics_client_ca.parent)]]
+    assert ca_volume["configMap"] == {
+        "name": "koord-queue-metrics-client-ca",
+        "optional": True,
+        "items": [{"key": "ca.crt", "path": config.metrics_client_ca.name}],
+    }
 
 
 def test_reconciler_deployment_reads_its_config_and_elects_a_leader(rendered: list[Doc]) -> None:
@@ -862,6 +879,8 @@ def test_reconciler_deployment_reads_its_config_and_elects_a_leader(rendered: li
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert args.health_port == ports["health"] == 8081
     assert args.metrics_port == ports["metrics"] == 10259
+    # docs/operations.md#metrics: HTTPS with token and access reviews, never plain in a cluster.
+    assert args.metrics_secure is True and "--metrics-secure=false" not in container["args"]
     # The webhook's serving certificate exists only because the reconciler issues it: without this
     # flag the webhook pods never start and every labelled job is refused.
     assert args.manage_webhook_certs and args.manage_visibility_certs
@@ -1034,3 +1053,16 @@ def test_a_kind_without_a_crd_file_gets_a_minimal_crd_the_apiserver_serves(
         integration_cluster.request(
             "DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
         )
+
+
+def test_the_metrics_reader_grants_get_metrics_and_nothing_else(rendered: list[Doc]) -> None:
+    """docs/operations.md#metrics: the ClusterRole a scraper is bound to reads /metrics only, is
+    aggregated into no built-in role (so no namespace user gets it with view, edit or admin), and
+    the install binds nobody to it."""
+    role = find(rendered, "ClusterRole", "koord-queue-metrics-reader")
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert not any(
+        k.startswith("rbac.authorization.k8s.io/aggregate") for k in role["metadata"].get("labels", {})
+    )
+    for binding in of_kind(rendered, "RoleBinding", "ClusterRoleBinding"):
+        assert binding["roleRef"]["name"] != "koord-queue-metrics-reader", binding

@@ -17,14 +17,13 @@ import base64
 import importlib.metadata
 import json
 import ssl
-import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from koord_queue.certs import pki
 from koord_queue.shared.api import names
-from testenv import system
+from testenv import scraping, system
 from testenv.cluster import LocalCluster
 from tests import kube
 from tests import scenario as sc
@@ -37,8 +36,7 @@ EXPIRY = "koord_queue_certificate_expiry_timestamp_seconds"
 
 def scrape(port: int) -> tuple[Samples, set[str]]:
     """Every sample by name and sorted labels, and every family name (with or without samples)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
+    text = scraping.metrics_text(port)  # as the local system's scraper (docs/operations.md#metrics)
     families = list(text_string_to_metric_families(text))
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
     return samples, {f.name for f in families}

@@ -19,7 +19,6 @@ plane of their own (class-scoped, stopped as soon as they are done).
 from __future__ import annotations
 
 import re
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import pytest
 from koord_queue.shared.api import names
 from koord_queue.shared.api.names import ConditionType, EventReason, Message
 from koord_queue.shared.core.preemption import INTELLIGENT_UNSUPPORTED
-from testenv import system
+from testenv import scraping, system
 from testenv.cluster import LocalCluster
 from tests import kube
 from tests.integration import preemption_helpers as h
@@ -307,8 +306,7 @@ class ProtectSystem:
         return (self.logdir / "reconciler.log").read_text(errors="replace")
 
     def metric(self, name: str, queue: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+        text = scraping.metrics_text(self.metrics_port)  # docs/operations.md#metrics
         for line in text.splitlines():
             if line.startswith(name + "{") and f'queue="{queue}"' in line:
                 return float(line.rpartition(" ")[2])

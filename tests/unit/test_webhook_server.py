@@ -392,6 +392,8 @@ async def test_run_serves_metrics_and_drains_on_stop(ca: ThrowawayCA, tmp_path: 
         cert_file=cert,
         key_file=key,
         metrics_port=metrics_port,
+        metrics_insecure=True,  # mutual TLS: tests/unit/test_webhook_metrics_tls.py
+        health_port=0,
         shutdown_delay=0.3,
     )
     stop = asyncio.Event()
