@@ -512,8 +512,10 @@ async def set_up(client: kube.Kube, system: str, gpus: int) -> None:
     for body in our_quotas(gpus):
         await client.create(ba.QUOTAS, body, namespace=NS)
 
+    from testenv import system  # the system runs installed where the harness installs it
+
     async def queues() -> bool:
-        items, _ = await client.list(ba.QUEUES, namespace=names.COMPONENT_NAMESPACE)
+        items, _ = await client.list(ba.QUEUES, namespace=system.NAMESPACE)
         return {"team-a", "team-b"} <= {str(i["metadata"]["name"]) for i in items}
 
     await wait_for(queues, 60.0, "the teams' Queues")

@@ -26,6 +26,7 @@ from typing import Final
 from chaos.tenant_common import QUOTA, Attacker
 from koord_queue.shared import kube
 from koord_queue.shared.api import names
+from testenv import system
 
 STOP: Final = "stop-a-queue"
 OUT_OF_THE_WAY: Final = "take-the-queue-out-of-the-way"
@@ -57,7 +58,7 @@ def _dry(m: kube.Kube, method: str, path: str, patch: kube.Obj | None = None) ->
 
 def tries(m: kube.Kube) -> dict[str, list[tuple[str, Call]]]:
     """Per attack, what mallory sends (each a dry run): ``(what, call)``."""
-    ns = names.COMPONENT_NAMESPACE
+    ns = system.NAMESPACE  # where the chaos run installs the system
     stop = {"metadata": {"annotations": {names.STOPPED_ANNOTATION: "true"}}}
     return {
         STOP: [("annotate", _dry(m, "PATCH", QUEUES.path(ns, QUOTA), stop))],

@@ -60,6 +60,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="kubeconfig file (default: $KUBECONFIG, else the in-cluster ServiceAccount)",
     )
     p.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE") or names.COMPONENT_NAMESPACE,
+        help="the namespace the component is installed in: its Queues, its ConfigMaps (quota bindings, "
+        "native gangs), and the default of every --*-namespace flag (default: $POD_NAMESPACE, else "
+        "%(default)s; docs/operations.md#install-namespace)",
+    )
+    p.add_argument(
         "--config",
         type=Path,
         default=None,
@@ -142,8 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--visibility-namespace",
-        default=os.environ.get("POD_NAMESPACE") or names.COMPONENT_NAMESPACE,
-        help="namespace of the visibility Service and Secret (default %(default)s)",
+        default=None,
+        help="namespace of the visibility Service and Secret (default: --namespace)",
     )
     p.add_argument(
         "--visibility-service",
@@ -177,8 +184,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--leader-election-namespace",
-        default=os.environ.get("POD_NAMESPACE") or names.COMPONENT_NAMESPACE,
-        help="namespace of the Lease (default: $POD_NAMESPACE, else %(default)s)",
+        default=None,
+        help="namespace of the Lease (default: --namespace)",
     )
     p.add_argument("--leader-election-id", default="koord-queue-reconciler", help="name of the Lease")
     p.add_argument(
@@ -197,8 +204,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--webhook-namespace",
-        default=os.environ.get("POD_NAMESPACE") or names.COMPONENT_NAMESPACE,
-        help="namespace of the webhook Service and Secret (default %(default)s)",
+        default=None,
+        help="namespace of the webhook Service and Secret (default: --namespace)",
     )
     p.add_argument("--webhook-service", default="koord-queue-webhook", help="webhook Service name")
     p.add_argument("--webhook-secret", default="koord-queue-webhook-cert", help="webhook certificate Secret")
@@ -215,6 +222,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="log verbosity: 0 info, 2 scheduling decisions, 4 debug",
     )
     args = _pool_flags(p).parse_args(argv)
+    # One source for the install namespace (docs/operations.md#install-namespace).
+    for flag in ("visibility_namespace", "leader_election_namespace", "webhook_namespace"):
+        if not getattr(args, flag):
+            setattr(args, flag, args.namespace)
     if args.manage_visibility_certs and args.visibility_cert_file:
         p.error("--manage-visibility-certs and --visibility-cert-file exclude each other")
     if bool(args.visibility_cert_file) != bool(args.visibility_key_file):
@@ -275,7 +286,9 @@ def _settings(args: argparse.Namespace) -> component_config.Settings:
     if args.usage_half_life is not None:
         value = component_config.duration(args.usage_half_life, "--usage-half-life")
         settings = dataclasses.replace(settings, usage_half_life_seconds=value)
-    return settings
+    # The install namespace is never one where queueing is mandatory.
+    queueing = dataclasses.replace(settings.mandatory_queueing, component_namespace=args.namespace)
+    return dataclasses.replace(settings, mandatory_queueing=queueing)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -317,21 +330,27 @@ async def run(args: argparse.Namespace) -> None:
         )
         units = Informer(client, QUEUE_UNITS, handler=_fanout(scheduler.on_unit, jobs.on_unit), packed=True)
         scheduler.unit_store = units.objects
+        # Only the install namespace's Queues count: one a tenant makes elsewhere is never read.
         queues = Informer(
             client,
             QUEUES,
-            namespace=names.COMPONENT_NAMESPACE,
+            namespace=args.namespace,
             # A Queue deleted while its quota exists is re-created at once.
             handler=_fanout(
                 scheduler.on_queue, lambda old, new: quota_sync.on_queue_gone(old) if new is None else None
             ),
         )
         quota_sync = QuotaQueueSync(
-            client, quotas=lambda: quotas.objects, queues=lambda: queues.objects, events=events
+            client,
+            quotas=lambda: quotas.objects,
+            queues=lambda: queues.objects,
+            events=events,
+            namespace=args.namespace,
         )
         bindings = QuotaBindingSync(
             client,
             quotas=lambda: ledger.quotas.values(),
+            namespace=args.namespace,
             enforce=settings.quota_namespace_binding,
             guarantees=settings.quota_guarantees,
         )
@@ -369,7 +388,7 @@ async def run(args: argparse.Namespace) -> None:
             "job-extensions": jobs.run,
             "quota-queues": quota_sync.run,
             "quota-bindings": bindings.run,
-            "native-gangs": lambda: workloads.publish(client, handoff),
+            "native-gangs": lambda: workloads.publish(client, handoff, args.namespace),
         }
         if figures is not None:
             loops["quota-figures"] = figures.run

@@ -2,8 +2,9 @@
 quota-binding ConfigMap; decisions in ``shared.core.quotaqueues``.
 
 Every quota event marks the quota's name dirty; a single worker creates, patches or deletes the
-Queue in namespace ``koord-queue``. The Queue store (from the scheduler's Queue informer) is read to
-decide; writes that race with an admin's edit simply conflict and are retried with fresh objects.
+Queue in the install namespace (``--namespace``, docs/operations.md#install-namespace). The Queue
+store (from the scheduler's Queue informer) is read to decide; writes that race with an admin's
+edit simply conflict and are retried with fresh objects.
 
 Quota events alone do not cover a Queue deleted behind our back (``kubectl delete queue``) while its
 quota stays: its units would wait for a queue that never comes back. So the worker also checks the
@@ -21,7 +22,7 @@ other quota of the name gets a Warning ``DuplicateQuotaName`` event and the anno
 ``koord-queue/ignored-reason`` naming the holder (removed once it counts again). A quota whose
 namespaces or priority-cap annotation cannot be read gets a Warning ``InvalidQuotaAnnotation``.
 
-:class:`QuotaBindingSync` keeps the ConfigMap ``koord-queue/koord-queue-quota-bindings`` that the
+:class:`QuotaBindingSync` keeps the ConfigMap ``koord-queue-quota-bindings`` (install namespace) that the
 quota-binding admission policy (manifests/quota-binding-policy.yaml) reads: which namespaces each
 quota serves, which quotas each namespace may use, and whether the check is on.
 
@@ -68,8 +69,11 @@ class QuotaQueueSync:
         quotas: Callable[[], Mapping[str, kube.Obj]],
         queues: Callable[[], Mapping[str, kube.Obj]],
         events: EventRecorder,
+        namespace: str,
     ) -> None:
         self.client = client
+        #: where the Queues live: the install namespace
+        self.namespace = namespace
         self.quotas = quotas
         self.queues = queues
         self.events = events
@@ -149,7 +153,7 @@ class QuotaQueueSync:
         found: set[str] = set()
         for quota in self.quotas().values():
             name = (quota.get("metadata") or {}).get("name")
-            if isinstance(name, str) and name and f"{names.COMPONENT_NAMESPACE}/{name}" not in queues:
+            if isinstance(name, str) and name and f"{self.namespace}/{name}" not in queues:
                 found.add(name)
         return sorted(found)
 
@@ -180,14 +184,14 @@ class QuotaQueueSync:
                 log.exception("queue for quota %s: sync failed", name)
 
     async def sync(self, name: str) -> None:
-        existing = self.queues().get(f"{names.COMPONENT_NAMESPACE}/{name}")
+        existing = self.queues().get(f"{self.namespace}/{name}")
         named = await self._contenders(name, existing)
         quota = named[0][1] if named else None
         if quota is None:
             await self._report(name, named)
             if existing is not None and quotaqueues.created_from_quota(existing):
                 with contextlib.suppress(kube.NotFound):
-                    await self.client.delete(QUEUES, name, namespace=names.COMPONENT_NAMESPACE)
+                    await self.client.delete(QUEUES, name, namespace=self.namespace)
             self._complained.pop(name, None)
             self._holders.pop(name, None)
             return
@@ -195,20 +199,20 @@ class QuotaQueueSync:
             # Creating the Queue claims the name for this quota (atomically: only one create wins).
             try:
                 existing = await self.client.create(
-                    QUEUES, quotaqueues.intent(quota).queue, namespace=names.COMPONENT_NAMESPACE
+                    QUEUES, quotaqueues.intent(quota, self.namespace).queue, namespace=self.namespace
                 )
             except kube.Conflict as err:
                 if err.reason != "AlreadyExists":
                     raise
-                existing = await self.client.get(QUEUES, name, namespace=names.COMPONENT_NAMESPACE)
+                existing = await self.client.get(QUEUES, name, namespace=self.namespace)
                 named = await self._contenders(name, existing)  # its record decides
                 quota = named[0][1]
         await self._report(name, named)
         self._holders[name] = named[0][0].namespace
-        intent = quotaqueues.intent(quota)
+        intent = quotaqueues.intent(quota, self.namespace)
         patch = quotaqueues.update_patch(existing, intent.queue)
         if patch is not None:
-            existing = await self.client.patch(QUEUES, name, patch, namespace=names.COMPONENT_NAMESPACE)
+            existing = await self.client.patch(QUEUES, name, patch, namespace=self.namespace)
         if intent.policy_problem and self._complained.get(name) != intent.policy_problem:
             self._complained[name] = intent.policy_problem
             self.events.record(
@@ -284,8 +288,8 @@ class QuotaBindingSync:
         *,
         quotas: Callable[[], Iterable[Quota]],
         enforce: bool,
+        namespace: str,
         guarantees: bool = True,
-        namespace: str = names.COMPONENT_NAMESPACE,
         name: str = names.QUOTA_BINDINGS_CONFIGMAP,
         resync_seconds: float = 60.0,
         settle_seconds: float = 0.2,

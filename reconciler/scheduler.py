@@ -36,7 +36,7 @@ from koord_queue.reconciler import metrics, scheduler_writes
 from koord_queue.reconciler.events import EventRecorder
 from koord_queue.reconciler.quotas import QUEUES
 from koord_queue.shared import kube
-from koord_queue.shared.api import admission_checks, names
+from koord_queue.shared.api import admission_checks
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.names import EventReason, Message, Phase
 from koord_queue.shared.api.parsing import parse_queue, parse_quota, parse_unit
@@ -365,12 +365,14 @@ class SchedulerLoop:
                 self._published[name] = (now, shown)
                 if details == shown:
                     continue
+                # Where the Queue informer found it: the install namespace (the only one it watches).
+                where = str((self._queue_raw[name].get("metadata") or {}).get("namespace", ""))
                 try:
                     await self.client.patch(
                         QUEUES,
                         name,
                         {"status": {"queueItemDetails": {"active": details}}},
-                        namespace=names.COMPONENT_NAMESPACE,
+                        namespace=where,
                         subresource="status",
                     )
                     self._published[name] = (now, details)

@@ -6,10 +6,11 @@ With ``nativeGangHandoff: true`` in the component configuration:
   ``scheduling.k8s.io/v1alpha1``. When it does not (or serves Workloads only in another version),
   the hand-off is refused: an error names the API and the feature gates it needs, and nothing is
   stamped or created; the rest of the system runs as without the switch;
-* :func:`publish` (leader): writes what was found into the ConfigMap
-  ``koord-queue/koord-queue-native-gangs`` (key ``workloadAPI``), the only thing the webhook reads to
-  decide whether it stamps ``spec.workloadRef`` on gang templates (``webhook.nativegangs``); with
-  the switch off the ConfigMap is deleted, so a webhook still told to look stops stamping;
+* :func:`publish` (leader): writes what was found into the ConfigMap ``koord-queue-native-gangs``
+  of the install namespace (key ``workloadAPI``; docs/operations.md#install-namespace), the only
+  thing the webhook reads to decide whether it stamps ``spec.workloadRef`` on gang templates
+  (``webhook.nativegangs``); with the switch off the ConfigMap is deleted, so a webhook still told
+  to look stops stamping;
 * :func:`before_ungate` (each admitted unit, before its pods lose the admission gate): creates the
   unit's ``Workload`` (``shared.core.workloadref.workload_for``), owned by the job, so that
   kube-scheduler finds it as soon as the pods reach its queue. A failure to create it fails the
@@ -29,7 +30,6 @@ from typing import Final
 from tenacity import RetryCallState
 
 from koord_queue.shared import kube, retrying
-from koord_queue.shared.api import names
 from koord_queue.shared.api.parsing import parse_unit
 from koord_queue.shared.core import workloadref
 from koord_queue.shared.jobs.base import JobAdapter
@@ -99,10 +99,11 @@ async def detect(client: kube.Kube, *, enabled: bool) -> Handoff:
     return state
 
 
-async def publish(client: kube.Kube, state: Handoff) -> None:
-    """Write the decision where the webhook reads it (the ConfigMap), retried until it is written;
-    with the switch off, remove a ConfigMap left from a run with it on (one attempt)."""
-    namespace, name = names.COMPONENT_NAMESPACE, workloadref.STATE_CONFIGMAP
+async def publish(client: kube.Kube, state: Handoff, namespace: str) -> None:
+    """Write the decision where the webhook reads it (the ConfigMap in ``namespace``, the install
+    namespace), retried until it is written; with the switch off, remove a ConfigMap left from a
+    run with it on (one attempt)."""
+    name = workloadref.STATE_CONFIGMAP
     if not state.enabled:
         with contextlib.suppress(kube.KubeError):
             await client.delete(CONFIG_MAPS, name, namespace=namespace)

@@ -146,31 +146,15 @@ def _pod_values(text: str, component: str) -> str:
 
 
 NS_TOKEN: Final = "__KQ_NAMESPACE__"
-SERVICE_ACCOUNT_PREFIX: Final = f"system:serviceaccount:{NAMESPACE}:"
 
 
 def _follow_namespace(node: Any) -> Any:
     """Every place the manifests name their own namespace -> a token for ``.Release.Namespace``:
     ``namespace:`` fields (objects, subjects, services, paramRefs), the ServiceAccount usernames in
     CEL expressions and flags, and the namespace lists of ``kubernetes.io/metadata.name``
-    selectors (the component's namespace is never a managed one)."""
-    if isinstance(node, str):
-        return node.replace(SERVICE_ACCOUNT_PREFIX, f"system:serviceaccount:{NS_TOKEN}:")
-    if isinstance(node, list):
-        return [_follow_namespace(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for k, v in node.items():
-        if k == "namespace" and v == NAMESPACE:
-            out[k] = NS_TOKEN
-        elif k == "key" and v == "kubernetes.io/metadata.name" and isinstance(node.get("values"), list):
-            out[k] = v
-        else:
-            out[k] = _follow_namespace(v)
-    if node.get("key") == "kubernetes.io/metadata.name" and isinstance(node.get("values"), list):
-        out["values"] = [NS_TOKEN if item == NAMESPACE else item for item in node["values"]]
-    return out
+    selectors (the component's namespace is never a managed one); the same walk the local system
+    uses to install in another namespace (``system.in_namespace``)."""
+    return system.in_namespace(node, NS_TOKEN)
 
 
 def _escape(text: str) -> str:

@@ -16,7 +16,7 @@ import urllib.error
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -29,8 +29,12 @@ from testenv.processes import ClusterError, Component, free_port, http_ok, retry
 ROOT = binaries.PROJECT_ROOT
 CRD_DIRS = (ROOT / "manifests" / "crds", ROOT / "tests" / "crds")
 WEBHOOK_CONFIG_NAME = "koord-queue-local"
+#: Where the local system is installed unless a caller names another namespace
+#: (docs/operations.md#install-namespace): every function below that installs or starts a part
+#: takes ``namespace``, and moves the manifests' objects there with :func:`in_namespace`.
+NAMESPACE: Final = names.COMPONENT_NAMESPACE
 #: The identity the reconciler uses; the webhook lets only this user resume a queued job.
-RECONCILER_USER = "system:serviceaccount:koord-queue:koord-queue-reconciler"
+RECONCILER_USER = names.reconciler_username(NAMESPACE)
 #: The visibility API as in a cluster: TLS with the certificate the reconciler keeps in its Secret,
 #: for the apiserver's front-proxy client only (tests/integration/test_visibility.py puts it behind
 #: the APIService). A short interval, so an APIService created by a test gets its caBundle at once.
@@ -75,11 +79,37 @@ def install_crds(cluster: LocalCluster) -> None:
         )
         names.extend(crd["metadata"]["name"] for crd in generated)
     cluster.wait_for_crds(names)
+    create_namespace(cluster, NAMESPACE)
+
+
+def in_namespace(node: Any, namespace: str) -> Any:
+    """``node`` (rendered manifests) installed in ``namespace`` instead of ``koord-queue``: every
+    ``namespace:`` field naming it (objects, binding subjects, Services, policy parameters), the
+    reconciler's ServiceAccount username in CEL expressions and flags, and the namespace lists of
+    ``kubernetes.io/metadata.name`` selectors (the install namespace is never a managed one). The
+    chart (testenv/chart.py) moves the same places to ``.Release.Namespace``."""
+    if isinstance(node, str):
+        return node.replace(f"system:serviceaccount:{NAMESPACE}:", f"system:serviceaccount:{namespace}:")
+    if isinstance(node, list):
+        return [in_namespace(item, namespace) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {
+        k: namespace if k == "namespace" and v == NAMESPACE else in_namespace(v, namespace)
+        for k, v in node.items()
+    }
+    if node.get("key") == "kubernetes.io/metadata.name" and isinstance(node.get("values"), list):
+        out["values"] = [namespace if item == NAMESPACE else item for item in node["values"]]
+    return out
+
+
+def create_namespace(cluster: LocalCluster, namespace: str) -> None:
+    """Create ``namespace`` unless it exists."""
     with contextlib.suppress(urllib.error.HTTPError):  # 409: it exists already
         cluster.request(
             "POST",
             "/api/v1/namespaces",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "koord-queue"}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
         )
 
 
@@ -116,8 +146,11 @@ def start_webhook(
     register: bool = True,
     extra_args: list[str] | None = None,
     mandatory_namespaces: dict[str, Any] | None = None,
+    namespace: str = NAMESPACE,
 ) -> tuple[Component, int]:
-    """Start the webhook on a free loopback port with a fresh serving cert; register it."""
+    """Start the webhook on a free loopback port with a fresh serving cert; register it. It is told
+    its install ``namespace`` (as the manifests tell it through ``POD_NAMESPACE``), which names
+    the reconciler's ServiceAccount, the only user it lets resume a queued job."""
     now = datetime.now(UTC)
     serving = pki.issue_serving(
         ca=cluster.ca,
@@ -148,7 +181,7 @@ def start_webhook(
                 f"--metrics-port={metrics_port}",
                 f"--metrics-client-ca={client_ca}",
                 f"--health-port={health}",
-                f"--reconciler-username={RECONCILER_USER}",
+                f"--namespace={namespace}",
                 *(extra_args or []),
             ],
             logdir,
@@ -162,7 +195,7 @@ def start_webhook(
 
     component, port = retry_port_clash(launch)
     if register:
-        register_webhook(cluster, port=port, mandatory_namespaces=mandatory_namespaces)
+        register_webhook(cluster, port=port, mandatory_namespaces=mandatory_namespaces, namespace=namespace)
     return component, port
 
 
@@ -176,22 +209,28 @@ def _webhook_healthy(cluster: LocalCluster, port: int) -> bool:
 
 
 def webhook_configurations(
-    *, url: str, ca_pem: bytes, mandatory_namespaces: dict[str, Any] | None = None
+    *,
+    url: str,
+    ca_pem: bytes,
+    mandatory_namespaces: dict[str, Any] | None = None,
+    namespace: str = NAMESPACE,
 ) -> list[dict[str, Any]]:
     """The local equivalents of manifests/webhook: same rules and scoping, URL instead of Service.
 
     ``mandatory_namespaces``: a label selector of the namespaces where queueing is mandatory
     (docs/operations.md#mandatory-queueing); it adds the webhooks for their unlabelled jobs, as the
-    chart does with ``config.manageJobsWithoutQuotaName``.
+    chart does with ``config.manageJobsWithoutQuotaName``. ``namespace``: the install namespace,
+    left out by every job webhook, whose reconciler's writes skip the validating ones.
     """
     ca = base64.b64encode(ca_pem).decode()
+    reconciler = names.reconciler_username(namespace)
     scope = {
         "namespaceSelector": {
             "matchExpressions": [
                 {
                     "key": "kubernetes.io/metadata.name",
                     "operator": "NotIn",
-                    "values": ["kube-system", "koord-queue"],
+                    "values": ["kube-system", namespace],
                 }
             ]
         },
@@ -235,7 +274,7 @@ def webhook_configurations(
             webhook["matchConditions"] = [
                 {
                     "name": "not-the-reconciler",
-                    "expression": f"request.userInfo.username != '{RECONCILER_USER}'",
+                    "expression": f"request.userInfo.username != '{reconciler}'",
                 }
             ]
         return webhook
@@ -303,7 +342,7 @@ def webhook_configurations(
             {
                 "key": "kubernetes.io/metadata.name",
                 "operator": "NotIn",
-                "values": ["kube-system", "koord-queue"],
+                "values": ["kube-system", namespace],
             }
         ]
         selected = {
@@ -351,11 +390,18 @@ def webhook_configurations(
 
 
 def register_webhook(
-    cluster: LocalCluster, *, port: int, mandatory_namespaces: dict[str, Any] | None = None
+    cluster: LocalCluster,
+    *,
+    port: int,
+    mandatory_namespaces: dict[str, Any] | None = None,
+    namespace: str = NAMESPACE,
 ) -> None:
     """Create or replace the webhook configurations, pointing at 127.0.0.1:<port>."""
     configs = webhook_configurations(
-        url=f"https://127.0.0.1:{port}", ca_pem=cluster.ca_pem, mandatory_namespaces=mandatory_namespaces
+        url=f"https://127.0.0.1:{port}",
+        ca_pem=cluster.ca_pem,
+        mandatory_namespaces=mandatory_namespaces,
+        namespace=namespace,
     )
     for config in configs:
         plural = config["kind"].lower() + "s"
@@ -425,7 +471,7 @@ def rendered_manifests() -> list[dict[str, Any]]:
 
 VISIBILITY_APISERVICE = "v1alpha1.visibility.koord-queue.x-k8s.io"
 VISIBILITY_SERVICE = "koord-queue-visibility-server"
-_SERVICES = f"/api/v1/namespaces/{names.COMPONENT_NAMESPACE}/services"
+_SERVICES = f"/api/v1/namespaces/{NAMESPACE}/services"
 _APISERVICES = "/apis/apiregistration.k8s.io/v1/apiservices"
 
 
@@ -443,7 +489,7 @@ def register_visibility(cluster: LocalCluster, *, port: int) -> dict[str, Any]:
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": apiservice["spec"]["service"]["name"], "namespace": names.COMPONENT_NAMESPACE},
+        "metadata": {"name": apiservice["spec"]["service"]["name"], "namespace": NAMESPACE},
         "spec": {"type": "ExternalName", "externalName": "localhost"},
     }
     unregister_visibility(cluster)
@@ -460,9 +506,10 @@ def unregister_visibility(cluster: LocalCluster) -> None:
             cluster.request("DELETE", path)
 
 
-def _apply_kinds(cluster: LocalCluster, kinds: set[str]) -> None:
-    """``kubectl apply --server-side`` the objects of these kinds from the rendered manifests."""
-    docs = [d for d in rendered_manifests() if d.get("kind") in kinds]
+def _apply_kinds(cluster: LocalCluster, kinds: set[str], namespace: str) -> None:
+    """``kubectl apply --server-side`` the objects of these kinds from the rendered manifests,
+    installed in ``namespace``."""
+    docs = [in_namespace(d, namespace) for d in rendered_manifests() if d.get("kind") in kinds]
     subprocess.run(
         [
             str(binaries.kubectl()),
@@ -480,15 +527,17 @@ def _apply_kinds(cluster: LocalCluster, kinds: set[str]) -> None:
     )
 
 
-def install_rbac(cluster: LocalCluster) -> None:
+def install_rbac(cluster: LocalCluster, namespace: str = NAMESPACE) -> None:
     """Apply the ServiceAccounts and RBAC of ``manifests/`` exactly as a cluster install does."""
-    _apply_kinds(cluster, {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"})
+    _apply_kinds(
+        cluster, {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}, namespace
+    )
 
 
-def install_policies(cluster: LocalCluster) -> None:
+def install_policies(cluster: LocalCluster, namespace: str = NAMESPACE) -> None:
     """Apply the ValidatingAdmissionPolicies of ``manifests/`` and their bindings, as an install does
     (they run inside the apiserver; each takes effect a moment after it is applied)."""
-    _apply_kinds(cluster, {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
+    _apply_kinds(cluster, {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, namespace)
 
 
 def start_reconciler(
@@ -498,19 +547,22 @@ def start_reconciler(
     extra_args: list[str] | None = None,
     name: str = "reconciler",
     least_privilege: bool = True,
+    namespace: str = NAMESPACE,
 ) -> Component:
-    """Start the reconciler and wait until its caches are synced (``/readyz``).
+    """Start the reconciler, installed in ``namespace`` (``--namespace``), and wait until its caches
+    are synced (``/readyz``).
 
-    By default it acts as its ServiceAccount (impersonated, with the RBAC of ``manifests/``), so
-    every test proves the install's permissions are enough; ``least_privilege=False`` makes it a
-    cluster admin that merely carries the ServiceAccount's name.
+    By default it acts as its ServiceAccount (impersonated, with the RBAC of ``manifests/`` moved to
+    ``namespace``), so every test proves the install's permissions are enough;
+    ``least_privilege=False`` makes it a cluster admin that merely carries the ServiceAccount's name.
     """
+    user = names.reconciler_username(namespace)
     if least_privilege:
-        install_rbac(cluster)
+        install_rbac(cluster, namespace)
         kubeconfig = cluster.kubeconfig
-        identity = [f"--as={RECONCILER_USER}"]
+        identity = [f"--as={user}"]
     else:
-        kubeconfig = cluster.kubeconfig_for(name, user=RECONCILER_USER, groups=("system:masters",))
+        kubeconfig = cluster.kubeconfig_for(name, user=user, groups=("system:masters",))
         identity = []
     # /metrics over HTTPS for a token allowed get /metrics (docs/operations.md#metrics): the
     # scraper's, bound to the install's koord-queue-metrics-reader.
@@ -526,6 +578,7 @@ def start_reconciler(
                 "koord_queue.reconciler.main",
                 f"--kubeconfig={kubeconfig}",
                 *identity,
+                f"--namespace={namespace}",
                 f"--health-port={health}",
                 f"--metrics-port={metrics_port}",
                 f"--visibility-port={visibility_port}",

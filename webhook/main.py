@@ -13,11 +13,13 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from koord_queue.shared.admission import decisions as admission
+from koord_queue.shared.api import names
 from koord_queue.shared.api.goparse import INT32_MAX, INT32_MIN
 from koord_queue.shared.jobs import registry
 from koord_queue.webhook import nativegangs, server
@@ -75,9 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated job kinds, of: {', '.join(registry.EXTENSIONS)} (default: %(default)s)",
     )
     parser.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE") or names.COMPONENT_NAMESPACE,
+        help="the namespace the component is installed in, which names the reconciler's "
+        "ServiceAccount (default: $POD_NAMESPACE, else %(default)s; docs/operations.md#install-namespace)",
+    )
+    parser.add_argument(
         "--reconciler-username",
-        default=admission.DEFAULT_RECONCILER_USERNAME,
-        help="the only user allowed to resume a queued job (default: %(default)s)",
+        default=None,
+        help="the only user allowed to resume a queued job (default: the reconciler's ServiceAccount "
+        f"in --namespace, system:serviceaccount:<namespace>:{names.RECONCILER_SERVICE_ACCOUNT})",
     )
     parser.add_argument(
         "--status-writers",
@@ -160,7 +169,7 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[server.ServerConfig
         extensions = frozenset(e.strip() for e in args.enabled_extensions.split(",") if e.strip())
         admission_config = admission.AdmissionConfig(
             enabled_extensions=extensions,
-            reconciler_username=args.reconciler_username,
+            reconciler_username=args.reconciler_username or names.reconciler_username(args.namespace),
             status_writers=frozenset(u.strip() for u in args.status_writers.split(",") if u.strip()),
             max_user_priority=args.max_user_priority,
             native_gangs=nativegangs.PublishedState(args.native_gang_handoff_file)

@@ -111,6 +111,16 @@ def kubeconfig_path(flag: str | None) -> str | None:
     return str(default) if default.is_file() else None
 
 
+#: Where the plugin looks for the component when ``--koord-queue-namespace`` is not given.
+NAMESPACE_ENV: Final = "KOORD_QUEUE_NAMESPACE"
+
+
+def component_namespace(flag: str | None) -> str:
+    """The namespace koord-queue is installed in (docs/operations.md#install-namespace):
+    ``--koord-queue-namespace``, else ``$KOORD_QUEUE_NAMESPACE``, else ``koord-queue``."""
+    return flag or os.environ.get(NAMESPACE_ENV) or names.COMPONENT_NAMESPACE
+
+
 def default_namespace(path: str | None, context: str | None) -> str:
     """The namespace of the kubeconfig context in use (kubectl's default), else ``default``."""
     if path is None:
@@ -171,6 +181,9 @@ class Gathered:
     standings: dict[str, ServedStanding] = field(default_factory=dict)
     #: the resourceVersion of the QueueUnit list, for ``list --watch``
     resource_version: str = ""
+    #: where the Queues were looked for (the install namespace, ``--koord-queue-namespace``); set by
+    #: :meth:`Reader.queues`, and the namespace of the Queues derived when they cannot be read
+    component_namespace: str = ""
 
     def parsed_units(self) -> dict[str, Unit]:
         return {key: parse_unit(raw) for key, raw in self.units.items()}
@@ -182,7 +195,7 @@ class Gathered:
         """The Queues read, or those the reconciler derives from the quotas read."""
         if self.queues is not None:
             return [parse_queue(q) for q in self.queues]
-        return [parse_queue(quotaqueues.intent(q).queue) for q in self.quotas]
+        return [parse_queue(quotaqueues.intent(q, self.component_namespace).queue) for q in self.quotas]
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -191,10 +204,14 @@ def _key(obj: Mapping[str, Any]) -> str:
 
 
 class Reader:
-    """Reads through one :class:`shared.kube.Kube`, recording fallbacks in a :class:`Gathered`."""
+    """Reads through one :class:`shared.kube.Kube`, recording fallbacks in a :class:`Gathered`.
+    ``component_namespace``: where the component is installed (``--koord-queue-namespace``,
+    docs/operations.md#install-namespace), which holds the Queues, the component configuration and
+    the reconciler's Deployment."""
 
-    def __init__(self, client: kube.Kube) -> None:
+    def __init__(self, client: kube.Kube, component_namespace: str) -> None:
         self.client = client
+        self.component_namespace = component_namespace
 
     async def units(
         self, namespace: str | None, got: Gathered, *, want_all: bool, selector: str | None = None
@@ -250,33 +267,36 @@ class Reader:
                 got.unreadable_quotas.add(parent)
 
     async def queues(self, got: Gathered) -> None:
+        ns = got.component_namespace = self.component_namespace
         try:
-            got.queues, _ = await self.client.list(QUEUES, namespace=names.COMPONENT_NAMESPACE)
+            got.queues, _ = await self.client.list(QUEUES, namespace=ns)
         except kube.KubeError as err:
             if not is_rbac_refusal(err):
-                raise denied(err, "list", QUEUES, names.COMPONENT_NAMESPACE) from None
+                raise denied(err, "list", QUEUES, ns) from None
             got.queues = None  # derived from the quotas, as the reconciler derives them
+            got.unknowns.append(f"the Queues (namespace {ns}) cannot be read: they are admins'")
 
     async def settings(self, got: Gathered) -> None:
         """The component configuration the install ships, when readable; defaults when absent."""
+        ns = self.component_namespace
         try:
-            cm = await self.client.get(CONFIGMAPS, CONFIG_MAP, namespace=names.COMPONENT_NAMESPACE)
+            cm = await self.client.get(CONFIGMAPS, CONFIG_MAP, namespace=ns)
         except kube.NotFound:
             got.settings = component_config.Settings()
             got.unknowns.append(
-                f"ConfigMap {names.COMPONENT_NAMESPACE}/{CONFIG_MAP} not found: the defaults of the "
-                "component configuration are assumed"
+                f"ConfigMap {ns}/{CONFIG_MAP} not found: the defaults of the component configuration "
+                "are assumed (is koord-queue installed in another namespace? --koord-queue-namespace)"
             )
             return
         except kube.KubeError as err:
             got.settings = None
             if is_rbac_refusal(err):
                 got.unknowns.append(
-                    f"the component configuration ({names.COMPONENT_NAMESPACE}/{CONFIG_MAP}) cannot be read: "
+                    f"the component configuration ({ns}/{CONFIG_MAP}) cannot be read: "
                     "the priority cap, the reclaim protect time and the running timeouts are unknown"
                 )
                 return
-            raise denied(err, "get", CONFIGMAPS, names.COMPONENT_NAMESPACE) from None
+            raise denied(err, "get", CONFIGMAPS, ns) from None
         text = str((cm.get("data") or {}).get(CONFIG_KEY) or "")
         try:
             got.settings = component_config.parse(text, source=f"ConfigMap {CONFIG_MAP}")
@@ -360,7 +380,7 @@ class Reader:
         """The reconciler Deployment's image tag; ``unknown`` when it cannot be read."""
         try:
             dep = await self.client.get(
-                DEPLOYMENTS, RECONCILER_DEPLOYMENT, namespace=names.COMPONENT_NAMESPACE
+                DEPLOYMENTS, RECONCILER_DEPLOYMENT, namespace=self.component_namespace
             )
         except kube.KubeError:
             return "unknown"
@@ -376,14 +396,14 @@ class Reader:
     async def patch_queue(self, queue: str, patch: Obj) -> Obj:
         """Merge ``patch`` into Queue ``queue``; a user without the right gets :class:`Denied`."""
         try:
-            return await self.client.patch(QUEUES, queue, patch, namespace=names.COMPONENT_NAMESPACE)
+            return await self.client.patch(QUEUES, queue, patch, namespace=self.component_namespace)
         except kube.KubeError as err:
             if isinstance(err, kube.NotFound):
                 raise NotFoundError(
                     f"queue {queue} does not exist (queues are named after their ElasticQuota: "
                     "kubectl koord-queue quotas -A)"
                 ) from None
-            raise denied(err, "patch", QUEUES, names.COMPONENT_NAMESPACE) from None
+            raise denied(err, "patch", QUEUES, self.component_namespace) from None
 
     # --- jobs --------------------------------------------------------------------------------
 

@@ -29,7 +29,15 @@ COMMANDS: Final = (
     "dashboard",
     "completion",
 )
-GLOBAL_FLAGS: Final = ("--kubeconfig", "--context", "--namespace", "-n", "--as", "--color")
+GLOBAL_FLAGS: Final = (
+    "--kubeconfig",
+    "--context",
+    "--namespace",
+    "-n",
+    "--as",
+    "--color",
+    "--koord-queue-namespace",
+)
 LIST_FLAGS: Final = (
     "-A",
     "--all-namespaces",
@@ -84,6 +92,7 @@ TAKES_VALUE: Final = frozenset(
         "-n",
         "--as",
         "--color",
+        "--koord-queue-namespace",
         "--queue",
         "--phase",
         "-l",
@@ -149,15 +158,13 @@ def _queue_names(words: Sequence[str]) -> list[str]:
     """The Queues, for ``stop`` and ``resume`` (only who may read them gets any)."""
     from koord_queue.cli import client as cli_client
     from koord_queue.shared import kube
-    from koord_queue.shared.api import names
 
     async def read() -> list[str]:
         path = cli_client.kubeconfig_path(_flag_value(words, "--kubeconfig"))
+        home = cli_client.component_namespace(_flag_value(words, "--koord-queue-namespace"))
         api = await cli_client.connect(path, _flag_value(words, "--context"), _flag_value(words, "--as"))
         try:
-            items, _ = await asyncio.wait_for(
-                api.list(cli_client.QUEUES, namespace=names.COMPONENT_NAMESPACE), 3.0
-            )
+            items, _ = await asyncio.wait_for(api.list(cli_client.QUEUES, namespace=home), 3.0)
         finally:
             await api.close()
         return sorted({str((i.get("metadata") or {}).get("name", "")) for i in items} - {""})

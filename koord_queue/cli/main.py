@@ -16,9 +16,18 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from koord_queue.cli import admin, commands, completion, formats, listing, render, uninstall
-from koord_queue.cli.client import CliError, Reader, connect, default_namespace, kubeconfig_path
+from koord_queue.cli.client import (
+    NAMESPACE_ENV,
+    CliError,
+    Reader,
+    component_namespace,
+    connect,
+    default_namespace,
+    kubeconfig_path,
+)
 from koord_queue.dashboard import server
 from koord_queue.shared import kube
+from koord_queue.shared.api import names
 
 EPILOG = """\
 exit status:
@@ -38,6 +47,8 @@ examples:
   kubectl koord-queue priority my-job 50        ask for priority 50 (within the cluster's cap)
   kubectl koord-queue describe my-job           the QueueUnit's fields, admissions and events
   kubectl koord-queue list -w -l team=a         list units labelled team=a, again on every change
+  kubectl koord-queue --koord-queue-namespace=platform-queue explain my-job
+                                                koord-queue installed in namespace platform-queue
   kubectl koord-queue list -o jsonpath='{range .items[*]}{.metadata.name}{"\\n"}{end}'
   kubectl koord-queue stop team-a               admins: admit nothing more from queue team-a
   kubectl koord-queue resume team-a             admins: let queue team-a admit again
@@ -53,6 +64,13 @@ def _global_flags(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     parser.add_argument("--context", default=default, help="the kubeconfig context to use")
     parser.add_argument("-n", "--namespace", default=default, help="namespace (default: the context's)")
     parser.add_argument("--as", dest="as_user", default=default, metavar="USER", help="impersonate USER")
+    parser.add_argument(
+        "--koord-queue-namespace",
+        default=default,
+        metavar="NAMESPACE",
+        help="the namespace koord-queue is installed in: its Queues, configuration and reconciler "
+        f"(default: ${NAMESPACE_ENV}, else {names.COMPONENT_NAMESPACE})",
+    )
     parser.add_argument(
         "--color",
         choices=("auto", "always", "never"),
@@ -161,10 +179,11 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     path = kubeconfig_path(args.kubeconfig)
     if not args.namespace:
         args.namespace = default_namespace(path, args.context)
+    args.koord_queue_namespace = component_namespace(args.koord_queue_namespace)
     style = render.Style(render.use_colour(args.color, out))
     client = await connect(path, args.context, args.as_user)
     try:
-        reader = Reader(client)
+        reader = Reader(client, args.koord_queue_namespace)
         name = args.command
         if name in ("list", "ls"):
             return await listing.cmd_list(reader, args, out, style)

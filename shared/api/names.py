@@ -25,8 +25,22 @@ QUOTA_VERSION: Final = "v1alpha1"
 QUOTA_API_VERSION: Final = f"{QUOTA_GROUP}/{QUOTA_VERSION}"
 QUOTA_PLURAL: Final = "elasticquotas"
 
-#: Namespace of the component and of every Queue (auto-created from ElasticQuotas or hand-made).
+#: The default install namespace: where the component runs and keeps every Queue (auto-created from
+#: ElasticQuotas or hand-made) and its ConfigMaps. Only a default: the reconciler and the webhook take
+#: theirs from ``--namespace`` (the pod's namespace, from the downward API), the kubectl plugin from
+#: ``--koord-queue-namespace``; the code below them is handed that namespace
+#: (docs/operations.md#install-namespace).
 COMPONENT_NAMESPACE: Final = "koord-queue"
+#: The reconciler's ServiceAccount (manifests/rbac/reconciler.yaml), in the install namespace.
+RECONCILER_SERVICE_ACCOUNT: Final = "koord-queue-reconciler"
+
+
+def reconciler_username(namespace: str) -> str:
+    """The user the reconciler acts as when installed in ``namespace``: the only one the webhook and
+    the admission policies let resume a queued job."""
+    return f"system:serviceaccount:{namespace}:{RECONCILER_SERVICE_ACCOUNT}"
+
+
 #: The implicit root of the quota tree; never checked itself.
 ROOT_QUOTA: Final = "koordinator-root-quota"
 #: Event source component name.

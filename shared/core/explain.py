@@ -102,8 +102,8 @@ class _Story:
             )
             if not view.queues_known:
                 self.unknowns.append(
-                    f"Queue {names.COMPONENT_NAMESPACE}/{quota} could not be read; its settings are those "
-                    f"the reconciler derives from ElasticQuota {quota} (a hand-made Queue may differ)"
+                    f"Queue {quota} could not be read; its settings are those the reconciler derives "
+                    f"from ElasticQuota {quota} (a hand-made Queue may differ)"
                 )
         timeout = view.running_timeout
         if timeout is not None and timeout.running_timeout > 0:

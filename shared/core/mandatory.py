@@ -25,12 +25,18 @@ from koord_queue.shared.api.model import Quota
 from koord_queue.shared.jobs import base
 from koord_queue.shared.jobs.base import Job, JobAdapter
 
-#: Never selected, whatever the selector says: the webhooks never see these namespaces
-#: (docs/architecture.md#decision-6-a-stateless-scoped-webhook).
-EXCLUDED_NAMESPACES: Final = frozenset({"kube-system", names.COMPONENT_NAMESPACE})
+#: Never selected, whatever the selector says, beside the install namespace (:func:`excluded_namespaces`).
+SYSTEM_NAMESPACES: Final = frozenset({"kube-system"})
 #: The namespace label the apiserver sets on every namespace (its name).
 NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 _OPERATORS: Final = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+
+
+def excluded_namespaces(component_namespace: str) -> frozenset[str]:
+    """The namespaces never selected, whatever the selector says: kube-system and the namespace the
+    component is installed in (docs/operations.md#install-namespace), which the webhooks never see
+    either (docs/architecture.md#decision-6-a-stateless-scoped-webhook)."""
+    return SYSTEM_NAMESPACES | {component_namespace}
 
 
 class SelectorError(ValueError):
@@ -74,10 +80,10 @@ class LabelSelector:
         return {"matchExpressions": expressions}
 
 
-#: Kueue's default for ``managedJobsNamespaceSelector``, with our namespace in place of its own.
-DEFAULT_SELECTOR: Final = LabelSelector(
-    (Requirement(NAMESPACE_NAME_LABEL, "NotIn", frozenset(EXCLUDED_NAMESPACES)),)
-)
+#: The default ``managedJobsNamespaceSelector``: every namespace. Kueue's default leaves out
+#: kube-system and its own namespace; :meth:`MandatoryQueueing.applies` leaves out those two
+#: (ours in place of Kueue's) whatever the selector, so the default need not name them.
+DEFAULT_SELECTOR: Final = LabelSelector()
 
 
 def parse_selector(raw: object, where: str) -> LabelSelector:
@@ -121,15 +127,19 @@ def parse_selector(raw: object, where: str) -> LabelSelector:
 
 @dataclass(frozen=True, slots=True)
 class MandatoryQueueing:
-    """``manageJobsWithoutQuotaName`` and ``managedJobsNamespaceSelector``."""
+    """``manageJobsWithoutQuotaName`` and ``managedJobsNamespaceSelector``, and the namespace the
+    component is installed in, which is never selected (the reconciler sets it from its
+    ``--namespace``; the configuration file does not name it)."""
 
     enabled: bool = False
     selector: LabelSelector = field(default_factory=lambda: DEFAULT_SELECTOR)
+    component_namespace: str = names.COMPONENT_NAMESPACE
 
     def applies(self, namespace: str, namespace_labels: Mapping[str, str] | None) -> bool:
         """Whether every job of ``namespace`` is queued. ``namespace_labels`` None: the namespace is
         not known (yet), which selects nothing (the webhook, which sees it, holds the job anyway)."""
-        if not self.enabled or namespace in EXCLUDED_NAMESPACES or namespace_labels is None:
+        excluded = excluded_namespaces(self.component_namespace)
+        if not self.enabled or namespace in excluded or namespace_labels is None:
             return False
         return self.selector.matches(namespace_labels)
 

@@ -1,7 +1,8 @@
 """ElasticQuota → Queue: the Queue every quota gets (docs/compatibility.md#queues-from-elasticquotas),
 as pure decisions.
 
-Each ElasticQuota gets a Queue of the same name in namespace ``koord-queue`` with priority 1000, the
+Each ElasticQuota gets a Queue of the same name in the install namespace (``koord-queue`` by default,
+docs/operations.md#install-namespace; :func:`intent` is told which) with priority 1000, the
 policy named by the quota's label ``koord-queue/queue-policy`` (Priority when absent), every
 ``koord-queue/*`` annotation of the quota, and the quota's parent label. On every quota update the
 policy is derived again (it overwrites a hand-set ``spec.queuePolicy``, as upstream does), synced
@@ -81,7 +82,8 @@ def synced_annotations(quota: Obj) -> dict[str, str]:
     }
 
 
-def intent(quota: Obj) -> QueueIntent:
+def intent(quota: Obj, namespace: str) -> QueueIntent:
+    """The Queue ``quota`` implies, in ``namespace`` (where the component is installed)."""
     meta = quota.get("metadata") or {}
     labels = _str_map(meta.get("labels"))
     raw_policy = labels.get(names.QUEUE_POLICY_LABEL, "")
@@ -104,7 +106,7 @@ def intent(quota: Obj) -> QueueIntent:
         "kind": "Queue",
         "metadata": {
             "name": str(meta.get("name", "")),
-            "namespace": names.COMPONENT_NAMESPACE,
+            "namespace": namespace,
             "labels": queue_labels,
             # The claim on the name: this quota holds it (docs/compatibility.md#same-named-quotas).
             "annotations": synced_annotations(quota)

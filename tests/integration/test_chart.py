@@ -467,9 +467,10 @@ EVERYTHING_ON = (
 
 def test_installed_in_another_namespace_nothing_names_koord_queue_as_a_namespace() -> None:
     """``helm install -n other``: every namespace the objects name (their own, the ServiceAccount
-    usernames of the admission policies and the webhook's --reconciler-username, the webhook and
-    visibility Services, the policy parameters, the excluded namespace of the selectors, the
-    cert-manager names) is the release's; only kube-system stays where it is."""
+    usernames of the admission policies, the webhook and visibility Services, the policy
+    parameters, the excluded namespace of the selectors, the cert-manager names) is the release's;
+    only kube-system stays where it is. Both processes learn it from the downward API
+    (docs/operations.md#install-namespace): no flag names it."""
     other = template(*EVERYTHING_ON, namespace="other")
     default = template(*EVERYTHING_ON)
     assert ("v1", "Namespace", "", "other") in other
@@ -477,10 +478,11 @@ def test_installed_in_another_namespace_nothing_names_koord_queue_as_a_namespace
     left = [n for n in named if _names_koord_queue(n.split("=", 1)[1])]
     assert not left, left
     assert any("system:serviceaccount:other:koord-queue-reconciler" in n for n in named)
-    assert (
-        "--reconciler-username=system:serviceaccount:other:koord-queue-reconciler"
-        in container(other, ("apps/v1", "Deployment", "other", "koord-queue-webhook"))["args"]
-    )
+    for deployment in ("koord-queue-webhook", "koord-queue-reconciler"):
+        found = container(other, ("apps/v1", "Deployment", "other", deployment))
+        env = {e["name"]: e.get("valueFrom") for e in found.get("env", [])}
+        assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}, deployment
+        assert not [a for a in found["args"] if "namespace" in a or "serviceaccount" in a], deployment
     # The same places name koord-queue in a release installed there: the walk finds them.
     assert [
         n
@@ -660,9 +662,7 @@ def test_the_chart_installs_in_another_namespace_with_a_server_side_dry_run(
             kubeconfig=kubeconfig,
         )
         assert result.returncode == 0, result.stderr
-        assert (
-            f"--reconciler-username=system:serviceaccount:{namespace}:koord-queue-reconciler" in result.stdout
-        )
+        assert f"system:serviceaccount:{namespace}:koord-queue-reconciler" in result.stdout
         rendered = helm(
             "template", "kq", str(chart.CHART), f"--namespace={namespace}", "--set=crds.install=false"
         )

@@ -133,7 +133,9 @@ def test_the_bindings_configmap_names_the_holder_of_every_name() -> None:
 
 def test_a_quotas_own_holder_annotation_is_not_copied_to_its_queue() -> None:
     raw = quota_obj("q", TEAM, annotations={names.QUOTA_HOLDER_ANNOTATION: EARLY})
-    assert quotaqueues.intent(raw).queue["metadata"]["annotations"] == {names.QUOTA_HOLDER_ANNOTATION: TEAM}
+    assert quotaqueues.intent(raw, names.COMPONENT_NAMESPACE).queue["metadata"]["annotations"] == {
+        names.QUOTA_HOLDER_ANNOTATION: TEAM
+    }
 
 
 def test_the_messages_name_the_holder() -> None:
@@ -171,6 +173,7 @@ class World:
             quotas=lambda: self.store,
             queues=lambda: self.queues,
             events=self.events,  # type: ignore[arg-type]
+            namespace=names.COMPONENT_NAMESPACE,
         )
 
     def add(self, obj: kube.Obj) -> None:
@@ -199,7 +202,7 @@ async def test_the_first_quota_seen_claims_the_name_and_the_duplicate_is_told_wh
 
 async def test_a_record_another_writer_made_first_decides() -> None:
     api = QueueAPI()
-    earlier = quotaqueues.intent(quota_obj("q", TEAM)).queue
+    earlier = quotaqueues.intent(quota_obj("q", TEAM), names.COMPONENT_NAMESPACE).queue
     api._store((names.QUEUE_PLURAL, names.COMPONENT_NAMESPACE, "q"), earlier)  # a previous leader's
     w = World(api)
     w.add(quota_obj("q", EARLY, created="2025-01-01T00:00:00Z"))  # older, and first in this store
@@ -213,7 +216,7 @@ async def test_a_holder_missing_from_a_lagging_store_keeps_the_name() -> None:
     w = World()
     team = quota_obj("q", TEAM)
     w.api._store((names.QUOTA_PLURAL, TEAM, "q"), team)  # in the cluster ...
-    w.queues[f"{names.COMPONENT_NAMESPACE}/q"] = quotaqueues.intent(team).queue
+    w.queues[f"{names.COMPONENT_NAMESPACE}/q"] = quotaqueues.intent(team, names.COMPONENT_NAMESPACE).queue
     w.add(quota_obj("q", EARLY))  # ... but the store has only seen the duplicate
     await w.sync.sync("q")
     assert not any(verb == "patch" and target == "koord-queue/q" for verb, target, _ in w.api.writes)

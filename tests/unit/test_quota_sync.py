@@ -98,7 +98,7 @@ def quota_obj(
 async def test_the_binding_configmap_is_created_then_replaced_only_when_its_data_changes() -> None:
     api = FakeAPI()
     quotas = [parsing.parse_quota(quota_obj("team-a", "ns-a"))]
-    sync = QuotaBindingSync(api, quotas=lambda: quotas, enforce=True)  # type: ignore[arg-type]
+    sync = QuotaBindingSync(api, quotas=lambda: quotas, enforce=True, namespace=names.COMPONENT_NAMESPACE)  # type: ignore[arg-type]
     await sync.sync()
     [(verb, name, body)] = api.writes
     assert (verb, name) == ("create", names.QUOTA_BINDINGS_CONFIGMAP)
@@ -128,7 +128,13 @@ async def test_the_binding_configmap_is_created_then_replaced_only_when_its_data
 
 async def test_a_hand_edited_or_deleted_configmap_is_put_back() -> None:
     api = FakeAPI()
-    sync = QuotaBindingSync(api, quotas=lambda: [], enforce=False, guarantees=False)  # type: ignore[arg-type]
+    sync = QuotaBindingSync(
+        api,  # type: ignore[arg-type]
+        quotas=lambda: [],
+        enforce=False,
+        guarantees=False,
+        namespace=names.COMPONENT_NAMESPACE,
+    )
     await sync.sync()
     key = ("configmaps", names.COMPONENT_NAMESPACE, names.QUOTA_BINDINGS_CONFIGMAP)
     api.objects[key]["data"] = {"enforce": "true"}
@@ -143,7 +149,13 @@ async def test_a_hand_edited_or_deleted_configmap_is_put_back() -> None:
 
 
 def queue_sync(api: FakeAPI, quotas: dict[str, kube.Obj], events: Events) -> QuotaQueueSync:
-    return QuotaQueueSync(api, quotas=lambda: quotas, queues=dict, events=events)  # type: ignore[arg-type]
+    return QuotaQueueSync(
+        api,  # type: ignore[arg-type]
+        quotas=lambda: quotas,
+        queues=dict,
+        events=events,  # type: ignore[arg-type]
+        namespace=names.COMPONENT_NAMESPACE,
+    )
 
 
 async def test_an_ignored_same_named_quota_is_told_why_once_and_cleared_when_it_counts() -> None:

@@ -33,7 +33,8 @@ def test_a_quota_gets_a_queue_of_its_name_with_its_policy_annotations_and_parent
             policy="Block",
             parent="root-a",
             annotations={names.WAIT_FOR_PODS_RUNNING_ANNOTATION: "true", "unrelated/key": "x"},
-        )
+        ),
+        names.COMPONENT_NAMESPACE,
     )
     queue = intent.queue
     assert intent.policy_problem is None
@@ -49,11 +50,11 @@ def test_a_quota_gets_a_queue_of_its_name_with_its_policy_annotations_and_parent
 
 
 def test_without_a_policy_label_the_queue_uses_priority() -> None:
-    assert quotaqueues.intent(quota()).queue["spec"]["queuePolicy"] == "Priority"
+    assert quotaqueues.intent(quota(), names.COMPONENT_NAMESPACE).queue["spec"]["queuePolicy"] == "Priority"
 
 
 def test_an_unsupported_policy_falls_back_to_priority_and_says_why() -> None:
-    intent = quotaqueues.intent(quota(policy="FIFO"))
+    intent = quotaqueues.intent(quota(policy="FIFO"), names.COMPONENT_NAMESPACE)
     assert intent.queue["spec"]["queuePolicy"] == "Priority"
     assert intent.policy_problem is not None
     assert '"FIFO"' in intent.policy_problem and "Intelligent" in intent.policy_problem
@@ -67,7 +68,7 @@ def test_an_update_reverts_a_hand_set_policy_and_keeps_other_annotations() -> No
         },
         "spec": {"queuePolicy": "Block", "priority": 5},
     }
-    wanted = quotaqueues.intent(quota(annotations={names.MAX_DEPTH_ANNOTATION: "4"})).queue
+    wanted = quotaqueues.intent(quota(annotations={names.MAX_DEPTH_ANNOTATION: "4"}), "ns").queue
     patch = quotaqueues.update_patch(existing, wanted)
     assert patch == {
         "spec": {"queuePolicy": "Priority"},
@@ -79,5 +80,11 @@ def test_an_update_reverts_a_hand_set_policy_and_keeps_other_annotations() -> No
 
 
 def test_no_patch_when_the_queue_is_in_step() -> None:
-    wanted = quotaqueues.intent(quota(policy="Block")).queue
+    wanted = quotaqueues.intent(quota(policy="Block"), "ns").queue
     assert quotaqueues.update_patch(wanted, wanted) is None
+
+
+def test_the_queue_lives_in_the_namespace_the_component_is_installed_in() -> None:
+    """docs/operations.md#install-namespace: an install in ``platform-queue`` keeps its Queues there."""
+    queue = quotaqueues.intent(quota(), "platform-queue").queue
+    assert queue["metadata"]["namespace"] == "platform-queue"

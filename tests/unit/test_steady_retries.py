@@ -74,14 +74,14 @@ def test_the_workload_handoff_configmap_is_retried_every_2s_until_written(
 ) -> None:
     client = ConfigMaps(failures=3)
     with caplog.at_level(logging.WARNING):
-        asyncio.run(workloads.publish(client, workloads.Handoff(enabled=True, served=True)))  # type: ignore[arg-type]
+        asyncio.run(workloads.publish(client, workloads.Handoff(enabled=True, served=True), "koord-queue"))  # type: ignore[arg-type]
     assert waits == [2.0, 2.0, 2.0] and len(client.created) == 1
     assert caplog.text.count("etcd is away; will retry") == 3
 
 
 def test_the_quota_binding_configmap_is_retried_every_second(waits: list[float]) -> None:
     client = ConfigMaps(failures=2)
-    sync = QuotaBindingSync(client, quotas=lambda: [], enforce=True)  # type: ignore[arg-type]
+    sync = QuotaBindingSync(client, quotas=lambda: [], enforce=True, namespace="koord-queue")  # type: ignore[arg-type]
     sync.resync_seconds = 0.0
 
     async def until_written() -> None:
