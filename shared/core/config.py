@@ -40,7 +40,7 @@ behaviour:
   (docs/compatibility.md#fair-over-time, ``shared.core.history``).
 
 * ``manageJobsWithoutQuotaName`` (default false) with ``managedJobsNamespaceSelector`` (default:
-  every namespace but ``kube-system`` and ``koord-queue``): every job of an enabled kind in a selected
+  every namespace but ``kube-system`` and the install namespace): every job of an enabled kind in a selected
   namespace is queued, an unlabelled one on the namespace's default quota
   (docs/operations.md#mandatory-queueing, ``shared.core.mandatory``).
 
