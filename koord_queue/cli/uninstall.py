@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TextIO, TypeVar
 
-from koord_queue.cli.client import QUEUE_UNITS, CliError, Refused, denied
+from koord_queue.cli.client import QUEUE_UNITS, CliError, Denied, Refused, denied
 from koord_queue.shared import kube
 from koord_queue.shared.api import durations, names
 from koord_queue.shared.jobs import base, registry
@@ -223,9 +223,9 @@ async def _list(api: kube.Kube, res: kube.Resource, namespace: str | None = None
     return items
 
 
-async def stop_reconciler(api: kube.Kube, report: Report, *, dry_run: bool, namespace: str) -> None:
+async def stop_reconciler(api: kube.Kube, report: Report, *, dry_run: bool) -> None:
     """Scale the reconciler to 0 and wait until none of its replicas is left."""
-    ns = namespace  # the install namespace (--koord-queue-namespace)
+    ns = names.COMPONENT_NAMESPACE
     try:
         await api.get(SCALE, RECONCILER, namespace=ns)
     except kube.NotFound:
@@ -308,11 +308,15 @@ async def held_jobs(api: kube.Kube) -> list[Held]:
 async def ungate_templates(api: kube.Kube, held: Held) -> bool:
     """Take the gate off the job's pod templates; False when the API keeps them as they are (a
     started Job). A template may change while a Job is suspended and has never started."""
-    ops = gate_ops(held.job.get("spec"), "/spec")
-    if not ops:
+    if not gate_ops(held.job.get("spec")):
         return True
 
     async def write() -> bool:
+        # Read afresh on every attempt: the patch's test ops fail once anyone changed the templates.
+        job = await api.get(held.res, held.name, namespace=held.namespace)
+        ops = gate_ops(job.get("spec"), "/spec")
+        if not ops:
+            return True
         try:
             await api.patch(held.res, held.name, ops, namespace=held.namespace, content_type=kube.JSON_PATCH)
         except kube.KubeError as err:
@@ -447,7 +451,7 @@ async def cmd_uninstall(client: kube.Kube, args: Any, out: TextIO) -> int:
     check_args(args)
     dry_run = bool(args.dry_run)
     report = Report()
-    await stop_reconciler(client, report, dry_run=dry_run, namespace=str(args.koord_queue_namespace))
+    await stop_reconciler(client, report, dry_run=dry_run)
     await remove_admission(client, report, dry_run=dry_run)
     found = await held_jobs(client)
     held = [j for j in found if j.holds]
@@ -457,28 +461,49 @@ async def cmd_uninstall(client: kube.Kube, args: Any, out: TextIO) -> int:
     if dry_run:
         kept = [j for j in found if template_locked(j.res, j.job) and gate_ops(j.job.get("spec"))]
         kept = [j for j in kept if not (j.holds and args.held == "delete")]
+    failed: list[str] = []
+    failed_labels: set[str] = set()
+
+    async def each(job: Held, act: Awaitable[bool]) -> None:
+        """One job's writes; a job the API refuses is reported and the others go on (a namespace
+        user's odd object must not leave everyone else's jobs held). RBAC refusals stop the run."""
+        try:
+            if not await act:
+                kept.append(job)
+        except Denied:
+            raise
+        except (CliError, kube.KubeError) as err:
+            failed.append(f"{job.label} ({err})")
+            failed_labels.add(job.label)
+
+    async def delete_it(job: Held) -> bool:
+        await delete(client, job)
+        return True
+
     for job in held if not dry_run else ():
         if args.held == "delete":
-            await delete(client, job)
-        elif not await release(client, job):
-            kept.append(job)
+            await each(job, delete_it(job))
+        else:
+            await each(job, release(client, job))
     for job in gated if not dry_run else ():
-        if not await ungate_templates(client, job):
-            kept.append(job)
+        await each(job, ungate_templates(client, job))
     if args.held == "delete":
         deleted_uids = {str(j.job["metadata"].get("uid")) for j in held}
     verb = {"delete": "deleted", "release": "released"}[args.held]
-    report.section(f"would {args.held}" if dry_run else verb, "held jobs", [j.label for j in held])
-    kept_labels = {j.label for j in kept}
+    done = [j.label for j in held if j.label not in failed_labels]
+    report.section(f"would {args.held}" if dry_run else verb, "held jobs", done)
+    skipped = {j.label for j in kept} | failed_labels
     report.section(
         "would ungate the pod templates of" if dry_run else "ungated the pod templates of",
         "jobs the queue had released",
-        [j.label for j in gated if j.label not in kept_labels],
+        [j.label for j in gated if j.label not in skipped],
     )
     if kept:
         report.section("kept the gate in the pod templates of", "started Jobs", [j.label for j in kept])
     pods = await ungate_pods(client, deleted_uids, dry_run=dry_run)
     report.section("would ungate" if dry_run else "ungated", "pods", pods)
+    if failed:
+        report.section("could not release, delete or ungate", "jobs", failed)
     out.write("\n".join(report.lines) + "\n")
     follow_on = bool(getattr(args, "follow", False))
     if kept and not follow_on:
@@ -492,6 +517,9 @@ async def cmd_uninstall(client: kube.Kube, args: Any, out: TextIO) -> int:
         out.flush()
         more = await follow(client, kept, deleted_uids, out)
         out.write(f"the {len(kept)} Jobs finished or are gone; ungated {more} more pods\n")
+    if failed:
+        out.write("the jobs above were left as they are; fix what the API said and run uninstall again\n")
+        return 1
     if not dry_run:
         out.write(
             "the queue is out of the way; now remove the release (helm uninstall, or kubectl delete -k "

@@ -34,7 +34,7 @@ from koord_queue.shared.api import names
 from koord_queue.shared.jobs import patches, registry
 from testenv import binaries, system
 from testenv.cluster import LocalCluster
-from tests import tenancy
+from tests import kube, tenancy
 
 pytestmark = pytest.mark.integration
 
@@ -387,3 +387,75 @@ async def test_unitless_held_jobs_are_deleted_when_asked(marked: Stage) -> None:
         await marked.api.get(JOBS, "unitless", namespace=ns)
     assert (await marked.api.get(JOBS, "mine", namespace=ns))["spec"]["suspend"] is True
     assert (await marked.api.get(JOBS, "admitted", namespace=ns))["spec"]["suspend"] is False
+
+
+def freeze_policy(ns: str, job: str) -> list[dict[str, Any]]:
+    """An admission policy that is not the install's (another team's), refusing every update of
+    Job ``job`` in ``ns``: the command must not delete it, and must go on with the other jobs."""
+    name = f"freeze-{ns}"
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["batch"],
+                            "apiVersions": ["v1"],
+                            "operations": ["UPDATE"],
+                            "resources": ["jobs"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {
+                        "expression": (
+                            f"!(object.metadata.namespace == '{ns}' && object.metadata.name == '{job}')"
+                        ),
+                        "message": "frozen by another team",
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        },
+    ]
+
+
+async def test_a_job_the_api_refuses_is_reported_and_the_others_are_still_released(marked: Stage) -> None:
+    ns, api = marked.ns, marked.api
+    for obj in freeze_policy(ns, "unitless"):
+        res = next(r for r in uninstall.POLICY_KINDS if r.kind == obj["kind"])
+        await api.create(res, obj)
+
+    async def frozen() -> bool:
+        patch = {"metadata": {"labels": {"probe": "1"}}}
+        try:
+            await api.request(
+                "PATCH",
+                JOBS.path(ns, "unitless"),
+                body=patch,
+                query={"dryRun": "All"},
+                content_type=kq.MERGE_PATCH,
+            )
+        except kq.KubeError as err:
+            return "frozen by another team" in err.message
+        return False
+
+    await kube.eventually(frozen, what="the other team's policy in force")
+    result = marked.run("--held=release", "--yes")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert f"released 2 held jobs: {ns}/job/held, {ns}/tfjob/tf" in result.stdout
+    assert f"could not release, delete or ungate 1 jobs: {ns}/job/unitless (" in result.stdout
+    assert "frozen by another team" in result.stdout
+    assert (await api.get(JOBS, "held", namespace=ns))["spec"]["suspend"] is False
+    assert (await api.get(TFJOBS, "tf", namespace=ns))["spec"]["runPolicy"]["suspend"] is False
+    assert (await api.get(JOBS, "unitless", namespace=ns))["spec"]["suspend"] is True
+    assert await api.get(uninstall.POLICY_KINDS[1], f"freeze-{ns}")  # not the install's: kept
