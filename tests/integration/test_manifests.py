@@ -833,8 +833,16 @@ def test_webhook_deployment_serves_the_certificate_secret_behind_port_443(render
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert config.port == ports["webhook"] == 9443
     assert config.metrics_port == ports["metrics"]
-    # Only the reconciler may resume a queued job: the flag names the reconciler's ServiceAccount.
+    # Only the reconciler may resume a queued job: the webhook's namespace, which the downward API
+    # gives it (docs/operations.md#install-namespace), names the reconciler's ServiceAccount.
     reconciler_user = f"system:serviceaccount:{NAMESPACE}:{RECONCILER_SA}"
+    env = {e["name"]: e.get("valueFrom") for e in container.get("env", [])}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    for namespace in (NAMESPACE, "elsewhere"):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("POD_NAMESPACE", namespace)
+            moved, _ = webhook_main.parse_config(container["args"])
+        assert moved.admission.reconciler_username == f"system:serviceaccount:{namespace}:{RECONCILER_SA}"
     assert config.admission.reconciler_username == reconciler_user
     assert system.RECONCILER_USER == admission.DEFAULT_RECONCILER_USERNAME == reconciler_user
 
