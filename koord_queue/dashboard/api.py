@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from koord_queue.cli import admin, commands, listing, render
+from koord_queue.cli import admin, commands, render
 from koord_queue.cli.client import (
     EVENTS,
     QUEUE_UNITS,
@@ -35,7 +35,7 @@ from koord_queue.cli.client import (
     denied,
     is_rbac_refusal,
 )
-from koord_queue.dashboard import views
+from koord_queue.dashboard import queuepage, views
 from koord_queue.dashboard.guard import refusal
 from koord_queue.shared import kube
 from koord_queue.shared.api.parsing import parse_unit
@@ -95,6 +95,7 @@ class Api:
         self.namespace = namespace
         self.all_namespaces = all_namespaces
         self.user = user
+        self.pages = queuepage.QueuePages(reader)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -143,21 +144,24 @@ class Api:
         return status, json.loads(text) if status == 200 else {"error": text, "status": status}
 
     async def units(self, request: web.Request) -> web.Response:
-        """The queues in scheduling order: ``list -o json`` of one namespace (or all), grouped."""
+        """The queues in scheduling order, the first ``limit`` units of each with ``list``'s
+        fields and ``explain``'s why; 304 when the page's ETag has not changed
+        (docs/dashboard.md#what-it-costs)."""
         ns = request.match_info.get("ns")
-        style = PLAIN
-        status, body = await self._json(lambda out: listing.cmd_list(self.reader, args(ns), out, style))
-        if status != 200:
-            return web.json_response(body, status=status)
-        groups = views.queue_order(body["items"])
-        return web.json_response(
-            {
-                "namespace": ns,
-                "positionsKnown": body["positionsKnown"],
-                "queues": [{"queue": g.queue, "waiting": g.waiting, "units": list(g.rows)} for g in groups],
-                "count": len(body["items"]),
-            }
-        )
+        try:
+            limit = int(request.query.get("limit", queuepage.DEFAULT_LIMIT))
+        except ValueError:
+            return refusal(400, "limit must be a whole number")
+        limit = min(queuepage.MAX_LIMIT, max(1, limit))
+        try:
+            built = await self.pages.answer(ns, limit)
+        except CliError as err:
+            return refusal(status_of(err), str(err))
+        except kube.KubeError as err:
+            return refusal(502, f"the API server failed: {err}")
+        if request.headers.get("If-None-Match") == built.etag:
+            return web.Response(status=304, headers={"ETag": built.etag})
+        return web.Response(body=built.body, content_type="application/json", headers={"ETag": built.etag})
 
     async def unit(self, request: web.Request) -> web.Response:
         """One unit's story: ``explain`` (text and figures), ``describe`` (admissions, events) and

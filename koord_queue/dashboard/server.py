@@ -19,9 +19,11 @@ from typing import Any, Final, TextIO
 
 from aiohttp import web
 
-from koord_queue.cli.client import Reader
+from koord_queue.cli.client import CliError, Reader
 from koord_queue.dashboard.api import Api, page_path
 from koord_queue.dashboard.guard import Guard
+from koord_queue.dashboard.queuepage import DEFAULT_LIMIT
+from koord_queue.shared import kube
 
 HOST: Final = "127.0.0.1"
 #: The files of the pages, with their types; nothing else is served.
@@ -98,6 +100,7 @@ async def serve(reader: Reader, args: Any, out: TextIO, user: str) -> int:
     who = f" as {user}" if user else ""
     out.write(f"koord-queue dashboard{who} at {url}\n(only this machine can reach it; Ctrl-C stops it)\n")
     out.flush()
+    warm = asyncio.create_task(_warm(api, namespace))
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError):  # not on every platform
@@ -109,5 +112,14 @@ async def serve(reader: Reader, args: Any, out: TextIO, user: str) -> int:
     finally:
         with contextlib.suppress(NotImplementedError):
             loop.remove_signal_handler(signal.SIGTERM)
+        warm.cancel()
         await runner.cleanup()
+        await api.pages.close()
     return 0
+
+
+async def _warm(api: Api, namespace: str | None) -> None:
+    """Build the first page while the browser opens, so its first request finds it ready (a
+    refusal is left for the page itself to show)."""
+    with contextlib.suppress(CliError, kube.KubeError):
+        await api.pages.answer(namespace, DEFAULT_LIMIT)

@@ -8,11 +8,14 @@ clock (``now`` is given), so each figure is tested on its own (docs/dashboard.md
   for them: a wait is what an admitted QueueUnit's status already records (created, then last
   admitted), a preemption is a ``Preempted`` event on a QueueUnit, kept as long as the API server
   keeps events (its ``--event-ttl``, one hour by default).
+* :func:`first_rows` and :func:`row` are the queue page at any size: the first units of each
+  queue in that same order, and only their rows are built.
 * :func:`pods_of` picks the pods a job owns, for one unit's story.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import time
@@ -21,9 +24,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from koord_queue.cli import render
+from koord_queue.cli.commands import short_reason
 from koord_queue.shared.api.durations import parse_time
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.names import EventReason
+from koord_queue.shared.api.predicates import TERMINAL_PHASES
+from koord_queue.shared.core.charges import remaining_request, reserved_resources
+from koord_queue.shared.core.policies import is_waiting
 
 Obj = Mapping[str, Any]
 DAY: Final = 86400.0
@@ -168,3 +176,89 @@ def pods_of(pods: Iterable[Obj], kind: str, name: str) -> list[dict[str, str]]:
             }
         )
     return sorted(found, key=lambda p: p["name"])
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One QueueUnit as the dashboard keeps it (``dashboard.cache``): the parsed unit and the job
+    text ``list`` prints for it (``kind/name``, or ``-``)."""
+
+    unit: Unit
+    job: str
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Where a unit stands on the queue page, before its row is built."""
+
+    queue: str
+    standing: tuple[int, float, int, str, str]
+    waiting: bool
+    key: str
+
+
+def slot(unit: Unit, position: int | None) -> Slot:
+    """The unit's place: the same order :func:`queue_order` gives ``list``'s rows."""
+    waiting = is_waiting(unit) and unit.phase not in TERMINAL_PHASES
+    standing = _standing(
+        {
+            "position": position,
+            "waiting": waiting,
+            "priority": unit.priority,
+            "phase": unit.phase or "Pending",
+            "name": unit.name,
+        }
+    )
+    return Slot(unit.quota or "", standing, waiting, unit.key)
+
+
+@dataclass(frozen=True, slots=True)
+class PageGroup:
+    """One queue on the queue page: its first ``limit`` units in scheduling order."""
+
+    queue: str
+    waiting: int
+    total: int
+    keys: tuple[str, ...]
+
+
+def first_rows(units: Mapping[str, Unit], positions: Mapping[str, int], limit: int) -> list[PageGroup]:
+    """Per queue (sorted by name, units of no queue last) the keys of its first ``limit`` units in
+    scheduling order, with how many it has and how many wait: the queue page at any size only
+    builds, explains and sends these (docs/dashboard.md#what-it-costs)."""
+    by_queue: dict[str, list[Slot]] = defaultdict(list)
+    for key, unit in units.items():
+        by_queue[unit.quota or ""].append(slot(unit, positions.get(key)))
+    groups = []
+    for queue in sorted(by_queue, key=lambda q: (q == "", q)):
+        members = by_queue[queue]
+        waiting = sum(1 for s in members if s.waiting)
+        shown = heapq.nsmallest(limit, members, key=lambda s: s.standing)
+        groups.append(PageGroup(queue, waiting, len(members), tuple(s.key for s in shown)))
+    return groups
+
+
+def row(unit: Unit, job: str, position: int | None, now: float) -> dict[str, Any]:
+    """One unit's row, the fields ``kubectl koord-queue list -o json`` gives it."""
+    waiting = is_waiting(unit) and unit.phase not in TERMINAL_PHASES
+    if waiting:
+        waited = now - unit.created if unit.created else None
+    elif unit.last_allocate_time and unit.created:
+        waited = unit.last_allocate_time - unit.created
+    else:
+        waited = None
+    return {
+        "namespace": unit.namespace,
+        "name": unit.name,
+        "job": job,
+        "queue": unit.quota or "",
+        "phase": unit.phase or "Pending",
+        "priority": unit.priority,
+        "position": position,
+        "waitSeconds": None if waited is None else round(waited, 1),
+        "waiting": waiting,
+        "reason": short_reason(unit),
+        "message": unit.message,
+        "request": render.resources(remaining_request(unit)),
+        "holds": render.resources(reserved_resources(unit)),
+    }

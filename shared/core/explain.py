@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from koord_queue.shared.api import names
 from koord_queue.shared.api.names import Message, Phase
@@ -42,6 +42,7 @@ from koord_queue.shared.core.usage import UsageView
 
 __all__ = [
     "explain",
+    "explain_many",
     "position",
 ]
 
@@ -61,9 +62,21 @@ def position(state: QueueState, key: str) -> tuple[int, int] | None:
 
 def explain(view: View, key: str, now: float) -> Explanation:
     """Why the unit ``key`` (``namespace/name``) is where it is, and what would let it run."""
+    return explain_many(view, (key,), now)[key]
+
+
+def explain_many(view: View, keys: Iterable[str], now: float) -> dict[str, Explanation]:
+    """:func:`explain` of each of ``keys`` from ONE replay of the scheduler: the dashboard's queue
+    page gives every row explain's "Why" at the cost of one cycle (docs/dashboard.md#what-it-costs)."""
     cache, decisions = replay.replay(view, now)
-    story = _Story(view, cache, key)
-    return _not_waiting(story) or _unqueued(story) or _waiting(story, decisions, now)
+    first: dict[str, Admit | Park] = {}
+    for decision in decisions:
+        first.setdefault(decision.key, decision)
+    answers: dict[str, Explanation] = {}
+    for key in keys:
+        story = _Story(view, cache, key)
+        answers[key] = _not_waiting(story) or _unqueued(story) or _waiting(story, first, now)
+    return answers
 
 
 class _Story:
@@ -274,7 +287,7 @@ def _unqueued(story: _Story) -> Explanation | None:
     )
 
 
-def _waiting(story: _Story, decisions: Sequence[Admit | Park], now: float) -> Explanation:
+def _waiting(story: _Story, decisions: Mapping[str, Admit | Park], now: float) -> Explanation:
     """An active waiting unit: the reason the replayed cycle gives (or, for a reader who cannot see
     every unit, the one the scheduler last recorded), in words from ``shared.core.explanation``."""
     view, cache, unit, quota, key, base = (
@@ -287,7 +300,7 @@ def _waiting(story: _Story, decisions: Sequence[Admit | Park], now: float) -> Ex
     )
     qs = story.qs
     assert qs is not None  # _unqueued answered for a unit without a queue
-    replayed = next((d for d in decisions if d.key == key), None)
+    replayed = decisions.get(key)
     recorded = reasons.classify(unit.message, quota)
     record = qs.parked.get(key)
     from_replay: Classified | None = None

@@ -51,6 +51,11 @@ class RefusingClient:
             'queueunits.scheduling.x-k8s.io is forbidden: User "alice" cannot list resource "queueunits"',
         )
 
+    async def watch(self, *_: Any, **__: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Nothing ever changes: the watch stays open until the dashboard stops it."""
+        await asyncio.Event().wait()
+        yield "BOOKMARK", {}
+
 
 class RefusingReader:
     """A reader for which RBAC refuses every QueueUnit list, as for another namespace."""

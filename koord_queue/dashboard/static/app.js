@@ -7,7 +7,14 @@
 
 const POLL_MS = 1000;
 // editing: a priority field the user has typed in and not yet submitted or left
-const state = { session: null, route: null, lastBody: null, timer: null, editing: false };
+// etag: the queue page's last ETag (a poll of an unchanged page is a 304 with no body);
+// limit: rows of each queue asked for ("Show more" raises it)
+const FIRST_ROWS = 50;
+const MAX_ROWS = 5000;
+const state = {
+  session: null, route: null, lastBody: null, timer: null, editing: false,
+  etag: null, etagPath: null, limit: FIRST_ROWS,
+};
 
 // --- small helpers -------------------------------------------------------------------------------
 
@@ -53,8 +60,11 @@ class Refusal extends Error {
   constructor(status, message) { super(message); this.status = status; }
 }
 
-async function getJSON(path) {
-  const response = await fetch(path, { credentials: "same-origin", cache: "no-store" });
+async function getJSON(path, etag) {
+  const headers = etag ? { "If-None-Match": etag } : {};
+  const response = await fetch(path, { credentials: "same-origin", cache: "no-store", headers });
+  if (response.status === 304) return null; // unchanged since the answer with this ETag
+  if (response.ok) state.etag = response.headers.get("ETag");
   const body = await response.json().catch(() => ({ error: `${response.status} ${response.statusText}` }));
   if (!response.ok) throw new Refusal(response.status, body.error || `${response.status}`);
   return body;
@@ -93,7 +103,10 @@ function pagePath(route) {
 }
 
 function apiPath(route) {
-  if (route.view === "queues") return route.ns === null ? "/api/all/units" : `/api/ns/${enc(route.ns)}/units`;
+  if (route.view === "queues") {
+    const base = route.ns === null ? "/api/all/units" : `/api/ns/${enc(route.ns)}/units`;
+    return `${base}?limit=${state.limit}`;
+  }
   if (route.view === "unit") return `/api/ns/${enc(route.ns)}/units/${enc(route.name)}`;
   return `/api/ns/${enc(route.ns)}/${route.view}`;
 }
@@ -207,8 +220,10 @@ function queuesView(body, route) {
         el("td", { text: row.job }),
         el("td", { class: cls, text: row.phase }),
         el("td", { class: "num priority-value", text: row.priority }),
-        el("td", { class: "num", text: age(row.waitSeconds) }),
-        el("td", { class: "reason", text: row.reason }),
+        row.waiting && row.waitSeconds !== null
+          ? el("td", { class: "num", "data-wait": row.waitSeconds, "data-built": body.builtAt, text: age(row.waitSeconds) })
+          : el("td", { class: "num", text: age(row.waitSeconds) }),
+        el("td", { class: "reason", title: row.reason, text: row.why || row.reason }),
         actionCell(ns, row));
     });
     nodes.push(el("section", { "data-queue": group.queue, "aria-label": title },
@@ -220,7 +235,15 @@ function queuesView(body, route) {
           el("th", { class: "c-name", scope: "col", text: "Job" }), el("th", { class: "c-phase", scope: "col", text: "Phase" }),
           el("th", { class: "num c-num", scope: "col", text: "Priority" }), el("th", { class: "num c-num", scope: "col", text: "Waited" }),
           el("th", { scope: "col", text: "Why" }), el("th", { class: "c-actions", scope: "col", text: "Actions" }))),
-        el("tbody", {}, rows))));
+        el("tbody", {}, rows)),
+      group.total > group.units.length
+        ? el("p", { class: "more" }, `${group.units.length} of ${group.total} shown `,
+          state.limit < MAX_ROWS
+            ? el("button", { type: "button", "data-key": `more:${group.queue}`, "data-more": group.queue,
+              onclick: () => { state.limit = Math.min(MAX_ROWS, state.limit * 4); refresh(true, true); },
+              text: "Show more" })
+            : null)
+        : null));
   }
   return nodes;
 }
@@ -309,11 +332,13 @@ const VIEWS = { queues: queuesView, unit: unitView, quotas: quotasView, history:
 
 async function refresh(keepFocus, force) {
   const route = state.route;
+  const path = apiPath(route);
   let body;
   try {
-    body = await getJSON(apiPath(route));
+    body = await getJSON(path, path === state.etagPath && state.lastBody !== null ? state.etag : null);
   } catch (error) {
     if (route !== state.route) return;
+    state.etagPath = null;
     const text = `refused:${error.status}:${error.message}`;
     if (text !== state.lastBody) {
       state.lastBody = text;
@@ -322,15 +347,32 @@ async function refresh(keepFocus, force) {
     return;
   }
   if (route !== state.route) return;
-  if (keepFocus && !force && state.editing) return; // not under a typing user
+  if (body === null) { // 304: the page as drawn is still the answer
+    document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    tickAges();
+    return;
+  }
+  state.etagPath = path;
+  if (keepFocus && !force && state.editing) { state.lastBody = null; return; } // not under a typing user
   const text = JSON.stringify(body);
   document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   if (text === state.lastBody) return;
   state.lastBody = text;
   draw(VIEWS[route.view](body, route), keepFocus);
+  tickAges();
+}
+
+function tickAges() {
+  // a waiting unit's wait grows between answers: the answer says when it was built
+  const now = Date.now() / 1000;
+  for (const cell of document.querySelectorAll("td[data-wait]")) {
+    const waited = Number(cell.dataset.wait) + Math.max(0, now - Number(cell.dataset.built));
+    cell.textContent = age(waited);
+  }
 }
 
 function show(route, moveFocus) {
+  if (!state.route || state.route.view !== route.view || state.route.ns !== route.ns) state.limit = FIRST_ROWS;
   state.route = route;
   state.lastBody = null;
   navigation(route);

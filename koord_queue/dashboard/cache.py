@@ -1,0 +1,182 @@
+"""The QueueUnits the dashboard shows, kept by one list and then a watch, as the user
+(docs/dashboard.md#what-it-costs).
+
+A page polls every second; listing 50,000 QueueUnits each time would cost the API server and this
+process far more than the page is worth. So each *scope* (one namespace, or ``None``: every
+namespace) is listed once, page by page, with the user's own client, then watched from the list's
+resourceVersion; a 410 Gone lists again. Each change bumps :attr:`UnitStore.version`, which is what
+the pages' answers are built from (once per change, not per poll).
+
+What is kept is the parsed :class:`~koord_queue.shared.api.model.Unit` (what the scheduler replay
+and the rows need) and the job each unit stands for, not the raw object: at 50,000 units the raw
+JSON would be most of the process's memory.
+
+The identity never changes: a store lists and watches with the client the plugin was built with,
+so the API server's RBAC decides what it holds. A store for every namespace is only made when the
+user's cluster-wide list succeeds; a refusal there is remembered and the namespace's own store is
+used instead, never anything broader (:class:`Stores`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from typing import Any, Final
+
+from koord_queue.cli.client import QUEUE_UNITS, is_rbac_refusal
+from koord_queue.cli.commands import job_ref
+from koord_queue.dashboard.views import Held
+from koord_queue.shared import kube
+from koord_queue.shared.api.parsing import parse_unit
+
+#: QueueUnits asked for per list page.
+PAGE: Final = 500
+#: How long a failed watch waits before listing again (a back-off, not a synchronisation).
+RETRY_S: Final = 1.0
+#: How long a refused cluster-wide list is believed before it is tried again.
+REFUSAL_S: Final = 60.0
+#: Stores kept at once (a user browsing many namespaces); the least recently used one is stopped.
+MAX_STORES: Final = 8
+
+
+def hold(raw: dict[str, Any]) -> Held:
+    """What is kept of one QueueUnit: the parsed unit and the job text of ``list``
+    (``commands.job_ref``)."""
+    unit = parse_unit(raw)
+    return Held(unit, job_ref(unit, raw))
+
+
+def _key(raw: dict[str, Any]) -> str:
+    meta = raw.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+class UnitStore:
+    """The QueueUnits of one scope, listed once and then watched, with the user's client."""
+
+    def __init__(self, client: kube.Kube, namespace: str | None) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.units: dict[str, Held] = {}
+        #: bumped on every change the watch delivers (and on every relist)
+        self.version = 0
+        self.resource_version = ""
+        #: the last failure of the watch (the store keeps serving what it last had)
+        self.error: kube.KubeError | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def load(self) -> None:
+        """List the scope page by page, keeping only :class:`Held`; raises the API server's
+        refusal (the caller decides what a 403 means)."""
+        fresh: dict[str, Held] = {}
+        query: dict[str, Any] = {"limit": PAGE}
+        while True:
+            page = await self.client.request(
+                "GET", QUEUE_UNITS.path(self.namespace), query=query, verb="LIST"
+            )
+            for raw in page.get("items") or []:
+                fresh[_key(raw)] = hold(raw)
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                self.resource_version = str(meta.get("resourceVersion", ""))
+                break
+            query["continue"] = token
+        self.units = fresh
+        self.version += 1
+
+    def start(self) -> None:
+        """Follow the changes from the list's resourceVersion in the background."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._follow(), name=f"dashboard-watch-{self.namespace}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def apply(self, kind: str, raw: dict[str, Any]) -> None:
+        """One watch event."""
+        meta = raw.get("metadata") or {}
+        self.resource_version = str(meta.get("resourceVersion") or self.resource_version)
+        if kind == "BOOKMARK":
+            return
+        if kind == "DELETED":
+            self.units.pop(_key(raw), None)
+        else:
+            self.units[_key(raw)] = hold(raw)
+        self.version += 1
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                async for kind, raw in self.client.watch(
+                    QUEUE_UNITS, resource_version=self.resource_version, namespace=self.namespace
+                ):
+                    self.apply(kind, raw)
+                self.error = None
+            except kube.Gone:
+                await self._relist()
+            except kube.KubeError as err:
+                self.error = err
+                await asyncio.sleep(RETRY_S)
+                await self._relist()
+
+    async def _relist(self) -> None:
+        try:
+            await self.load()
+            self.error = None
+        except kube.KubeError as err:
+            self.error = err
+            await asyncio.sleep(RETRY_S)
+
+
+class Stores:
+    """The stores of one dashboard (one user): at most :data:`MAX_STORES`, least recently used
+    stopped first."""
+
+    def __init__(self, client: kube.Kube) -> None:
+        self.client = client
+        self._stores: OrderedDict[str | None, UnitStore] = OrderedDict()
+        self._locks: dict[str | None, asyncio.Lock] = {}
+        self._cluster_refused_at: float | None = None
+
+    async def get(self, namespace: str | None) -> UnitStore:
+        """The loaded store of ``namespace`` (``None``: every namespace); raises the refusal of its
+        first list."""
+        lock = self._locks.setdefault(namespace, asyncio.Lock())
+        async with lock:
+            store = self._stores.get(namespace)
+            if store is None:
+                store = UnitStore(self.client, namespace)
+                await store.load()
+                store.start()
+                self._stores[namespace] = store
+                while len(self._stores) > MAX_STORES:
+                    _, old = self._stores.popitem(last=False)
+                    await old.stop()
+            self._stores.move_to_end(namespace)
+            return store
+
+    async def widest(self, namespace: str) -> tuple[UnitStore, bool]:
+        """The store the replay of ``namespace``'s page reads, and whether it is complete: every
+        namespace when the user may list them (as ``explain`` reads), else the namespace's own.
+        Only an RBAC refusal falls back, and only to the namespace itself."""
+        refused = self._cluster_refused_at
+        if refused is None or time.monotonic() - refused > REFUSAL_S:
+            try:
+                return await self.get(None), True
+            except kube.KubeError as err:
+                if not is_rbac_refusal(err):
+                    raise
+                self._cluster_refused_at = time.monotonic()
+        return await self.get(namespace), False
+
+    async def close(self) -> None:
+        for store in self._stores.values():
+            await store.stop()
+        self._stores.clear()

@@ -1,0 +1,206 @@
+"""The queue page's answer, built once per change and answered with 304 while nothing changed
+(docs/dashboard.md#what-it-costs).
+
+The units come from ``dashboard.cache`` (listed once, then watched, as the user); the quotas, the
+Queues, the component settings and the visibility API's positions are read as ``explain`` reads
+them (``Reader``, the user's client), at most every :data:`SIDE_S` seconds while a page polls. The
+answer is rebuilt only when the units' version or those reads changed: one scheduler replay for
+the whole page (``explain.explain_many``), the first ``limit`` rows of each queue, serialised once;
+its ETag is the hash of those bytes, so a poll of an unchanged page is a 304 with no body.
+
+Each row's "why" is ``explain``'s summary of that unit, from the same objects ``explain`` reads: the
+QueueUnits of every namespace when the user may list them, else the namespace's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Final
+
+import orjson
+
+from koord_queue.cli.client import QUEUE_UNITS, Gathered, Reader, denied
+from koord_queue.dashboard import views
+from koord_queue.dashboard.cache import Stores, UnitStore
+from koord_queue.shared import kube
+from koord_queue.shared.api.model import Unit
+from koord_queue.shared.core import explain, replay
+
+#: How long the quotas, Queues, settings and positions read for a page are reused.
+SIDE_S: Final = 1.0
+#: Rows of each queue on a first page, and the most a request may ask for.
+DEFAULT_LIMIT: Final = 50
+MAX_LIMIT: Final = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """One answer: its JSON bytes and their ETag."""
+
+    body: bytes
+    etag: str
+
+
+@dataclass(slots=True)
+class _Side:
+    got: Gathered
+    fingerprint: str
+    read_at: float
+
+
+class QueuePages:
+    """The queue pages of one dashboard (one user)."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+        self.stores = Stores(reader.client)
+        self._built: dict[tuple[str | None, int], tuple[tuple[int, str], Built]] = {}
+        self._side: dict[str | None, _Side] = {}
+        self._locks: dict[tuple[str | None, int], asyncio.Lock] = {}
+
+    async def close(self) -> None:
+        await self.stores.close()
+
+    async def answer(self, namespace: str | None, limit: int) -> Built:
+        """The page of ``namespace`` (None: every namespace); raises ``CliError`` on a refusal."""
+        try:
+            if namespace is None:
+                store, complete = await self.stores.get(None), True
+            else:
+                store, complete = await self.stores.widest(namespace)
+        except kube.KubeError as err:
+            raise denied(err, "list", QUEUE_UNITS, namespace) from None
+        lock = self._locks.setdefault((namespace, limit), asyncio.Lock())
+        async with lock:
+            side = await self._side_reads(namespace, store, complete)
+            stamp = (store.version, side.fingerprint)
+            cached = self._built.get((namespace, limit))
+            if cached is not None and cached[0] == stamp:
+                return cached[1]
+            units = {key: held.unit for key, held in store.units.items()}
+            jobs = {key: held.job for key, held in store.units.items()}
+            built = await asyncio.get_running_loop().run_in_executor(
+                None, build, namespace, units, jobs, side.got, limit, time.time()
+            )
+            self._built[(namespace, limit)] = (stamp, built)
+            return built
+
+    async def _side_reads(self, namespace: str | None, store: UnitStore, complete: bool) -> _Side:
+        side = self._side.get(namespace)
+        now = time.monotonic()
+        if side is not None and now - side.read_at < SIDE_S and side.got.complete == complete:
+            return side
+        got = Gathered()
+        got.complete = complete
+        if not complete:
+            got.unknowns.append(
+                "QueueUnits of other namespaces cannot be read (no cluster-wide list permission): "
+                "usage counts only what you can see"
+            )
+        await self.reader.quotas(namespace, got)
+        await self.reader.queues(got)
+        await self.reader.settings(got)
+        quotas_seen = {u.unit.quota for u in store.units.values() if u.unit.quota}
+        await self.reader.positions(namespace, sorted(quotas_seen), got)
+        if namespace is not None and not got.quotas_complete:
+            await self.reader.standings(namespace, got)
+        readable = {str((q.get("metadata") or {}).get("name", "")) for q in got.quotas}
+        if namespace is not None and not complete:
+            for quota in sorted(quotas_seen - readable):
+                exists = await self.reader.queue_exists(namespace, quota, got)
+                if exists is None:
+                    got.unreadable_quotas.add(quota)
+                    got.unknowns.append(
+                        f"whether queue {quota} exists cannot be told (visibility API unavailable)"
+                    )
+                elif exists:
+                    got.unreadable_quotas.add(quota)
+                    got.unknowns.append(f"ElasticQuota {quota} exists but cannot be read (another namespace)")
+        fingerprint = hashlib.sha256(
+            orjson.dumps(
+                [
+                    got.quotas,
+                    got.queues,
+                    repr(got.settings),
+                    sorted(got.positions.items()),
+                    sorted(got.queue_missing),
+                    sorted(got.unreadable_quotas),
+                    got.unknowns,
+                    repr(sorted(got.standings.items())),
+                    got.visibility_ok,
+                ],
+                default=repr,
+            )
+        ).hexdigest()
+        side = _Side(got, fingerprint, now)
+        self._side[namespace] = side
+        return side
+
+
+def view_of(units: dict[str, Unit], got: Gathered) -> replay.View:
+    """The replay's input, as ``commands.build_view`` makes it for ``explain`` (the running timeout
+    is the default one: it changes no unit's "why", only the timeout ``explain`` prints)."""
+    settings = got.settings
+    return replay.View(
+        units=units,
+        quotas=got.parsed_quotas(),
+        queues=got.queue_configs(),
+        reclaim_protect_seconds=settings.reclaim_protect_seconds if settings else 0.0,
+        namespace_binding=settings.quota_namespace_binding if settings else True,
+        guarantees=settings.quota_guarantees if settings else True,
+        complete=got.complete,
+        unreadable_quotas=frozenset(got.unreadable_quotas),
+        queues_known=got.queues is not None,
+        positions=dict(got.positions),
+        queue_missing=frozenset(got.queue_missing),
+        running_timeout=settings.running_timeouts.default if settings else None,
+        unknowns=tuple(got.unknowns),
+        usage_half_life=settings.usage_half_life_seconds if settings else None,
+        quotas_complete=got.quotas_complete,
+        standings=dict(got.standings),
+    )
+
+
+def build(
+    namespace: str | None,
+    units: dict[str, Unit],
+    jobs: dict[str, str],
+    got: Gathered,
+    limit: int,
+    now: float,
+) -> Built:
+    """The page: the first ``limit`` rows of each queue of ``namespace``, each with explain's why
+    from one replay over every unit read (pure; run off the event loop)."""
+    shown_units = units if namespace is None else {k: u for k, u in units.items() if u.namespace == namespace}
+    groups = views.first_rows(shown_units, got.positions, limit)
+    keys = [key for group in groups for key in group.keys]
+    answers = explain.explain_many(view_of(units, got), keys, now) if keys else {}
+    queues = []
+    for group in groups:
+        rows = []
+        for key in group.keys:
+            row = views.row(units[key], jobs.get(key, "-"), got.positions.get(key), now)
+            row["why"] = answers[key].summary
+            rows.append(row)
+        queues.append(
+            {
+                "queue": group.queue,
+                "waiting": group.waiting,
+                "total": group.total,
+                "units": rows,
+            }
+        )
+    body = orjson.dumps(
+        {
+            "namespace": namespace,
+            "positionsKnown": got.visibility_ok,
+            "queues": queues,
+            "count": len(shown_units),
+            "limit": limit,
+            "builtAt": round(now, 3),
+        }
+    )
+    return Built(body, '"' + hashlib.sha256(body).hexdigest()[:32] + '"')

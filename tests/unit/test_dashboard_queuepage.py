@@ -1,0 +1,232 @@
+"""The queue page at scale (docs/dashboard.md#what-it-costs): one scheduler replay gives every row
+``explain``'s own answer; the first rows of each queue are the ones ``list``'s order puts first; the
+QueueUnits are listed once and then watched, relisted on 410 Gone; and a user refused the
+cluster-wide list gets a store built from their own namespace's list and watch, never anything
+broader, while any other failure is not taken for a refusal.
+
+The API server is a fake here (what it answers to each path is written out); the real control
+plane, the user's RBAC and the browser are tests/e2e/test_dashboard.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import orjson
+import pytest
+
+from koord_queue.cli.client import Gathered
+from koord_queue.dashboard import cache, queuepage, views
+from koord_queue.shared import kube
+from koord_queue.shared.api.names import Message
+from koord_queue.shared.core import explain
+from tests.unit.test_explain import NOW, PREEMPT, queue, quota, unit, view
+
+
+def busy_cluster() -> Any:
+    """Units in every state explain knows: admitted, running, waiting for quota, blocked behind a
+    parent, held, finished, unlabelled, labelled with a missing queue, being reclaimed."""
+    units = [
+        unit("holder", "q", priority=9, phase="Dequeued", admitted=1, running=1),
+        unit("big", "q", priority=5, cpu="2"),
+        unit("small", "q", priority=1),
+        unit("held", "q", priority=3, active=False),
+        unit("done", "q", phase="Succeeded"),
+        unit("loose", None),
+        unit("lost", "nowhere"),
+        unit("c1-run", "c1", phase="Dequeued", admitted=1, running=1, ns="other"),
+        unit("c2-wait", "c2", cpu="1", ns="other"),
+        unit("low", "r", priority=1, phase="Dequeued", admitted=1, reclaim=1),
+        unit("high", "r", priority=10, message=Message.limited("r", "cpu") + Message.PREEMPT_SUCCEED_SUFFIX),
+    ]
+    quotas = [
+        quota("q", "2"),
+        quota("p", "1", ns="other"),
+        quota("c1", "1", parent="p", ns="other"),
+        quota("c2", "4", parent="p", ns="other"),
+        quota("r", "1"),
+    ]
+    queues = [queue("q"), queue("c1"), queue("c2"), queue("r", ann=PREEMPT)]
+    return view(units, quotas, queues)
+
+
+def test_one_replay_explains_every_unit_exactly_as_explain_does() -> None:
+    v = busy_cluster()
+    many = explain.explain_many(v, list(v.units), NOW)
+    assert set(many) == set(v.units)
+    for key in v.units:
+        assert many[key] == explain.explain(v, key, NOW), key
+    # the answers differ from one another: the test covers many reasons, not one
+    assert len({e.reason for e in many.values()}) >= 7
+
+
+def test_the_page_rows_carry_explains_why_and_lists_fields_in_list_order() -> None:
+    v = busy_cluster()
+    got = Gathered(complete=True)
+    got.positions = {"ns/big": 1, "ns/small": 2, "ns/held": 3}
+    built = queuepage.build("ns", dict(v.units), {k: f"job/{k.split('/')[1]}" for k in v.units}, got, 50, NOW)
+    body = orjson.loads(built.body)
+    shown = {row["name"]: row for group in body["queues"] for row in group["units"]}
+    assert set(shown) == {u.name for u in v.units.values() if u.namespace == "ns"}
+    # explain reads every namespace it can; the replay with the same objects gives the same why
+    whole = queuepage.view_of(dict(v.units), got)
+    for name, row in shown.items():
+        assert row["why"] == explain.explain(whole, f"ns/{name}", NOW).summary, name
+    q = next(g for g in body["queues"] if g["queue"] == "q")
+    assert [r["name"] for r in q["units"]] == [r["name"] for r in views.queue_order(q["units"])[0].rows]
+    assert [r["name"] for r in q["units"]][:3] == ["big", "small", "held"]
+    assert q["total"] == 5 and body["count"] == 9
+    assert q["waiting"] == sum(1 for r in q["units"] if r["waiting"])
+
+
+def test_only_the_first_rows_of_each_queue_are_built_and_the_etag_follows_the_bytes() -> None:
+    units = {f"ns/u{i:03}": unit(f"u{i:03}", "q", priority=i % 7) for i in range(300)}
+    got = Gathered(complete=True)
+    first = queuepage.build("ns", units, {}, got, 20, NOW)
+    body = orjson.loads(first.body)
+    (group,) = body["queues"]
+    assert len(group["units"]) == 20 and group["total"] == 300
+    everything = [views.row(u, "-", None, NOW) for u in units.values()]
+    expected = [r["name"] for r in views.queue_order(everything)[0].rows[:20]]
+    assert [r["name"] for r in group["units"]] == expected
+    again = queuepage.build("ns", units, {}, got, 20, NOW)
+    assert again.etag == first.etag
+    later = queuepage.build("ns", units, {}, got, 20, NOW + 1)
+    assert later.etag != first.etag
+
+
+def raw_unit(name: str, ns: str, rv: str, priority: int = 0) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": ns, "resourceVersion": rv, "uid": f"u-{name}"},
+        "spec": {
+            "priority": priority,
+            "consumerRef": {"apiVersion": "batch/v1", "kind": "Job", "name": name},
+        },
+        "status": {},
+    }
+
+
+class FakeApiServer:
+    """Answers lists and watches from a script; refuses the cluster-wide path with RBAC's 403
+    (or ``cluster_error``) unless ``cluster_ok``; records every path asked."""
+
+    def __init__(self, *, cluster_ok: bool = False, cluster_error: int = 403) -> None:
+        self.cluster_ok = cluster_ok
+        self.cluster_error = cluster_error
+        self.asked: list[str] = []
+        self.watched: list[tuple[str | None, str]] = []
+        self.items: dict[str | None, list[dict[str, Any]]] = {}
+        self.events: asyncio.Queue[tuple[str, dict[str, Any]] | Exception] = asyncio.Queue()
+        self.list_version = 10
+
+    async def request(self, method: str, path: str, *, query: dict[str, Any], **_: Any) -> dict[str, Any]:
+        self.asked.append(path)
+        namespace = path.split("/namespaces/")[1].split("/")[0] if "/namespaces/" in path else None
+        if namespace is None and not self.cluster_ok:
+            if self.cluster_error == 403:
+                raise kube.KubeError(
+                    403,
+                    "Forbidden",
+                    'queueunits.scheduling.x-k8s.io is forbidden: User "alice" cannot list resource '
+                    '"queueunits" in API group "scheduling.x-k8s.io" at the cluster scope',
+                )
+            raise kube.KubeError(self.cluster_error, "InternalError", "etcd is away")
+        items = self.items.get(namespace, [])
+        start = int(query.get("continue") or 0)
+        page = items[start : start + query["limit"]]
+        meta: dict[str, Any] = {"resourceVersion": str(self.list_version)}
+        if start + query["limit"] < len(items):
+            meta["continue"] = str(start + query["limit"])
+        return {"items": page, "metadata": meta}
+
+    async def watch(
+        self, res: kube.Resource, *, resource_version: str, namespace: str | None = None, **_: Any
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        self.watched.append((namespace, resource_version))
+        while True:
+            event = await self.events.get()
+            if isinstance(event, Exception):
+                raise event
+            yield event
+
+
+async def until(check: Any, what: str) -> None:
+    """Poll ``check`` with a deadline (the watch runs as a task of this loop)."""
+    deadline = asyncio.get_running_loop().time() + 5
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+async def test_a_store_lists_in_pages_then_follows_the_watch_and_relists_on_gone() -> None:
+    api = FakeApiServer()
+    api.items["team-a"] = [raw_unit(f"u{i}", "team-a", str(i)) for i in range(1203)]
+    store = cache.UnitStore(cast(kube.Kube, api), "team-a")
+    await store.load()
+    assert len(store.units) == 1203 and api.asked.count(api.asked[0]) == 3  # 500 + 500 + 203
+    assert store.units["team-a/u7"].job == "job/u7"
+    store.start()
+    try:
+        version = store.version
+        await api.events.put(("MODIFIED", raw_unit("u7", "team-a", "11", priority=4)))
+        await api.events.put(("DELETED", raw_unit("u8", "team-a", "12")))
+        await api.events.put(("ADDED", raw_unit("new", "team-a", "13")))
+        await until(lambda: "team-a/new" in store.units, "the added unit")
+        assert store.units["team-a/u7"].unit.priority == 4 and "team-a/u8" not in store.units
+        assert store.version == version + 3 and store.resource_version == "13"
+        assert api.watched == [("team-a", "10")]
+        api.items["team-a"] = [raw_unit("only", "team-a", "20")]
+        api.list_version = 20
+        await api.events.put(kube.Gone(410, "Expired", "too old resource version"))
+        await until(lambda: set(store.units) == {"team-a/only"}, "the relist after 410 Gone")
+        await until(lambda: ("team-a", "20") in api.watched, "the watch from the new list")
+    finally:
+        await store.stop()
+
+
+async def test_a_namespace_user_refused_the_cluster_list_gets_her_namespace_and_nothing_broader() -> None:
+    api = FakeApiServer()
+    api.items["team-a"] = [raw_unit("mine", "team-a", "1")]
+    api.items["team-b"] = [raw_unit("theirs", "team-b", "1")]
+    stores = cache.Stores(cast(kube.Kube, api))
+    try:
+        store, complete = await stores.widest("team-a")
+        assert not complete and store.namespace == "team-a" and set(store.units) == {"team-a/mine"}
+        assert all("/namespaces/team-b/" not in p for p in api.asked)
+        await until(lambda: api.watched == [("team-a", "10")], "her own watch")
+        # the refusal is remembered: the next poll does not ask the cluster-wide list again
+        asked = len(api.asked)
+        again, _ = await stores.widest("team-a")
+        assert again is store and len(api.asked) == asked
+        # a cluster-wide page is refused outright, not served from any namespace's store
+        with pytest.raises(kube.KubeError) as refused:
+            await stores.get(None)
+        assert refused.value.status == 403
+    finally:
+        await stores.close()
+
+
+async def test_an_api_server_failure_on_the_cluster_list_is_not_taken_for_a_refusal() -> None:
+    api = FakeApiServer(cluster_error=500)
+    api.items["team-a"] = [raw_unit("mine", "team-a", "1")]
+    stores = cache.Stores(cast(kube.Kube, api))
+    try:
+        with pytest.raises(kube.KubeError) as failed:
+            await stores.widest("team-a")
+        assert failed.value.status == 500
+    finally:
+        await stores.close()
+
+
+async def test_an_admin_page_reads_every_namespace_from_one_store() -> None:
+    api = FakeApiServer(cluster_ok=True)
+    api.items[None] = [raw_unit("a", "team-a", "1"), raw_unit("b", "team-b", "1")]
+    stores = cache.Stores(cast(kube.Kube, api))
+    try:
+        store, complete = await stores.widest("team-a")
+        assert complete and store.namespace is None and len(store.units) == 2
+        assert (await stores.get(None)) is store
+    finally:
+        await stores.close()
