@@ -223,9 +223,9 @@ async def _list(api: kube.Kube, res: kube.Resource, namespace: str | None = None
     return items
 
 
-async def stop_reconciler(api: kube.Kube, report: Report, *, dry_run: bool) -> None:
+async def stop_reconciler(api: kube.Kube, report: Report, *, dry_run: bool, namespace: str) -> None:
     """Scale the reconciler to 0 and wait until none of its replicas is left."""
-    ns = names.COMPONENT_NAMESPACE
+    ns = namespace  # the install namespace (--koord-queue-namespace)
     try:
         await api.get(SCALE, RECONCILER, namespace=ns)
     except kube.NotFound:
@@ -451,7 +451,7 @@ async def cmd_uninstall(client: kube.Kube, args: Any, out: TextIO) -> int:
     check_args(args)
     dry_run = bool(args.dry_run)
     report = Report()
-    await stop_reconciler(client, report, dry_run=dry_run)
+    await stop_reconciler(client, report, dry_run=dry_run, namespace=str(args.koord_queue_namespace))
     await remove_admission(client, report, dry_run=dry_run)
     found = await held_jobs(client)
     held = [j for j in found if j.holds]
