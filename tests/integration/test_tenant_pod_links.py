@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 from typing import Any
 
 import pytest
 import yaml
 
 from koord_queue.shared.api import names
-from testenv import system
+from testenv import scraping, system
 from tests import kube
 from tests.integration.test_tenant_hold import ALICE, ROOM, alice, batch_job, owned_pod
 from tests.scenario import Scenario
@@ -306,10 +305,9 @@ async def test_a_unit_annotation_cannot_be_added_to_a_pod_that_exists(env: Scena
 
 def unlabelled_metric(port: int, name: str) -> float:
     """A sample of a series without labels from the reconciler's /metrics (0 when absent)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.rpartition(" ")[2])
+    for line in scraping.metrics_text(port).splitlines():  # docs/operations.md#metrics
+        if line.startswith(name + " "):
+            return float(line.rpartition(" ")[2])
     return 0.0
 
 
