@@ -7,8 +7,9 @@ Then:
 
 * a quota's Queue, the ConfigMaps ``koord-queue-quota-bindings`` and ``koord-queue-native-gangs``
   and the leader Lease appear in ``platform-queue`` and nothing of them in ``koord-queue``; a
-  labelled Job is admitted; the plugin with ``--koord-queue-namespace`` lists and explains it, reads
-  the component configuration there, and stops and resumes the Queue there;
+  labelled Job is admitted, and one that does not fit waits and is published on that Queue's status;
+  the plugin with ``--koord-queue-namespace`` lists both and explains the waiting one, reads the
+  component configuration there, and stops and resumes the Queue there;
 * the hostile case: ``koord-queue`` is now an ordinary namespace, and its tenant (given the right to
   write Queues there by a careless admin) creates a stopped, Block-policy Queue named after another
   team's quota, before that quota exists. The reconciler never reads it: the team's Queue is made
@@ -101,7 +102,8 @@ def get(cluster: LocalCluster, *args: str) -> dict[str, Any] | None:
     return json.loads(out.stdout) if out.returncode == 0 else None
 
 
-def job(name: str, namespace: str, quota: str) -> str:
+def job(name: str, namespace: str, quota: str, *, cpu: str = "1", runs: str = "3s") -> str:
+    """A one-pod Job; its pod runs ``runs`` on a kwok node."""
     return json.dumps(
         {
             "apiVersion": "batch/v1",
@@ -109,12 +111,13 @@ def job(name: str, namespace: str, quota: str) -> str:
             "metadata": {"name": name, "namespace": namespace, "labels": {names.QUOTA_NAME_LABEL: quota}},
             "spec": {
                 "template": {
+                    "metadata": {"annotations": {"pod-complete.stage.kwok.x-k8s.io/delay": runs}},
                     "spec": {
                         "restartPolicy": "Never",
                         "containers": [
-                            {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}
+                            {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}
                         ],
-                    }
+                    },
                 }
             },
         }
@@ -153,23 +156,32 @@ async def test_everything_lives_in_the_install_namespace_and_jobs_are_admitted(m
     ).stdout.split()
     assert left == ["configmap/kube-root-ca.crt"], left
 
-    kube.kubectl(cluster, "apply", "-f", "-", input_text=job("work", team, team))
+    kube.kubectl(cluster, "apply", "-f", "-", input_text=job("work", team, team, runs="300s"))
     await admitted(cluster, team, "work")
+    # One that does not fit waits, and the scheduler publishes it on the Queue in HOME.
+    kube.kubectl(cluster, "apply", "-f", "-", input_text=job("waits", team, team, cpu="2"))
+
+    async def published() -> list[dict[str, Any]]:
+        queue = get(cluster, "queue", team, "-n", HOME) or {}
+        active = ((queue.get("status") or {}).get("queueItemDetails") or {}).get("active") or []
+        return [a for a in active if a.get("name") == "waits" and a.get("namespace") == team]
+
+    await kube.eventually(published, timeout=60, what=f"the waiting job on Queue {HOME}/{team}'s status")
 
     listed = plugin(cluster, f"--koord-queue-namespace={HOME}", "-n", team, "list", "-o", "name")
     assert listed.returncode == 0, listed.stderr
-    assert listed.stdout.split() == ["queueunit.scheduling.x-k8s.io/work"]
-    explained = plugin(cluster, "--koord-queue-namespace", HOME, "-n", team, "explain", "work", "-o", "json")
+    assert sorted(listed.stdout.split()) == [f"queueunit.scheduling.x-k8s.io/{n}" for n in ("waits", "work")]
+    explained = plugin(cluster, "--koord-queue-namespace", HOME, "-n", team, "explain", "waits", "-o", "json")
     assert explained.returncode == 0, explained.stderr
     answer = json.loads(explained.stdout)
-    assert answer["reason"] in ("admitted", "running", "finished") and answer["quota"] == team
+    assert answer["reason"] == "quota" and answer["quota"] == team, answer
     # It read the Queues and the configuration of HOME: nothing was derived or assumed.
     unread = [
         u for u in answer["unknowns"] if u.startswith(("the Queues", "Queue ")) or "koord-queue-config" in u
     ]
     assert not unread and answer["policy"] == "Priority", answer["unknowns"]
     # Without the flag it looks in koord-queue, finds no configuration there, and says so.
-    default = plugin(cluster, "-n", team, "explain", "work", "-o", "json")
+    default = plugin(cluster, "-n", team, "explain", "waits", "-o", "json")
     assert default.returncode == 0, default.stderr
     assert any(
         f"{OLD_HOME}/koord-queue-config not found" in u for u in json.loads(default.stdout)["unknowns"]
