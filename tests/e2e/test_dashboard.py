@@ -187,7 +187,8 @@ async def rows(page: Page) -> dict[str, dict[str, str]]:
         """rows => Object.fromEntries(rows.map(r => [r.dataset.unit, {
             position: r.querySelector('.position').textContent,
             priority: r.querySelector('.priority-value').textContent,
-            reason: r.querySelector('.reason').textContent,
+            why: r.querySelector('.reason').textContent,
+            reason: r.querySelector('.reason').title,
         }]))""",
     )
     return found
@@ -272,7 +273,25 @@ async def test_a_tenant_sees_her_queue_as_the_plugin_explains_it_and_nothing_els
             "train-low",
         ]
         for name, item in listed.items():
+            # the Why column is explain's own answer for each unit; list's short reason is its title
+            explained = plugin(kubeconfig, "-n", ns, "explain", name)
+            assert shown[f"{ns}/{name}"]["why"] == explained["summary"], name
             assert shown[f"{ns}/{name}"]["reason"] == item["reason"] == f"no room in quota {quota} for cpu"
+
+        # A poll of an unchanged page is a 304 with no body (docs/dashboard.md#what-it-costs).
+        base = url.split("/ns/")[0]
+        etags: list[str] = []
+
+        async def unchanged() -> bool:
+            sent = {"If-None-Match": etags[-1]} if etags else {}
+            answer = await page.request.get(f"{base}/api/ns/{ns}/units?limit=50", headers=sent)
+            if answer.status == 304:
+                return await answer.body() == b""
+            assert answer.status == 200
+            etags.append(answer.headers["etag"])
+            return False
+
+        await kube.eventually(unchanged, timeout=15, interval=0.2, what="a 304 for an unchanged page")
         assert await page.locator("section[data-queue]").count() == 2
         assert "acting as alice" in await page.inner_text("#who")
 
