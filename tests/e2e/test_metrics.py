@@ -257,8 +257,10 @@ async def test_the_reconciler_serves_metrics_only_to_a_token_allowed_to_read_the
     assert _status(port) == 401
     assert _status(port, token="") == 401
     assert _status(port, token="eyJhbGciOiJSUzI1NiJ9.e30.forged") == 401
-    # Plain HTTP on the metrics port answers nothing.
+    # Plain HTTP on the metrics port answers nothing, nor does the plain health port serve metrics.
     assert not _plain_http_answers(port)
+    for component in system_e2e.components:
+        assert not _plain_http_answers(component.ports["health"]), component.name
 
     # A real ServiceAccount without the reader role: authenticated, not allowed.
     nobody = scraping.service_account_token(e2e_cluster, namespace_in, "no-metrics", seconds=600)

@@ -177,3 +177,33 @@ def test_command_line_of_the_side_ports(capsys: pytest.CaptureFixture[str]) -> N
             main.parse_config(bad)
         assert info.value.code == 2, bad
     assert "--metrics-client-ca" in capsys.readouterr().err
+
+
+async def test_the_health_port_drains_on_stop_and_serves_no_metrics(keys: Pki) -> None:
+    """The manifests' readiness probe reads the health port: it must turn 503 as shutdown starts,
+    so endpoints drain before the webhook closes; and it must not be a way round the metrics'
+    client certificate."""
+    config = config_for(keys, shutdown_delay=0.5)
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.run(config, stop=stop), name="webhook-under-test")
+    base = f"http://127.0.0.1:{config.health_port}"
+    async with aiohttp.ClientSession() as session:
+        for _ in range(250):
+            with contextlib.suppress(aiohttp.ClientConnectionError):
+                async with session.get(f"{base}/readyz") as response:
+                    if response.status == 200:
+                        break
+            await asyncio.sleep(0.02)
+        async with session.get(f"{base}/metrics") as response:
+            assert response.status == 404
+        stop.set()
+        deadline = asyncio.get_running_loop().time() + 5
+        while True:
+            async with session.get(f"{base}/readyz") as response:
+                if response.status == 503:
+                    break
+            assert asyncio.get_running_loop().time() < deadline, "readiness never dropped"
+            await asyncio.sleep(0.02)
+        async with session.get(f"{base}/healthz") as response:
+            assert response.status == 200  # alive while draining
+    await asyncio.wait_for(task, timeout=10)
