@@ -78,10 +78,12 @@ class MetricsGuard:
         client: kube.Kube,
         *,
         cache: access.VerdictCache | None = None,
+        budget: access.ReviewBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.cache = cache if cache is not None else access.VerdictCache()
+        self.budget = budget if budget is not None else access.ReviewBudget()
         self.clock = clock
         self._reviews = asyncio.Semaphore(MAX_CONCURRENT_REVIEWS)
 
@@ -98,6 +100,8 @@ class MetricsGuard:
             cached = self.cache.get(key, now=self.clock())  # answered while this one waited
             if cached is not None:
                 return cached
+            if not self.budget.take(now=self.clock()):
+                return access.TOO_MANY  # the reconciler's own API budget is not for strangers
             user = access.reviewed_user(
                 await self.client.review(kube.TOKEN_REVIEWS, access.token_review(token))
             )
@@ -122,9 +126,10 @@ def _guarded(guard: MetricsGuard) -> Any:
             return web.Response(status=503, text="cannot check the caller's token now\n")
         if verdict.outcome is not access.Outcome.ALLOWED:
             log.debug("metrics scrape refused (%d): %s", verdict.outcome, verdict.reason)
-            headers = (
-                {"WWW-Authenticate": "Bearer"} if verdict.outcome is access.Outcome.UNAUTHENTICATED else {}
-            )
+            headers = {
+                access.Outcome.UNAUTHENTICATED: {"WWW-Authenticate": "Bearer"},
+                access.Outcome.TOO_MANY: {"Retry-After": "1"},
+            }.get(verdict.outcome, {})
             return web.Response(status=int(verdict.outcome), text=verdict.reason + "\n", headers=headers)
         return await handler(request)
 

@@ -12,8 +12,15 @@ This module decides; ``reconciler/servers.py`` sends the two reviews through ``s
 are the review bodies, how an answer reads, and the cache of verdicts: every scrape would otherwise
 cost two API calls, so a verdict is kept briefly (allowed for ``allowed_ttl_s``, refused or
 unauthenticated for the shorter ``denied_ttl_s``, as controller-runtime's delegating authorizer
-does), keyed by a digest of the token, never the token itself. The cache is bounded: a caller
-sending ever new tokens evicts the oldest verdicts and cannot grow the process.
+does), keyed by a digest of the token, never the token itself. The cache is bounded, and allowed
+verdicts are kept apart from refusals: a caller sending ever new tokens evicts only the oldest
+refusals, never a scraper's allowed verdict, and cannot grow the process.
+
+A token the cache does not know costs two API calls, made with the reconciler's own client and its
+rate limit. So that a flood of fresh tokens cannot spend the budget the reconciler admits jobs
+with, reviews draw from a budget of their own (:class:`ReviewBudget`, 10 a second, bursts of 20);
+past it an unknown token is answered 429 without asking the API server, while a scraper whose
+verdict is cached is answered as before.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ READER_ROLE: Final = "koord-queue-metrics-reader"
 ALLOWED_TTL_S: Final = 60.0
 DENIED_TTL_S: Final = 10.0
 MAX_ENTRIES: Final = 1024
+REVIEWS_PER_SECOND: Final = 10.0
+REVIEW_BURST: Final = 20
 
 
 class Outcome(enum.IntEnum):
@@ -42,6 +51,7 @@ class Outcome(enum.IntEnum):
     ALLOWED = 200
     UNAUTHENTICATED = 401
     FORBIDDEN = 403
+    TOO_MANY = 429
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +143,33 @@ def access_verdict(user: UserInfo, answer: Mapping[str, Any]) -> Verdict:
 UNAUTHENTICATED: Final = Verdict(
     Outcome.UNAUTHENTICATED, "a bearer token the API server accepts is required (Authorization: Bearer ...)"
 )
+TOO_MANY: Final = Verdict(Outcome.TOO_MANY, "too many unknown tokens to review now; retry later")
+
+
+class ReviewBudget:
+    """A token bucket of reviews: ``rate`` a second, at most ``burst`` at once (``now`` in seconds
+    from the caller's monotonic clock). :meth:`take` never waits: it says whether one may go."""
+
+    def __init__(self, *, rate: float = REVIEWS_PER_SECOND, burst: int = REVIEW_BURST) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self._tokens = float(burst)
+        self._at: float | None = None
+
+    def take(self, *, now: float) -> bool:
+        if self._at is not None:
+            self._tokens = min(self.burst, self._tokens + max(0.0, now - self._at) * self.rate)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
 
 
 class VerdictCache:
     """Verdicts by token digest, each until its time to live is over (``now`` in seconds, from any
-    monotonic clock the caller owns); at most ``max_entries``, the oldest evicted first."""
+    monotonic clock the caller owns); at most ``max_entries`` allowed ones and as many refusals,
+    the oldest of the same kind evicted first."""
 
     def __init__(
         self,
@@ -149,26 +181,32 @@ class VerdictCache:
         self.allowed_ttl_s = allowed_ttl_s
         self.denied_ttl_s = denied_ttl_s
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, tuple[float, Verdict]] = OrderedDict()
+        self._allowed: OrderedDict[str, tuple[float, Verdict]] = OrderedDict()
+        self._refused: OrderedDict[str, tuple[float, Verdict]] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._allowed) + len(self._refused)
 
     def get(self, key: str, *, now: float) -> Verdict | None:
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        expires, verdict = entry
-        if now >= expires:
-            del self._entries[key]
-            return None
-        return verdict
+        for entries in (self._allowed, self._refused):
+            entry = entries.get(key)
+            if entry is None:
+                continue
+            expires, verdict = entry
+            if now >= expires:
+                del entries[key]
+                return None
+            return verdict
+        return None
 
     def put(self, key: str, verdict: Verdict, *, now: float) -> None:
-        ttl = self.allowed_ttl_s if verdict.outcome is Outcome.ALLOWED else self.denied_ttl_s
-        if ttl <= 0:
+        allowed = verdict.outcome is Outcome.ALLOWED
+        ttl = self.allowed_ttl_s if allowed else self.denied_ttl_s
+        self._allowed.pop(key, None)
+        self._refused.pop(key, None)
+        if ttl <= 0 or verdict.outcome is Outcome.TOO_MANY:
             return
-        self._entries.pop(key, None)
-        self._entries[key] = (now + ttl, verdict)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        entries = self._allowed if allowed else self._refused
+        entries[key] = (now + ttl, verdict)
+        while len(entries) > self.max_entries:
+            entries.popitem(last=False)

@@ -17,10 +17,12 @@ chart render them (docs/operations.md#network-policies).
 
 from __future__ import annotations
 
+import concurrent.futures
 import http.client
 import json
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime
@@ -438,3 +440,24 @@ def test_the_network_policies_are_accepted_by_the_api_server(e2e_cluster: LocalC
     for policy in policies:
         ports = {str(p["port"]) for rule in policy["spec"]["ingress"] for p in rule["ports"]}
         assert ports <= deployments[policy["metadata"]["name"]], (policy["metadata"]["name"], ports)
+
+
+def test_a_flood_of_fresh_tokens_cannot_spend_the_reconcilers_api_budget(
+    system_e2e: system.Processes,
+) -> None:
+    """Each unknown token costs reviews made with the reconciler's own client; a stranger sending
+    ever new ones gets 429 past a budget of its own (10 a second, bursts of 20), so the API budget
+    the reconciler admits jobs with stays its own, and a scraper's cached verdict still answers."""
+    port = _port(system_e2e, "reconciler")
+    scraper = scraping.credentials(port)
+    assert scraper is not None
+    assert _status(port, token=scraper.token) == 200
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        statuses = list(pool.map(lambda i: _status(port, token=f"forged-{i}-{started}"), range(120)))
+    elapsed = time.monotonic() - started
+    assert set(statuses) <= {401, 429}, statuses
+    reviewed = statuses.count(401)
+    assert reviewed <= 20 + 10 * elapsed + 1, (reviewed, elapsed)
+    assert statuses.count(429) >= 120 - (20 + 10 * elapsed + 1)
+    assert _status(port, token=scraper.token) == 200

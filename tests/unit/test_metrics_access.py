@@ -86,9 +86,25 @@ def test_the_cache_keeps_verdicts_briefly_and_is_bounded() -> None:
     assert cache.get("a", now=59) is allowed and cache.get("f", now=9) is forbidden
     assert cache.get("f", now=10) is None and cache.get("a", now=60) is None
     assert len(cache) == 0
+    cache.put("scraper", allowed, now=100)
     for i in range(10):  # a flood of fresh tokens
         cache.put(f"t{i}", forbidden, now=100)
-    assert len(cache) == 3 and cache.get("t9", now=100) is forbidden and cache.get("t0", now=100) is None
+    assert cache.get("t9", now=100) is forbidden and cache.get("t0", now=100) is None
+    # Refusals evict refusals only: the scraper's allowed verdict outlives the flood.
+    assert len(cache) == 4 and cache.get("scraper", now=100) is allowed
+    # A verdict that changes kind moves: the old one does not linger in the other map.
+    cache.put("scraper", forbidden, now=101)
+    assert cache.get("scraper", now=101) is forbidden and len(cache) == 3  # 3 refusals at most
+    cache.put("busy", access.TOO_MANY, now=101)  # never cached: the next try may review
+    assert cache.get("busy", now=101) is None
+
+
+def test_the_review_budget_refills_at_its_rate_and_never_waits() -> None:
+    budget = access.ReviewBudget(rate=10, burst=3)
+    assert [budget.take(now=0) for _ in range(4)] == [True, True, True, False]
+    assert budget.take(now=0.05) is False  # half a review refilled
+    assert budget.take(now=0.1) is True
+    assert [budget.take(now=100) for _ in range(4)] == [True, True, True, False]  # capped at the burst
 
 
 def test_the_cache_key_is_not_the_token() -> None:
