@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import sys
 import time
 from collections import OrderedDict
 from typing import Any, Final
@@ -29,6 +31,7 @@ from koord_queue.cli.client import QUEUE_UNITS, is_rbac_refusal
 from koord_queue.cli.commands import job_ref
 from koord_queue.dashboard.views import Held
 from koord_queue.shared import kube
+from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.parsing import parse_unit
 
 #: QueueUnits asked for per list page.
@@ -37,15 +40,63 @@ PAGE: Final = 500
 RETRY_S: Final = 1.0
 #: How long a refused cluster-wide list is believed before it is tried again.
 REFUSAL_S: Final = 60.0
+#: Distinct values :class:`Sharing` remembers before it forgets them all (units keep theirs).
+MAX_SHARED: Final = 20_000
 #: Stores kept at once (a user browsing many namespaces); the least recently used one is stopped.
 MAX_STORES: Final = 8
 
 
-def hold(raw: dict[str, Any]) -> Held:
+#: The fields of a Unit that repeat from unit to unit (a quota's name, its message, the same pod
+#: template's requests): one shared copy of each value, by :class:`Sharing`.
+_STRINGS: Final = (
+    "namespace",
+    "quota",
+    "phase",
+    "message",
+    "queue",
+    "pool",
+    "pool_quota",
+    "preemption_policy",
+)
+_VALUES: Final = ("labels", "annotations", "request", "resource", "pod_sets", "admissions", "conditions")
+
+
+class Sharing:
+    """One copy of each repeated value among the units a store keeps: 50,000 units of a few
+    teams carry a few distinct labels, messages and requests, and a copy of each per unit would be
+    most of the process's memory (docs/dashboard.md#what-it-costs). The values are read, never
+    written, by the replay and the rows."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, Any] = {}
+
+    def unit(self, unit: Unit) -> Unit:
+        changes: dict[str, Any] = {}
+        for name in _STRINGS:
+            value = getattr(unit, name)
+            if isinstance(value, str) and value:
+                changes[name] = sys.intern(value)
+        for name in _VALUES:
+            value = getattr(unit, name)
+            if value:
+                if len(self._seen) >= MAX_SHARED:  # distinct values churned: start over
+                    self._seen.clear()
+                changes[name] = self._seen.setdefault(f"{name}:{value!r}", value)
+        return dataclasses.replace(unit, **changes)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
+def hold(raw: dict[str, Any], sharing: Sharing | None = None) -> Held:
     """What is kept of one QueueUnit: the parsed unit and the job text of ``list``
     (``commands.job_ref``)."""
     unit = parse_unit(raw)
-    return Held(unit, job_ref(unit, raw))
+    job = job_ref(unit, raw)
+    if sharing is not None:
+        unit = sharing.unit(unit)
+        job = sys.intern(job)
+    return Held(unit, job)
 
 
 def _key(raw: dict[str, Any]) -> str:
@@ -66,18 +117,20 @@ class UnitStore:
         #: the last failure of the watch (the store keeps serving what it last had)
         self.error: kube.KubeError | None = None
         self._task: asyncio.Task[None] | None = None
+        self.sharing = Sharing()
 
     async def load(self) -> None:
         """List the scope page by page, keeping only :class:`Held`; raises the API server's
         refusal (the caller decides what a 403 means)."""
         fresh: dict[str, Held] = {}
+        self.sharing.clear()
         query: dict[str, Any] = {"limit": PAGE}
         while True:
             page = await self.client.request(
                 "GET", QUEUE_UNITS.path(self.namespace), query=query, verb="LIST"
             )
             for raw in page.get("items") or []:
-                fresh[_key(raw)] = hold(raw)
+                fresh[_key(raw)] = hold(raw, self.sharing)
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -108,7 +161,7 @@ class UnitStore:
         if kind == "DELETED":
             self.units.pop(_key(raw), None)
         else:
-            self.units[_key(raw)] = hold(raw)
+            self.units[_key(raw)] = hold(raw, self.sharing)
         self.version += 1
 
     async def _follow(self) -> None:

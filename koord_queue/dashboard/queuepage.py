@@ -26,7 +26,7 @@ from koord_queue.cli.client import QUEUE_UNITS, Gathered, Reader, denied
 from koord_queue.dashboard import views
 from koord_queue.dashboard.cache import Stores, UnitStore
 from koord_queue.shared import kube
-from koord_queue.shared.api.model import Unit
+from koord_queue.shared.api.model import Quota, Unit
 from koord_queue.shared.core import explain, replay
 
 #: How long the quotas, Queues, settings and positions read for a page are reused.
@@ -164,6 +164,28 @@ def view_of(units: dict[str, Unit], got: Gathered) -> replay.View:
     )
 
 
+def replay_scope(units: dict[str, Unit], quotas: list[Quota], keys: list[str]) -> dict[str, Unit]:
+    """The units whose replay decides the rows ``keys``: those of the quota trees the rows' units
+    are in (a queue is admitted against its own tree only), or every unit when node pools link
+    trees (docs/pools.md#fallback-between-pools). At 50,000 units over many teams this is what
+    keeps one page's replay small; tests/unit/test_dashboard_queuepage.py checks the rows' why
+    against ``explain`` over every unit."""
+    if any(q.pool or q.pool_quotas for q in quotas) or any(u.pool or u.pools for u in units.values()):
+        return units
+    parent = {q.name: q.parent for q in quotas}
+
+    def root(name: str) -> str:
+        seen = {name}
+        while parent.get(name) and parent[name] not in seen:
+            name = parent[name]
+            seen.add(name)
+        return name
+
+    roots = {root(units[key].quota or "") for key in keys if units[key].quota}
+    wanted = set(keys)
+    return {k: u for k, u in units.items() if k in wanted or (u.quota and root(u.quota) in roots)}
+
+
 def build(
     namespace: str | None,
     units: dict[str, Unit],
@@ -177,7 +199,8 @@ def build(
     shown_units = units if namespace is None else {k: u for k, u in units.items() if u.namespace == namespace}
     groups = views.first_rows(shown_units, got.positions, limit)
     keys = [key for group in groups for key in group.keys]
-    answers = explain.explain_many(view_of(units, got), keys, now) if keys else {}
+    replayed = replay_scope(units, got.parsed_quotas(), keys)
+    answers = explain.explain_many(view_of(replayed, got), keys, now) if keys else {}
     queues = []
     for group in groups:
         rows = []

@@ -11,6 +11,7 @@ plane, the user's RBAC and the browser are tests/e2e/test_dashboard.py's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -79,6 +80,17 @@ def test_the_page_rows_carry_explains_why_and_lists_fields_in_list_order() -> No
     assert [r["name"] for r in q["units"]][:3] == ["big", "small", "held"]
     assert q["total"] == 5 and body["count"] == 9
     assert q["waiting"] == sum(1 for r in q["units"] if r["waiting"])
+
+
+def test_the_replay_of_a_page_is_its_quota_trees_unless_pools_link_them() -> None:
+    v = busy_cluster()
+    quotas = list(v.quotas)
+    scope = queuepage.replay_scope(dict(v.units), quotas, ["ns/small"])
+    assert set(scope) == {k for k, u in v.units.items() if u.quota == "q"}
+    scope = queuepage.replay_scope(dict(v.units), quotas, ["other/c2-wait"])
+    assert set(scope) == {"other/c1-run", "other/c2-wait"}  # the whole tree of p, c1 and c2
+    pooled = [*quotas[:-1], dataclasses.replace(quotas[-1], pool_quotas=("c1",))]
+    assert queuepage.replay_scope(dict(v.units), pooled, ["ns/small"]) == dict(v.units)
 
 
 def test_only_the_first_rows_of_each_queue_are_built_and_the_etag_follows_the_bytes() -> None:
