@@ -162,6 +162,13 @@ Jobs labelled quota.scheduling.koordinator.sh/name=<quota> are queued. See where
   kubectl koord-queue list -n <namespace>       (the plugin comes with the koord-queue-py package)
   kubectl koord-queue explain <job> -n <namespace>
   kubectl get queueunit -n <namespace>
+{{- if ne .Release.Namespace "koord-queue" }}
+
+The plugin looks for koord-queue in namespace koord-queue unless told otherwise
+(docs/operations.md#install-namespace):
+
+  export KOORD_QUEUE_NAMESPACE={{ .Release.Namespace }}
+{{- end }}
 """
 
 
