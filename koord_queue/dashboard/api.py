@@ -1,7 +1,9 @@
 """The dashboard's JSON endpoints: each one runs the plugin's own command code
 (``koord_queue.cli``) with the user's API client, so a page shows exactly what
 ``kubectl koord-queue list``, ``explain``, ``describe`` and ``quotas`` print, and a button does
-exactly what ``hold``, ``release`` and ``priority`` do (docs/dashboard.md#the-identity-model).
+exactly what ``hold``, ``release`` and ``priority`` do (docs/dashboard.md#the-identity-model). The
+queue page is ``dashboard.queuepage``'s: the same rows and ``explain``'s answers, from QueueUnits
+listed once and then watched, built once per change (docs/dashboard.md#what-it-costs).
 
 Nothing is read or written with any identity but the one the plugin was started with; a refusal
 by the API server becomes the plugin's own message with the plugin's status mapped to HTTP:

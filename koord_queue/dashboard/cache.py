@@ -38,6 +38,7 @@ from koord_queue.shared.api.parsing import parse_unit
 PAGE: Final = 500
 #: How long a failed watch waits before listing again (a back-off, not a synchronisation).
 RETRY_S: Final = 1.0
+MAX_RETRY_S: Final = 30.0
 #: How long a refused cluster-wide list is believed before it is tried again.
 REFUSAL_S: Final = 60.0
 #: Distinct values :class:`Sharing` remembers before it forgets them all (units keep theirs).
@@ -165,18 +166,23 @@ class UnitStore:
         self.version += 1
 
     async def _follow(self) -> None:
+        failures = 0
         while True:
             try:
                 async for kind, raw in self.client.watch(
                     QUEUE_UNITS, resource_version=self.resource_version, namespace=self.namespace
                 ):
                     self.apply(kind, raw)
+                    failures = 0
                 self.error = None
             except kube.Gone:
                 await self._relist()
             except kube.KubeError as err:
+                # a refused or failing watch: back off (1 s, doubling to 30 s) before listing
+                # again with the same identity and scope; nothing broader is ever tried
                 self.error = err
-                await asyncio.sleep(RETRY_S)
+                failures += 1
+                await asyncio.sleep(min(MAX_RETRY_S, RETRY_S * 2 ** (failures - 1)))
                 await self._relist()
 
     async def _relist(self) -> None:
@@ -185,7 +191,6 @@ class UnitStore:
             self.error = None
         except kube.KubeError as err:
             self.error = err
-            await asyncio.sleep(RETRY_S)
 
 
 class Stores:

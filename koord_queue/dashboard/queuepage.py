@@ -3,10 +3,12 @@
 
 The units come from ``dashboard.cache`` (listed once, then watched, as the user); the quotas, the
 Queues, the component settings and the visibility API's positions are read as ``explain`` reads
-them (``Reader``, the user's client), at most every :data:`SIDE_S` seconds while a page polls. The
-answer is rebuilt only when the units' version or those reads changed: one scheduler replay for
-the whole page (``explain.explain_many``), the first ``limit`` rows of each queue, serialised once;
-its ETag is the hash of those bytes, so a poll of an unchanged page is a 304 with no body.
+them (``Reader``, the user's client), in the background of the polls: again when the units changed
+(at most every :data:`SIDE_S` seconds) and at least every :data:`SIDE_MAX_S` seconds while a page
+polls, so a poll never waits for them once the page was built. The answer is rebuilt only when
+the units' version or those reads changed: one scheduler replay for the whole page
+(``explain.explain_many``), the first ``limit`` rows of each queue, serialised once; its ETag is
+the hash of those bytes, so a poll of an unchanged page is a 304 with no body.
 
 Each row's "why" is ``explain``'s summary of that unit, from the same objects ``explain`` reads: the
 QueueUnits of every namespace when the user may list them, else the namespace's own.
@@ -15,6 +17,7 @@ QueueUnits of every namespace when the user may list them, else the namespace's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ from typing import Final
 
 import orjson
 
-from koord_queue.cli.client import QUEUE_UNITS, Gathered, Reader, denied
+from koord_queue.cli.client import QUEUE_UNITS, CliError, Gathered, Reader, denied
 from koord_queue.dashboard import views
 from koord_queue.dashboard.cache import Stores, UnitStore
 from koord_queue.shared import kube
@@ -31,6 +34,7 @@ from koord_queue.shared.core import explain, replay
 
 #: How long the quotas, Queues, settings and positions read for a page are reused.
 SIDE_S: Final = 1.0
+SIDE_MAX_S: Final = 10.0
 #: Rows of each queue on a first page, and the most a request may ask for.
 DEFAULT_LIMIT: Final = 50
 MAX_LIMIT: Final = 5000
@@ -49,6 +53,8 @@ class _Side:
     got: Gathered
     fingerprint: str
     read_at: float
+    #: the units' version when the reads started
+    version: int
 
 
 class QueuePages:
@@ -60,8 +66,11 @@ class QueuePages:
         self._built: dict[tuple[str | None, int], tuple[tuple[int, str], Built]] = {}
         self._side: dict[str | None, _Side] = {}
         self._locks: dict[tuple[str | None, int], asyncio.Lock] = {}
+        self._refreshing: dict[str | None, asyncio.Task[None]] = {}
 
     async def close(self) -> None:
+        for task in self._refreshing.values():
+            task.cancel()
         await self.stores.close()
 
     async def answer(self, namespace: str | None, limit: int) -> Built:
@@ -75,7 +84,11 @@ class QueuePages:
             raise denied(err, "list", QUEUE_UNITS, namespace) from None
         lock = self._locks.setdefault((namespace, limit), asyncio.Lock())
         async with lock:
-            side = await self._side_reads(namespace, store, complete)
+            side = self._side.get(namespace)
+            if side is None or side.got.complete != complete:
+                side = await self._side_reads(namespace, store, complete)
+            else:
+                self._refresh(namespace, store, complete, side)
             stamp = (store.version, side.fingerprint)
             cached = self._built.get((namespace, limit))
             if cached is not None and cached[0] == stamp:
@@ -88,11 +101,24 @@ class QueuePages:
             self._built[(namespace, limit)] = (stamp, built)
             return built
 
+    def _refresh(self, namespace: str | None, store: UnitStore, complete: bool, side: _Side) -> None:
+        """Read the quotas, Queues, settings and positions again in the background when the units
+        changed since they were read (or they are old); the next poll builds with them."""
+        age = time.monotonic() - side.read_at
+        due = (store.version != side.version and age >= SIDE_S) or age >= SIDE_MAX_S
+        running = self._refreshing.get(namespace)
+        if not due or (running is not None and not running.done()):
+            return
+
+        async def reread() -> None:
+            with contextlib.suppress(CliError, kube.KubeError):  # the next poll tries again
+                await self._side_reads(namespace, store, complete)
+
+        self._refreshing[namespace] = asyncio.create_task(reread())
+
     async def _side_reads(self, namespace: str | None, store: UnitStore, complete: bool) -> _Side:
-        side = self._side.get(namespace)
         now = time.monotonic()
-        if side is not None and now - side.read_at < SIDE_S and side.got.complete == complete:
-            return side
+        version = store.version
         got = Gathered()
         got.complete = complete
         if not complete:
@@ -135,7 +161,7 @@ class QueuePages:
                 default=repr,
             )
         ).hexdigest()
-        side = _Side(got, fingerprint, now)
+        side = _Side(got, fingerprint, now, version)
         self._side[namespace] = side
         return side
 

@@ -242,3 +242,21 @@ async def test_an_admin_page_reads_every_namespace_from_one_store() -> None:
         assert (await stores.get(None)) is store
     finally:
         await stores.close()
+
+
+async def test_a_refused_watch_lists_the_same_namespace_again_and_nothing_broader() -> None:
+    api = FakeApiServer(cluster_ok=True)  # even a cluster-wide list would be allowed: never asked
+    api.items["team-a"] = [raw_unit("mine", "team-a", "1")]
+    store = cache.UnitStore(cast(kube.Kube, api), "team-a")
+    await store.load()
+    store.start()
+    try:
+        await until(lambda: len(api.watched) == 1, "the first watch")
+        refusal = kube.KubeError(403, "Forbidden", 'User "alice" cannot watch resource "queueunits"')
+        await api.events.put(refusal)
+        await until(lambda: len(api.watched) == 2, "the watch after the relist")
+        assert store.error is None or store.error is refusal
+        assert all("/namespaces/team-a/" in path for path in api.asked), api.asked
+        assert [ns for ns, _ in api.watched] == ["team-a", "team-a"]
+    finally:
+        await store.stop()
