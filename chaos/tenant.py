@@ -50,8 +50,11 @@ from typing import Any, Final
 
 from chaos import (
     load,
+    tenant_dashboard,
     tenant_history,
+    tenant_metrics,
     tenant_orphans,
+    tenant_plant,
     tenant_pool_job,
     tenant_pools,
     tenant_preemption,
@@ -237,6 +240,9 @@ ATTACKS: Final[dict[str, str]] = {
     **tenant_preemption.ATTACKS,
     **tenant_history.ATTACKS,
     **tenant_release.ATTACKS,
+    **tenant_metrics.ATTACKS,
+    **tenant_plant.ATTACKS,
+    **tenant_dashboard.ATTACKS,
     "write-queueunit-status": "RBAC: namespace users may only read QueueUnits (user roles)",
     "create-queueunit": "RBAC: namespace users may only read QueueUnits (user roles)",
     "raise-quota-max": "RBAC: ElasticQuotas are cluster-admin objects",
@@ -653,6 +659,9 @@ class Tenant:
             tenant_preemption.preemption_attacks(self, r, bound=OWN_PRIORITY_BOUND),
             tenant_history.history_attacks(self, r),
             tenant_release.release_attacks(self, r),
+            tenant_metrics.metrics_attacks(self, r),
+            tenant_plant.plant_attacks(self, r),
+            tenant_dashboard.dashboard_attacks(self, r),
         ]
         if self.workflows:
             attacks.append(self.workflow(r))
