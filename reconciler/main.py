@@ -16,20 +16,18 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import socket
 import ssl
 import sys
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from koord_queue.certs.manager import VisibilityCertManager, WebhookCertManager
-from koord_queue.reconciler import metrics, priorities, servers, visibility, workloads
+from koord_queue.reconciler import flags, metrics, priorities, servers, visibility, workloads
 from koord_queue.reconciler.events import EventRecorder
 from koord_queue.reconciler.informer import Handler, Informer
 from koord_queue.reconciler.job_units import QUEUE_UNITS
@@ -38,7 +36,6 @@ from koord_queue.reconciler.profiles import ProfileController
 from koord_queue.reconciler.quotas import QUEUES, QUOTAS, QuotaBindingSync, QuotaQueueSync, QuotaStatusSync
 from koord_queue.reconciler.scheduler import SchedulerLoop
 from koord_queue.shared import kube
-from koord_queue.shared.api import names
 from koord_queue.shared.core import config as component_config
 from koord_queue.shared.core.scheduling import Cache
 from koord_queue.shared.jobs import registry
@@ -48,228 +45,13 @@ log = logging.getLogger("reconciler")
 METRICS_SERVICE = "koord-queue-reconciler"
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The reconciler's flags (``reconciler/flags.py``), described by this module's docstring."""
+    return flags.build_parser(__doc__)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="koord-queue-reconciler",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--kubeconfig",
-        default=os.environ.get("KUBECONFIG") or None,
-        help="kubeconfig file (default: $KUBECONFIG, else the in-cluster ServiceAccount)",
-    )
-    p.add_argument(
-        "--namespace",
-        default=os.environ.get("POD_NAMESPACE") or names.COMPONENT_NAMESPACE,
-        help="the namespace the component is installed in: its Queues, its ConfigMaps (quota bindings, "
-        "native gangs), and the default of every --*-namespace flag (default: $POD_NAMESPACE, else "
-        "%(default)s; docs/operations.md#install-namespace)",
-    )
-    p.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        help="KoordQueueConfiguration file (scheduling.k8s.io/v1), e.g. defaultReclaimProtectTime",
-    )
-    p.add_argument(
-        "--enabled-extensions",
-        default=",".join(registry.DEFAULT_EXTENSIONS),
-        help="job kinds to manage, comma separated (default: %(default)s; known: "
-        f"{','.join(registry.EXTENSIONS)})",
-    )
-    p.add_argument(
-        "--as",
-        dest="impersonate",
-        default="",
-        metavar="USER",
-        help="act as USER (like kubectl --as), e.g. to run locally with a ServiceAccount's RBAC",
-    )
-    p.add_argument(
-        "--qps", type=float, default=500.0, help="client-side API rate limit (default %(default)s)"
-    )
-    p.add_argument("--burst", type=int, default=1000, help="client-side API burst (default %(default)s)")
-    p.add_argument("--workers", type=int, default=8, help="job-extension workers (default %(default)s)")
-    p.add_argument("--health-port", type=int, default=8081, help="/healthz and /readyz port; 0 disables")
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=10259,
-        help="Prometheus /metrics port (HTTPS unless --metrics-secure=false); 0 disables",
-    )
-    p.add_argument(
-        "--metrics-secure",
-        type=_switch,
-        nargs="?",
-        const=True,
-        default=True,
-        metavar="BOOL",
-        help="serve /metrics over HTTPS, only to a bearer token that passes a TokenReview and a "
-        "SubjectAccessReview for get /metrics (docs/operations.md#metrics); false: plain HTTP to "
-        "anyone, for local use only (default %(default)s)",
-    )
-    p.add_argument(
-        "--metrics-cert-file",
-        default="",
-        help="TLS certificate of /metrics, re-read when it changes (default: a pair this replica "
-        "issues itself; scrapers then skip verification)",
-    )
-    p.add_argument("--metrics-key-file", default="", help="TLS key of --metrics-cert-file")
-    p.add_argument(
-        "--visibility-port",
-        type=int,
-        default=8082,
-        help="visibility API port (visibility.koord-queue.x-k8s.io); 0 disables",
-    )
-    p.add_argument(
-        "--visibility-cert-file",
-        default="",
-        help="TLS certificate of the visibility API, loaded once (instead of --manage-visibility-certs)",
-    )
-    p.add_argument("--visibility-key-file", default="", help="TLS key of the visibility API")
-    p.add_argument(
-        "--visibility-client-ca",
-        default="",
-        help="CA of the apiserver's aggregator client certificate (requestheader CA); when set, only "
-        "clients presenting such a certificate and an X-Remote-User header are served (default with "
-        "--manage-visibility-certs: read from kube-system/extension-apiserver-authentication)",
-    )
-    p.add_argument(
-        "--visibility-allowed-names",
-        default="",
-        help="common names allowed for the --visibility-client-ca certificate, comma separated "
-        "(default: any; with the ConfigMap its requestheader-allowed-names apply)",
-    )
-    p.add_argument(
-        "--manage-visibility-certs",
-        action="store_true",
-        help="serve the visibility API behind the aggregation layer: the leader issues and rotates "
-        "its serving certificate (a Secret) and injects the CA into the APIService; every replica "
-        "serves the Secret's certificate and accepts only the apiserver's front-proxy client",
-    )
-    p.add_argument(
-        "--visibility-namespace",
-        default=None,
-        help="namespace of the visibility Service and Secret (default: --namespace)",
-    )
-    p.add_argument(
-        "--visibility-service",
-        default="koord-queue-visibility-server",
-        help="visibility Service name, certified as <service>.<namespace>.svc (default %(default)s)",
-    )
-    p.add_argument(
-        "--visibility-secret",
-        default="koord-queue-visibility-cert",
-        help="visibility certificate Secret (default %(default)s)",
-    )
-    p.add_argument(
-        "--visibility-apiservice",
-        default=visibility.APISERVICE,
-        help="APIService to inject the visibility CA into (default %(default)s)",
-    )
-    p.add_argument(
-        "--cert-sync-interval",
-        type=float,
-        default=60.0,
-        help="seconds between certificate checks: Secrets and caBundles (leader), the visibility "
-        "certificate in force (every replica) (default %(default)s)",
-    )
-    p.add_argument(
-        "--bind-address", default="0.0.0.0", help="address of the health, metrics and visibility servers"
-    )
-    p.add_argument(
-        "--leader-elect",
-        action="store_true",
-        help="run several replicas: only the holder of the Lease acts, all serve health and metrics",
-    )
-    p.add_argument(
-        "--leader-election-namespace",
-        default=None,
-        help="namespace of the Lease (default: --namespace)",
-    )
-    p.add_argument("--leader-election-id", default="koord-queue-reconciler", help="name of the Lease")
-    p.add_argument(
-        "--leader-election-identity",
-        default="",
-        help="this replica's identity in the Lease and in its user agent (default: <hostname>_<random>)",
-    )
-    p.add_argument("--lease-duration", type=float, default=15.0, help="seconds (default %(default)s)")
-    p.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (default %(default)s)")
-    p.add_argument("--retry-period", type=float, default=2.0, help="seconds (default %(default)s)")
-    p.add_argument(
-        "--manage-webhook-certs",
-        action="store_true",
-        help="issue and rotate the webhook's serving certificate (a Secret) and inject its CA "
-        "into the webhook configurations",
-    )
-    p.add_argument(
-        "--webhook-namespace",
-        default=None,
-        help="namespace of the webhook Service and Secret (default: --namespace)",
-    )
-    p.add_argument("--webhook-service", default="koord-queue-webhook", help="webhook Service name")
-    p.add_argument("--webhook-secret", default="koord-queue-webhook-cert", help="webhook certificate Secret")
-    p.add_argument(
-        "--webhook-configuration",
-        default="koord-queue",
-        help="name of the Mutating/ValidatingWebhookConfiguration to inject the CA into",
-    )
-    p.add_argument(
-        "-v",
-        "--verbosity",
-        type=int,
-        default=0,
-        help="log verbosity: 0 info, 2 scheduling decisions, 4 debug",
-    )
-    args = _pool_flags(p).parse_args(argv)
-    # One source for the install namespace (docs/operations.md#install-namespace).
-    for flag in ("visibility_namespace", "leader_election_namespace", "webhook_namespace"):
-        if not getattr(args, flag):
-            setattr(args, flag, args.namespace)
-    if args.manage_visibility_certs and args.visibility_cert_file:
-        p.error("--manage-visibility-certs and --visibility-cert-file exclude each other")
-    if bool(args.visibility_cert_file) != bool(args.visibility_key_file):
-        p.error("--visibility-cert-file and --visibility-key-file go together")
-    if args.visibility_client_ca and not (args.visibility_cert_file or args.manage_visibility_certs):
-        p.error("--visibility-client-ca needs TLS: --visibility-cert-file or --manage-visibility-certs")
-    if bool(args.metrics_cert_file) != bool(args.metrics_key_file):
-        p.error("--metrics-cert-file and --metrics-key-file go together")
-    if args.metrics_cert_file and not args.metrics_secure:
-        p.error("--metrics-cert-file needs --metrics-secure")
-    if args.cert_sync_interval <= 0:
-        p.error("--cert-sync-interval must be positive")
-    return args
-
-
-def _pool_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The flags of node pools (docs/pools.md), added to ``p``."""
-    p.add_argument(
-        "--quota-profiles",
-        type=_switch,
-        nargs="?",
-        const=True,
-        default=True,
-        metavar="BOOL",
-        help="keep each ElasticQuotaProfile's root quota (docs/pools.md#the-tree-of-a-pool); false where "
-        "Koordinator's quota controller keeps them: pools are still read (default %(default)s)",
-    )
-    p.add_argument(
-        "--usage-half-life",
-        default=None,
-        metavar="DURATION",
-        help="half-life of each quota's decayed usage, which orders spare capacity among sibling quotas "
-        "(docs/compatibility.md#fair-over-time); 0s turns it off; overrides usageHalfLife of --config "
-        "(default: the file's, else 1h)",
-    )
-    return p
-
-
-def _switch(text: str) -> bool:
-    """A boolean flag's value: ``--quota-profiles=false``."""
-    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
-    if value is None:
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return value
+    return flags.parse_args(build_parser(), argv)
 
 
 def _fanout(*handlers: Handler) -> Handler:
@@ -330,23 +112,7 @@ async def run(args: argparse.Namespace) -> None:
         )
         units = Informer(client, QUEUE_UNITS, handler=_fanout(scheduler.on_unit, jobs.on_unit), packed=True)
         scheduler.unit_store = units.objects
-        # Only the install namespace's Queues count: one a tenant makes elsewhere is never read.
-        queues = Informer(
-            client,
-            QUEUES,
-            namespace=args.namespace,
-            # A Queue deleted while its quota exists is re-created at once.
-            handler=_fanout(
-                scheduler.on_queue, lambda old, new: quota_sync.on_queue_gone(old) if new is None else None
-            ),
-        )
-        quota_sync = QuotaQueueSync(
-            client,
-            quotas=lambda: quotas.objects,
-            queues=lambda: queues.objects,
-            events=events,
-            namespace=args.namespace,
-        )
+        queues, quota_sync = _queues(client, events, args.namespace, scheduler, lambda: quotas.objects)
         bindings = QuotaBindingSync(
             client,
             quotas=lambda: ledger.quotas.values(),
@@ -403,6 +169,29 @@ async def run(args: argparse.Namespace) -> None:
         for runner in runners:
             await runner.cleanup()
         await client.close()
+
+
+def _queues(
+    client: kube.Kube,
+    events: EventRecorder,
+    namespace: str,
+    scheduler: SchedulerLoop,
+    quotas: Callable[[], Mapping[str, kube.Obj]],
+) -> tuple[Informer, QuotaQueueSync]:
+    """The Queues' informer and the sync that keeps one Queue per quota. Only the install
+    namespace's Queues count (docs/operations.md#install-namespace): one a tenant makes elsewhere
+    is never read."""
+
+    def gone(old: kube.Obj | None, new: kube.Obj | None) -> None:
+        # A Queue deleted while its quota exists is re-created at once.
+        if new is None:
+            sync.on_queue_gone(old)
+
+    queues = Informer(client, QUEUES, namespace=namespace, handler=_fanout(scheduler.on_queue, gone))
+    sync = QuotaQueueSync(
+        client, quotas=quotas, queues=lambda: queues.objects, events=events, namespace=namespace
+    )
+    return queues, sync
 
 
 def _pools(
