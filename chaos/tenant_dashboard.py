@@ -120,7 +120,7 @@ def judge(
 async def _other_unit(t: Attacker) -> str:
     """A unit of :data:`OTHER_NAMESPACE` (as the harness sees them), else a made-up name."""
     items = await t._read(functools.partial(t.admin.list, UNITS, namespace=OTHER_NAMESPACE))
-    units = (items or ([], ""))[0] if isinstance(items, tuple) else []
+    units = items if isinstance(items, list) else []  # _read answers a list's items
     names = sorted(str(_meta(u).get("name")) for u in units)
     return names[0] if names else NO_SUCH_JOB
 

@@ -26,8 +26,10 @@ class FakeApiServer:
     """Answers as the API server answers a user bound to ``allowed`` namespaces (None: all);
     nothing exists, so a read is empty and a unit looked for is not found."""
 
-    def __init__(self, allowed: frozenset[str] | None) -> None:
+    def __init__(self, allowed: frozenset[str] | None, units: tuple[str, ...] = ()) -> None:
         self.allowed = allowed
+        #: names the admin's list of the other namespace's QueueUnits answers (for the target)
+        self.units = units
 
     def _check(self, path: str = "", namespace: str | None = None) -> None:
         found = re.search(r"/namespaces/([^/]+)/", path)
@@ -48,7 +50,7 @@ class FakeApiServer:
         self, res: kube.Resource, *, namespace: str | None = None, **_: Any
     ) -> tuple[list[Any], str]:
         self._check(namespace=namespace)
-        return [], "1"
+        return [{"metadata": {"name": name}} for name in self.units], "1"
 
     async def get(self, res: kube.Resource, name: str, *, namespace: str | None = None, **_: Any) -> Any:
         self._check(namespace=namespace)
@@ -62,41 +64,50 @@ class FakeApiServer:
 class FakeAttacker:
     def __init__(self, mallory: FakeApiServer, admin: FakeApiServer) -> None:
         self.mallory, self.admin = mallory, admin
-        self.records: dict[str, tuple[str, str]] = {}
+        self.records: dict[str, tuple[str, str, str]] = {}
 
     def record(
         self, attack: str, r: int, target: str, outcome: str, detail: str, seconds: float | None = None
     ) -> None:
-        self.records[attack] = (outcome, detail)
+        self.records[attack] = (outcome, detail, target)
 
     async def _read(self, call: Any) -> Any:
-        return await call()
+        """As the tenant reads: a list answers its items."""
+        result = await call()
+        return result[0] if isinstance(result, tuple) else result
 
 
-def run(mallory: frozenset[str] | None) -> dict[str, tuple[str, str]]:
-    t = FakeAttacker(FakeApiServer(mallory), FakeApiServer(None))
+def run(mallory: frozenset[str] | None, units: tuple[str, ...] = ()) -> dict[str, tuple[str, str, str]]:
+    t = FakeAttacker(FakeApiServer(mallory), FakeApiServer(None, units))
     asyncio.run(dashboard.dashboard_attacks(t, 0))  # type: ignore[arg-type]
     return t.records
 
 
 def test_another_namespace_and_another_origin_are_refused() -> None:
     records = run(frozenset({NAMESPACE}))
-    outcome, detail = records[dashboard.READ_OTHER]
+    outcome, detail, _ = records[dashboard.READ_OTHER]
     assert outcome == "refused", detail
     assert detail == "page: 403, units: 403, one unit: 403, hold: 403"
-    outcome, detail = records[dashboard.CROSS_ORIGIN]
+    outcome, detail, _ = records[dashboard.CROSS_ORIGIN]
     assert outcome == "refused", detail
     assert "no cookie: 401" in detail and "her page's fetch: 403" in detail and "rebound Host: 403" in detail
 
 
+def test_her_target_is_a_real_unit_of_the_other_namespace_when_there_is_one() -> None:
+    assert run(frozenset({NAMESPACE}), ("borrow-0003-1", "borrow-0001-0"))[dashboard.READ_OTHER][2] == (
+        f"{dashboard.OTHER_NAMESPACE} (unit borrow-0001-0)"
+    )
+    assert dashboard.NO_SUCH_JOB in run(frozenset({NAMESPACE}))[dashboard.READ_OTHER][2]
+
+
 def test_a_dashboard_that_serves_another_namespace_is_a_breach() -> None:
-    outcome, detail = run(None)[dashboard.READ_OTHER]  # an API server that refuses her nothing
+    outcome, detail, _ = run(None)[dashboard.READ_OTHER]  # an API server that refuses her nothing
     assert outcome == "SUCCEEDED" and "page: 200" in detail
 
 
 def test_a_guard_that_lets_another_origin_write_is_a_breach(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Guard, "origin_ok", lambda self, request: True)
-    outcome, detail = run(frozenset({NAMESPACE}))[dashboard.CROSS_ORIGIN]
+    outcome, detail, _ = run(frozenset({NAMESPACE}))[dashboard.CROSS_ORIGIN]
     # The request without an Origin reached the API server as the admin (404: no such unit, nothing
     # held); her page's fetch is still refused, by its Sec-Fetch-Site.
     assert outcome == "SUCCEEDED" and "no Origin: 404" in detail and "her page's fetch: 403" in detail
