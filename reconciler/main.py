@@ -35,7 +35,7 @@ from koord_queue.reconciler.jobs import JobExtensions
 from koord_queue.reconciler.profiles import ProfileController
 from koord_queue.reconciler.quotas import QUEUES, QUOTAS, QuotaBindingSync, QuotaQueueSync, QuotaStatusSync
 from koord_queue.reconciler.scheduler import SchedulerLoop
-from koord_queue.shared import kube
+from koord_queue.shared import kube, leases
 from koord_queue.shared.core import config as component_config
 from koord_queue.shared.core.scheduling import Cache
 from koord_queue.shared.jobs import registry
@@ -163,7 +163,7 @@ async def run(args: argparse.Namespace) -> None:
 
         try:
             await _supervise(informers, act, args, client)
-        except* kube.LeadershipLost as group:
+        except* leases.LeadershipLost as group:
             raise group.exceptions[0] from None
     finally:
         for runner in runners:
@@ -220,7 +220,7 @@ async def _after(event: asyncio.Event, work: Callable[[], Coroutine[Any, Any, No
 async def _connect(args: argparse.Namespace) -> tuple[kube.Leadership, kube.Kube]:
     """The leadership gate and the API client behind it."""
     # The one leadership gate (``kube.Leadership``): closed from the start with --leader-elect, so
-    # not even the first watch event can lead to a write before the Lease is held; ``kube.lead``
+    # not even the first watch event can lead to a write before the Lease is held; ``leases.lead``
     # opens it. The client refuses every write while it is closed; the parts that queue work from
     # watch events get it too, so a follower queues nothing.
     leadership = kube.Leadership(leading=not args.leader_elect)
@@ -401,7 +401,7 @@ async def _supervise(
         if args.leader_elect:
             identity = args.leader_election_identity
             tg.create_task(
-                kube.lead(
+                leases.lead(
                     client,
                     name=args.leader_election_id,
                     namespace=args.leader_election_namespace,
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {err}") from None
     except kube.ClientConfigError as err:
         raise SystemExit(f"error: {err}") from None
-    except kube.LeadershipLost as err:
+    except leases.LeadershipLost as err:
         log.error("%s; exiting so that a restart starts from fresh state", err)
         raise SystemExit(1) from None
     except registry.UnknownExtensionError as err:

@@ -24,21 +24,19 @@ Error tree::
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import contextlib
-import logging
 import os
 import sys
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote, urlencode
 
 import aiohttp
 import orjson
+
+from koord_queue.shared import memfiles, ratelimit
 
 # kubernetes-asyncio works out its default kubeconfig (~/.kube/config) when it is imported, even
 # with KUBECONFIG set, and that raises where there is no home directory: no HOME and a uid without
@@ -51,8 +49,6 @@ if os.path.expanduser("~") == "~":
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.config import kube_config as k8s_kube_config
-
-log = logging.getLogger(__name__)
 
 JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -119,7 +115,7 @@ class Leadership:
     so no per-object work piles up and nothing seen while following is written on take-over (a
     new leader starts from a full pass over its warm caches instead, see ``reconciler/main.py``).
 
-    Opened by :func:`lead` once the Lease is held, closed the moment it is lost. Open by default:
+    Opened by ``shared.leases.lead`` once the Lease is held, closed the moment it is lost. Open by default:
     a process without leader election (tools, tests, a single replica) always leads.
     """
 
@@ -252,68 +248,6 @@ _REVIEWS: Final = frozenset({TOKEN_REVIEWS, SUBJECT_ACCESS_REVIEWS})
 _REVIEW_PATHS: Final = frozenset(r.path() for r in _REVIEWS)
 
 
-#: kubeconfig entries whose inline form (``<key>-data``, base64) kubernetes-asyncio would write to a
-#: temporary file, as (list, entry, key)
-_INLINE_FILES: Final = (
-    ("clusters", "cluster", "certificate-authority"),
-    ("users", "user", "client-certificate"),
-    ("users", "user", "client-key"),
-)
-#: content -> its in-memory file, open for the process's life (a client may build TLS again later)
-_memory_files: dict[bytes, str] = {}
-
-
-def memory_file(name: str, data: bytes) -> str:
-    """A path to ``data`` held in memory only: an anonymous file (memfd, Linux), named through
-    ``/proc/self/fd``, for APIs that read certificates only from a path. The processes need no
-    writable directory: their image has a read-only root filesystem and no home or temporary
-    directory (docs/development.md#runtime-constraints). Only this process can open the path."""
-    if (path := _memory_files.get(data)) is None:
-        fd = os.memfd_create(f"koord-queue-{name}", os.MFD_CLOEXEC)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        path = _memory_files[data] = f"/proc/self/fd/{fd}"
-    return path
-
-
-def _inline_in_memory(config: Mapping[str, Any]) -> None:
-    """Replace a kubeconfig's inline certificates and keys by in-memory files, in place.
-
-    kubernetes-asyncio hands them to TLS through temporary files (``tempfile.mkstemp``), which needs
-    a writable temporary directory and leaves a private key on disk while the process runs."""
-    for section, kind, key in _INLINE_FILES:
-        for node in config.get(section) or []:
-            entry = getattr(node, "value", node).get(kind)  # the merger wraps entries in ConfigNodes
-            if isinstance(entry, dict) and entry.get(f"{key}-data"):
-                data = base64.standard_b64decode(entry.pop(f"{key}-data"))
-                entry[key] = memory_file(key, data)
-
-
-class RateLimiter:
-    """Token bucket: ``qps`` tokens per second, at most ``burst`` banked (client-go semantics)."""
-
-    def __init__(self, *, qps: float, burst: int) -> None:
-        self.qps = qps
-        self.burst = max(1, burst)
-        self._tokens = float(self.burst)
-        self._stamp = time.monotonic()
-        self._lock = asyncio.Lock()
-
-    async def acquire(self) -> None:
-        if self.qps <= 0:
-            return
-        async with self._lock:
-            now = time.monotonic()
-            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.qps)
-            self._stamp = now
-            if self._tokens < 1:
-                await asyncio.sleep((1 - self._tokens) / self.qps)
-                self._tokens = 1.0
-                self._stamp = time.monotonic()
-            self._tokens -= 1
-
-
 class Kube:
     """An API client for one process. Create with :meth:`connect`; close with :meth:`close`."""
 
@@ -330,7 +264,7 @@ class Kube:
         self._api = api
         #: the gate of every write (:class:`Leadership`); open unless the caller passes a closed one
         self.leadership = leadership if leadership is not None else Leadership()
-        self._limiter = RateLimiter(qps=qps, burst=burst)
+        self._limiter = ratelimit.RateLimiter(qps=qps, burst=burst)
         self._host = str(api.configuration.host).rstrip("/")
         self._headers = {"User-Agent": user_agent, "Accept": JSON}
         if impersonate:
@@ -384,10 +318,10 @@ class Kube:
         configuration: k8s_client.Configuration, kubeconfig: str | None, context: str | None = None
     ) -> None:
         if kubeconfig and sys.platform == "linux":
-            # As load_kube_config, but inline certificates and keys stay in memory (_inline_in_memory).
+            # As load_kube_config, but inline certificates and keys stay in memory (shared/memfiles.py).
             merged = k8s_kube_config.KubeConfigMerger(kubeconfig)
             if merged.config is not None:
-                _inline_in_memory(merged.config.value)
+                memfiles.inline_in_memory(merged.config.value)
             # No persister: it would write the rewritten paths back into the user's kubeconfig.
             loader = k8s_kube_config.KubeConfigLoader(
                 config_dict=merged.config, active_context=context, config_base_path=None
@@ -610,57 +544,3 @@ class Kube:
         except (aiohttp.ClientError, TimeoutError) as err:
             self._failed("WATCH", 0)
             raise KubeError(0, type(err).__name__, str(err) or type(err).__name__) from err
-
-
-class LeadershipLost(Exception):
-    """The Lease was lost (or could not be renewed in time): stop acting at once."""
-
-
-async def lead(
-    client: Kube,
-    *,
-    name: str,
-    namespace: str,
-    identity: str,
-    work: Callable[[], Awaitable[None]],
-    lease_s: float = 15.0,
-    renew_s: float = 10.0,
-    retry_s: float = 2.0,
-) -> None:
-    """Wait for the Lease ``namespace/name``, run ``work`` while holding it; raise when it is lost.
-
-    kubernetes-asyncio's LeaseLock does the election (client-go semantics: a candidate takes over
-    a Lease whose holder has not renewed it within ``lease_s``). ``work`` is cancelled the moment
-    renewal fails, and :class:`LeadershipLost` is raised so the process exits and restarts with
-    fresh state instead of acting on a cache another leader has moved past.
-
-    The client's :class:`Leadership` gate follows the Lease: closed while waiting, opened just
-    before ``work`` starts, closed again the moment renewal fails (before ``work`` has even seen
-    its cancellation), so no write of this process can overlap another leader's.
-    """
-    from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
-    from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
-
-    gate = client.leadership
-
-    async def started() -> None:
-        log.info("%s: leading as %s", name, identity)
-        gate.acquire()
-        try:
-            await work()
-        finally:
-            gate.release()
-
-    async def stopped() -> None:
-        gate.release()
-        log.warning("%s: leadership lost by %s", name, identity)
-
-    gate.release()
-    lock = LeaseLock(name, namespace, identity, client.api_client)
-    # The Lease stores whole seconds; the library formats the duration into it as given.
-    config = electionconfig.Config(lock, max(1, round(lease_s)), renew_s, retry_s, started, stopped)
-    try:
-        await leaderelection.LeaderElection(config).run()
-    finally:
-        gate.release()
-    raise LeadershipLost(f"lease {namespace}/{name} lost by {identity}")

@@ -111,6 +111,28 @@ def build_parser() -> argparse.ArgumentParser:
         "is stamped on gang pod templates only while it says scheduling.k8s.io/v1alpha1 "
         "(default: off)",
     )
+    _probe_and_scrape_flags(parser)
+    parser.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=server.DEFAULT_MAX_BODY_BYTES,
+        help="largest AdmissionReview accepted; larger bodies get HTTP 413 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shutdown-delay",
+        type=float,
+        default=3.0,
+        help="seconds to report not-ready before closing on SIGTERM (default: %(default)s)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging (includes denial messages)"
+    )
+    return parser
+
+
+def _probe_and_scrape_flags(parser: argparse.ArgumentParser) -> None:
+    """The ports the kubelet probes and scrapers reach, apart from the admission port: /metrics over
+    mutual TLS by default (docs/operations.md#metrics), health in plain HTTP."""
     parser.add_argument(
         "--metrics-port",
         type=_port,
@@ -137,22 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=8081,
         help="plain-HTTP /healthz and /readyz port for probes, 0 disables (default: %(default)s)",
     )
-    parser.add_argument(
-        "--max-body-bytes",
-        type=_positive_int,
-        default=server.DEFAULT_MAX_BODY_BYTES,
-        help="largest AdmissionReview accepted; larger bodies get HTTP 413 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--shutdown-delay",
-        type=float,
-        default=3.0,
-        help="seconds to report not-ready before closing on SIGTERM (default: %(default)s)",
-    )
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="debug logging (includes denial messages)"
-    )
-    return parser
 
 
 def parse_config(argv: Sequence[str] | None = None) -> tuple[server.ServerConfig, bool]:
