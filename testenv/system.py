@@ -7,7 +7,6 @@ is registered with the apiserver by URL; the reconciler talks to the apiserver w
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import subprocess
@@ -22,13 +21,13 @@ import yaml
 
 from koord_queue.certs import pki
 from koord_queue.shared.api import names
-from testenv import binaries, confined, kinds, scraping
+from testenv import binaries, confined, kinds, scraping, webhooks
 from testenv.cluster import LocalCluster
 from testenv.processes import ClusterError, Component, free_port, http_ok, retry_port_clash, spawn, wait_until
 
 ROOT = binaries.PROJECT_ROOT
 CRD_DIRS = (ROOT / "manifests" / "crds", ROOT / "tests" / "crds")
-WEBHOOK_CONFIG_NAME = "koord-queue-local"
+WEBHOOK_CONFIG_NAME = webhooks.CONFIG_NAME
 #: Where the local system is installed unless a caller names another namespace
 #: (docs/operations.md#install-namespace): every function below that installs or starts a part
 #: takes ``namespace``, and moves the manifests' objects there with :func:`in_namespace`.
@@ -208,187 +207,6 @@ def _webhook_healthy(cluster: LocalCluster, port: int) -> bool:
         return bool(r.status == 200)
 
 
-def webhook_configurations(
-    *,
-    url: str,
-    ca_pem: bytes,
-    mandatory_namespaces: dict[str, Any] | None = None,
-    namespace: str = NAMESPACE,
-) -> list[dict[str, Any]]:
-    """The local equivalents of manifests/webhook: same rules and scoping, URL instead of Service.
-
-    ``mandatory_namespaces``: a label selector of the namespaces where queueing is mandatory
-    (docs/operations.md#mandatory-queueing); it adds the webhooks for their unlabelled jobs, as the
-    chart does with ``config.manageJobsWithoutQuotaName``. ``namespace``: the install namespace,
-    left out by every job webhook, whose reconciler's writes skip the validating ones.
-    """
-    ca = base64.b64encode(ca_pem).decode()
-    reconciler = names.reconciler_username(namespace)
-    scope = {
-        "namespaceSelector": {
-            "matchExpressions": [
-                {
-                    "key": "kubernetes.io/metadata.name",
-                    "operator": "NotIn",
-                    "values": ["kube-system", namespace],
-                }
-            ]
-        },
-        "sideEffects": "None",
-        "admissionReviewVersions": ["v1"],
-        "timeoutSeconds": 5,
-        "failurePolicy": "Fail",
-    }
-    quota_label = {
-        "objectSelector": {
-            "matchExpressions": [{"key": "quota.scheduling.koordinator.sh/name", "operator": "Exists"}]
-        }
-    }
-    fallback_label = {
-        "objectSelector": {"matchExpressions": [{"key": "alibabacloud.com/quota-name", "operator": "Exists"}]}
-    }
-    # Every kind in the registry (testenv/kinds.py; manifests/ has the same list, generated).
-    job_rules = kinds.match_rules()
-
-    gated_label = {
-        "objectSelector": {"matchExpressions": [{"key": names.GATED_POD_LABEL, "operator": "Exists"}]}
-    }
-    pod_rules = [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]
-
-    def rules(ops: list[str], specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{**r, "operations": ops, "scope": "Namespaced"} for r in specs]
-
-    def hook(
-        name: str, path: str, ops: list[str], specs: list[dict[str, Any]], selector: dict[str, Any]
-    ) -> dict[str, Any]:
-        webhook = {
-            "name": name,
-            "clientConfig": {"url": f"{url}{path}", "caBundle": ca},
-            "rules": rules(ops, specs),
-            **scope,
-            **selector,
-        }
-        if path.startswith("/validate"):
-            # The reconciler's own writes skip the call (the webhook allows them anyway), so they
-            # keep working while the webhook is down.
-            webhook["matchConditions"] = [
-                {
-                    "name": "not-the-reconciler",
-                    "expression": f"request.userInfo.username != '{reconciler}'",
-                }
-            ]
-        return webhook
-
-    our_kinds = [
-        {
-            "apiGroups": ["scheduling.x-k8s.io"],
-            "apiVersions": ["v1alpha1"],
-            "resources": ["queues", "queueunits"],
-        },
-        {
-            "apiGroups": ["scheduling.sigs.k8s.io"],
-            "apiVersions": ["v1alpha1"],
-            "resources": ["elasticquotas"],
-        },
-    ]
-    mutating: dict[str, Any] = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": WEBHOOK_CONFIG_NAME},
-        "webhooks": [
-            hook("jobs.mutate.koord-queue.x-k8s.io", "/mutate", ["CREATE"], job_rules, quota_label),
-            hook(
-                "jobs-fallback.mutate.koord-queue.x-k8s.io", "/mutate", ["CREATE"], job_rules, fallback_label
-            ),
-            # Pods of kinds without a pod template (SparkApplication) carry this label instead:
-            # the webhook gates them; called again if a later webhook changed the pod.
-            {
-                **hook("pods.mutate.koord-queue.x-k8s.io", "/mutate-pod", ["CREATE"], pod_rules, gated_label),
-                "reinvocationPolicy": "IfNeeded",
-            },
-        ],
-    }
-    validating: dict[str, Any] = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": WEBHOOK_CONFIG_NAME},
-        "webhooks": [
-            hook(
-                "jobs.validate.koord-queue.x-k8s.io",
-                "/validate",
-                ["UPDATE"],
-                job_rules,
-                quota_label,
-            ),
-            hook(
-                "jobs-fallback.validate.koord-queue.x-k8s.io",
-                "/validate",
-                ["UPDATE"],
-                job_rules,
-                fallback_label,
-            ),
-            # Our own objects live in koord-queue too (auto-created Queues): validate them everywhere.
-            hook(
-                "api.validate.koord-queue.x-k8s.io",
-                "/validate",
-                ["CREATE", "UPDATE"],
-                our_kinds,
-                {"namespaceSelector": {}},
-            ),
-        ],
-    }
-    if mandatory_namespaces is not None:
-        exclusion = [
-            {
-                "key": "kubernetes.io/metadata.name",
-                "operator": "NotIn",
-                "values": ["kube-system", namespace],
-            }
-        ]
-        selected = {
-            "namespaceSelector": {
-                **(
-                    {"matchLabels": mandatory_namespaces["matchLabels"]}
-                    if mandatory_namespaces.get("matchLabels")
-                    else {}
-                ),
-                "matchExpressions": [*exclusion, *(mandatory_namespaces.get("matchExpressions") or [])],
-            },
-            # Labelled jobs have their own webhooks above.
-            "objectSelector": {
-                "matchExpressions": [
-                    {"key": "quota.scheduling.koordinator.sh/name", "operator": "DoesNotExist"},
-                    {"key": "alibabacloud.com/quota-name", "operator": "DoesNotExist"},
-                ]
-            },
-        }
-        mutating["webhooks"].append(
-            {
-                **hook(
-                    "unlabelled-jobs.mutate.koord-queue.x-k8s.io",
-                    "/mutate-unlabelled",
-                    ["CREATE"],
-                    job_rules,
-                    {},
-                ),
-                **selected,
-            }
-        )
-        validating["webhooks"].append(
-            {
-                **hook(
-                    "unlabelled-jobs.validate.koord-queue.x-k8s.io",
-                    "/validate-unlabelled",
-                    ["UPDATE"],
-                    job_rules,
-                    {},
-                ),
-                **selected,
-            }
-        )
-    return [mutating, validating]
-
-
 def register_webhook(
     cluster: LocalCluster,
     *,
@@ -397,7 +215,7 @@ def register_webhook(
     namespace: str = NAMESPACE,
 ) -> None:
     """Create or replace the webhook configurations, pointing at 127.0.0.1:<port>."""
-    configs = webhook_configurations(
+    configs = webhooks.configurations(
         url=f"https://127.0.0.1:{port}",
         ca_pem=cluster.ca_pem,
         mandatory_namespaces=mandatory_namespaces,

@@ -7,7 +7,7 @@ to nothing; the namespace users' roles are aggregated into view/edit/admin, read
 table and grant it only in the bound namespace (never a cluster-wide visibility path, never a
 QueueUnit write); no role anywhere can escalate, bind or impersonate; the webhook configurations
 carry the same webhooks, rules and scoping as the local test setup
-(``testenv.system.webhook_configurations``); the component config parses without warnings; the
+(``testenv.webhooks.configurations``); the component config parses without warnings; the
 Deployments are hardened (the apiserver's PodSecurity admission accepts their pods under the
 ``restricted`` level the namespace enforces) and wired to their Services, PDBs, Secret, ConfigMap and
 flags; the visibility APIService reaches the reconciler's visibility port through its Service, with
@@ -35,7 +35,7 @@ from koord_queue.shared.core import config as component_config
 from koord_queue.shared.core import visibility, workloadref
 from koord_queue.shared.jobs import batch_job
 from koord_queue.webhook import main as webhook_main
-from testenv import binaries, kinds, system
+from testenv import binaries, kinds, system, webhooks
 from testenv.cluster import LocalCluster
 from testenv.processes import wait_until
 from tests import kube
@@ -712,7 +712,7 @@ def test_the_apiserver_grants_a_namespace_user_their_table_in_their_namespace_on
 
 
 def test_webhook_configurations_match_the_local_test_setup(rendered: list[Doc]) -> None:
-    local = {c["kind"]: c for c in system.webhook_configurations(url="https://127.0.0.1:1", ca_pem=b"ca")}
+    local = {c["kind"]: c for c in webhooks.configurations(url="https://127.0.0.1:1", ca_pem=b"ca")}
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         ours = find(rendered, kind, WEBHOOK_CONFIGURATION)
         theirs = local[kind]

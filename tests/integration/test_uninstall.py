@@ -32,7 +32,7 @@ from koord_queue.cli import uninstall
 from koord_queue.shared import kube as kq
 from koord_queue.shared.api import names
 from koord_queue.shared.jobs import patches, registry
-from testenv import binaries, system
+from testenv import binaries, system, webhooks
 from testenv.cluster import LocalCluster
 from tests import kube, tenancy
 
@@ -131,7 +131,7 @@ def pod_of(job: dict[str, Any]) -> dict[str, Any]:
 
 def install_admission(cluster: LocalCluster) -> None:
     """The install's webhook configurations (pointing nowhere) and admission policies."""
-    for config in system.webhook_configurations(url="https://127.0.0.1:9", ca_pem=cluster.ca_pem):
+    for config in webhooks.configurations(url="https://127.0.0.1:9", ca_pem=cluster.ca_pem):
         config["metadata"]["name"] = uninstall.WEBHOOK_CONFIG_NAME  # as manifests/ name them
         cluster.request("POST", f"/apis/admissionregistration.k8s.io/v1/{config['kind'].lower()}s", config)
     system.install_policies(cluster)

@@ -4,8 +4,8 @@ Each adapter in ``shared/jobs/registry.py`` declares its API group, version and 
 (``api_version``, ``plural``), its kind, unit name, pod sets, hold fields and status reading, once.
 Kubernetes wants the kinds spelled out again in several places (docs/development.md#adding-a-job-kind):
 
-* derived in code from the registry (``testenv/kinds.py``): ``webhook_configurations()`` of
-  ``testenv/system.py`` (with the webhooks for unlabelled jobs that mandatory queueing adds), ``rules()``
+* derived in code from the registry (``testenv/kinds.py``): ``configurations()`` of
+  ``testenv/webhooks.py`` (with the webhooks for unlabelled jobs that mandatory queueing adds), ``rules()``
   of ``tests/tenancy.py`` (the namespace user of the hostile-tenant tests), ``rbac()`` of
   ``tests/integration/test_manifests.py`` (which pins the reconciler's ClusterRole), the minimal test
   CRDs of the kinds without a file in ``tests/crds/``, and the parent groups a ``batch/v1`` Job's
@@ -43,7 +43,7 @@ import yaml
 
 from koord_queue.shared.jobs import batch_job, registry
 from koord_queue.shared.jobs.base import JobAdapter
-from testenv import binaries, kinds, system
+from testenv import binaries, kinds, webhooks
 from tests import tenancy
 
 ROOT: Path = binaries.PROJECT_ROOT
@@ -55,7 +55,7 @@ Sources = dict[str, list[Doc]]
 
 WEBHOOKS_FILE = "manifests/webhook-configurations.yaml"
 RECONCILER_RBAC_FILE = "manifests/rbac/reconciler.yaml"
-TESTENV = "testenv/system.py webhook_configurations()"
+TESTENV = "testenv/webhooks.py configurations()"
 TENANCY = "tests/tenancy.py rules()"
 RBAC_TABLE = "tests/integration/test_manifests.py rbac()"
 CRD_DIR = "tests/crds"
@@ -439,7 +439,7 @@ def read_sources() -> Sources:
             sources[str(path.relative_to(ROOT))] = read_yaml(path)
     # The test setup's webhooks as the integration tests register them, with the mandatory-queueing
     # webhooks for unlabelled jobs (any selector adds them).
-    sources[TESTENV] = system.webhook_configurations(
+    sources[TESTENV] = webhooks.configurations(
         url="https://127.0.0.1:1", ca_pem=b"", mandatory_namespaces={"matchLabels": {"queueing": "mandatory"}}
     )
     sources[TENANCY] = [{"kind": "Role", "metadata": {"name": "tenancy"}, "rules": tenancy.rules()}]
