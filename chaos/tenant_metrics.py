@@ -166,20 +166,25 @@ def _scrape(port: int, context: ssl.SSLContext, token: str | None) -> int | str:
 
 
 async def _settled(which: int, context: ssl.SSLContext, token: str | None) -> int | str | None:
-    """A scrape of the current process (``which``: 0 reconciler, 1 webhook), retried while it
-    cannot be judged: no port (restarting), ``closed``, or 503 (the reviews cannot be made)."""
+    """A scrape of the current process (``which``: 0 reconciler, 1 webhook), retried for
+    :data:`RETRY_S` while it cannot be judged: no port (restarting), ``closed``, 503 (the reviews
+    cannot be made), or a refusal the control scrape does not confirm. The last answer then comes
+    back as ``unconfirmed ...``, which :func:`verdict` does not count as a refusal."""
     deadline = time.monotonic() + RETRY_S
     answer: int | str | None = None
     while time.monotonic() < deadline:
         port = (await asyncio.to_thread(_ports))[which]
         if port is not None:
             answer = await asyncio.to_thread(_scrape, port, context, token)
-            # Judged only when the harness's own scraper is served on that port right after: a
-            # refusal by a dying process, or by a port some other program took over, proves nothing.
+            if answer == 200:
+                return answer  # served: a breach whoever listens there (a finding to look into)
+            # A refusal counts only when the harness's own scraper is served on that port right
+            # after: a refusal by a dying process, or by a port some other program took over,
+            # proves nothing.
             if answer not in ("closed", 503) and await asyncio.to_thread(_control, port):
                 return answer
         await asyncio.sleep(1.0)
-    return answer
+    return None if answer is None else f"unconfirmed {answer}"
 
 
 def _control(port: int) -> bool:

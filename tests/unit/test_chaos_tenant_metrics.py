@@ -5,6 +5,8 @@ anything else is left unjudged, never counted as a defence)."""
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,20 @@ def test_the_attacks_are_in_the_report() -> None:
     from chaos.tenant import ATTACKS
 
     assert set(metrics.ATTACKS) <= set(ATTACKS)
+
+
+def test_a_refusal_the_control_scrape_does_not_confirm_is_no_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "RETRY_S", 0.01)
+    monkeypatch.setattr(metrics, "_ports", lambda: (4242, None))
+    monkeypatch.setattr(metrics, "_scrape", lambda port, context, token: 403)
+    controlled = {"served": False}
+    monkeypatch.setattr(metrics, "_control", lambda port: controlled["served"])
+    context = ssl.create_default_context()
+    # A dying process (or a stranger on its port) refuses the harness's own scraper too.
+    answer = asyncio.run(metrics._settled(0, context, "t"))
+    assert answer == "unconfirmed 403" and metrics.verdict({"own token": answer})[0] == "skipped"
+    controlled["served"] = True
+    assert asyncio.run(metrics._settled(0, context, "t")) == 403
+    # No port at all (the process restarting for the whole window): nothing to judge.
+    monkeypatch.setattr(metrics, "_ports", lambda: (None, None))
+    assert asyncio.run(metrics._settled(0, context, "t")) is None
