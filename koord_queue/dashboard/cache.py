@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import sys
 import time
@@ -89,6 +91,32 @@ class Sharing:
         self._seen.clear()
 
 
+def _libc() -> Any:
+    with contextlib.suppress(OSError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    return None
+
+
+_LIBC: Final = _libc()
+#: glibc's mallopt parameter for the number of malloc arenas.
+_M_ARENA_MAX: Final = -8
+
+
+def one_arena() -> None:
+    """One malloc arena for the whole process (glibc): the page builds run in a worker thread, and
+    a second arena would keep what a build freed (docs/dashboard.md#what-it-costs)."""
+    with contextlib.suppress(AttributeError):
+        if _LIBC is not None:
+            _LIBC.mallopt(_M_ARENA_MAX, 1)
+
+
+def give_back() -> None:
+    """Return the memory a list or a build freed to the system (glibc's ``malloc_trim``)."""
+    with contextlib.suppress(AttributeError):
+        if _LIBC is not None:
+            _LIBC.malloc_trim(0)
+
+
 def hold(raw: dict[str, Any], sharing: Sharing | None = None) -> Held:
     """What is kept of one QueueUnit: the parsed unit and the job text of ``list``
     (``commands.job_ref``)."""
@@ -140,6 +168,8 @@ class UnitStore:
             query["continue"] = token
         self.units = fresh
         self.version += 1
+        del fresh, page
+        give_back()
 
     def start(self) -> None:
         """Follow the changes from the list's resourceVersion in the background."""

@@ -22,15 +22,16 @@ import hashlib
 import time
 from dataclasses import dataclass
 from typing import Final
+from urllib.parse import quote
 
 import orjson
 
-from koord_queue.cli.client import QUEUE_UNITS, CliError, Gathered, Reader, denied
+from koord_queue.cli.client import QUEUE_UNITS, VISIBILITY, CliError, Gathered, Reader, denied
 from koord_queue.dashboard import views
-from koord_queue.dashboard.cache import Stores, UnitStore
+from koord_queue.dashboard.cache import Stores, UnitStore, give_back
 from koord_queue.shared import kube
 from koord_queue.shared.api.model import Quota, Unit
-from koord_queue.shared.core import explain, replay
+from koord_queue.shared.core import explain, replay, visibility
 
 #: How long the quotas, Queues, settings and positions read for a page are reused.
 SIDE_S: Final = 1.0
@@ -99,6 +100,8 @@ class QueuePages:
                 None, build, namespace, units, jobs, side.got, limit, time.time()
             )
             self._built[(namespace, limit)] = (stamp, built)
+            del units, jobs
+            give_back()
             return built
 
     def _refresh(self, namespace: str | None, store: UnitStore, complete: bool, side: _Side) -> None:
@@ -130,7 +133,7 @@ class QueuePages:
         await self.reader.queues(got)
         await self.reader.settings(got)
         quotas_seen = {u.unit.quota for u in store.units.values() if u.unit.quota}
-        await self.reader.positions(namespace, sorted(quotas_seen), got)
+        await positions(self.reader, namespace, sorted(quotas_seen), got)
         if namespace is not None and not got.quotas_complete:
             await self.reader.standings(namespace, got)
         readable = {str((q.get("metadata") or {}).get("name", "")) for q in got.quotas}
@@ -164,6 +167,45 @@ class QueuePages:
         side = _Side(got, fingerprint, now, version)
         self._side[namespace] = side
         return side
+
+
+#: Items asked for per page of the visibility API: its answer for 10,000 waiting units decoded at
+#: once would be the largest thing the dashboard ever holds.
+POSITIONS_PAGE: Final = 1000
+
+
+async def positions(reader: Reader, namespace: str | None, queues: list[str], got: Gathered) -> None:
+    """``Reader.positions``, the same paths, the same first ``visibility.MAX_LIMIT`` units and the
+    same notes when the API is unavailable, read :data:`POSITIONS_PAGE` items at a time."""
+    paths = (
+        [f"{VISIBILITY}/namespaces/{quote(namespace, safe='')}/queueunits"]
+        if namespace is not None
+        else [f"{VISIBILITY}/queues/{quote(q, safe='')}/queueunits" for q in sorted(set(queues))]
+    )
+    for path in paths:
+        offset = 0
+        while offset < visibility.MAX_LIMIT:
+            limit = min(POSITIONS_PAGE, visibility.MAX_LIMIT - offset)
+            try:
+                page = await reader.client.request("GET", path, query={"offset": offset, "limit": limit})
+            except kube.KubeError as err:
+                if err.status == 404 and 'queue "' in err.message:
+                    break
+                got.visibility_ok = False
+                got.unknowns.append(
+                    f"positions unknown: the visibility API answered {err.status} ({err.message})"
+                )
+                return
+            items = page.get("items") or []
+            for item in items:
+                if "position" in item:
+                    meta = item.get("metadata") or {}
+                    got.positions[f"{meta.get('namespace', '')}/{meta.get('name', '')}"] = int(
+                        item["position"]
+                    )
+            if len(items) < limit:
+                break
+            offset += limit
 
 
 def view_of(units: dict[str, Unit], got: Gathered) -> replay.View:

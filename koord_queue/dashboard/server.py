@@ -21,6 +21,7 @@ from aiohttp import web
 
 from koord_queue.cli.client import CliError, Reader
 from koord_queue.dashboard.api import Api, page_path
+from koord_queue.dashboard.cache import one_arena
 from koord_queue.dashboard.guard import Guard
 from koord_queue.dashboard.queuepage import DEFAULT_LIMIT
 from koord_queue.shared import kube
@@ -89,6 +90,7 @@ def listen(port: int) -> socket.socket:
 async def serve(reader: Reader, args: Any, out: TextIO, user: str) -> int:
     """Serve until interrupted (Ctrl-C or SIGTERM); prints the URL, opens the browser unless
     ``--no-browser``."""
+    one_arena()
     sock = listen(int(args.port))
     guard = Guard(sock.getsockname()[1])
     namespace = None if args.all_namespaces else str(args.namespace)

@@ -260,3 +260,47 @@ async def test_a_refused_watch_lists_the_same_namespace_again_and_nothing_broade
         assert [ns for ns, _ in api.watched] == ["team-a", "team-a"]
     finally:
         await store.stop()
+
+
+class PagedVisibility:
+    """The visibility API's namespaced path for ``waiting`` units, served by offset and limit."""
+
+    def __init__(self, waiting: int, *, status: int = 200) -> None:
+        self.waiting, self.status = waiting, status
+        self.asked: list[dict[str, Any]] = []
+
+    async def request(self, method: str, path: str, *, query: dict[str, Any], **_: Any) -> dict[str, Any]:
+        self.asked.append(dict(query))
+        if self.status != 200:
+            raise kube.KubeError(self.status, "ServiceUnavailable", "the visibility server is away")
+        first, last = query["offset"], min(self.waiting, query["offset"] + query["limit"])
+        return {
+            "items": [
+                {"metadata": {"namespace": "team-a", "name": f"u{i}"}, "position": i + 1}
+                for i in range(first, last)
+            ]
+        }
+
+
+class PagedReader:
+    def __init__(self, client: PagedVisibility) -> None:
+        self.client = client
+
+
+async def test_positions_are_read_a_page_at_a_time_up_to_what_list_reads() -> None:
+    api = PagedVisibility(12_345)
+    got = Gathered()
+    await queuepage.positions(cast(Any, PagedReader(api)), "team-a", [], got)
+    # the same first 10,000 units the plugin's list and explain read, never 10,000 at once
+    assert len(got.positions) == 10_000 and got.positions["team-a/u9999"] == 10_000
+    assert max(q["limit"] for q in api.asked) == queuepage.POSITIONS_PAGE
+    small = PagedVisibility(1_500)
+    got = Gathered()
+    await queuepage.positions(cast(Any, PagedReader(small)), "team-a", [], got)
+    assert len(got.positions) == 1_500 and len(small.asked) == 2
+    away = PagedVisibility(10, status=503)
+    got = Gathered()
+    await queuepage.positions(cast(Any, PagedReader(away)), "team-a", [], got)
+    assert not got.visibility_ok and got.unknowns == [
+        "positions unknown: the visibility API answered 503 (the visibility server is away)"
+    ]
