@@ -23,11 +23,12 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
-import dataclasses
 import sys
 import time
 from collections import OrderedDict
 from typing import Any, Final
+
+import orjson
 
 from koord_queue.cli.client import QUEUE_UNITS, is_rbac_refusal
 from koord_queue.cli.commands import job_ref
@@ -64,6 +65,15 @@ _STRINGS: Final = (
 _VALUES: Final = ("labels", "annotations", "request", "resource", "pod_sets", "admissions", "conditions")
 
 
+def _fingerprint(name: str, value: Any) -> bytes:
+    """Equal values, equal bytes: orjson serialises the parsed values (dicts, tuples of frozen
+    dataclasses) in a few microseconds; ``repr`` for anything it does not know."""
+    try:
+        return name.encode() + b":" + orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        return f"{name}:{value!r}".encode()
+
+
 class Sharing:
     """One copy of each repeated value among the units a store keeps: 50,000 units of a few
     teams carry a few distinct labels, messages and requests, and a copy of each per unit would be
@@ -71,21 +81,22 @@ class Sharing:
     written, by the replay and the rows."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, Any] = {}
+        self._seen: dict[bytes, Any] = {}
 
     def unit(self, unit: Unit) -> Unit:
-        changes: dict[str, Any] = {}
+        """``unit`` with its repeated values replaced by the shared copies (a unit just parsed,
+        not yet seen by anything else)."""
         for name in _STRINGS:
             value = getattr(unit, name)
             if isinstance(value, str) and value:
-                changes[name] = sys.intern(value)
+                object.__setattr__(unit, name, sys.intern(value))
         for name in _VALUES:
             value = getattr(unit, name)
             if value:
                 if len(self._seen) >= MAX_SHARED:  # distinct values churned: start over
                     self._seen.clear()
-                changes[name] = self._seen.setdefault(f"{name}:{value!r}", value)
-        return dataclasses.replace(unit, **changes)
+                object.__setattr__(unit, name, self._seen.setdefault(_fingerprint(name, value), value))
+        return unit
 
     def clear(self) -> None:
         self._seen.clear()

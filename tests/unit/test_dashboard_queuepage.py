@@ -22,6 +22,7 @@ from koord_queue.cli.client import Gathered
 from koord_queue.dashboard import cache, queuepage, views
 from koord_queue.shared import kube
 from koord_queue.shared.api.names import Message
+from koord_queue.shared.api.parsing import parse_unit
 from koord_queue.shared.core import explain
 from tests.unit.test_explain import NOW, PREEMPT, queue, quota, unit, view
 
@@ -304,3 +305,20 @@ async def test_positions_are_read_a_page_at_a_time_up_to_what_list_reads() -> No
     assert not got.visibility_ok and got.unknowns == [
         "positions unknown: the visibility API answered 503 (the visibility server is away)"
     ]
+
+
+def test_a_kept_unit_equals_the_parsed_one_and_repeated_values_are_one_copy() -> None:
+    sharing = cache.Sharing()
+    first = raw_unit("a", "team-a", "1", priority=3)
+    second = raw_unit("b", "team-a", "2", priority=3)
+    second["spec"]["consumerRef"]["name"] = "a-job"
+    for raw in (first, second):
+        raw["metadata"]["labels"] = {"quota.scheduling.koordinator.sh/name": "q"}
+        raw["status"] = {"phase": "Enqueued", "message": "limited quotaName:q, limited resKey:cpu,"}
+    kept = [cache.hold(raw, sharing) for raw in (first, second)]
+    assert [k.unit for k in kept] == [parse_unit(first), parse_unit(second)]
+    assert kept[0].unit.labels is kept[1].unit.labels and kept[0].unit.message is kept[1].unit.message
+    assert kept[1].job == "job/a-job"
+    other = raw_unit("c", "team-a", "3")
+    other["metadata"]["labels"] = {"quota.scheduling.koordinator.sh/name": "r"}
+    assert cache.hold(other, sharing).unit.labels == {"quota.scheduling.koordinator.sh/name": "r"}
