@@ -309,7 +309,12 @@ async def test_serve_prints_the_url_and_opens_the_browser_at_it_unless_told_not_
     monkeypatch: pytest.MonkeyPatch, no_browser: bool
 ) -> None:
     opened: list[str] = []
-    monkeypatch.setattr(webbrowser, "open", lambda url: opened.append(url) or True)
+
+    def browse(url: str) -> bool:
+        opened.append(url)
+        return True
+
+    monkeypatch.setattr(webbrowser, "open", browse)
     out = io.StringIO()
     flags = argparse.Namespace(port=0, no_browser=no_browser, all_namespaces=False, namespace="team-a")
     task = asyncio.create_task(server.serve(cast(Reader, RefusingReader()), flags, out, "alice"))
