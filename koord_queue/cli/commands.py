@@ -125,9 +125,15 @@ async def gather_for_unit(reader: Reader, namespace: str, wanted: str) -> tuple[
 
 
 def build_view(got: Gathered, raw: Obj) -> replay.View:
+    return view_from(got, got.parsed_units(), _timeout_for(raw, got))
+
+
+def view_from(got: Gathered, units: dict[str, Unit], running_timeout: RunningTimeout | None) -> replay.View:
+    """The replay's input from what was gathered: ``explain``'s, and the dashboard's for many
+    units at once (docs/dashboard.md)."""
     settings = got.settings
     return replay.View(
-        units=got.parsed_units(),
+        units=units,
         quotas=got.parsed_quotas(),
         queues=got.queue_configs(),
         reclaim_protect_seconds=settings.reclaim_protect_seconds if settings else 0.0,
@@ -138,7 +144,7 @@ def build_view(got: Gathered, raw: Obj) -> replay.View:
         queues_known=got.queues is not None,
         positions=dict(got.positions),
         queue_missing=frozenset(got.queue_missing),
-        running_timeout=_timeout_for(raw, got),
+        running_timeout=running_timeout,
         unknowns=tuple(got.unknowns),
         usage_half_life=settings.usage_half_life_seconds if settings else None,
         quotas_complete=got.quotas_complete,

@@ -11,11 +11,23 @@ from koord_queue.cli import commands, render
 from koord_queue.cli.client import QUEUE_UNITS, Gathered, Reader, denied
 from koord_queue.cli.formats import write_objects
 from koord_queue.shared import kube
+from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.predicates import TERMINAL_PHASES
 from koord_queue.shared.core.charges import remaining_request, reserved_resources
 from koord_queue.shared.core.policies import is_waiting
 
 Obj = dict[str, Any]
+
+
+def wait_of(unit: Unit, now: float) -> tuple[bool, float | None]:
+    """Whether the unit still waits, and for how long it has (or had, until admitted) waited:
+    ``list``'s WAIT column, and the dashboard's (docs/dashboard.md)."""
+    waiting = is_waiting(unit) and unit.phase not in TERMINAL_PHASES
+    if waiting:
+        return True, now - unit.created if unit.created else None
+    if unit.last_allocate_time and unit.created:
+        return False, unit.last_allocate_time - unit.created
+    return False, None
 
 
 async def cmd_list(reader: Reader, args: Any, out: TextIO, style: render.Style) -> int:
@@ -66,13 +78,7 @@ async def _print_list(
         phase = unit.phase or "Pending"
         if args.phase and phase.lower() != args.phase.lower():
             continue
-        waiting = is_waiting(unit) and unit.phase not in TERMINAL_PHASES
-        if waiting:
-            waited = now - unit.created if unit.created else None
-        elif unit.last_allocate_time and unit.created:
-            waited = unit.last_allocate_time - unit.created
-        else:
-            waited = None
+        waiting, waited = wait_of(unit, now)
         shown.append(raw)
         rows.append(
             {

@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 import orjson
 
+from koord_queue.cli import commands
 from koord_queue.cli.client import QUEUE_UNITS, VISIBILITY, CliError, Gathered, Reader, denied
 from koord_queue.dashboard import views
 from koord_queue.dashboard.cache import Stores, UnitStore, give_back
@@ -209,27 +210,10 @@ async def positions(reader: Reader, namespace: str | None, queues: list[str], go
 
 
 def view_of(units: dict[str, Unit], got: Gathered) -> replay.View:
-    """The replay's input, as ``commands.build_view`` makes it for ``explain`` (the running timeout
-    is the default one: it changes no unit's "why", only the timeout ``explain`` prints)."""
+    """The replay's input, as ``explain``'s (``commands.view_from``), with the default running
+    timeout: it changes no unit's "why", only the timeout ``explain`` prints."""
     settings = got.settings
-    return replay.View(
-        units=units,
-        quotas=got.parsed_quotas(),
-        queues=got.queue_configs(),
-        reclaim_protect_seconds=settings.reclaim_protect_seconds if settings else 0.0,
-        namespace_binding=settings.quota_namespace_binding if settings else True,
-        guarantees=settings.quota_guarantees if settings else True,
-        complete=got.complete,
-        unreadable_quotas=frozenset(got.unreadable_quotas),
-        queues_known=got.queues is not None,
-        positions=dict(got.positions),
-        queue_missing=frozenset(got.queue_missing),
-        running_timeout=settings.running_timeouts.default if settings else None,
-        unknowns=tuple(got.unknowns),
-        usage_half_life=settings.usage_half_life_seconds if settings else None,
-        quotas_complete=got.quotas_complete,
-        standings=dict(got.standings),
-    )
+    return commands.view_from(got, units, settings.running_timeouts.default if settings else None)
 
 
 def replay_scope(units: dict[str, Unit], quotas: list[Quota], keys: list[str]) -> dict[str, Unit]:

@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from koord_queue.cli import render
 from koord_queue.cli.commands import short_reason
+from koord_queue.cli.listing import wait_of
 from koord_queue.shared.api.durations import parse_time
 from koord_queue.shared.api.model import Unit
 from koord_queue.shared.api.names import EventReason
@@ -240,13 +241,7 @@ def first_rows(units: Mapping[str, Unit], positions: Mapping[str, int], limit: i
 
 def row(unit: Unit, job: str, position: int | None, now: float) -> dict[str, Any]:
     """One unit's row, the fields ``kubectl koord-queue list -o json`` gives it."""
-    waiting = is_waiting(unit) and unit.phase not in TERMINAL_PHASES
-    if waiting:
-        waited = now - unit.created if unit.created else None
-    elif unit.last_allocate_time and unit.created:
-        waited = unit.last_allocate_time - unit.created
-    else:
-        waited = None
+    waiting, waited = wait_of(unit, now)
     return {
         "namespace": unit.namespace,
         "name": unit.name,
