@@ -481,19 +481,27 @@ class LocalCluster:
 
     def apply_file(self, path: Path) -> None:
         """``kubectl apply --server-side`` a file or directory with the real kubectl."""
-        kubectl = binaries.kubectl()
+        self._kubectl_apply(["-f", str(path)], stdin=None)
+
+    def apply_docs(self, docs: list[dict[str, Any]], *, manager: str | None = None) -> None:
+        """``kubectl apply --server-side`` of ``docs``, as field manager ``manager`` when given."""
+        fields = [f"--field-manager={manager}"] if manager else []
+        self._kubectl_apply([*fields, "-f", "-"], stdin=yaml.safe_dump_all(docs))
+
+    def _kubectl_apply(self, args: list[str], *, stdin: str | None) -> None:
         subprocess.run(
             [
-                str(kubectl),
+                str(binaries.kubectl()),
                 f"--kubeconfig={self.kubeconfig}",
                 "apply",
                 "--server-side",
                 "--force-conflicts",
-                "-f",
-                str(path),
+                *args,
             ],
+            input=stdin,
             check=True,
             capture_output=True,
+            text=True,
         )
 
     def wait_for_crds(self, names: list[str], *, timeout: float = 60.0) -> None:

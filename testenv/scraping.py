@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import ssl
-import subprocess
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -26,10 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
-
 from koord_queue.certs import pki
-from testenv import binaries
 from testenv.cluster import LocalCluster
 from testenv.processes import wait_until
 
@@ -109,24 +105,6 @@ def webhook_client(certdir: Path, server_ca: bytes) -> tuple[Path, Credentials]:
 # --- the reconciler: a ServiceAccount bound to the metrics reader -----------------------------------
 
 
-def _apply(cluster: LocalCluster, docs: list[dict[str, Any]]) -> None:
-    subprocess.run(
-        [
-            str(binaries.kubectl()),
-            f"--kubeconfig={cluster.kubeconfig}",
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            "-",
-        ],
-        input=yaml.safe_dump_all(docs),
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-
-
 def reader_role(rendered: list[dict[str, Any]]) -> dict[str, Any]:
     """The install's ClusterRole for scrapers, from the rendered manifests."""
     return next(
@@ -173,7 +151,7 @@ def reconciler_scraper(cluster: LocalCluster, rendered: list[dict[str, Any]]) ->
         "subjects": [{"kind": "ServiceAccount", "name": SCRAPER, "namespace": SCRAPER_NAMESPACE}],
     }
     token = service_account_token(cluster, SCRAPER_NAMESPACE, SCRAPER)
-    _apply(cluster, [reader_role(rendered), binding])
+    cluster.apply_docs([reader_role(rendered), binding])
     user = f"system:serviceaccount:{SCRAPER_NAMESPACE}:{SCRAPER}"
     # The reconciler caches a refusal for a few seconds: start it only once RBAC allows the scraper.
     wait_until(lambda: may_read_metrics(cluster, user), timeout=30, what=f"{READER_ROLE} bound to {user}")

@@ -327,22 +327,7 @@ def unregister_visibility(cluster: LocalCluster) -> None:
 def _apply_kinds(cluster: LocalCluster, kinds: set[str], namespace: str) -> None:
     """``kubectl apply --server-side`` the objects of these kinds from the rendered manifests,
     installed in ``namespace``."""
-    docs = [in_namespace(d, namespace) for d in rendered_manifests() if d.get("kind") in kinds]
-    subprocess.run(
-        [
-            str(binaries.kubectl()),
-            f"--kubeconfig={cluster.kubeconfig}",
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            "-",
-        ],
-        input=yaml.safe_dump_all(docs),
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    cluster.apply_docs([in_namespace(d, namespace) for d in rendered_manifests() if d.get("kind") in kinds])
 
 
 def install_rbac(cluster: LocalCluster, namespace: str = NAMESPACE) -> None:

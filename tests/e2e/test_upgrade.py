@@ -85,31 +85,11 @@ def export(commit: str, dest: Path) -> Path:
     return dest
 
 
-def apply(cluster: LocalCluster, docs: list[dict[str, Any]], *, manager: str) -> None:
-    """``kubectl apply --server-side`` of ``docs`` under field manager ``manager``."""
-    subprocess.run(
-        [
-            str(binaries.kubectl()),
-            f"--kubeconfig={cluster.kubeconfig}",
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            f"--field-manager={manager}",
-            "-f",
-            "-",
-        ],
-        input=yaml.safe_dump_all(docs),
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-
-
 def install_objects(cluster: LocalCluster, docs: list[dict[str, Any]], *, manager: str) -> None:
     """The CRDs, ValidatingAdmissionPolicies and their bindings among ``docs``; waits for the CRDs."""
     wanted = {"CustomResourceDefinition", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     chosen = [d for d in docs if d and d.get("kind") in wanted]
-    apply(cluster, chosen, manager=manager)
+    cluster.apply_docs(chosen, manager=manager)
     cluster.wait_for_crds([d["metadata"]["name"] for d in chosen if d["kind"] == "CustomResourceDefinition"])
 
 
@@ -146,7 +126,7 @@ def foreign_crds(cluster: LocalCluster) -> None:
     for path in sorted((ROOT / "tests" / "crds").glob("*.yaml")):
         docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     docs += kinds.generated_crds()
-    apply(cluster, docs, manager="tests")
+    cluster.apply_docs(docs, manager="tests")
     cluster.wait_for_crds([d["metadata"]["name"] for d in docs])
 
 
