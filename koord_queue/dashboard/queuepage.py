@@ -12,6 +12,12 @@ the hash of those bytes, so a poll of an unchanged page is a 304 with no body.
 
 Each row's "why" is ``explain``'s summary of that unit, from the same objects ``explain`` reads: the
 QueueUnits of every namespace when the user may list them, else the namespace's own.
+
+That needs every unit listed first, which at 50,000 units takes many seconds. So a namespace's first
+request does not wait for it (docs/dashboard.md#the-first-page): the full page is built in the
+background, and until it is ready the answer is the *early page*: the namespace's first waiting
+units as the visibility API numbers them (one read, as the user), each one GET as the user, with
+``list``'s short reason marked as such instead of ``explain``'s why, and ``"loading": true``.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import contextlib
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 from urllib.parse import quote
 
 import orjson
@@ -29,7 +35,8 @@ import orjson
 from koord_queue.cli import commands
 from koord_queue.cli.client import QUEUE_UNITS, VISIBILITY, CliError, Gathered, Reader, denied
 from koord_queue.dashboard import views
-from koord_queue.dashboard.cache import Stores, UnitStore, give_back
+from koord_queue.dashboard.cache import Stores, UnitStore, give_back, hold
+from koord_queue.dashboard.views import Held
 from koord_queue.shared import kube
 from koord_queue.shared.api.model import Quota, Unit
 from koord_queue.shared.core import explain, replay, visibility
@@ -40,6 +47,11 @@ SIDE_MAX_S: Final = 10.0
 #: Rows of each queue on a first page, and the most a request may ask for.
 DEFAULT_LIMIT: Final = 50
 MAX_LIMIT: Final = 5000
+#: How long a namespace's first request waits for the full page before it answers the early one
+#: (a small cluster's full page is ready by then, so it never sees an early page).
+EARLY_WAIT_S: Final = 0.3
+#: GETs of the early page's units in flight at once.
+EARLY_GETS: Final = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +81,74 @@ class QueuePages:
         self._side: dict[str | None, _Side] = {}
         self._locks: dict[tuple[str | None, int], asyncio.Lock] = {}
         self._refreshing: dict[str | None, asyncio.Task[None]] = {}
+        #: full pages being built in the background while the early page is answered
+        self._pending: dict[tuple[str | None, int], asyncio.Task[Built]] = {}
+        #: namespaces whose full page was built once (their store is listed and watched)
+        self._warm: set[str | None] = set()
+        self._early: dict[tuple[str | None, int], tuple[float, Built]] = {}
 
     async def close(self) -> None:
-        for task in self._refreshing.values():
+        for task in [*self._refreshing.values(), *self._pending.values()]:
             task.cancel()
         await self.stores.close()
 
     async def answer(self, namespace: str | None, limit: int) -> Built:
-        """The page of ``namespace`` (None: every namespace); raises ``CliError`` on a refusal."""
+        """The page of ``namespace`` (None: every namespace); raises ``CliError`` on a refusal.
+        Until a namespace's units are all listed, the early page (docs/dashboard.md#the-first-page)."""
+        if namespace is None or namespace in self._warm:
+            return await self._full(namespace, limit)
+        key = (namespace, limit)
+        task = self._pending.get(key)
+        if task is None:
+            task = asyncio.create_task(self._full(namespace, limit), name=f"dashboard-page-{namespace}")
+            self._pending[key] = task
+        done, _ = await asyncio.wait({task}, timeout=EARLY_WAIT_S)
+        if done:  # ready, or failed: its refusal is this answer's, and the next request starts over
+            del self._pending[key]
+            self._early.pop(key, None)
+            return task.result()
+        return await self._early_page(namespace, limit)
+
+    async def _early_page(self, namespace: str, limit: int) -> Built:
+        """The namespace's first waiting units from the visibility API, each read with one GET as
+        the user; rebuilt at most every :data:`SIDE_S` seconds while the full page is built."""
+        key = (namespace, limit)
+        cached = self._early.get(key)
+        if cached is not None and time.monotonic() - cached[0] < SIDE_S:
+            return cached[1]
+        read_at = time.monotonic()
+        client = self.reader.client
+        try:  # the same refusal as the full page's list, before anything else is read
+            await client.request("GET", QUEUE_UNITS.path(namespace), query={"limit": 1}, verb="LIST")
+        except kube.KubeError as err:
+            raise denied(err, "list", QUEUE_UNITS, namespace) from None
+        path = f"{VISIBILITY}/namespaces/{quote(namespace, safe='')}/queueunits"
+        try:
+            page = await client.request("GET", path, query={"offset": 0, "limit": POSITIONS_PAGE})
+            items: list[dict[str, Any]] = list(page.get("items") or [])
+            known = True
+        except kube.KubeError:
+            items, known = [], False
+        wanted = early_rows(items, min(limit, DEFAULT_LIMIT))
+        gate = asyncio.Semaphore(EARLY_GETS)
+
+        async def get(name: str) -> Held | None:
+            async with gate:
+                try:
+                    raw = await client.request("GET", QUEUE_UNITS.path(namespace, name))
+                except kube.KubeError as err:
+                    if err.status == 404:  # gone since the visibility API numbered it
+                        return None
+                    raise denied(err, "get", QUEUE_UNITS, namespace) from None
+                return hold(raw)
+
+        got = await asyncio.gather(*(get(name) for name, _ in wanted))
+        held = [(h, position) for h, (_, position) in zip(got, wanted, strict=True) if h is not None]
+        built = early_build(namespace, held, known, limit, time.time())
+        self._early[key] = (read_at, built)
+        return built
+
+    async def _full(self, namespace: str | None, limit: int) -> Built:
         try:
             if namespace is None:
                 store, complete = await self.stores.get(None), True
@@ -101,6 +173,7 @@ class QueuePages:
                 None, build, namespace, units, jobs, side.got, limit, time.time()
             )
             self._built[(namespace, limit)] = (stamp, built)
+            self._warm.add(namespace)
             del units, jobs
             give_back()
             return built
@@ -276,6 +349,51 @@ def build(
             "count": len(shown_units),
             "limit": limit,
             "builtAt": round(now, 3),
+        }
+    )
+    return Built(body, '"' + hashlib.sha256(body).hexdigest()[:32] + '"')
+
+
+def early_rows(items: list[dict[str, Any]], per_queue: int) -> list[tuple[str, int]]:
+    """``(name, position)`` of the first ``per_queue`` numbered units of each queue, from one page
+    of the visibility API's namespaced answer (ordered by queue, then position)."""
+    taken: dict[str, int] = {}
+    wanted = []
+    for item in items:
+        position = item.get("position")
+        name = str((item.get("metadata") or {}).get("name", ""))
+        queue = str(item.get("queueName") or item.get("quotaName") or "")
+        if not isinstance(position, int) or not name or taken.get(queue, 0) >= per_queue:
+            continue
+        taken[queue] = taken.get(queue, 0) + 1
+        wanted.append((name, position))
+    return wanted
+
+
+def early_build(
+    namespace: str, held: list[tuple[Held, int]], positions_known: bool, limit: int, now: float
+) -> Built:
+    """The early page (pure): the rows of ``held`` by queue in position order, each "why" being
+    ``list``'s short reason (``whyFrom: "list"``) until the full page replaces it."""
+    by_queue: dict[str, list[dict[str, Any]]] = {}
+    for one, position in sorted(held, key=lambda hp: (hp[0].unit.quota or "", hp[1])):
+        row = views.row(one.unit, one.job, position, now)
+        row["why"] = row["reason"]
+        row["whyFrom"] = "list"
+        by_queue.setdefault(one.unit.quota or "", []).append(row)
+    queues = [
+        {"queue": queue, "waiting": None, "total": None, "units": rows}
+        for queue, rows in sorted(by_queue.items(), key=lambda kv: (kv[0] == "", kv[0]))
+    ]
+    body = orjson.dumps(
+        {
+            "namespace": namespace,
+            "positionsKnown": positions_known,
+            "queues": queues,
+            "count": None,
+            "limit": limit,
+            "builtAt": round(now, 3),
+            "loading": True,
         }
     )
     return Built(body, '"' + hashlib.sha256(body).hexdigest()[:32] + '"')

@@ -18,7 +18,7 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from koord_queue.cli.client import Gathered
+from koord_queue.cli.client import VISIBILITY, CliError, Gathered
 from koord_queue.dashboard import cache, queuepage, views
 from koord_queue.shared import kube
 from koord_queue.shared.api.names import Message
@@ -322,3 +322,95 @@ def test_a_kept_unit_equals_the_parsed_one_and_repeated_values_are_one_copy() ->
     other = raw_unit("c", "team-a", "3")
     other["metadata"]["labels"] = {"quota.scheduling.koordinator.sh/name": "r"}
     assert cache.hold(other, sharing).unit.labels == {"quota.scheduling.koordinator.sh/name": "r"}
+
+
+class EarlyApiServer:
+    """The reads of the early page (docs/dashboard.md#the-first-page): a one-item list (refused
+    with 403 when ``refuse``), the visibility API's namespaced page, one GET per unit."""
+
+    def __init__(self, *, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.asked: list[str] = []
+        self.units = {f"u{i}": raw_unit(f"u{i}", "team-a", str(i), priority=i % 3) for i in range(80)}
+        for raw in self.units.values():
+            raw["metadata"]["labels"] = {"quota.scheduling.koordinator.sh/name": "q"}
+        self.units["u5"]["metadata"]["labels"] = {"quota.scheduling.koordinator.sh/name": "p"}
+
+    async def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        self.asked.append(path)
+        if self.refuse:
+            raise kube.KubeError(403, "Forbidden", 'User "mallory" cannot list resource "queueunits"')
+        if path.startswith(VISIBILITY):
+            assert path.endswith("/namespaces/team-a/queueunits") and kw["query"]["limit"] <= 1000
+            ordered = ["u5", *[f"u{i}" for i in range(80) if i != 5][::-1]]  # by queue, then position
+            return {
+                "items": [
+                    {
+                        "metadata": {"namespace": "team-a", "name": name},
+                        "queueName": "p" if name == "u5" else "q",
+                        "position": 1 if name == "u5" else n,
+                    }
+                    for n, name in enumerate(ordered)
+                ]
+            }
+        name = path.rsplit("/", 1)[1]
+        if name == "queueunits":
+            return {"items": [], "metadata": {}}
+        if name == "u40":  # deleted after the visibility API numbered it
+            raise kube.KubeError(404, "NotFound", 'queueunits "u40" not found')
+        return self.units[name]
+
+
+class SlowPages(queuepage.QueuePages):
+    """The full page held back until ``release`` is set: the 50,000-unit list, in miniature."""
+
+    def __init__(self, reader: Any) -> None:
+        super().__init__(reader)
+        self.release = asyncio.Event()
+        self.full = queuepage.Built(b'{"queues": [], "loading": false}', '"full"')
+
+    async def _full(self, namespace: str | None, limit: int) -> queuepage.Built:
+        await self.release.wait()
+        self._warm.add(namespace)
+        return self.full
+
+
+async def test_the_first_page_answers_from_the_visibility_api_before_every_unit_is_listed() -> None:
+    api = EarlyApiServer()
+    pages = SlowPages(PagedReader(cast(Any, api)))
+    try:
+        early = await pages.answer("team-a", 50)
+        body = orjson.loads(early.body)
+        assert body["loading"] is True and body["positionsKnown"] is True
+        assert [g["queue"] for g in body["queues"]] == ["p", "q"]
+        p_rows, q_rows = (g["units"] for g in body["queues"])
+        assert [r["name"] for r in p_rows] == ["u5"] and p_rows[0]["position"] == 1
+        # the first 50 of queue q in position order, u40 (gone) left out, each why list's reason
+        names = [r["name"] for r in q_rows]
+        assert len(names) == 49 and "u40" not in names and names[0] == "u79" and names[-1] == "u30"
+        assert [r["position"] for r in q_rows] == sorted(r["position"] for r in q_rows)
+        assert all(r["whyFrom"] == "list" and r["why"] == r["reason"] for r in q_rows)
+        # every read was the namespace's own, as the user: nothing cluster-wide, nothing else
+        assert all("/namespaces/team-a/" in p for p in api.asked)
+        # a poll within a second is the same answer without reading again
+        asked = len(api.asked)
+        assert (await pages.answer("team-a", 50)) is early and len(api.asked) == asked
+        pages.release.set()
+        assert (await pages.answer("team-a", 50)) is pages.full
+        assert (await pages.answer("team-a", 50)) is pages.full
+    finally:
+        pages.release.set()
+        await pages.close()
+
+
+async def test_the_early_page_of_a_namespace_the_user_may_not_list_is_refused() -> None:
+    api = EarlyApiServer(refuse=True)
+    pages = SlowPages(PagedReader(cast(Any, api)))
+    try:
+        with pytest.raises(CliError) as refused:
+            await pages.answer("team-a", 50)
+        assert "mallory" in str(refused.value) or "forbidden" in str(refused.value).lower()
+        assert not any(p.startswith(VISIBILITY) for p in api.asked)
+    finally:
+        pages.release.set()
+        await pages.close()

@@ -205,9 +205,13 @@ function queuesView(body, route) {
   const nodes = [];
   const where = route.ns === null ? "every namespace" : `namespace ${route.ns}`;
   nodes.push(el("h2", { class: "page" }, `Queues in ${where}`,
-    el("span", { class: "note" }, ` — ${body.count} unit(s), in the order the scheduler considers them`)));
+    el("span", { class: "note" }, body.loading
+      ? " — the first waiting units, in the order the scheduler considers them"
+      : ` — ${body.count} unit(s), in the order the scheduler considers them`)));
+  if (body.loading) nodes.push(el("p", { class: "note loading", role: "status",
+    text: "Loading the rest: every QueueUnit is being read. Until then each Why is list's short reason (marked “list”), not explain's answer." }));
   if (!body.positionsKnown) nodes.push(el("p", { class: "note", text: "Positions unknown: the visibility API did not answer." }));
-  if (!body.queues.length) nodes.push(el("p", { text: `No QueueUnits found in ${where}.` }));
+  if (!body.queues.length && !body.loading) nodes.push(el("p", { text: `No QueueUnits found in ${where}.` }));
   for (const group of body.queues) {
     const title = group.queue ? `Queue ${group.queue}` : "No queue (no quota label)";
     const rows = group.units.map((row) => {
@@ -223,11 +227,11 @@ function queuesView(body, route) {
         row.waiting && row.waitSeconds !== null
           ? el("td", { class: "num", "data-wait": row.waitSeconds, "data-built": body.builtAt, text: age(row.waitSeconds) })
           : el("td", { class: "num", text: age(row.waitSeconds) }),
-        el("td", { class: "reason", title: row.reason, text: row.why || row.reason }),
+        el("td", { class: "reason", title: row.reason, text: row.whyFrom === "list" ? `${row.why} (list)` : row.why || row.reason }),
         actionCell(ns, row));
     });
     nodes.push(el("section", { "data-queue": group.queue, "aria-label": title },
-      el("h2", {}, title, el("span", { class: "note" }, ` — ${group.waiting} waiting`)),
+      el("h2", {}, title, el("span", { class: "note" }, group.waiting === null ? " — loading" : ` — ${group.waiting} waiting`)),
       el("table", { class: "units" },
         el("thead", {}, el("tr", {},
           el("th", { class: "num c-pos", scope: "col", text: "Position" }), el("th", { class: "c-name", scope: "col", text: "Unit" }),
