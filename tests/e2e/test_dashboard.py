@@ -30,10 +30,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 from playwright.async_api import Browser, Page, async_playwright
 
+from koord_queue.cli.client import CliError, Reader
+from koord_queue.dashboard import queuepage
+from koord_queue.shared import kube as shared_kube
 from koord_queue.shared.api import names
 from testenv import binaries, browser, system
 from testenv.cluster import LocalCluster
@@ -507,3 +511,79 @@ async def test_an_admin_sees_every_namespace_with_dash_a(
         row = page.locator(f"tr[data-unit='{ns}/somewhere'] td")
         assert ns in await row.all_inner_texts()  # the namespace column
         assert "every namespace" in await page.inner_text("#who")
+
+
+class _FullHeldBack(queuepage.QueuePages):
+    """The dashboard's queue pages with the full page held back, as while 50,000 units are still
+    being listed (docs/dashboard.md#the-first-page)."""
+
+    def __init__(self, reader: Reader) -> None:
+        super().__init__(reader)
+        self.release = asyncio.Event()
+
+    async def _full(self, namespace: str | None, limit: int) -> queuepage.Built:
+        await self.release.wait()
+        return await super()._full(namespace, limit)
+
+
+async def test_the_early_page_is_the_visibility_apis_first_units_read_as_the_user(
+    e2e_cluster: LocalCluster, stage: str
+) -> None:
+    ns = stage
+    quota = f"{ns}-early"
+    kube.kubectl(
+        e2e_cluster,
+        "apply",
+        "-f",
+        "-",
+        input_text=json.dumps(
+            {
+                "apiVersion": f"{names.QUOTA_GROUP}/{names.QUOTA_VERSION}",
+                "kind": "ElasticQuota",
+                "metadata": {"name": quota, "namespace": ns},
+                "spec": {"min": {"cpu": "1"}, "max": {"cpu": "1"}},
+            }
+        ),
+    )
+    for name, priority in (("early-low", 1), ("early-high", 5)):
+        await tenancy.create_as(e2e_cluster, ns, job(name, quota, cpu="2", priority=priority))
+    kubeconfig = e2e_cluster.kubeconfig_for("alice", user=tenancy.ALICE)
+
+    async def parked() -> list[dict[str, Any]] | None:
+        items = [i for i in plugin(kubeconfig, "-n", ns, "list")["items"] if i["queue"] == quota]
+        return items if len(items) == 2 and all(i["position"] is not None for i in items) else None
+
+    listed = {i["name"]: i for i in await kube.eventually(parked, timeout=60, what="two parked units")}
+    client = await shared_kube.Kube.connect(kubeconfig=str(kubeconfig))
+    pages = _FullHeldBack(Reader(client, "koord-queue-system"))
+    try:
+        body = orjson.loads((await pages.answer(ns, 50)).body)
+        assert body["loading"] is True and body["positionsKnown"] is True
+        (group,) = body["queues"]
+        assert group["queue"] == quota
+        assert [(r["name"], r["position"]) for r in group["units"]] == sorted(
+            ((n, i["position"]) for n, i in listed.items()), key=lambda nr: nr[1]
+        )
+        for row in group["units"]:  # list's own row, its short reason marked as the "why"
+            assert row["whyFrom"] == "list" and row["why"] == row["reason"] == listed[row["name"]]["reason"]
+            assert row["job"] == listed[row["name"]]["job"]
+        # another namespace's early page is refused as its full page is, and reads nothing there
+        with pytest.raises(CliError) as refused:
+            await pages.answer("kube-system", 50)
+        assert "alice" in str(refused.value)
+        pages.release.set()
+
+        async def full() -> dict[str, Any] | None:
+            answer = orjson.loads((await pages.answer(ns, 50)).body)
+            return None if answer.get("loading") else dict(answer)
+
+        whole = await kube.eventually(full, timeout=30, what="the full page")
+        rows_by_name = {r["name"]: r for g in whole["queues"] for r in g["units"]}
+        assert (
+            rows_by_name["early-high"]["why"]
+            == plugin(kubeconfig, "-n", ns, "explain", "early-high")["summary"]
+        )
+    finally:
+        pages.release.set()
+        await pages.close()
+        await client.close()
