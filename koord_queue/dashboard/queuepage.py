@@ -50,8 +50,8 @@ MAX_LIMIT: Final = 5000
 #: How long a namespace's first request waits for the full page before it answers the early one
 #: (a small cluster's full page is ready by then, so it never sees an early page).
 EARLY_WAIT_S: Final = 0.3
-#: GETs of the early page's units in flight at once.
-EARLY_GETS: Final = 16
+#: GETs of the early page's units in flight at once (the API client's connection pool is 64).
+EARLY_GETS: Final = 50
 
 
 @dataclass(frozen=True, slots=True)

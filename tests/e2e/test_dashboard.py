@@ -12,7 +12,9 @@ Playwright, opens the printed URL and reads the page as a person would. Checked:
   ``kubectl koord-queue list``, and a unit's "Why" that of ``kubectl koord-queue explain``;
 * a user with only the ``view`` role who presses Hold is refused, and the page says why;
 * a new job and a priority change show on the page within 2 s of reaching the API server;
-* the keyboard reaches the table and its actions.
+* the keyboard reaches the table and its actions;
+* while every unit is still being read, the early page (docs/dashboard.md#the-first-page) is the
+  visibility API's positions with list's rows, read as her, and refuses another namespace.
 """
 
 from __future__ import annotations
