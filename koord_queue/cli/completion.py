@@ -84,15 +84,10 @@ OUTPUTS: Final = {
     "explain": ("json", "yaml"),
     "quotas": ("json", "yaml", "name", "jsonpath="),
 }
+#: Every global flag takes a value; so do these command flags.
 TAKES_VALUE: Final = frozenset(
     {
-        "--kubeconfig",
-        "--context",
-        "--namespace",
-        "-n",
-        "--as",
-        "--color",
-        "--koord-queue-namespace",
+        *GLOBAL_FLAGS,
         "--queue",
         "--phase",
         "-l",
