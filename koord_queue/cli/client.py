@@ -191,6 +191,15 @@ class Gathered:
     def parsed_quotas(self) -> list[Quota]:
         return [parse_quota(q) for q in self.quotas]
 
+    def positions_lost(self, err: kube.KubeError) -> bool:
+        """Whether a visibility read's error leaves every position unknown (recorded here), or only
+        names a queue the scheduler does not know (a 404 for it: that queue has no positions)."""
+        if err.status == 404 and 'queue "' in err.message:
+            return False
+        self.visibility_ok = False
+        self.unknowns.append(f"positions unknown: the visibility API answered {err.status} ({err.message})")
+        return True
+
     def queue_configs(self) -> list[QueueConfig]:
         """The Queues read, or those the reconciler derives from the quotas read."""
         if self.queues is not None:
@@ -317,13 +326,9 @@ class Reader:
             try:
                 page = await self.client.request("GET", path, query={"limit": visibility.MAX_LIMIT})
             except kube.KubeError as err:
-                if err.status == 404 and 'queue "' in err.message:
-                    continue
-                got.visibility_ok = False
-                got.unknowns.append(
-                    f"positions unknown: the visibility API answered {err.status} ({err.message})"
-                )
-                return
+                if got.positions_lost(err):
+                    return
+                continue
             for item in page.get("items") or []:
                 if "position" in item:
                     got.positions[_key(item)] = int(item["position"])

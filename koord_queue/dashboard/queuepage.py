@@ -263,13 +263,9 @@ async def positions(reader: Reader, namespace: str | None, queues: list[str], go
             try:
                 page = await reader.client.request("GET", path, query={"offset": offset, "limit": limit})
             except kube.KubeError as err:
-                if err.status == 404 and 'queue "' in err.message:
-                    break
-                got.visibility_ok = False
-                got.unknowns.append(
-                    f"positions unknown: the visibility API answered {err.status} ({err.message})"
-                )
-                return
+                if got.positions_lost(err):
+                    return
+                break
             items = page.get("items") or []
             for item in items:
                 if "position" in item:
