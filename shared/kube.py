@@ -313,6 +313,30 @@ class Kube:
             api, qps=qps, burst=burst, user_agent=user_agent, impersonate=impersonate, leadership=leadership
         )
 
+    @classmethod
+    def from_token(
+        cls,
+        *,
+        host: str,
+        token: str,
+        ca_file: str | None,
+        qps: float = 50.0,
+        burst: int = 100,
+        user_agent: str = "koord-queue-py",
+        pool_size: int = 8,
+    ) -> Kube:
+        """A client that sends every request with ``token`` as its bearer token and nothing else:
+        no kubeconfig, no ServiceAccount of this process (the in-cluster dashboard acts as the
+        person whose token it was given, docs/dashboard.md)."""
+        configuration = k8s_client.Configuration()
+        configuration.host = host
+        configuration.ssl_ca_cert = ca_file
+        configuration.api_key = {"BearerToken": token}
+        configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        configuration.connection_pool_maxsize = pool_size
+        api = k8s_client.ApiClient(configuration)
+        return cls(api, qps=qps, burst=burst, user_agent=user_agent)
+
     @staticmethod
     async def _load(
         configuration: k8s_client.Configuration, kubeconfig: str | None, context: str | None = None
