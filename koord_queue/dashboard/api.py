@@ -92,23 +92,20 @@ def args(namespace: str | None, **extra: Any) -> argparse.Namespace:
 class Api:
     """The endpoints, bound to the plugin's :class:`Reader` (the user's own client)."""
 
-    def __init__(self, reader: Reader, namespace: str, all_namespaces: bool, user: str) -> None:
+    def __init__(
+        self, reader: Reader, namespace: str, all_namespaces: bool, user: str, *, cluster: bool = False
+    ) -> None:
         self.reader = reader
+        #: served in the cluster, with a caller's token (the page offers to log out)
+        self.cluster = cluster
         self.namespace = namespace
         self.all_namespaces = all_namespaces
         self.user = user
         self.pages = queuepage.QueuePages(reader)
 
     def routes(self) -> list[web.RouteDef]:
-        return [
-            web.get("/api/session", self.session),
-            web.get("/api/ns/{ns}/units", self.units),
-            web.get("/api/all/units", self.units),
-            web.get("/api/ns/{ns}/units/{name}", self.unit),
-            web.get("/api/ns/{ns}/quotas", self.quotas),
-            web.get("/api/ns/{ns}/history", self.history),
-            web.post("/api/ns/{ns}/units/{name}/{action:hold|release|priority}", self.act),
-        ]
+        """The endpoints answered by this one Api (the local server: one user)."""
+        return routes(lambda _: self)
 
     async def session(self, request: web.Request) -> web.Response:
         """Who the dashboard acts as: the API server's own answer (a SelfSubjectReview), else the
@@ -116,7 +113,12 @@ class Api:
         if not self.user:
             self.user = await self._whoami()
         return web.json_response(
-            {"namespace": self.namespace, "allNamespaces": self.all_namespaces, "user": self.user}
+            {
+                "namespace": self.namespace,
+                "allNamespaces": self.all_namespaces,
+                "user": self.user,
+                "cluster": self.cluster,
+            }
         )
 
     async def _whoami(self) -> str:
@@ -289,6 +291,35 @@ class Api:
         if status != 200:
             return refusal(status, text)
         return web.json_response({"message": text.strip()})
+
+
+#: Every endpoint: (method, path, the :class:`Api` method that answers it).
+ENDPOINTS: Final = (
+    ("GET", "/api/session", "session"),
+    ("GET", "/api/ns/{ns}/units", "units"),
+    ("GET", "/api/all/units", "units"),
+    ("GET", "/api/ns/{ns}/units/{name}", "unit"),
+    ("GET", "/api/ns/{ns}/quotas", "quotas"),
+    ("GET", "/api/ns/{ns}/history", "history"),
+    ("POST", "/api/ns/{ns}/units/{name}/{action:hold|release|priority}", "act"),
+)
+
+#: The :class:`Api` that answers a request: the one of the local server, or in the cluster the
+#: one of the caller's session (docs/dashboard.md#installed-in-the-cluster).
+ApiOf = Callable[[web.Request], "Api"]
+
+
+def routes(api_of: ApiOf) -> list[web.RouteDef]:
+    """The endpoints, each answered by the :class:`Api` that ``api_of`` picks for the request."""
+
+    def bound(name: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            answer: Callable[[web.Request], Awaitable[web.StreamResponse]] = getattr(api_of(request), name)
+            return await answer(request)
+
+        return handler
+
+    return [web.route(method, path, bound(name)) for method, path, name in ENDPOINTS]
 
 
 def page_path(namespace: str | None) -> str:

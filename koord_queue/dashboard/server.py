@@ -18,9 +18,10 @@ from importlib import resources
 from typing import Any, Final, TextIO
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from koord_queue.cli.client import CliError, Reader
-from koord_queue.dashboard.api import Api, page_path
+from koord_queue.dashboard.api import Api, ApiOf, page_path, routes
 from koord_queue.dashboard.cache import one_arena
 from koord_queue.dashboard.guard import Guard
 from koord_queue.dashboard.queuepage import DEFAULT_LIMIT
@@ -30,6 +31,7 @@ HOST: Final = "127.0.0.1"
 #: The files of the pages, with their types; nothing else is served.
 STATIC: Final = {
     "app.js": "text/javascript",
+    "login.js": "text/javascript",
     "style.css": "text/css",
     "favicon.svg": "image/svg+xml",
 }
@@ -39,7 +41,7 @@ def _asset(name: str) -> bytes:
     return resources.files("koord_queue.dashboard").joinpath("static", name).read_bytes()
 
 
-def pages(api: Api) -> list[web.RouteDef]:
+def pages(api_of: ApiOf) -> list[web.RouteDef]:
     """Every page is the one HTML file (the script reads the path), answered with 403 when the
     user may not read the namespace it shows."""
 
@@ -48,7 +50,7 @@ def pages(api: Api) -> list[web.RouteDef]:
         namespace = request.match_info.get("ns")
         status = 200
         if namespace is not None or path == "/all":
-            status = await api.page_status(namespace)
+            status = await api_of(request).page_status(namespace)
         return web.Response(
             body=_asset("index.html"), status=status, content_type="text/html", charset="utf-8"
         )
@@ -71,9 +73,16 @@ async def static(request: web.Request) -> web.Response:
 
 
 def application(api: Api, guard: Guard) -> web.Application:
-    app = web.Application(middlewares=[guard.middleware])
-    app.add_routes(api.routes())
-    app.add_routes([web.get("/static/{name}", static), *pages(api)])
+    """The local server: one user's :class:`Api` behind the local-server guard."""
+    return build(lambda _: api, guard.middleware)
+
+
+def build(api_of: ApiOf, middleware: Middleware) -> web.Application:
+    """The pages, their files and the endpoints behind ``middleware``, each request answered by
+    the :class:`Api` that ``api_of`` picks (one for the local server, the caller's in the cluster)."""
+    app = web.Application(middlewares=[middleware])
+    app.add_routes(routes(api_of))
+    app.add_routes([web.get("/static/{name}", static), *pages(api_of)])
     return app
 
 

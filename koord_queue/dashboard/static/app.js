@@ -394,6 +394,11 @@ async function start() {
   const s = state.session;
   document.getElementById("who").textContent =
     `acting as ${s.user || "your kubeconfig user"}${s.allNamespaces ? ", every namespace" : `, namespace ${s.namespace}`}`;
+  if (s.cluster) { // in the cluster, with a token this server keeps: it can be given back
+    const button = document.getElementById("logout");
+    button.hidden = false;
+    button.addEventListener("click", () => post("/logout").then(() => location.replace("/login"), (e) => say(e.message, true)));
+  }
   const route = parseRoute(location.pathname) || { view: "queues", ns: s.allNamespaces ? null : s.namespace };
   history.replaceState(null, "", pagePath(route));
   window.addEventListener("popstate", () => show(parseRoute(location.pathname) || route, true));
