@@ -1,15 +1,21 @@
 """The one module that talks to the Kubernetes API (docs/architecture.md#import-rules).
 
-kubernetes-asyncio loads the configuration (kubeconfig or in-cluster service account, with token
-refresh) and owns the HTTPS session; this module sends raw JSON through that session instead of the
-generated model classes. Why: the reconciler handles every object as plain JSON parsed once at the
-edge (``shared.api.parsing``), orjson is several times faster than building model objects, and one uniform
-path serves built-in kinds, our CRDs and foreign CRDs alike.
+``shared.kubeconfig`` loads the configuration (a kubeconfig or the in-cluster ServiceAccount, with
+token refresh and exec credential plugins); this module opens its own aiohttp session with those
+TLS settings and sends raw JSON through it, with no generated model classes. Why: the reconciler
+handles every object as plain JSON parsed once at the edge (``shared.api.parsing``), orjson is
+several times faster than building model objects, one uniform path serves built-in kinds, our CRDs
+and foreign CRDs alike, and kubernetes-asyncio's generated client, which costs about 38 MiB and
+0.4 s at every start (docs/development.md#api-client), is imported only by the one process that
+needs it, for leader election (:attr:`Kube.api_client`), or for a kubeconfig user only its loader
+understands.
 
 It adds what a controller needs on top: a client-side rate limit (QPS and burst, like client-go),
 counters of requests and writes (the benchmarks report writes per admitted job), typed errors
-(:class:`NotFound`, :class:`Conflict`, :class:`Gone`, ...), and a streaming watch that yields
-``(type, object)`` pairs and surfaces ``410 Gone`` so the caller relists.
+(:class:`NotFound`, :class:`Conflict`, :class:`Gone`, ...), a streaming watch that yields
+``(type, object)`` pairs and surfaces ``410 Gone`` so the caller relists, and one retry of a
+request the API server answered 401 when the credentials could be renewed (a rotated token file,
+an exec plugin's expired credential).
 
 Error tree::
 
@@ -25,8 +31,6 @@ Error tree::
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -36,19 +40,8 @@ from urllib.parse import quote, urlencode
 import aiohttp
 import orjson
 
-from koord_queue.shared import memfiles, ratelimit
-
-# kubernetes-asyncio works out its default kubeconfig (~/.kube/config) when it is imported, even
-# with KUBECONFIG set, and that raises where there is no home directory: no HOME and a uid without
-# a passwd entry, as when the image runs as another user (docs/development.md#runtime-constraints).
-# The default is never used here (a kubeconfig is named, or the in-cluster ServiceAccount is), so a
-# home that does not exist, as system users have, lets the import through.
-if os.path.expanduser("~") == "~":
-    os.environ["HOME"] = "/nonexistent"
-
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio.config import kube_config as k8s_kube_config
+from koord_queue.shared import kubeconfig as kc
+from koord_queue.shared import ratelimit
 
 JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -253,38 +246,47 @@ class Kube:
 
     def __init__(
         self,
-        api: k8s_client.ApiClient,
+        settings: kc.Settings,
         *,
         qps: float,
         burst: int,
         user_agent: str,
         impersonate: str | None = None,
         leadership: Leadership | None = None,
+        pool_size: int = 64,
     ) -> None:
-        self._api = api
+        self.settings = settings
         #: the gate of every write (:class:`Leadership`); open unless the caller passes a closed one
         self.leadership = leadership if leadership is not None else Leadership()
         self._limiter = ratelimit.RateLimiter(qps=qps, burst=burst)
-        self._host = str(api.configuration.host).rstrip("/")
+        self._host = settings.host.rstrip("/")
         self._headers = {"User-Agent": user_agent, "Accept": JSON}
+        self._impersonate = impersonate
         if impersonate:
             # Like kubectl --as: every request, including the library's own (leader election),
             # is made as this user; RBAC then applies to it.
             self._headers["Impersonate-User"] = impersonate
-            api.set_default_header("Impersonate-User", impersonate)
-        # Our own session on the library's connector (same TLS settings and pool): kubernetes-asyncio
-        # opens its session with trust_env=True, which makes aiohttp look up netrc and proxy
-        # variables in a worker thread on every request (about 0.8 ms of CPU each).
-        rest = api.rest_client.pool_manager
-        self._session = aiohttp.ClientSession(
-            connector=rest.connector, connector_owner=False, trust_env=False, read_bufsize=2**21
-        )
+        self._pool_size = pool_size
+        self._credentials = settings.credentials
+        #: the client certificate an exec plugin gave, which the session's TLS holds
+        self._certificate: tuple[bytes, bytes] | None = None
+        self._session = self._open_session(None)
+        #: sessions replaced after an exec plugin renewed its certificate, closed with this client
+        #: (a watch may still be reading from one)
+        self._retired: list[aiohttp.ClientSession] = []
+        self._api: Any = None
         #: requests sent, by verb (GET, LIST, WATCH, POST, PATCH, PUT, DELETE)
         self.requests: Counter[str] = Counter()
         #: called with the verb of every request sent (the reconciler feeds its Prometheus counter)
         self.on_request: Callable[[str], None] | None = None
         #: called with the verb and HTTP status (0: no response) of every request that failed
         self.on_error: Callable[[str, int], None] | None = None
+
+    def _open_session(self, certificate: tuple[bytes, bytes] | None) -> aiohttp.ClientSession:
+        # trust_env=False: with it, aiohttp looks up netrc and proxy variables in a worker thread
+        # on every request (about 0.8 ms of CPU each); the kubeconfig's proxy-url is not used.
+        connector = aiohttp.TCPConnector(limit=self._pool_size, ssl=self.settings.ssl_context(certificate))
+        return aiohttp.ClientSession(connector=connector, trust_env=False, read_bufsize=2**21)
 
     @classmethod
     async def connect(
@@ -301,17 +303,20 @@ class Kube:
     ) -> Kube:
         """Load the kubeconfig (or the in-cluster service account when none is given); ``context``
         names a kubeconfig context other than its current one (``kubectl --context``)."""
-        configuration = k8s_client.Configuration()
+        where = kubeconfig or "the in-cluster ServiceAccount"
         try:
-            await cls._load(configuration, kubeconfig, context)
-        except (k8s_config.ConfigException, OSError) as err:
-            where = kubeconfig or "the in-cluster ServiceAccount"
+            settings = await kc.load(kubeconfig, context)
+            return cls(
+                settings,
+                qps=qps,
+                burst=burst,
+                user_agent=user_agent,
+                impersonate=impersonate,
+                leadership=leadership,
+                pool_size=pool_size,
+            )
+        except kc.ConfigError as err:
             raise ClientConfigError(f"cannot load API credentials from {where}: {err}") from None
-        configuration.connection_pool_maxsize = pool_size
-        api = k8s_client.ApiClient(configuration)
-        return cls(
-            api, qps=qps, burst=burst, user_agent=user_agent, impersonate=impersonate, leadership=leadership
-        )
 
     @classmethod
     def from_token(
@@ -328,44 +333,27 @@ class Kube:
         """A client that sends every request with ``token`` as its bearer token and nothing else:
         no kubeconfig, no ServiceAccount of this process (the in-cluster dashboard acts as the
         person whose token it was given, docs/dashboard.md)."""
-        configuration = k8s_client.Configuration()
-        configuration.host = host
-        configuration.ssl_ca_cert = ca_file
-        configuration.api_key = {"BearerToken": token}
-        configuration.api_key_prefix = {"BearerToken": "Bearer"}
-        configuration.connection_pool_maxsize = pool_size
-        api = k8s_client.ApiClient(configuration)
-        return cls(api, qps=qps, burst=burst, user_agent=user_agent)
-
-    @staticmethod
-    async def _load(
-        configuration: k8s_client.Configuration, kubeconfig: str | None, context: str | None = None
-    ) -> None:
-        if kubeconfig and sys.platform == "linux":
-            # As load_kube_config, but inline certificates and keys stay in memory (shared/memfiles.py).
-            merged = k8s_kube_config.KubeConfigMerger(kubeconfig)
-            if merged.config is not None:
-                memfiles.inline_in_memory(merged.config.value)
-            # No persister: it would write the rewritten paths back into the user's kubeconfig.
-            loader = k8s_kube_config.KubeConfigLoader(
-                config_dict=merged.config, active_context=context, config_base_path=None
-            )
-            await loader.load_and_set(configuration)
-        elif kubeconfig:
-            await k8s_config.load_kube_config(
-                config_file=kubeconfig, context=context, client_configuration=configuration
-            )
-        else:
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        settings = kc.Settings(host=host, ca_file=ca_file, credentials=kc.Static(f"Bearer {token}"))
+        return cls(settings, qps=qps, burst=burst, user_agent=user_agent, pool_size=pool_size)
 
     @property
-    def api_client(self) -> k8s_client.ApiClient:
-        """The underlying kubernetes-asyncio client (for its leader election)."""
+    def api_client(self) -> Any:
+        """kubernetes-asyncio's ``ApiClient`` with the same credentials, for its leader election
+        (``shared/leases.py``): built, and kubernetes-asyncio imported, on first use."""
+        if self._api is None:
+            client = kc.import_kubernetes_asyncio()
+            configuration = self.settings.configuration()
+            configuration.connection_pool_maxsize = self._pool_size
+            self._api = client.ApiClient(configuration)
+            if self._impersonate:
+                self._api.set_default_header("Impersonate-User", self._impersonate)
         return self._api
 
     async def close(self) -> None:
-        await self._session.close()
-        await self._api.close()
+        for session in (*self._retired, self._session):
+            await session.close()
+        if self._api is not None:
+            await self._api.close()
 
     async def __aenter__(self) -> Kube:
         return self
@@ -386,12 +374,35 @@ class Kube:
         if self.on_error is not None:
             self.on_error(verb, status)
 
-    async def _headers_for(self, content_type: str | None) -> dict[str, str]:
+    async def _credential(self) -> kc.Credential:
+        """The credential to send now; a new client certificate (an exec plugin's) moves this
+        client to a new session, since TLS presents it only on new connections."""
+        try:
+            credential = await self._credentials.current()
+        except kc.ConfigError as err:  # an exec plugin that fails when run again
+            raise KubeError(0, "CredentialError", str(err)) from None
+        if credential.certificate != self._certificate:
+            self._retired.append(self._session)
+            self._session = self._open_session(credential.certificate)
+            self._certificate = credential.certificate
+        return credential
+
+    def _headers_for(self, content_type: str | None, credential: kc.Credential) -> dict[str, str]:
         headers = dict(self._headers)
         if content_type:
             headers["Content-Type"] = content_type
-        await self._api.update_params_for_auth(headers, [], ["BearerToken"])
+        if credential.authorization:
+            headers["Authorization"] = credential.authorization
         return headers
+
+    async def _renewed(self, refused: kc.Credential) -> bool:
+        """After a 401: whether the credentials were renewed, so one retry is worth it."""
+        try:
+            return await self._credentials.rejected(refused)
+        except kc.ConfigError as err:
+            raise KubeError(
+                401, "Unauthorized", f"the credentials were refused and cannot be renewed: {err}"
+            ) from None
 
     async def request(
         self,
@@ -413,21 +424,31 @@ class Kube:
             raise NotLeading(method, path)
         await self._limiter.acquire()
         self._count(verb or method)
-        headers = await self._headers_for(content_type or (JSON if body is not None else None))
         url = self._host + path + (f"?{urlencode(query)}" if query else "")
         data = None if body is None else orjson.dumps(body)
-        session = self._session
-        try:
-            async with session.request(
-                method, url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as resp:
-                payload = await resp.read()
-                if resp.status >= 300:
-                    self._failed(verb or method, resp.status)
-                    raise error_for(resp.status, payload)
-        except (aiohttp.ClientError, TimeoutError) as err:
-            self._failed(verb or method, 0)
-            raise KubeError(0, type(err).__name__, str(err) or type(err).__name__) from err
+        for attempt in (1, 2):
+            credential = await self._credential()
+            headers = self._headers_for(content_type or (JSON if body is not None else None), credential)
+            try:
+                async with self._session.request(
+                    method,
+                    url,
+                    data=data,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=timeout),
+                    server_hostname=self.settings.server_name,
+                ) as resp:
+                    payload = await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, TimeoutError) as err:
+                self._failed(verb or method, 0)
+                raise KubeError(0, type(err).__name__, str(err) or type(err).__name__) from err
+            if status == 401 and attempt == 1 and await self._renewed(credential):
+                continue
+            if status >= 300:
+                self._failed(verb or method, status)
+                raise error_for(status, payload)
+            break
         if not payload:
             return {}
         result: Obj = orjson.loads(payload)
@@ -542,29 +563,37 @@ class Kube:
         }
         if label_selector:
             query["labelSelector"] = label_selector
-        headers = await self._headers_for(None)
         url = self._host + res.path(namespace) + "?" + urlencode(query)
-        session = self._session
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30)
         try:
-            async with session.get(url, headers=headers, timeout=timeout) as resp:
-                if resp.status >= 300:
-                    self._failed("WATCH", resp.status)
-                    raise error_for(resp.status, await resp.read())
-                async for line in resp.content:
-                    if not line.strip():
+            for attempt in (1, 2):
+                credential = await self._credential()
+                async with self._session.get(
+                    url,
+                    headers=self._headers_for(None, credential),
+                    timeout=timeout,
+                    server_hostname=self.settings.server_name,
+                ) as resp:
+                    if resp.status == 401 and attempt == 1 and await self._renewed(credential):
                         continue
-                    event = orjson.loads(line)
-                    kind = event.get("type", "")
-                    obj = event.get("object") or {}
-                    if kind == "ERROR":
-                        code = int(obj.get("code", 500))
-                        self._failed("WATCH", code)
-                        raise error_for(code, orjson.dumps(obj))
-                    if kind != "BOOKMARK":
-                        obj.setdefault("apiVersion", res.api_version)
-                        obj.setdefault("kind", res.kind)
-                    yield kind, obj
+                    if resp.status >= 300:
+                        self._failed("WATCH", resp.status)
+                        raise error_for(resp.status, await resp.read())
+                    async for line in resp.content:
+                        if not line.strip():
+                            continue
+                        event = orjson.loads(line)
+                        kind = event.get("type", "")
+                        obj = event.get("object") or {}
+                        if kind == "ERROR":
+                            code = int(obj.get("code", 500))
+                            self._failed("WATCH", code)
+                            raise error_for(code, orjson.dumps(obj))
+                        if kind != "BOOKMARK":
+                            obj.setdefault("apiVersion", res.api_version)
+                            obj.setdefault("kind", res.kind)
+                        yield kind, obj
+                    return
         except (aiohttp.ClientError, TimeoutError) as err:
             self._failed("WATCH", 0)
             raise KubeError(0, type(err).__name__, str(err) or type(err).__name__) from err

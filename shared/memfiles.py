@@ -1,16 +1,21 @@
 """A kubeconfig's inline certificates and keys, held in memory rather than in temporary files.
 
 The processes need no writable directory: their image has a read-only root filesystem and no home
-or temporary directory (docs/development.md#runtime-constraints). kubernetes-asyncio writes a
-kubeconfig's inline certificates to temporary files; ``shared.kube`` hands it in-memory files
-instead. Apart from the client because it is about files, not the API.
+or temporary directory (docs/development.md#runtime-constraints). Python's TLS reads a client
+certificate and key only from a path, so ``shared.kubeconfig`` hands it an in-memory file that is
+closed once read (:func:`loadable`); kubernetes-asyncio (leader election, and the loader of an
+auth-provider user) writes inline certificates to temporary files, so it gets in-memory files that
+stay open instead (:func:`memory_file`, :func:`inline_in_memory`). Apart from the client because
+it is about files, not the API.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 #: kubeconfig entries whose inline form (``<key>-data``, base64) kubernetes-asyncio would write to a
@@ -31,11 +36,41 @@ def memory_file(name: str, data: bytes) -> str:
     directory (docs/development.md#runtime-constraints). Only this process can open the path."""
     if (path := _memory_files.get(data)) is None:
         fd = os.memfd_create(f"koord-queue-{name}", os.MFD_CLOEXEC)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, data)
         path = _memory_files[data] = f"/proc/self/fd/{fd}"
     return path
+
+
+@contextlib.contextmanager
+def loadable(name: str, data: bytes) -> Iterator[str]:
+    """A path to ``data`` while the block runs, for a TLS library to read, and nothing afterwards.
+
+    On Linux an anonymous in-memory file (memfd), closed at the end; elsewhere (the kubectl plugin
+    on macOS) a private temporary file, removed at the end, as no memfd exists there."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create(f"koord-queue-{name}", os.MFD_CLOEXEC)
+        try:
+            _write_all(fd, data)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    fd, path = tempfile.mkstemp(prefix="koord-queue-")  # 0600
+    try:
+        _write_all(fd, data)
+        os.close(fd)
+        fd = -1
+        yield path
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        os.unlink(path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def inline_in_memory(config: Mapping[str, Any]) -> None:

@@ -1,8 +1,10 @@
 """A kubeconfig's inline certificates and key never touch a disk (docs/development.md#runtime-constraints).
 
-kubernetes-asyncio writes them to temporary files; ``shared.kube`` hands them over as in-memory
-files instead, so the reconciler and the kubectl plugin need no writable temporary directory. The
-temporary directory here is one that does not exist: any temporary file would fail the connect.
+``shared.kubeconfig`` keeps them as data: the CA goes to TLS as data, the client certificate and
+key through an in-memory file closed once read. kubernetes-asyncio, which writes them to temporary
+files, gets in-memory files for its own client (leader election). So the reconciler and the
+kubectl plugin need no writable temporary directory. The temporary directory here is one that
+does not exist: any temporary file would fail the connect.
 """
 
 from __future__ import annotations
@@ -49,15 +51,30 @@ async def test_inline_credentials_are_loaded_from_memory(
     path = tmp_path / "kubeconfig"
     ca, client = _kubeconfig(path)
     before = path.read_bytes()
-    api = await kube.Kube.connect(kubeconfig=str(path))
+    api = await kube.Kube.connect(kubeconfig=str(path))  # TLS has loaded the key: no file needed
     try:
-        configuration = api.api_client.configuration
+        settings = api.settings
+        assert (settings.ca_data, settings.cert_data, settings.key_data) == (
+            ca.cert_pem,
+            client.cert_pem,
+            client.key_pem,
+        )
+        assert (settings.ca_file, settings.cert_file, settings.key_file) == (None, None, None)
+        assert not [fd for fd in os.listdir("/proc/self/fd") if _is_memfd(fd, "client-key")]  # closed
+        configuration = api.api_client.configuration  # kubernetes-asyncio's, for leader election
         files = (configuration.ssl_ca_cert, configuration.cert_file, configuration.key_file)
         assert configuration.host == "https://127.0.0.1:6443"
     finally:
         await api.close()
     assert [_in_memory(f) for f in files] == [ca.cert_pem, client.cert_pem, client.key_pem]
     assert path.read_bytes() == before  # the user's kubeconfig is never rewritten
+
+
+def _is_memfd(fd: str, name: str) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == f"/memfd:koord-queue-{name} (deleted)"
+    except OSError:
+        return False
 
 
 async def test_a_missing_kubeconfig_is_still_a_clear_error(tmp_path: Path) -> None:

@@ -13,13 +13,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client as k8s_client
 
 from koord_queue.reconciler.events import EventRecorder
 from koord_queue.reconciler.job_units import JobKey
 from koord_queue.reconciler.jobs import JobExtensions
 from koord_queue.reconciler.scheduler import SchedulerLoop
-from koord_queue.shared import kube
+from koord_queue.shared import kube, kubeconfig
 from koord_queue.shared.api import names
 from koord_queue.shared.core.config import Settings
 from koord_queue.shared.jobs import jobext, registry
@@ -43,8 +42,9 @@ class FakeClient:
 async def test_the_client_refuses_writes_while_not_leading_and_sends_nothing() -> None:
     gate = kube.Leadership(leading=False)
     # Nothing listens on the discard port: a request that is really sent fails with status 0.
-    api = k8s_client.ApiClient(k8s_client.Configuration(host="http://127.0.0.1:9"))
-    client = kube.Kube(api, qps=0, burst=1, user_agent="test", leadership=gate)
+    client = kube.Kube(
+        kubeconfig.Settings(host="http://127.0.0.1:9"), qps=0, burst=1, user_agent="test", leadership=gate
+    )
     try:
         unit = kube.Resource(names.GROUP, names.VERSION, names.QUEUEUNIT_PLURAL, "QueueUnit")
         writes = [

@@ -14,14 +14,13 @@ from pathlib import Path
 import orjson
 import pytest
 from aiohttp import web
-from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from koord_queue.certs import pki
 from koord_queue.reconciler import metrics as reconciler_metrics
 from koord_queue.reconciler import visibility
-from koord_queue.shared import kube
+from koord_queue.shared import kube, kubeconfig
 from koord_queue.webhook import server
 from koord_queue.webhook.metrics import WebhookMetrics
 
@@ -192,8 +191,7 @@ async def apiserver() -> AsyncIterator[str]:
 
 
 async def test_failed_api_requests_are_counted_by_verb_and_code(apiserver: str) -> None:
-    api = k8s_client.ApiClient(k8s_client.Configuration(host=apiserver))
-    client = kube.Kube(api, qps=0, burst=1, user_agent="test")
+    client = kube.Kube(kubeconfig.Settings(host=apiserver), qps=0, burst=1, user_agent="test")
     client.on_error = reconciler_metrics.count_api_error
     name = "koord_queue_api_errors_total"
     before = {
@@ -215,8 +213,7 @@ async def test_failed_api_requests_are_counted_by_verb_and_code(apiserver: str) 
 
 async def test_a_request_that_gets_no_answer_is_counted_with_code_0() -> None:
     # Nothing listens on the discard port: the request fails before any status.
-    api = k8s_client.ApiClient(k8s_client.Configuration(host="http://127.0.0.1:9"))
-    client = kube.Kube(api, qps=0, burst=1, user_agent="test")
+    client = kube.Kube(kubeconfig.Settings(host="http://127.0.0.1:9"), qps=0, burst=1, user_agent="test")
     client.on_error = reconciler_metrics.count_api_error
     before = reconciler("koord_queue_api_errors_total", verb="GET", code="0") or 0
     try:
