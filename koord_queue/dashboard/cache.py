@@ -9,7 +9,12 @@ the pages' answers are built from (once per change, not per poll).
 
 What is kept is the parsed :class:`~koord_queue.shared.api.model.Unit` (what the scheduler replay
 and the rows need) and the job each unit stands for, not the raw object: at 50,000 units the raw
-JSON would be most of the process's memory.
+JSON would be most of the process's memory. The kept unit is slimmed further: the fields neither
+the replay, ``explain`` nor ``list``'s rows read (its conditions, annotations, parse notes, last
+update time) are emptied, repeated values are one shared copy (:class:`Sharing`), and a relist
+keeps the unit it already has when the resourceVersion is the same, so a relist never holds two
+parsed generations of 50,000 units (docs/dashboard.md#at-50000-units;
+tests/unit/test_dashboard_cache.py measures the bytes kept per unit).
 
 The identity never changes: a store lists and watches with the client the plugin was built with,
 so the API server's RBAC decides what it holds. A store for every namespace is only made when the
@@ -26,6 +31,8 @@ import ctypes.util
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 import orjson
@@ -65,7 +72,19 @@ _STRINGS: Final = (
     "pool_quota",
     "preemption_policy",
 )
-_VALUES: Final = ("labels", "annotations", "request", "resource", "pod_sets", "admissions", "conditions")
+_VALUES: Final = ("labels", "request", "resource", "pod_sets", "admissions")
+#: One empty mapping for every kept unit's annotations.
+_NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
+#: The fields of a Unit that nothing the dashboard builds reads (the scheduler replay, explain's
+#: answers, list's rows; the unit page reads its unit again): emptied on the kept copy. Conditions
+#: carry a timestamp each, so they would never be shared and would cost more than the rest of
+#: the unit.
+UNREAD: Final[dict[str, Any]] = {
+    "annotations": _NO_ANNOTATIONS,
+    "conditions": (),
+    "problems": (),
+    "last_update_time": None,
+}
 
 
 def _fingerprint(name: str, value: Any) -> bytes:
@@ -87,8 +106,11 @@ class Sharing:
         self._seen: dict[bytes, Any] = {}
 
     def unit(self, unit: Unit) -> Unit:
-        """``unit`` with its repeated values replaced by the shared copies (a unit just parsed,
-        not yet seen by anything else)."""
+        """``unit`` with its repeated values replaced by the shared copies and the fields the
+        dashboard never reads emptied (:data:`UNREAD`); a unit just parsed, not yet seen by
+        anything else."""
+        for name, empty in UNREAD.items():
+            object.__setattr__(unit, name, empty)
         for name in _STRINGS:
             value = getattr(unit, name)
             if isinstance(value, str) and value:
@@ -138,7 +160,6 @@ def hold(raw: dict[str, Any], sharing: Sharing | None = None) -> Held:
     job = job_ref(unit, raw)
     if sharing is not None:
         unit = sharing.unit(unit)
-        job = sys.intern(job)
     return Held(unit, job)
 
 
@@ -166,15 +187,29 @@ class UnitStore:
         """List the scope page by page, keeping only :class:`Held`; raises the API server's
         refusal (the caller decides what a 403 means)."""
         fresh: dict[str, Held] = {}
+        kept = self.units  # a relist: an unchanged unit (same resourceVersion) is kept as it is
         self.sharing.clear()
         query: dict[str, Any] = {"limit": PAGE}
         while True:
             page = await self.client.request(
                 "GET", QUEUE_UNITS.path(self.namespace), query=query, verb="LIST"
             )
-            for i, raw in enumerate(page.get("items") or []):
-                fresh[_key(raw)] = hold(raw, self.sharing)
-                if i % YIELD_EVERY == YIELD_EVERY - 1:
+            items: list[dict[str, Any]] = page.pop("items", None) or []
+            items.reverse()
+            count = 0
+            while items:  # each raw unit is let go as soon as it is kept
+                raw = items.pop()
+                meta = raw.get("metadata") or {}
+                key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+                known = kept.get(key)
+                if known is not None and known.unit.resource_version == meta.get("resourceVersion"):
+                    fresh[known.unit.key] = known
+                else:
+                    held = hold(raw, self.sharing)
+                    fresh[held.unit.key] = held
+                del raw, meta
+                count += 1
+                if count % YIELD_EVERY == 0:
                     # let the early page's reads go on between units (docs/dashboard.md#the-first-page)
                     await asyncio.sleep(0)
             meta = page.get("metadata") or {}
@@ -185,7 +220,7 @@ class UnitStore:
             query["continue"] = token
         self.units = fresh
         self.version += 1
-        del fresh, page
+        del fresh, page, kept
         give_back()
 
     def start(self) -> None:
@@ -209,7 +244,8 @@ class UnitStore:
         if kind == "DELETED":
             self.units.pop(_key(raw), None)
         else:
-            self.units[_key(raw)] = hold(raw, self.sharing)
+            held = hold(raw, self.sharing)
+            self.units[held.unit.key] = held
         self.version += 1
 
     async def _follow(self) -> None:

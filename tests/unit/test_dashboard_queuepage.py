@@ -316,7 +316,9 @@ def test_a_kept_unit_equals_the_parsed_one_and_repeated_values_are_one_copy() ->
         raw["metadata"]["labels"] = {"quota.scheduling.koordinator.sh/name": "q"}
         raw["status"] = {"phase": "Enqueued", "message": "limited quotaName:q, limited resKey:cpu,"}
     kept = [cache.hold(raw, sharing) for raw in (first, second)]
-    assert [k.unit for k in kept] == [parse_unit(first), parse_unit(second)]
+    assert [k.unit for k in kept] == [
+        dataclasses.replace(parse_unit(r), **cache.UNREAD) for r in (first, second)
+    ]
     assert kept[0].unit.labels is kept[1].unit.labels and kept[0].unit.message is kept[1].unit.message
     assert kept[1].job == "job/a-job"
     other = raw_unit("c", "team-a", "3")
