@@ -43,7 +43,10 @@ What the values reach (everything else is the manifests, verbatim):
   (docs/operations.md#metrics);
 * ``networkPolicy.*``: the kustomize component ``manifests/components/network-policies`` as
   templates, its peers from ``apiServer`` and ``metrics`` (docs/operations.md#network-policies);
-* ``dashboard.*``: the Grafana dashboard (manifests/dashboards) as a ConfigMap for Grafana's sidecar.
+* ``dashboard.*``: the Grafana dashboard (manifests/dashboards) as a ConfigMap for Grafana's sidecar;
+* ``webDashboard.*``: the kustomize component ``manifests/components/web-dashboard`` (the web
+  dashboard installed in the cluster) as templates (``testenv/chart_web.py``), its page's peers
+  ``networkPolicy.webDashboard``.
 
 The default values are read from the manifests too (the image, replicas, resources and the
 configuration file), so changing ``manifests/`` and running ``make chart`` is the whole workflow.
@@ -64,7 +67,7 @@ from typing import Any, Final
 
 import yaml
 
-from testenv import binaries, components, kinds, system
+from testenv import binaries, chart_web, components, kinds, system
 from testenv.chart_files import (
     CERT_MANAGER,
     CONFIG_MAP,
@@ -350,7 +353,12 @@ def generate(out: Path) -> None:
         templates[filename] = _template(obj)
     policies, defaults["networkPolicy"] = _network_policies()
     templates.update(policies)
-    if set(defaults) - {"metricsClientCA", "networkPolicy"} != set(DEPLOYMENTS.values()) or not config:
+    web, defaults["webDashboard"] = chart_web.templates(_template)
+    templates.update(web)
+    if (
+        set(defaults) - {"metricsClientCA", "networkPolicy", "webDashboard"} != set(DEPLOYMENTS.values())
+        or not config
+    ):
         raise ChartError("manifests/ lacks a Deployment or the ConfigMap the chart substitutes into")
     images = {defaults[component]["image"] for component in DEPLOYMENTS.values()}
     if len(images) != 1:
@@ -487,9 +495,15 @@ def _client_ca_volume(text: str) -> str:
 
 # --- docs/operations.md#network-policies: the opt-in component as templates ------------------------
 
-#: The named ports the API server dials (the rules whose peers are ``networkPolicy.apiServer``) and
-#: the metrics port (``networkPolicy.metrics``).
-_PEERS: Final = {"webhook": "apiServer", "visibility": "apiServer", "metrics": "metrics"}
+#: The named ports the API server dials (the rules whose peers are ``networkPolicy.apiServer``), the
+#: metrics port (``networkPolicy.metrics``) and the web dashboard's page (``networkPolicy.webDashboard``).
+#: An egress rule (the web dashboard's, to the API server) takes ``networkPolicy.apiServer`` too.
+_PEERS: Final = {
+    "webhook": "apiServer",
+    "visibility": "apiServer",
+    "metrics": "metrics",
+    "http": "webDashboard",
+}
 
 
 def _network_policies() -> tuple[dict[str, str], dict[str, Any]]:
@@ -509,17 +523,23 @@ def _network_policies() -> tuple[dict[str, str], dict[str, Any]]:
             if found.setdefault(which, rule["from"]) != rule["from"]:
                 raise ChartError(f"{policy['metadata']['name']}: the {which} peers differ between policies")
             rule["from"] = _token(f"peers_{which}")
+        for rule in policy["spec"].get("egress", []):
+            if found.setdefault("apiServer", rule["to"]) != rule["to"]:
+                raise ChartError(
+                    f"{policy['metadata']['name']}: its egress peers differ from the API server's"
+                )
+            rule["to"] = _token("peers_apiServer")
         text = _template(policy)
         for which in set(_PEERS.values()):
             pattern = re.compile(
-                rf"^(?P<indent> *)(?P<dash>- )?from: {re.escape(_token(f'peers_{which}'))}$", re.M
+                rf"^(?P<indent> *)(?P<dash>- )?(?P<key>from|to): {re.escape(_token(f'peers_{which}'))}$", re.M
             )
 
             def peers(match: re.Match[str], which: str = which) -> str:
-                indent, dash = match["indent"], match["dash"] or ""
+                indent, dash, key = match["indent"], match["dash"] or "", match["key"]
                 depth = len(indent) + len(dash) + 2
                 values = f"toYaml .Values.networkPolicy.{which}"
-                return f"{indent}{dash}from:\n{' ' * depth}{{{{- {values} | nindent {depth} }}}}"
+                return f"{indent}{dash}{key}:\n{' ' * depth}{{{{- {values} | nindent {depth} }}}}"
 
             text = pattern.sub(peers, text)
         name = policy["metadata"]["name"]

@@ -8,6 +8,8 @@ from typing import Any, Final
 
 import yaml
 
+from testenv import chart_web
+
 Obj = dict[str, Any]
 CONFIG_MAP: Final = "koord-queue-config"
 
@@ -351,7 +353,10 @@ def schema() -> dict[str, Any]:
                         ),
                     }
                 ),
-                "networkPolicy": obj({"enabled": boolean, "apiServer": objects, "metrics": objects}),
+                "networkPolicy": obj(
+                    {"enabled": boolean, "apiServer": objects, "metrics": objects, "webDashboard": objects}
+                ),
+                "webDashboard": chart_web.schema(),
                 "dashboard": obj(
                     {"enabled": boolean, "namespace": string, "label": string, "labelValue": scalar}
                 ),
@@ -433,10 +438,11 @@ metrics:
     webhookClientSecret: ""
 
 networkPolicy:
-  # NetworkPolicies for both components (docs/operations.md#network-policies; the kustomize
-  # component manifests/components/network-policies): the API server may reach the webhook's port
-  # and the visibility API, the `metrics` peers the metrics ports, anyone the health ports (the
-  # kubelet's probes), nothing else. Needs a network plugin that enforces them.
+  # NetworkPolicies for both components and the web dashboard (docs/operations.md#network-policies;
+  # the kustomize component manifests/components/network-policies): the API server may reach the
+  # webhook's port and the visibility API, the `metrics` peers the metrics ports, the
+  # `webDashboard` peers its page, anyone the health ports (the kubelet's probes), nothing else;
+  # the web dashboard may connect only to the API server. Needs a network plugin that enforces them.
   enabled: false
   # Where the API server connects from (it rarely runs in a pod a selector could name): narrow it
   # to your control plane's addresses.
@@ -445,6 +451,11 @@ networkPolicy:
   # Your Prometheus' pods.
   metrics:
 {_block(defaults["networkPolicy"]["metrics"], 4)}
+  # Who may open the web dashboard's page (webDashboard below); the API server's peers above are
+  # also the only place it may connect to. Default: pods of the release namespace (kubectl
+  # port-forward goes through the kubelet and reaches it anyway).
+  webDashboard:
+{_block(defaults["networkPolicy"]["webDashboard"], 4)}
 
 dashboard:
   # The Grafana dashboard as a ConfigMap for Grafana's dashboard sidecar.
@@ -453,7 +464,8 @@ dashboard:
   namespace: ""
   label: grafana_dashboard
   labelValue: "1"
-"""
+
+{chart_web.values(defaults["webDashboard"], _block)}"""
 
 
 def _block(value: Any, indent: int) -> str:

@@ -22,6 +22,8 @@ from testenv import binaries
 ROOT: Final = binaries.PROJECT_ROOT
 COMPONENTS: Final = ROOT / "manifests" / "components"
 NETWORK_POLICIES: Final = "network-policies"
+#: The web dashboard installed in the cluster (docs/dashboard.md#installed-in-the-cluster).
+WEB_DASHBOARD: Final = "web-dashboard"
 
 
 def rendered(components: Sequence[str]) -> list[dict[str, Any]]:

@@ -407,10 +407,11 @@ def test_the_network_policies_are_accepted_by_the_api_server(e2e_cluster: LocalC
     policies = components.network_policies()
     assert sorted(p["metadata"]["name"] for p in policies) == [
         "koord-queue-reconciler",
+        "koord-queue-web-dashboard",
         "koord-queue-webhook",
     ]
     out = _dry_run(e2e_cluster, policies)
-    assert out.count("(server dry run)") == 2, out
+    assert out.count("(server dry run)") == 3, out
     helm = subprocess.run(
         [
             str(binaries.helm()),
@@ -422,6 +423,7 @@ def test_the_network_policies_are_accepted_by_the_api_server(e2e_cluster: LocalC
             '--set-json=networkPolicy.apiServer=[{"ipBlock":{"cidr":"10.96.0.0/12"}}]',
             "--show-only=templates/networkpolicy-koord-queue-webhook.yaml",
             "--show-only=templates/networkpolicy-koord-queue-reconciler.yaml",
+            "--show-only=templates/networkpolicy-koord-queue-web-dashboard.yaml",
         ],
         capture_output=True,
         text=True,
@@ -429,12 +431,12 @@ def test_the_network_policies_are_accepted_by_the_api_server(e2e_cluster: LocalC
     )
     rendered = [d for d in yaml.safe_load_all(helm.stdout) if d]
     assert {d["metadata"]["namespace"] for d in rendered} == {"default"}
-    assert _dry_run(e2e_cluster, rendered).count("(server dry run)") == 2
+    assert _dry_run(e2e_cluster, rendered).count("(server dry run)") == 3
     # A policy naming a port the pods do not have is still valid to the API server (named ports
     # resolve per pod), so the names are checked against the Deployments here.
     deployments = {
         d["metadata"]["name"]: {p["name"] for p in d["spec"]["template"]["spec"]["containers"][0]["ports"]}
-        for d in system.rendered_manifests()
+        for d in components.rendered([components.WEB_DASHBOARD])
         if d["kind"] == "Deployment"
     }
     for policy in policies:

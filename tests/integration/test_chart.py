@@ -408,20 +408,90 @@ def test_network_policies_render_exactly_the_kustomize_component() -> None:
     for name, obj in expected.items():
         assert without_chart_annotations(enabled)[name] == obj, f"{name} differs from the kustomize component"
     added = set(enabled) - set(default)
-    assert {k[1] for k in added} == {"NetworkPolicy"} and len(added) == 2
+    assert {k[1] for k in added} == {"NetworkPolicy"} and len(added) == 3
     assert all(enabled[k] == default[k] for k in default)
 
     peers = {"namespaceSelector": {"matchLabels": {"team": "observability"}}}
+    viewers = {"namespaceSelector": {"matchLabels": {"team": "ingress"}}}
     narrowed = template(
         "networkPolicy.enabled=true",
         '--set-json=networkPolicy.apiServer=[{"ipBlock":{"cidr":"10.0.0.0/24"}}]',
         "--set-json=networkPolicy.metrics=" + json.dumps([peers]),
+        "--set-json=networkPolicy.webDashboard=" + json.dumps([viewers]),
     )
     for k in added:
         rules = {r["ports"][0]["port"]: r.get("from") for r in narrowed[k]["spec"]["ingress"]}
-        assert rules["metrics"] == [peers] and rules["health"] is None
+        assert rules["health"] is None
+        if "http" in rules:  # the web dashboard: its page from its peers, out only to the API server
+            assert rules["http"] == [viewers]
+            assert [r["to"] for r in narrowed[k]["spec"]["egress"]] == [
+                [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+            ]
+            continue
+        assert rules["metrics"] == [peers]
         own = "webhook" if "webhook" in rules else "visibility"
         assert rules[own] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+
+
+WEB_DASHBOARD = ("apps/v1", "Deployment", "koord-queue", "koord-queue-web-dashboard")
+
+
+def test_the_web_dashboard_renders_exactly_the_kustomize_component() -> None:
+    """docs/dashboard.md#installed-in-the-cluster: ``webDashboard.enabled`` adds the objects an
+    overlay with manifests/components/web-dashboard adds, and nothing else changes; with the
+    network policies too, the objects of an overlay with both components."""
+    default = template()
+    enabled = template("webDashboard.enabled=true")
+    expected = normalised(components.rendered([components.WEB_DASHBOARD]))
+    assert sorted(without_chart_annotations(enabled)) == sorted(expected)
+    for name, obj in expected.items():
+        assert without_chart_annotations(enabled)[name] == obj, f"{name} differs from the kustomize component"
+    added = set(enabled) - set(default)
+    assert {k[1] for k in added} == {"ServiceAccount", "Deployment", "Service"}
+    assert all(enabled[k] == default[k] for k in default)
+    both = template("webDashboard.enabled=true", "networkPolicy.enabled=true")
+    expected = normalised(components.rendered([components.WEB_DASHBOARD, components.NETWORK_POLICIES]))
+    assert without_chart_annotations(both) == expected
+
+
+def test_the_web_dashboard_has_no_identity_of_its_own() -> None:
+    """No token is mounted, no binding names its ServiceAccount, and it runs as the other
+    components do (non-root, read-only root, no capabilities)."""
+    objs = template("webDashboard.enabled=true")
+    account = objs[("v1", "ServiceAccount", "koord-queue", "koord-queue-web-dashboard")]
+    assert account["automountServiceAccountToken"] is False
+    spec = pod(objs, WEB_DASHBOARD)
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["serviceAccountName"] == "koord-queue-web-dashboard"
+    for obj in objs.values():
+        for subject in obj.get("subjects") or []:
+            assert subject.get("name") != "koord-queue-web-dashboard", obj["metadata"]["name"]
+    c = container(objs, WEB_DASHBOARD)
+    assert c["command"] == ["koord-queue-dashboard"]
+    assert c["securityContext"] == container(objs, RECONCILER)["securityContext"]
+    assert spec["securityContext"] == pod(objs, RECONCILER)["securityContext"]
+    assert {v["name"]: v.get("configMap", {}).get("name") for v in spec["volumes"]}["kube-root-ca"] == (
+        "kube-root-ca.crt"
+    )
+
+
+def test_the_web_dashboards_values_change_what_they_should() -> None:
+    default = template("webDashboard.enabled=true")
+    rendered = template(
+        "webDashboard.enabled=true",
+        "webDashboard.sessionIdleTimeout=5m",
+        "webDashboard.maxSessions=7",
+        "webDashboard.extraArgs[0]=--tls-cert-file=/tls/tls.crt",
+        "webDashboard.resources.limits.memory=3Gi",
+        "webDashboard.service.type=NodePort",
+        "image.tag=9.9.9",
+    )
+    service = ("v1", "Service", "koord-queue", "koord-queue-web-dashboard")
+    assert {k for k in default if rendered[k] != default[k]} == {RECONCILER, WEBHOOK, WEB_DASHBOARD, service}
+    c = container(rendered, WEB_DASHBOARD)
+    assert c["args"][-3:] == ["--session-idle-timeout=5m", "--max-sessions=7", "--tls-cert-file=/tls/tls.crt"]
+    assert c["resources"]["limits"]["memory"] == "3Gi" and c["image"] == "koord-queue-py:9.9.9"
+    assert rendered[service]["spec"]["type"] == "NodePort"
 
 
 def test_the_webhook_scrapers_ca_can_come_from_a_secret() -> None:
@@ -462,6 +532,7 @@ EVERYTHING_ON = (
     "config.manageJobsWithoutQuotaName=true",
     "metrics.serviceMonitor.enabled=true",
     "dashboard.enabled=true",
+    "webDashboard.enabled=true",
 )
 
 
@@ -558,6 +629,8 @@ def test_cert_manager_mode_renders_its_certificate_and_ca_injection() -> None:
         ("reconciler.replicas=abc", "at '/reconciler/replicas': got string, want integer"),
         ("webhook.replica=3", "at '/webhook': additional properties 'replica' not allowed"),
         ("config.quotaGuarantees=maybe", "at '/config/quotaGuarantees': got string, want boolean"),
+        ("webDashboard.maxSessions=many", "at '/webDashboard/maxSessions': got string, want integer"),
+        ("webDashboard.sesionIdleTimeout=5m", "sesionIdleTimeout"),
     ],
 )
 def test_a_wrong_value_is_refused_naming_it(value: str, named: str) -> None:
@@ -606,7 +679,13 @@ def test_the_chart_installs_with_a_server_side_dry_run(integration_cluster: Loca
     assert broken.returncode != 0 and 'no matches for kind "ServiceMonitor"' in broken.stderr, broken.stderr
     for sets in (
         [],
-        ["reconciler.replicas=3", "config.maxUserPriority=7", "dashboard.enabled=true"],
+        [
+            "reconciler.replicas=3",
+            "config.maxUserPriority=7",
+            "dashboard.enabled=true",
+            "webDashboard.enabled=true",
+            "networkPolicy.enabled=true",
+        ],
         [
             "reconciler.nodeSelector.disk=ssd",
             "webhook.tolerations[0].operator=Exists",
