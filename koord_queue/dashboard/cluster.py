@@ -9,7 +9,7 @@ nothing.
 
 The dashboard listens on ``--bind-address`` (plain HTTP, or HTTPS with ``--tls-cert-file`` and
 ``--tls-private-key-file``) and answers ``/healthz`` and ``/readyz`` on a separate plain port, as
-the other components do (docs/operations.md#health).
+the other components do (docs/operations.md#endpoints).
 """
 
 from __future__ import annotations
