@@ -28,8 +28,12 @@ rounds, interleaved:
 * ``poll_304``/``poll_200``: one poll of the queue page's JSON with and without the page's ETag;
 * ``visibility_http``/``visibility_kubectl``: the visibility API's first page, as said above.
 
-Peak RSS of the dashboard's process is ``VmHWM`` from ``/proc``. Writes
-``bench/results/dashboard-<units>-<date>.json``; prints medians, p95s and the ratios.
+For the first page the browser's own timings say where its time went (``first_page_timings``:
+the navigation's redirect, the HTML, the script, ``/api/session`` and the queue page's JSON, each
+from navigation start). Peak RSS of the dashboard's process is ``VmHWM`` from ``/proc``; its
+``VmRSS`` and the machine's load average are sampled every second from the plugin's start to its
+end (``timeline``), so a rise can be put next to what the dashboard did then and what else ran.
+Writes ``bench/results/dashboard-<units>-<date>-<time>.json``; prints medians, p95s and the ratios.
 """
 
 from __future__ import annotations
@@ -184,6 +188,35 @@ async def start_dashboard(kubeconfig: pathlib.Path, namespace: str) -> tuple[asy
     return process, line.split(" at ", 1)[1].strip()
 
 
+#: The browser's timings of the page's own requests (PerformanceResourceTiming), from navigation start.
+TIMINGS_JS: Final = """() => {
+  const nav = performance.getEntriesByType("navigation")[0];
+  const out = nav ? [{name: "document", start: 0, redirectEnd: nav.redirectEnd,
+                      responseStart: nav.responseStart, end: nav.responseEnd,
+                      domContentLoaded: nav.domContentLoadedEventEnd}] : [];
+  for (const e of performance.getEntriesByType("resource")) {
+    out.push({name: new URL(e.name).pathname, start: e.startTime, responseStart: e.responseStart,
+              end: e.responseEnd});
+  }
+  return out;
+}"""
+
+
+async def sample(pid: int, t0: float, into: list[dict[str, float]], stop: asyncio.Event) -> None:
+    """``VmRSS`` of the dashboard and the machine's load average, once a second (a pace, not a
+    synchronisation), until ``stop``."""
+    while not stop.is_set():
+        into.append(
+            {
+                "t_s": round(time.monotonic() - t0, 1),
+                "rss_mib": round(ba.proc_mem_mib(pid).get("VmRSS", 0.0), 1),
+                "loadavg": ba.loadavg(),
+            }
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
 async def measure(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
     from playwright.async_api import async_playwright
 
@@ -200,10 +233,17 @@ async def measure(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
         result["settle_s"] = round(await settled(client, args.units, timeout_s=3600), 1)
         print(f"  settled after {result['settle_s']}s more", flush=True)
         vis_path = f"{VISIBILITY}/namespaces/{ns}/queueunits"
+        result["loadavg_at_dashboard_start"] = ba.loadavg()
         t0 = time.monotonic()
         process, url = await start_dashboard(cluster.kubeconfig, ns)
+        result["url_printed_after_start_s"] = round(time.monotonic() - t0, 3)
         base = url.split("/ns/")[0]
         pid = process.pid
+        timeline: list[dict[str, float]] = []
+        sampled = asyncio.Event()
+        sampler = asyncio.create_task(sample(pid, t0, timeline, sampled))
+        timings: list[dict[str, Any]] = []
+        rss_at_full: dict[str, float] = {}
         series: dict[str, list[float]] = {
             k: [] for k in ("render", "poll_304", "poll_200", "visibility_http", "visibility_kubectl")
         }
@@ -227,9 +267,11 @@ async def measure(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
                             first_after_start = time.monotonic() - t0
                             first_render = render
                             rows_early = await page.locator("tr[data-unit]").count()
+                            timings = await page.evaluate(TIMINGS_JS)
                             # the early page until every unit is read (docs/dashboard.md#the-first-page)
                             await page.wait_for_selector("p.loading", state="detached", timeout=600_000)
                             full_after_start = time.monotonic() - t0
+                            rss_at_full = ba.proc_mem_mib(pid)
                         else:
                             series["render"].append(render)
                         rows_seen.append(await page.locator("tr[data-unit]").count())
@@ -272,6 +314,8 @@ async def measure(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
                     await chromium.close()
             memory = ba.proc_mem_mib(pid)
         finally:
+            sampled.set()
+            await sampler
             process.send_signal(signal.SIGTERM)
             await asyncio.wait_for(process.wait(), timeout=30)
         stats = {k: summary(v) for k, v in series.items()}
@@ -284,7 +328,13 @@ async def measure(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
                 "rows_on_early_page": rows_early,
                 "full_page_after_start_s": round(full_after_start or 0.0, 3),
                 "rows_on_first_page": rows_seen[0] if rows_seen else 0,
+                "first_page_timings": [
+                    {k: (round(v / 1000, 4) if isinstance(v, (int, float)) else v) for k, v in e.items()}
+                    for e in timings
+                ],
                 "dashboard_rss_mib": {k: round(v, 1) for k, v in memory.items()},
+                "dashboard_rss_at_full_page_mib": {k: round(v, 1) for k, v in rss_at_full.items()},
+                "timeline": timeline,
                 "ratios": {
                     "render_over_visibility_http": round(
                         stats["render"]["median_s"] / stats["visibility_http"]["median_s"], 2
@@ -366,7 +416,7 @@ def main() -> None:
         **result,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"dashboard-{args.units}-{started.strftime('%Y%m%d')}.json"
+    out = RESULTS / f"dashboard-{args.units}-{started.strftime('%Y%m%d-%H%M')}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     s = result["stats"]
     print(

@@ -49,6 +49,8 @@ PAGE: Final = 500
 #: Units parsed between two turns of the event loop while a list is read (a page of 500 parses
 #: in about 60 ms, which the early page's requests would otherwise wait behind).
 YIELD_EVERY: Final = 50
+#: The longest a list waits for a request that asked it to step aside (:class:`Gate`).
+PAUSE_MAX_S: Final = 2.0
 #: How long a failed watch waits before listing again (a back-off, not a synchronisation).
 RETRY_S: Final = 1.0
 MAX_RETRY_S: Final = 30.0
@@ -163,6 +165,34 @@ def hold(raw: dict[str, Any], sharing: Sharing | None = None) -> Held:
     return Held(unit, job)
 
 
+class Gate:
+    """Lets a request someone waits on go before the background lists: while a page's first
+    answer is read (docs/dashboard.md#the-first-page), every list of the dashboard stops between
+    two slices of units and before asking for its next page, for at most :data:`PAUSE_MAX_S`.
+    The event loop and the API server are then that answer's; the list goes on after it."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._holders = 0
+
+    @contextlib.contextmanager
+    def held(self) -> Any:
+        self._holders += 1
+        self._open.clear()
+        try:
+            yield
+        finally:
+            self._holders -= 1
+            if not self._holders:
+                self._open.set()
+
+    async def passed(self) -> None:
+        if not self._open.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._open.wait(), PAUSE_MAX_S)
+
+
 def _key(raw: dict[str, Any]) -> str:
     meta = raw.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
@@ -171,9 +201,18 @@ def _key(raw: dict[str, Any]) -> str:
 class UnitStore:
     """The QueueUnits of one scope, listed once and then watched, with the user's client."""
 
-    def __init__(self, client: kube.Kube, namespace: str | None) -> None:
+    def __init__(
+        self,
+        client: kube.Kube,
+        namespace: str | None,
+        gate: Gate | None = None,
+        long: asyncio.Event | None = None,
+    ) -> None:
         self.client = client
         self.namespace = namespace
+        self.gate = gate or Gate()
+        #: set once a list needs more than one page (the first page then cannot be ready at once)
+        self.long = long or asyncio.Event()
         self.units: dict[str, Held] = {}
         #: bumped on every change the watch delivers (and on every relist)
         self.version = 0
@@ -191,9 +230,12 @@ class UnitStore:
         self.sharing.clear()
         query: dict[str, Any] = {"limit": PAGE}
         while True:
+            await self.gate.passed()
             page = await self.client.request(
                 "GET", QUEUE_UNITS.path(self.namespace), query=query, verb="LIST"
             )
+            if (page.get("metadata") or {}).get("continue"):
+                self.long.set()
             items: list[dict[str, Any]] = page.pop("items", None) or []
             items.reverse()
             count = 0
@@ -212,6 +254,7 @@ class UnitStore:
                 if count % YIELD_EVERY == 0:
                     # let the early page's reads go on between units (docs/dashboard.md#the-first-page)
                     await asyncio.sleep(0)
+                    await self.gate.passed()
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -285,6 +328,9 @@ class Stores:
         self._stores: OrderedDict[str | None, UnitStore] = OrderedDict()
         self._locks: dict[str | None, asyncio.Lock] = {}
         self._cluster_refused_at: float | None = None
+        #: shared by every store of this dashboard (docs/dashboard.md#the-first-page)
+        self.gate = Gate()
+        self.long = asyncio.Event()
 
     async def get(self, namespace: str | None) -> UnitStore:
         """The loaded store of ``namespace`` (``None``: every namespace); raises the refusal of its
@@ -293,7 +339,7 @@ class Stores:
         async with lock:
             store = self._stores.get(namespace)
             if store is None:
-                store = UnitStore(self.client, namespace)
+                store = UnitStore(self.client, namespace, self.gate, self.long)
                 await store.load()
                 store.start()
                 self._stores[namespace] = store

@@ -48,8 +48,14 @@ SIDE_MAX_S: Final = 10.0
 DEFAULT_LIMIT: Final = 50
 MAX_LIMIT: Final = 5000
 #: How long a namespace's first request waits for the full page before it answers the early one
-#: (a small cluster's full page is ready by then, so it never sees an early page).
+#: (a small cluster's full page is ready by then, so it never sees an early page); not waited once
+#: the list has more than one page, which no full page is built behind within that time.
 EARLY_WAIT_S: Final = 0.3
+#: While the full page is built, the early page is read again this often for as long as a page
+#: asked for it in the last :data:`EARLY_LINGER_S` seconds, so a poll finds it read less than
+#: :data:`SIDE_S` ago instead of waiting for its reads.
+EARLY_EVERY_S: Final = 0.5
+EARLY_LINGER_S: Final = 5.0
 #: GETs of the early page's units in flight at once (the API client's connection pool is 64).
 EARLY_GETS: Final = 50
 
@@ -86,10 +92,23 @@ class QueuePages:
         #: namespaces whose full page was built once (their store is listed and watched)
         self._warm: set[str | None] = set()
         self._early: dict[tuple[str | None, int], tuple[float, Built]] = {}
+        #: the early page's reads in flight, and its keeper, by page
+        self._early_reads: dict[tuple[str, int], asyncio.Task[Built]] = {}
+        self._keepers: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._asked: dict[tuple[str, int], float] = {}
 
     async def close(self) -> None:
-        for task in [*self._refreshing.values(), *self._pending.values()]:
+        tasks = [
+            *self._refreshing.values(),
+            *self._pending.values(),
+            *self._early_reads.values(),
+            *self._keepers.values(),
+        ]
+        for task in tasks:
             task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
         await self.stores.close()
 
     async def answer(self, namespace: str | None, limit: int) -> Built:
@@ -102,8 +121,13 @@ class QueuePages:
         if task is None:
             task = asyncio.create_task(self._full(namespace, limit), name=f"dashboard-page-{namespace}")
             self._pending[key] = task
-        done, _ = await asyncio.wait({task}, timeout=EARLY_WAIT_S)
-        if done:  # ready, or failed: its refusal is this answer's, and the next request starts over
+        if not task.done() and not self.stores.long.is_set():
+            long = asyncio.ensure_future(self.stores.long.wait())
+            try:
+                await asyncio.wait({task, long}, timeout=EARLY_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                long.cancel()
+        if task.done():  # ready, or failed: its refusal is this answer's, and the next request starts over
             del self._pending[key]
             self._early.pop(key, None)
             return task.result()
@@ -111,11 +135,44 @@ class QueuePages:
 
     async def _early_page(self, namespace: str, limit: int) -> Built:
         """The namespace's first waiting units from the visibility API, each read with one GET as
-        the user; rebuilt at most every :data:`SIDE_S` seconds while the full page is built."""
+        the user: read less than :data:`SIDE_S` seconds ago, else read now, the lists stepping
+        aside meanwhile (``cache.Gate``); kept fresh in the background while pages ask for it."""
         key = (namespace, limit)
+        self._asked[key] = time.monotonic()
+        keeper = self._keepers.get(key)
+        if keeper is None or keeper.done():
+            self._keepers[key] = asyncio.create_task(self._keep_early(namespace, limit))
         cached = self._early.get(key)
         if cached is not None and time.monotonic() - cached[0] < SIDE_S:
             return cached[1]
+        with self.stores.gate.held():
+            return await self._early_read(namespace, limit)
+
+    async def _keep_early(self, namespace: str, limit: int) -> None:
+        """Read the early page again every :data:`EARLY_EVERY_S` seconds while the full page is
+        built and a page asked for it within :data:`EARLY_LINGER_S` seconds (a pace, not a
+        synchronisation); a failed read is left for the next request to meet."""
+        key = (namespace, limit)
+        while time.monotonic() - self._asked.get(key, 0.0) < EARLY_LINGER_S:
+            full = self._pending.get(key)
+            if full is None or full.done():
+                return
+            started = time.monotonic()
+            with contextlib.suppress(CliError, kube.KubeError):
+                await self._early_read(namespace, limit)
+            await asyncio.sleep(max(0.0, EARLY_EVERY_S - (time.monotonic() - started)))
+
+    async def _early_read(self, namespace: str, limit: int) -> Built:
+        """One read of the early page, shared by everyone asking while it runs."""
+        key = (namespace, limit)
+        reading = self._early_reads.get(key)
+        if reading is None or reading.done():
+            reading = asyncio.create_task(self._read_early(namespace, limit))
+            self._early_reads[key] = reading
+        return await asyncio.shield(reading)
+
+    async def _read_early(self, namespace: str, limit: int) -> Built:
+        key = (namespace, limit)
         read_at = time.monotonic()
         client = self.reader.client
         try:  # the same refusal as the full page's list, before anything else is read

@@ -377,7 +377,10 @@ class SlowPages(queuepage.QueuePages):
         return self.full
 
 
-async def test_the_first_page_answers_from_the_visibility_api_before_every_unit_is_listed() -> None:
+async def test_the_first_page_answers_from_the_visibility_api_before_every_unit_is_listed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(queuepage, "EARLY_EVERY_S", 60.0)  # no background read during this test
     api = EarlyApiServer()
     pages = SlowPages(PagedReader(cast(Any, api)))
     try:
@@ -416,3 +419,50 @@ async def test_the_early_page_of_a_namespace_the_user_may_not_list_is_refused() 
     finally:
         pages.release.set()
         await pages.close()
+
+
+async def test_once_the_list_is_long_the_early_page_answers_without_waiting_and_is_kept_fresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/dashboard.md#the-first-page: a list of more than one page cannot give the full page
+    # within EARLY_WAIT_S, so no request waits for it; the early page is read again in the
+    # background while pages ask, so a poll finds it fresh, and not once the full page is ready
+    monkeypatch.setattr(queuepage, "EARLY_WAIT_S", 30.0)
+    monkeypatch.setattr(queuepage, "EARLY_EVERY_S", 0.01)
+    api = EarlyApiServer()
+    pages = SlowPages(PagedReader(cast(Any, api)))
+    pages.stores.long.set()
+    try:
+        early = await asyncio.wait_for(pages.answer("team-a", 50), 10)
+        assert orjson.loads(early.body)["loading"] is True
+        reads = api.asked.count(f"{VISIBILITY}/namespaces/team-a/queueunits")
+        await until(
+            lambda: api.asked.count(f"{VISIBILITY}/namespaces/team-a/queueunits") > reads + 1,
+            "the early page read again in the background",
+        )
+        pages.release.set()
+        deadline = asyncio.get_running_loop().time() + 5
+        while (await pages.answer("team-a", 50)) is not pages.full:  # the next poll, at the latest
+            assert asyncio.get_running_loop().time() < deadline, "the full page after its release"
+            await asyncio.sleep(0.01)
+        keeper = pages._keepers[("team-a", 50)]
+        await until(keeper.done, "the keeper to stop once the full page is ready")
+    finally:
+        pages.release.set()
+        await pages.close()
+
+
+async def test_a_list_steps_aside_while_a_page_waits_for_its_first_answer() -> None:
+    api = FakeApiServer()
+    api.items["team-a"] = [raw_unit(f"u{i}", "team-a", str(i)) for i in range(1203)]
+    stores = cache.Stores(cast(kube.Kube, api))
+    try:
+        with stores.gate.held():
+            loading = asyncio.create_task(stores.get("team-a"))
+            for _ in range(50):  # the fake answers at once: the list would be done by now
+                await asyncio.sleep(0)
+            assert not loading.done() and api.asked == []
+        store = await asyncio.wait_for(loading, 10)
+        assert len(store.units) == 1203 and stores.long.is_set()
+    finally:
+        await stores.close()
