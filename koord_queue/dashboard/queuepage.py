@@ -55,7 +55,7 @@ EARLY_WAIT_S: Final = 0.3
 #: asked for it in the last :data:`EARLY_LINGER_S` seconds, so a poll finds it read less than
 #: :data:`SIDE_S` ago instead of waiting for its reads.
 EARLY_EVERY_S: Final = 0.5
-EARLY_LINGER_S: Final = 5.0
+EARLY_LINGER_S: Final = 10.0
 #: GETs of the early page's units in flight at once (the API client's connection pool is 64).
 EARLY_GETS: Final = 50
 
