@@ -60,6 +60,7 @@ from chaos import (
     tenant_preemption,
     tenant_release,
     tenant_submitter,
+    tenant_web_dashboard,
     tenant_workflows,
 )
 from chaos.observer import Observer
@@ -243,6 +244,7 @@ ATTACKS: Final[dict[str, str]] = {
     **tenant_metrics.ATTACKS,
     **tenant_plant.ATTACKS,
     **tenant_dashboard.ATTACKS,
+    **tenant_web_dashboard.ATTACKS,
     "write-queueunit-status": "RBAC: namespace users may only read QueueUnits (user roles)",
     "create-queueunit": "RBAC: namespace users may only read QueueUnits (user roles)",
     "raise-quota-max": "RBAC: ElasticQuotas are cluster-admin objects",
@@ -662,6 +664,7 @@ class Tenant:
             tenant_metrics.metrics_attacks(self, r),
             tenant_plant.plant_attacks(self, r),
             tenant_dashboard.dashboard_attacks(self, r),
+            tenant_web_dashboard.web_dashboard_attacks(self, r),
         ]
         if self.workflows:
             attacks.append(self.workflow(r))
