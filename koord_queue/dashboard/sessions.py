@@ -340,7 +340,8 @@ class ClusterGuard:
         if key and not key.startswith(BEARER):
             await self.sessions.close(key)
         response = web.json_response({"message": "logged out"})
-        response.del_cookie(COOKIE, path="/")
+        # with the attributes it was set with: a browser keeps a Secure cookie from a plainer overwrite
+        response.del_cookie(COOKIE, path="/", secure=True, httponly=True, samesite="Strict")
         return response
 
 

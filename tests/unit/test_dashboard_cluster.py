@@ -8,9 +8,11 @@ which tests/e2e/test_dashboard_incluster.py tries against the real control plane
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import AsyncIterator
 from http.cookies import SimpleCookie
 from importlib import resources
+from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
@@ -21,6 +23,7 @@ from koord_queue.dashboard import cluster
 from koord_queue.dashboard.guard import CSP
 from koord_queue.dashboard.sessions import COOKIE, Sessions, TokenRefused, home_namespace, same_origin
 from koord_queue.shared import kube
+from tests.unit.test_import_root import wheel  # noqa: F401  (the fixture)
 
 GOOD = {"token-alice": "system:serviceaccount:team-a:alice", "token-oidc": "bob@example.com"}
 
@@ -44,10 +47,13 @@ class Clock:
 
 
 class Served:
-    def __init__(self, base: str, sessions: Sessions, clients: list[tuple[str, Tracked]]) -> None:
+    def __init__(
+        self, base: str, sessions: Sessions, clients: list[tuple[str, Tracked]], clock: Clock
+    ) -> None:
         self.base = base
         self.sessions = sessions
         self.clients = clients
+        self.clock = clock
         self.http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
 
     async def request(
@@ -113,9 +119,8 @@ async def served() -> AsyncIterator[Served]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    it = Served(f"http://127.0.0.1:{port}", sessions, CLIENTS)
-    it.clock = clock  # type: ignore[attr-defined]
+    port = runner.addresses[0][1]
+    it = Served(f"http://127.0.0.1:{port}", sessions, CLIENTS, clock)
     try:
         yield it
     finally:
@@ -241,7 +246,7 @@ def test_the_origin_is_compared_with_the_host_the_request_was_sent_to() -> None:
 async def test_an_idle_session_is_closed_with_its_client(served: Served) -> None:
     _, cookie, _ = await served.login("token-alice")
     ((_, client),) = served.clients
-    clock = served.clock  # type: ignore[attr-defined]
+    clock = served.clock
     clock.now += 600
     status, _, _ = await served.request("GET", "/api/session", headers={"Cookie": f"{COOKIE}={cookie}"})
     assert status == 200  # used: its idle time starts again
@@ -256,7 +261,7 @@ async def test_an_idle_session_is_closed_with_its_client(served: Served) -> None
 
 async def test_an_idle_session_found_on_its_next_request_is_closed_there(served: Served) -> None:
     _, cookie, _ = await served.login("token-alice")
-    served.clock.now += 901  # type: ignore[attr-defined]
+    served.clock.now += 901
     status, _, _ = await served.request("GET", "/api/session", headers={"Cookie": f"{COOKIE}={cookie}"})
     assert status == 401
     assert served.clients[0][1].closed
@@ -352,6 +357,12 @@ def test_the_flags_default_to_the_pods_environment(monkeypatch: pytest.MonkeyPat
     assert args.session_idle_timeout == 90.0 and args.bind_address == ("127.0.0.1", 0)
     with pytest.raises(SystemExit):
         cluster.parser().parse_args(["--session-idle-timeout", "0"])
+
+
+def test_the_wheel_ships_the_login_page(wheel: Path) -> None:  # noqa: F811
+    names = zipfile.ZipFile(wheel).namelist()
+    for name in ("login.html", "login.js"):
+        assert f"koord_queue/dashboard/static/{name}" in names
 
 
 def test_the_login_page_loads_nothing_from_anywhere_else() -> None:
