@@ -12,7 +12,9 @@ Either way the caller gets a :class:`Session`: an API client that sends only tha
 (``kube.Kube.from_token``) and the dashboard's :class:`~koord_queue.dashboard.api.Api` over it
 (its queue store and watch are that user's). A session idle for ``idle_timeout`` is closed with
 its client and watch; at most ``max_sessions`` exist at once, a caller beyond that gets 503. A
-header caller's session is found again by the token's SHA-256, never by the token itself.
+header caller's session is found again by the token's SHA-256, never by the token itself. New
+tokens are checked at most 10 a second (bursts of 20; beyond: 429), so a stranger sending ever new
+tokens spends no more of the API server's time than that.
 
 :class:`ClusterGuard` is the middleware: no token and no session is a 401 (the login page for a
 page, JSON for the API) before anything reaches the API server; writes, the login and the logout
@@ -40,6 +42,7 @@ from koord_queue.cli.client import Reader
 from koord_queue.dashboard.api import Api
 from koord_queue.dashboard.guard import SECURITY_HEADERS, Handler, refusal
 from koord_queue.shared import kube
+from koord_queue.shared.core import access
 
 COOKIE: Final = "koord-queue-web-dashboard"
 SERVICE_ACCOUNT_PREFIX: Final = "system:serviceaccount:"
@@ -106,6 +109,10 @@ class Full(Exception):
     """No room for another session (``--max-sessions``)."""
 
 
+class Busy(Exception):
+    """Too many new tokens to check at once: the review budget is spent."""
+
+
 class Sessions:
     """The live sessions: by cookie id (login) or by the token's hash (Authorization header)."""
 
@@ -118,9 +125,13 @@ class Sessions:
         max_sessions: int,
         review: Review = self_review,
         clock: Callable[[], float] = time.monotonic,
+        budget: access.ReviewBudget | None = None,
     ) -> None:
         self.connect = connect
         self.review = review
+        #: the reviews of tokens not seen yet: strangers sending ever new tokens get 429, not the
+        #: API server's time (the reconciler's metrics server keeps the same budget)
+        self.budget = budget if budget is not None else access.ReviewBudget()
         self.component_namespace = component_namespace
         self.idle_timeout = idle_timeout
         self.max_sessions = max_sessions
@@ -161,6 +172,8 @@ class Sessions:
         return session
 
     async def _session(self, token: str, namespace: str | None) -> Session:
+        if not self.budget.take(now=self.clock()):
+            raise Busy()
         client = self.connect(token)
         try:
             user = await self.review(client)
@@ -297,6 +310,8 @@ class ClusterGuard:
                 return refusal(401, f"refused: {err}")
             except Full:
                 return _full()
+            except Busy:
+                return _busy()
         key = request.cookies.get(COOKIE, "")
         if not key or key.startswith(BEARER):  # a header caller's session is never a cookie's
             return None
@@ -326,6 +341,8 @@ class ClusterGuard:
             return refusal(401, f"refused: {err}")
         except Full:
             return _full()
+        except Busy:
+            return _busy()
         except kube.KubeError as err:
             return refusal(502, f"the API server failed: {err}")
         old = request.cookies.get(COOKIE)
@@ -349,6 +366,10 @@ def _full() -> web.Response:
     return refusal(
         503, "refused: the dashboard has as many sessions as it may keep (--max-sessions); try again later"
     )
+
+
+def _busy() -> web.Response:
+    return refusal(429, "refused: too many new tokens to check at once; try again in a moment")
 
 
 def api_of(request: web.Request) -> Api:

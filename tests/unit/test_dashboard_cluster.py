@@ -370,3 +370,25 @@ def test_the_login_page_loads_nothing_from_anywhere_else() -> None:
         text = resources.files("koord_queue.dashboard").joinpath("static", name).read_text()
         assert "http://" not in text and "https://" not in text, name
         assert "innerHTML" not in text and "<script>" not in text and "style=" not in text, name
+
+
+async def test_a_stranger_sending_ever_new_tokens_gets_429_past_the_review_budget(served: Served) -> None:
+    """Each new token costs a review on the API server: 20 at once, then 10 a second (the clock
+    stands still here), while a session already open is still served."""
+    status, cookie, _ = await served.login("token-alice")
+    assert status == 200
+    statuses = []
+    for i in range(25):
+        answer, _, _ = await served.request(
+            "GET", "/api/session", headers={"Authorization": f"Bearer forged-{i}"}
+        )
+        statuses.append(answer)
+    assert statuses == [401] * 19 + [429] * 6  # one of the 20 went to her login
+    status, _, body = await served.login("token-oidc")
+    assert status == 429 and "too many new tokens" in json.loads(body)["error"]
+    status, _, _ = await served.request("GET", "/api/session", headers={"Cookie": f"{COOKIE}={cookie}"})
+    assert status == 200
+    served.clock.now += 1.0  # ten more a second
+    status, _, _ = await served.login("token-oidc")
+    assert status == 200
+    assert len(served.clients) == 21  # no client was built for a refused one
