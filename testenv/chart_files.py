@@ -451,9 +451,8 @@ networkPolicy:
   # Your Prometheus' pods.
   metrics:
 {_block(defaults["networkPolicy"]["metrics"], 4)}
-  # Who may open the web dashboard's page (webDashboard below); the API server's peers above are
-  # also the only place it may connect to. Default: pods of the release namespace (kubectl
-  # port-forward goes through the kubelet and reaches it anyway).
+  # Who may open the web dashboard's page (default: the release namespace's pods; kubectl
+  # port-forward goes through the kubelet). It may connect only to the apiServer peers above.
   webDashboard:
 {_block(defaults["networkPolicy"]["webDashboard"], 4)}
 
