@@ -206,4 +206,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.apiserver:
         parser().error("--apiserver is needed outside a pod (no KUBERNETES_SERVICE_HOST)")
+    if args.apiserver_ca_file and not os.path.isfile(args.apiserver_ca_file):
+        parser().error(f"no CA bundle at {args.apiserver_ca_file} (--apiserver-ca-file)")
     sys.exit(asyncio.run(serve(args)))

@@ -7,9 +7,12 @@ which tests/e2e/test_dashboard_incluster.py tries against the real control plane
 
 from __future__ import annotations
 
+import asyncio
 import json
+import ssl
 import zipfile
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from http.cookies import SimpleCookie
 from importlib import resources
 from pathlib import Path
@@ -19,10 +22,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from koord_queue.certs import pki
 from koord_queue.dashboard import cluster
 from koord_queue.dashboard.guard import CSP
 from koord_queue.dashboard.sessions import COOKIE, Sessions, TokenRefused, home_namespace, same_origin
 from koord_queue.shared import kube
+from testenv.processes import free_port
+from tests.kube import eventually
 from tests.unit.test_import_root import wheel  # noqa: F401  (the fixture)
 
 GOOD = {"token-alice": "system:serviceaccount:team-a:alice", "token-oidc": "bob@example.com"}
@@ -392,3 +398,63 @@ async def test_a_stranger_sending_ever_new_tokens_gets_429_past_the_review_budge
     status, _, _ = await served.login("token-oidc")
     assert status == 200
     assert len(served.clients) == 21  # no client was built for a refused one
+
+
+async def test_the_server_answers_https_with_its_certificate_and_health_on_a_plain_port(
+    tmp_path: Path,
+) -> None:
+    """``koord-queue-dashboard`` as its entry point runs it, with --tls-cert-file and
+    --tls-private-key-file: the pages over HTTPS (no caller: the login page), /healthz and /readyz
+    over plain HTTP on the health port."""
+    now = datetime.now(UTC)
+    ca = pki.new_ca(common_name="test-ca", now=now)
+    serving = pki.issue_serving(
+        ca=ca, common_name="dashboard", dns_names=["localhost"], ip_addresses=["127.0.0.1"], now=now
+    )
+    for name, data in (("tls.crt", serving.cert_pem), ("tls.key", serving.key_pem), ("ca.crt", ca.cert_pem)):
+        (tmp_path / name).write_bytes(data)
+    port, health = free_port(), free_port()
+    args = cluster.parser().parse_args(
+        [
+            f"--bind-address=127.0.0.1:{port}",
+            f"--health-port={health}",
+            "--apiserver=https://127.0.0.1:9",
+            f"--apiserver-ca-file={tmp_path / 'ca.crt'}",
+            f"--tls-cert-file={tmp_path / 'tls.crt'}",
+            f"--tls-private-key-file={tmp_path / 'tls.key'}",
+        ]
+    )
+    stopped = asyncio.Event()
+    serving_task = asyncio.create_task(cluster.serve(args, stopped))
+    trust = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    async with aiohttp.ClientSession() as http:
+
+        async def ready() -> bool:
+            try:
+                async with http.get(f"http://127.0.0.1:{health}/readyz") as r:
+                    return r.status == 200
+            except aiohttp.ClientConnectionError:
+                return False
+
+        await eventually(ready, timeout=10, what="the dashboard ready")
+        async with http.get(f"http://127.0.0.1:{health}/healthz") as r:
+            assert r.status == 200
+        async with http.get(f"https://127.0.0.1:{port}/ns/team-a", ssl=trust) as r:
+            assert r.status == 401 and 'id="login"' in await r.text()
+        with pytest.raises(aiohttp.ClientError):  # no plain HTTP on the TLS port
+            async with http.get(f"http://127.0.0.1:{port}/login") as r:
+                await r.read()
+    stopped.set()
+    assert await asyncio.wait_for(serving_task, timeout=10) == 0
+
+
+def test_a_missing_ca_bundle_or_api_server_stops_the_server_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        cluster.main(["--apiserver=https://127.0.0.1:9", f"--apiserver-ca-file={tmp_path / 'none.crt'}"])
+    assert "no CA bundle at" in capsys.readouterr().err
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(SystemExit):
+        cluster.main([])
+    assert "--apiserver is needed" in capsys.readouterr().err
