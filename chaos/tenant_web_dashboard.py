@@ -17,9 +17,12 @@ no token); her own namespace's page, with the same session, is the control that 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
 from http.cookies import SimpleCookie
+from pathlib import Path
 from typing import Final
 
 import aiohttp
@@ -45,15 +48,23 @@ PAUSE = 3.0
 TokenOf = Callable[[Attacker], Awaitable[tuple[str | None, str]]]
 
 
-def _connect_like(admin: kube.Kube) -> Connect:
-    """Clients that send only the given token to the API server the harness talks to."""
-    configuration = admin.api_client.configuration
-    host, ca_file = str(configuration.host), configuration.ssl_ca_cert
+@contextlib.contextmanager
+def _connect_like(admin: kube.Kube) -> Iterator[Connect]:
+    """Clients that send only the given token to the API server the harness talks to, trusting
+    its CA (written to a file for the attack's time when the harness holds it in memory)."""
+    settings = admin.settings
+    with tempfile.TemporaryDirectory(prefix="mallory-web-") as tmp:
+        ca_file = settings.ca_file
+        if ca_file is None and settings.ca_data:
+            (Path(tmp) / "ca.crt").write_bytes(settings.ca_data)
+            ca_file = str(Path(tmp) / "ca.crt")
 
-    def connect(token: str) -> kube.Kube:
-        return kube.Kube.from_token(host=host, token=token, ca_file=ca_file, user_agent="mallory-web")
+        def connect(token: str) -> kube.Kube:
+            return kube.Kube.from_token(
+                host=settings.host, token=token, ca_file=ca_file, user_agent="mallory-web"
+            )
 
-    return connect
+        yield connect
 
 
 async def _login(http: aiohttp.ClientSession, base: str, token: str) -> tuple[int, str]:
@@ -119,12 +130,20 @@ async def web_dashboard_attacks(
     if token is None:
         t.record(IN_CLUSTER, r, OTHER_NAMESPACE, "skipped", how)
         return
-    connect = connect or _connect_like(t.admin)
-    async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
-        attack = functools.partial(in_cluster_other_namespace, t, http, token, connect)
-        for attempt in range(TRIES):
-            outcome, target, detail = await attack()
-            if outcome != "skipped" or attempt == TRIES - 1:
-                break
-            await asyncio.sleep(PAUSE)
-        t.record(IN_CLUSTER, r, target, outcome, f"{detail} ({how})")
+    with contextlib.ExitStack() as stack:
+        if connect is None:
+            connect = stack.enter_context(_connect_like(t.admin))
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+            attack = functools.partial(in_cluster_other_namespace, t, http, token, connect)
+            outcome, target, detail = await _tries(attack)
+    t.record(IN_CLUSTER, r, target, outcome, f"{detail} ({how})")
+
+
+async def _tries(attack: Callable[[], Awaitable[tuple[str, str, str]]]) -> tuple[str, str, str]:
+    """The attack until it is judged, at most ``TRIES`` times (the last one counts either way)."""
+    for attempt in range(TRIES):
+        outcome, target, detail = await attack()
+        if outcome != "skipped" or attempt == TRIES - 1:
+            break
+        await asyncio.sleep(PAUSE)
+    return outcome, target, detail

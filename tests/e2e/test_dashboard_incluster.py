@@ -36,6 +36,9 @@ import yaml
 from aiohttp import web
 from playwright.async_api import Browser
 
+from chaos import tenant_web_dashboard
+from koord_queue.dashboard import sessions
+from koord_queue.shared import kube as shared_kube
 from koord_queue.shared.api import names
 from testenv import chart_web, confined, processes, scraping, system
 from testenv.cluster import LocalCluster
@@ -395,3 +398,27 @@ def test_the_component_is_accepted_by_the_api_server(e2e_cluster: LocalCluster) 
         input_text=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}),
     ).stdout
     assert out.count("(server dry run)") == 3, out
+
+
+async def test_the_chaos_attacks_clients_act_with_only_her_token(
+    e2e_cluster: LocalCluster, namespace_in: str
+) -> None:
+    """chaos/tenant_web_dashboard.py builds its clients from the harness's (admin) client: they
+    reach the same API server, trusting its CA, as the token's owner and nobody else."""
+    token = scraping.service_account_token(e2e_cluster, namespace_in, "mallory-web")
+    admin = await shared_kube.Kube.connect(kubeconfig=str(e2e_cluster.kubeconfig))
+    try:
+        with tenant_web_dashboard._connect_like(admin) as connect:
+            client = connect(token)
+            try:
+                assert await sessions.self_review(client) == f"{SERVICE_ACCOUNT}:{namespace_in}:mallory-web"
+            finally:
+                await client.close()
+            with pytest.raises(sessions.TokenRefused):
+                forged = connect("forged")
+                try:
+                    await sessions.self_review(forged)
+                finally:
+                    await forged.close()
+    finally:
+        await admin.close()
