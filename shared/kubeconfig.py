@@ -50,6 +50,16 @@ from koord_queue.shared import memfiles
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import Configuration
 
+# kubernetes-asyncio works out its default kubeconfig (~/.kube/config) when it is imported, even
+# with KUBECONFIG set, and that raises where there is no home directory: no HOME and a uid without
+# a passwd entry, as when the image runs as another user (docs/development.md#runtime-constraints);
+# so does the plugin's own look for ~/.kube/config. The default is never used there (a kubeconfig
+# is named, or the in-cluster ServiceAccount is), so a home that does not exist, as system users
+# have, lets both through. Set when this module is imported, before any of them asks: the
+# reconciler imports kubernetes-asyncio's leader election later, and only then.
+if os.path.expanduser("~") == "~":
+    os.environ["HOME"] = "/nonexistent"
+
 #: Where a pod's ServiceAccount credentials are mounted.
 SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 #: How long a token read from a file is used before the file is read again (client-go's period).
@@ -79,6 +89,10 @@ class Credentials(Protocol):
 
     async def current(self) -> Credential: ...
 
+    def peek(self) -> Credential | None:
+        """The credential last handed out, without asking anew (None: not known)."""
+        ...
+
     async def rejected(self, used: Credential) -> bool:
         """The API server answered 401 to ``used``: fetch a fresh credential if this source can;
         True when the next :meth:`current` differs, so one retry is worth it."""
@@ -92,6 +106,9 @@ class Static:
         self._credential = Credential(authorization)
 
     async def current(self) -> Credential:
+        return self._credential
+
+    def peek(self) -> Credential | None:
         return self._credential
 
     async def rejected(self, used: Credential) -> bool:
@@ -131,6 +148,9 @@ class TokenFile:
     async def current(self) -> Credential:
         if self._clock() - self._read_at >= self._period:
             self._reread()
+        return Credential(f"Bearer {self._token}")
+
+    def peek(self) -> Credential | None:
         return Credential(f"Bearer {self._token}")
 
     async def rejected(self, used: Credential) -> bool:
@@ -183,6 +203,9 @@ class Exec:
                 await self._run()
             assert self._credential is not None
             return self._credential
+
+    def peek(self) -> Credential | None:
+        return self._credential
 
     async def rejected(self, used: Credential) -> bool:
         async with self._lock:
@@ -275,6 +298,9 @@ class Legacy:
         value = await self.configuration.get_api_key_with_prefix("BearerToken")
         return Credential(str(value) if value else None)
 
+    def peek(self) -> Credential | None:
+        return None
+
     async def rejected(self, used: Credential) -> bool:
         return False
 
@@ -345,30 +371,28 @@ class Settings:
         configuration.verify_ssl = not self.insecure
         configuration.tls_server_name = self.server_name
         credentials = self.credentials
+        known = credentials.peek()
+        if known is not None and known.certificate is not None:  # an exec plugin's, as it is now
+            configuration.cert_file = memfiles.memory_file("client-certificate", known.certificate[0])
+            configuration.key_file = memfiles.memory_file("client-key", known.certificate[1])
+        if known is not None and known.authorization is None:
+            return configuration  # type: ignore[no-any-return]  # no header to send
 
         async def refresh(conf: Configuration) -> None:
             authorization = (await credentials.current()).authorization
             if authorization:
                 conf.api_key["BearerToken"] = authorization
-            else:
-                conf.api_key.pop("BearerToken", None)
 
+        # Asked before every request of that client: a token file read again, an exec plugin's
+        # credential fetched again once it expires.
         configuration.refresh_api_key_hook = refresh
-        configuration.api_key["BearerToken"] = ""  # so that the hook is asked
+        configuration.api_key["BearerToken"] = (known.authorization if known else None) or ""
         return configuration  # type: ignore[no-any-return]
 
 
 def import_kubernetes_asyncio() -> Any:
-    """``kubernetes_asyncio.client``, imported on demand.
-
-    It works out its default kubeconfig (``~/.kube/config``) when imported, which raises where there
-    is no home directory: no HOME and a uid without a passwd entry, as when the image runs as
-    another user (docs/development.md#runtime-constraints). That default is never used (a
-    kubeconfig is named, or the in-cluster ServiceAccount is), so a home that does not exist, as
-    system users have, lets the import through.
-    """
-    if os.path.expanduser("~") == "~":
-        os.environ["HOME"] = "/nonexistent"
+    """``kubernetes_asyncio.client``, imported on demand (it needs a home directory: see the top
+    of this module)."""
     from kubernetes_asyncio import client
 
     return client

@@ -3,8 +3,9 @@
 Beside ``shared.kube`` rather than in it: the election is kubernetes-asyncio's own (``LeaseLock``,
 client-go semantics) over its ``ApiClient``, which ``Kube.api_client`` builds on first use from the
 client's own credentials, and only the reconciler's process runs it
-(docs/operations.md#reconciler-flags): nothing else imports kubernetes-asyncio. What it adds is the coupling to the client's
-``Leadership`` gate, so no write of this process can overlap another leader's.
+(docs/operations.md#reconciler-flags): nothing else imports kubernetes-asyncio. What it adds is the
+coupling to the client's ``Leadership`` gate, so no write of this process can overlap another
+leader's.
 """
 
 from __future__ import annotations

@@ -188,6 +188,30 @@ async def test_tls_server_name_is_the_name_checked(server: Server, tmp_path: Pat
         await whoami(path)
 
 
+async def via_leader_election_client(kubeconfig: Path) -> Any:
+    """What the server saw from kubernetes-asyncio's client that ``Kube.api_client`` builds."""
+    client = await kube.Kube.connect(kubeconfig=str(kubeconfig))
+    try:
+        return await client.api_client.call_api(
+            "/whoami",
+            "GET",
+            auth_settings=["BearerToken"],
+            response_types_map={200: "object"},
+            _return_http_data_only=True,
+        )
+    finally:
+        await client.close()
+
+
+async def test_leader_elections_client_carries_the_same_credentials(server: Server, tmp_path: Path) -> None:
+    certificate = {"client-certificate-data": b64(ALICE.cert_pem), "client-key-data": b64(ALICE.key_pem)}
+    path = write_kubeconfig(tmp_path / "config", server=server.url, user=certificate)
+    assert await via_leader_election_client(path) == {"authorization": None, "client": "alice"}
+    (tmp_path / "token").write_text("from-file")
+    path = write_kubeconfig(tmp_path / "config", server=server.url, user={"tokenFile": "token"})
+    assert await via_leader_election_client(path) == {"authorization": "Bearer from-file", "client": None}
+
+
 # --- token files ------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ does not exist: any temporary file would fail the connect.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from datetime import UTC, datetime
@@ -51,6 +52,7 @@ async def test_inline_credentials_are_loaded_from_memory(
     path = tmp_path / "kubeconfig"
     ca, client = _kubeconfig(path)
     before = path.read_bytes()
+    keys_before = _key_files()
     api = await kube.Kube.connect(kubeconfig=str(path))  # TLS has loaded the key: no file needed
     try:
         settings = api.settings
@@ -60,8 +62,9 @@ async def test_inline_credentials_are_loaded_from_memory(
             client.key_pem,
         )
         assert (settings.ca_file, settings.cert_file, settings.key_file) == (None, None, None)
-        assert not [fd for fd in os.listdir("/proc/self/fd") if _is_memfd(fd, "client-key")]  # closed
+        assert _key_files() == keys_before  # the in-memory file TLS read the key from is closed
         configuration = api.api_client.configuration  # kubernetes-asyncio's, for leader election
+        assert "BearerToken" not in configuration.api_key  # a certificate user sends no header
         files = (configuration.ssl_ca_cert, configuration.cert_file, configuration.key_file)
         assert configuration.host == "https://127.0.0.1:6443"
     finally:
@@ -70,11 +73,14 @@ async def test_inline_credentials_are_loaded_from_memory(
     assert path.read_bytes() == before  # the user's kubeconfig is never rewritten
 
 
-def _is_memfd(fd: str, name: str) -> bool:
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}") == f"/memfd:koord-queue-{name} (deleted)"
-    except OSError:
-        return False
+def _key_files() -> set[str]:
+    """This process's open in-memory files holding a client key."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:koord-queue-client-key"):
+                found.add(fd)
+    return found
 
 
 async def test_a_missing_kubeconfig_is_still_a_clear_error(tmp_path: Path) -> None:
