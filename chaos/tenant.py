@@ -2051,7 +2051,8 @@ class Tenant:
 
     async def final_checks(self, checks: Counter[str]) -> None:
         """After the drain: no unit of hers under an unbound quota was ever admitted; no unit reports
-        more running pods than the pods its job owns and has bound (so no forged pod was counted); no
+        more running pods than the unfinished pods its job owns and has bound, terminating ones included
+        (so no forged pod was counted); no
         unit of her own namespace carries more priority than :data:`OWN_PRIORITY_BOUND`; every pod
         released for a unit of a pool carried the pool's selector and bound in it
         (:func:`chaos.tenant_pools.placement_breaches`)."""
@@ -2087,7 +2088,9 @@ class Tenant:
                 job = self.observer.jobs.get(f"{namespace}/{ref.get('name')}")
                 if job is None or job.deleting:
                     continue
-                owned = sum(1 for p in self.observer.owned_pods(job) if p.live and p.bound)
+                # A bound pod being deleted still runs until it is gone, and the queue counts it
+                # (docs/compatibility.md#pod-gating): only finished pods drop out of the count.
+                owned = sum(1 for p in self.observer.owned_pods(job) if p.bound and not p.terminal)
                 reported = running_reported(unit)
                 checks["tenant: unit reports no more running pods than its job owns"] += 1
                 key = f"{namespace}/{_meta(unit).get('name')}"
