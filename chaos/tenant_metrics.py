@@ -204,13 +204,23 @@ def _unverified() -> ssl.SSLContext:
 
 
 async def own_token(t: Attacker) -> tuple[str | None, str]:
-    """A token of a ServiceAccount in her namespace: asked for as herself; when RBAC does not let
-    her, minted by the harness for that ServiceAccount bound to ``edit`` there (what the pods of her
-    own deployments would carry). Returns ``(token, how)``; no token when neither worked."""
+    """A token of a ServiceAccount in her namespace, bound to ``edit`` there by the harness (what the
+    pods of her own deployments would carry, and what lets the token read her own namespace, the
+    in-cluster dashboard attack's control): asked for as herself; when RBAC does not let her, minted
+    by the harness. Returns ``(token, how)``; no token when neither worked."""
     m = t.mallory
     assert m is not None
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SERVICE_ACCOUNT}}
     created = await t.send(lambda: m.create(SA_RESOURCE, account, namespace=NAMESPACE))
+    edit = {
+        "apiVersion": f"{_RBAC}/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": f"{SERVICE_ACCOUNT}-edit"},
+        "roleRef": {"apiGroup": _RBAC, "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}],
+    }
+    with contextlib.suppress(kube.Conflict):
+        await t.admin.create(ROLE_BINDINGS, edit, namespace=NAMESPACE)
     path = SA_RESOURCE.path(NAMESPACE, SERVICE_ACCOUNT) + "/token"
     request = {
         "apiVersion": "authentication.k8s.io/v1",
@@ -224,15 +234,6 @@ async def own_token(t: Attacker) -> tuple[str | None, str]:
     why = sent.message or created.message
     with contextlib.suppress(kube.Conflict):
         await t.admin.create(SA_RESOURCE, account, namespace=NAMESPACE)
-    edit = {
-        "apiVersion": f"{_RBAC}/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": f"{SERVICE_ACCOUNT}-edit"},
-        "roleRef": {"apiGroup": _RBAC, "kind": "ClusterRole", "name": "edit"},
-        "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}],
-    }
-    with contextlib.suppress(kube.Conflict):
-        await t.admin.create(ROLE_BINDINGS, edit, namespace=NAMESPACE)
     try:
         minted = await t.admin.request("POST", path, body=request)
     except kube.KubeError as err:
