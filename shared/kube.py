@@ -40,6 +40,7 @@ from urllib.parse import quote, urlencode
 import aiohttp
 import orjson
 
+from koord_queue.shared import credentials as creds
 from koord_queue.shared import kubeconfig as kc
 from koord_queue.shared import ratelimit
 
@@ -315,7 +316,7 @@ class Kube:
                 leadership=leadership,
                 pool_size=pool_size,
             )
-        except kc.ConfigError as err:
+        except creds.ConfigError as err:
             raise ClientConfigError(f"cannot load API credentials from {where}: {err}") from None
 
     @classmethod
@@ -333,7 +334,7 @@ class Kube:
         """A client that sends every request with ``token`` as its bearer token and nothing else:
         no kubeconfig, no ServiceAccount of this process (the in-cluster dashboard acts as the
         person whose token it was given, docs/dashboard.md)."""
-        settings = kc.Settings(host=host, ca_file=ca_file, credentials=kc.Static(f"Bearer {token}"))
+        settings = kc.Settings(host=host, ca_file=ca_file, credentials=creds.Static(f"Bearer {token}"))
         return cls(settings, qps=qps, burst=burst, user_agent=user_agent, pool_size=pool_size)
 
     @property
@@ -374,12 +375,12 @@ class Kube:
         if self.on_error is not None:
             self.on_error(verb, status)
 
-    async def _credential(self) -> kc.Credential:
+    async def _credential(self) -> creds.Credential:
         """The credential to send now; a new client certificate (an exec plugin's) moves this
         client to a new session, since TLS presents it only on new connections."""
         try:
             credential = await self._credentials.current()
-        except kc.ConfigError as err:  # an exec plugin that fails when run again
+        except creds.ConfigError as err:  # an exec plugin that fails when run again
             raise KubeError(0, "CredentialError", str(err)) from None
         if credential.certificate != self._certificate:
             self._retired.append(self._session)
@@ -387,7 +388,7 @@ class Kube:
             self._certificate = credential.certificate
         return credential
 
-    def _headers_for(self, content_type: str | None, credential: kc.Credential) -> dict[str, str]:
+    def _headers_for(self, content_type: str | None, credential: creds.Credential) -> dict[str, str]:
         headers = dict(self._headers)
         if content_type:
             headers["Content-Type"] = content_type
@@ -395,11 +396,11 @@ class Kube:
             headers["Authorization"] = credential.authorization
         return headers
 
-    async def _renewed(self, refused: kc.Credential) -> bool:
+    async def _renewed(self, refused: creds.Credential) -> bool:
         """After a 401: whether the credentials were renewed, so one retry is worth it."""
         try:
             return await self._credentials.rejected(refused)
-        except kc.ConfigError as err:
+        except creds.ConfigError as err:
             raise KubeError(
                 401, "Unauthorized", f"the credentials were refused and cannot be renewed: {err}"
             ) from None

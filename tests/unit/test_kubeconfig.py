@@ -29,6 +29,7 @@ import yaml
 from aiohttp import web
 
 from koord_queue.certs import pki
+from koord_queue.shared import credentials as creds
 from koord_queue.shared import kube
 from koord_queue.shared import kubeconfig as kc
 
@@ -219,7 +220,7 @@ async def test_a_token_file_is_read_again_once_a_minute_and_keeps_its_last_good_
     token = tmp_path / "token"
     token.write_text("one\n")
     now = [0.0]
-    source = kc.TokenFile(str(token), clock=lambda: now[0])
+    source = creds.TokenFile(str(token), clock=lambda: now[0])
     token.write_text("two")
     now[0] = 59.0
     assert (await source.current()).authorization == "Bearer one"
@@ -229,9 +230,9 @@ async def test_a_token_file_is_read_again_once_a_minute_and_keeps_its_last_good_
     now[0] = 121.0
     assert (await source.current()).authorization == "Bearer two"
     token.write_text("three")
-    assert await source.rejected(kc.Credential("Bearer two"))  # refused: read at once
+    assert await source.rejected(creds.Credential("Bearer two"))  # refused: read at once
     assert (await source.current()).authorization == "Bearer three"
-    assert not await source.rejected(kc.Credential("Bearer three"))  # nothing newer to try
+    assert not await source.rejected(creds.Credential("Bearer three"))  # nothing newer to try
 
 
 async def test_a_token_file_wins_over_a_token_and_must_be_readable(server: Server, tmp_path: Path) -> None:
@@ -339,7 +340,7 @@ async def test_an_exec_plugin_certificate(server: Server, tmp_path: Path) -> Non
 async def test_an_exec_credential_is_kept_until_it_expires() -> None:
     now = [NOW]
     expiry = (NOW + timedelta(minutes=10)).isoformat().replace("+00:00", "Z")
-    plugin = kc.ExecPlugin(
+    plugin = creds.ExecPlugin(
         api_version="client.authentication.k8s.io/v1",
         command=sys.executable,
         args=(
@@ -349,7 +350,7 @@ async def test_an_exec_credential_is_kept_until_it_expires() -> None:
         ),
         interactive_mode="Never",
     )
-    source = kc.Exec(plugin, now=lambda: now[0])
+    source = creds.Exec(plugin, now=lambda: now[0])
     await source.current()
     now[0] = NOW + timedelta(minutes=9)
     await source.current()
@@ -431,9 +432,9 @@ def credential(version: str = "client.authentication.k8s.io/v1", **status: str) 
     ],
 )
 def test_what_an_exec_plugin_prints_is_checked(output: bytes, error: str) -> None:
-    plugin = kc.ExecPlugin(api_version="client.authentication.k8s.io/v1", command="p")
-    with pytest.raises(kc.ConfigError, match=error):
-        kc.parse_exec_credential(output, plugin)
+    plugin = creds.ExecPlugin(api_version="client.authentication.k8s.io/v1", command="p")
+    with pytest.raises(creds.ConfigError, match=error):
+        creds.parse_exec_credential(output, plugin)
 
 
 # --- choosing the context -------------------------------------------------------------------------
@@ -513,11 +514,11 @@ async def test_in_cluster_from_the_environment_and_the_mounted_files(server: Ser
         assert await client.request("GET", "/whoami") == {"authorization": "Bearer sa-token", "client": None}
     finally:
         await client.close()
-    assert isinstance(settings.credentials, kc.TokenFile)  # re-read: bound tokens rotate
-    with pytest.raises(kc.ConfigError, match="KUBERNETES_SERVICE_HOST"):
+    assert isinstance(settings.credentials, creds.TokenFile)  # re-read: bound tokens rotate
+    with pytest.raises(creds.ConfigError, match="KUBERNETES_SERVICE_HOST"):
         await kc.load(None, environ={}, service_account_dir=tmp_path)
     (tmp_path / "token").unlink()
-    with pytest.raises(kc.ConfigError, match="token"):
+    with pytest.raises(creds.ConfigError, match="token"):
         await kc.load(None, environ=env, service_account_dir=tmp_path)
 
 
