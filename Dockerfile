@@ -37,18 +37,19 @@ COPY koord_queue ./koord_queue
 # setuptools (no build isolation) and installed without dependencies (they are all locked above;
 # `pip check` fails if a locked version does not fit the package's requirements, the smoke import
 # if the servers' extra is missing). `koord_queue/` links the top-level folders,
-# which the wheel copies. Then a smoke import of both entry points; the kubectl plugin (a client
-# tool) is not used here, so its console scripts go; pip goes last. The test harness (testenv/) is
+# which the wheel copies. Then a smoke import of the three entry points (webhook, reconciler and
+# the opt-in in-cluster web dashboard, koord-queue-dashboard, docs/dashboard.md#installed-in-the-cluster);
+# the kubectl plugin (a client tool) is not used here, so its console scripts go; pip goes last. The test harness (testenv/) is
 # not part of the wheel.
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation /src \
  && /opt/venv/bin/pip check \
- && /opt/venv/bin/python -c "import koord_queue.webhook.main, koord_queue.reconciler.main, koord_queue.certs" \
+ && /opt/venv/bin/python -c "import koord_queue.webhook.main, koord_queue.reconciler.main, koord_queue.certs, koord_queue.dashboard.cluster" \
  && rm -f /opt/venv/bin/kubectl-koord_queue /opt/venv/bin/kubectl_complete-koord_queue \
  && /opt/venv/bin/pip uninstall --yes pip setuptools
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="koord-queue-py" \
-      org.opencontainers.image.description="Koord-Queue compatible job queueing for Kubernetes: admission webhook and reconciler" \
+      org.opencontainers.image.description="Koord-Queue compatible job queueing for Kubernetes: admission webhook, reconciler and web dashboard" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin nonroot
@@ -59,6 +60,6 @@ ENV PATH=/opt/venv/bin:$PATH \
     HOME=/tmp
 USER 65532:65532
 WORKDIR /tmp
-# reconciler: 8081 health, 10259 metrics; webhook: 9443 HTTPS, 8080 metrics
+# reconciler: 8081 health, 10259 metrics; webhook: 9443 HTTPS, 8080 metrics; web dashboard: 8080 page, 8081 health
 EXPOSE 8081 10259 9443 8080
 ENTRYPOINT ["koord-queue-reconciler"]
