@@ -52,9 +52,9 @@ MAX_LIMIT: Final = 5000
 #: the list has more than one page, which no full page is built behind within that time.
 EARLY_WAIT_S: Final = 0.3
 #: While the full page is built, the early page is read again this often for as long as a page
-#: asked for it in the last :data:`EARLY_LINGER_S` seconds, so a poll finds it read less than
-#: :data:`SIDE_S` ago instead of waiting for its reads.
-EARLY_EVERY_S: Final = 0.5
+#: asked for it in the last :data:`EARLY_LINGER_S` seconds, so a poll usually finds it read less
+#: than :data:`SIDE_S` ago instead of waiting for its reads (and joins the read under way when not).
+EARLY_EVERY_S: Final = 0.8
 EARLY_LINGER_S: Final = 10.0
 #: GETs of the early page's units in flight at once (the API client's connection pool is 64).
 EARLY_GETS: Final = 50
@@ -135,17 +135,20 @@ class QueuePages:
 
     async def _early_page(self, namespace: str, limit: int) -> Built:
         """The namespace's first waiting units from the visibility API, each read with one GET as
-        the user: read less than :data:`SIDE_S` seconds ago, else read now, the lists stepping
-        aside meanwhile (``cache.Gate``); kept fresh in the background while pages ask for it."""
+        the user: read less than :data:`SIDE_S` seconds ago, else read now (the page's first
+        answer with the lists stepping aside meanwhile, ``cache.Gate``); kept fresh in the
+        background while pages ask for it."""
         key = (namespace, limit)
         self._asked[key] = time.monotonic()
         keeper = self._keepers.get(key)
         if keeper is None or keeper.done():
             self._keepers[key] = asyncio.create_task(self._keep_early(namespace, limit))
         cached = self._early.get(key)
-        if cached is not None and time.monotonic() - cached[0] < SIDE_S:
-            return cached[1]
-        with self.stores.gate.held():
+        if cached is not None:
+            if time.monotonic() - cached[0] < SIDE_S:
+                return cached[1]
+            return await self._early_read(namespace, limit)
+        with self.stores.gate.held():  # the page's first answer: nothing to show until it is read
             return await self._early_read(namespace, limit)
 
     async def _keep_early(self, namespace: str, limit: int) -> None:
