@@ -211,7 +211,7 @@ class UnitStore:
         self.client = client
         self.namespace = namespace
         self.gate = gate or Gate()
-        #: set once a list needs more than one page (the first page then cannot be ready at once)
+        #: set once the store's first list needs more than one page (its page cannot be ready at once)
         self.long = long or asyncio.Event()
         self.units: dict[str, Held] = {}
         #: bumped on every change the watch delivers (and on every relist)
@@ -234,7 +234,7 @@ class UnitStore:
             page = await self.client.request(
                 "GET", QUEUE_UNITS.path(self.namespace), query=query, verb="LIST"
             )
-            if (page.get("metadata") or {}).get("continue"):
+            if self.version == 0 and (page.get("metadata") or {}).get("continue"):
                 self.long.set()
             items: list[dict[str, Any]] = page.pop("items", None) or []
             items.reverse()
@@ -328,9 +328,11 @@ class Stores:
         self._stores: OrderedDict[str | None, UnitStore] = OrderedDict()
         self._locks: dict[str | None, asyncio.Lock] = {}
         self._cluster_refused_at: float | None = None
-        #: shared by every store of this dashboard (docs/dashboard.md#the-first-page)
+        #: shared by every store of this dashboard (docs/dashboard.md#the-first-page); ``long`` is
+        #: set while a store's first list is under way and needs more than one page
         self.gate = Gate()
         self.long = asyncio.Event()
+        self._loading = 0
 
     async def get(self, namespace: str | None) -> UnitStore:
         """The loaded store of ``namespace`` (``None``: every namespace); raises the refusal of its
@@ -340,7 +342,13 @@ class Stores:
             store = self._stores.get(namespace)
             if store is None:
                 store = UnitStore(self.client, namespace, self.gate, self.long)
-                await store.load()
+                self._loading += 1
+                try:
+                    await store.load()
+                finally:
+                    self._loading -= 1
+                    if not self._loading:
+                        self.long.clear()
                 store.start()
                 self._stores[namespace] = store
                 while len(self._stores) > MAX_STORES:

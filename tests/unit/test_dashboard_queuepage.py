@@ -463,6 +463,42 @@ async def test_a_list_steps_aside_while_a_page_waits_for_its_first_answer() -> N
                 await asyncio.sleep(0)
             assert not loading.done() and api.asked == []
         store = await asyncio.wait_for(loading, 10)
-        assert len(store.units) == 1203 and stores.long.is_set()
+        assert len(store.units) == 1203
     finally:
+        await stores.close()
+
+
+class HeldBackPages(FakeApiServer):
+    """A list whose pages after the first wait for ``more``."""
+
+    def __init__(self) -> None:
+        super().__init__(cluster_ok=True)
+        self.more = asyncio.Event()
+
+    async def request(self, method: str, path: str, *, query: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if query.get("continue"):
+            await self.more.wait()
+        return await super().request(method, path, query=query, **kw)
+
+
+async def test_a_long_first_list_is_known_while_it_runs_and_a_loaded_store_is_not_long() -> None:
+    # docs/dashboard.md#the-first-page: only a first list of more than one page under way lets a
+    # page skip waiting for its full page; once listed, a namespace's page waits for it again
+    api = HeldBackPages()
+    api.items[None] = [raw_unit(f"u{i}", "team-a", str(i)) for i in range(1203)]
+    stores = cache.Stores(cast(kube.Kube, api))
+    try:
+        loading = asyncio.create_task(stores.get(None))
+        await until(stores.long.is_set, "the first page of a longer list")
+        api.more.set()
+        await asyncio.wait_for(loading, 10)
+        assert not stores.long.is_set()
+        small = FakeApiServer()
+        small.items["team-b"] = [raw_unit("only", "team-b", "1")]
+        short = cache.Stores(cast(kube.Kube, small))
+        await short.get("team-b")
+        assert not short.long.is_set()
+        await short.close()
+    finally:
+        api.more.set()
         await stores.close()
