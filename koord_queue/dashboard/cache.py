@@ -231,9 +231,18 @@ class UnitStore:
         query: dict[str, Any] = {"limit": PAGE}
         while True:
             await self.gate.passed()
-            page = await self.client.request(
-                "GET", QUEUE_UNITS.path(self.namespace), query=query, verb="LIST"
-            )
+            try:
+                page = await self.client.request(
+                    "GET", QUEUE_UNITS.path(self.namespace), query=query, verb="LIST"
+                )
+            except kube.Gone:
+                if "continue" not in query:
+                    raise
+                # the list's snapshot was compacted away while it was read (a long list): list
+                # again from the start, keeping each unit parsed so far that did not change
+                kept, fresh = {**kept, **fresh}, {}
+                query = {"limit": PAGE}
+                continue
             if self.version == 0 and (page.get("metadata") or {}).get("continue"):
                 self.long.set()
             items: list[dict[str, Any]] = page.pop("items", None) or []

@@ -502,3 +502,39 @@ async def test_a_long_first_list_is_known_while_it_runs_and_a_loaded_store_is_no
     finally:
         api.more.set()
         await stores.close()
+
+
+class ExpiringContinue(FakeApiServer):
+    """A list whose first continue token has expired (410), as after etcd compacted the list's
+    snapshot while a long list was read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expired = False
+
+    async def request(self, method: str, path: str, *, query: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if query.get("continue") and not self.expired:
+            self.expired = True
+            self.asked.append(path)
+            raise kube.Gone(410, "Expired", "The provided continue parameter is too old")
+        return await super().request(method, path, query=query, **kw)
+
+
+async def test_a_list_whose_continue_token_expired_starts_over_and_keeps_what_it_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parsed: list[str] = []
+    hold = cache.hold
+
+    def counting(raw: dict[str, Any], sharing: cache.Sharing | None = None) -> views.Held:
+        parsed.append(raw["metadata"]["name"])
+        return hold(raw, sharing)
+
+    monkeypatch.setattr(cache, "hold", counting)
+    api = ExpiringContinue()
+    api.items["team-a"] = [raw_unit(f"u{i}", "team-a", str(i)) for i in range(1203)]
+    store = cache.UnitStore(cast(kube.Kube, api), "team-a")
+    await store.load()
+    assert len(store.units) == 1203 and api.expired
+    assert len(parsed) == 1203  # the first page's 500 were not parsed twice
+    assert len(api.asked) == 5  # 500, the expired continue, then 500 + 500 + 203 from the start
