@@ -106,9 +106,7 @@ class QueuePages:
         ]
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.stores.close()
 
     async def answer(self, namespace: str | None, limit: int) -> Built:
