@@ -353,7 +353,7 @@ def generate(out: Path) -> None:
         templates[filename] = _template(obj)
     policies, defaults["networkPolicy"] = _network_policies()
     templates.update(policies)
-    web, defaults["webDashboard"] = chart_web.templates(_template)
+    web, defaults["webDashboard"] = chart_web.templates(_template, _block, _args)
     templates.update(web)
     if (
         set(defaults) - {"metricsClientCA", "networkPolicy", "webDashboard"} != set(DEPLOYMENTS.values())

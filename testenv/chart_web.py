@@ -71,11 +71,18 @@ def _deployment(obj: Obj) -> dict[str, Any]:
     return found
 
 
-def templates(template: Callable[[Obj], str]) -> tuple[dict[str, str], dict[str, Any]]:
-    """The component's objects as templates (``template``: the chart's own rendering of one
-    object) behind ``webDashboard.enabled``, and the values' defaults."""
-    from testenv import chart  # chart imports this module
+#: ``(text, token, key, expression) -> text``: the chart's block of YAML for a token (``chart._block``).
+Block = Callable[[str, str, str, str], str]
+#: ``(text, token, lines) -> text``: the chart's list items for a token (``chart._args``).
+Args = Callable[[str, str, list[str]], str]
 
+
+def templates(
+    template: Callable[[Obj], str], block: Block, args: Args
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The component's objects as templates (``template``: the chart's own rendering of one
+    object; ``block`` and ``args``: its helpers for YAML blocks and list items, passed in because
+    the chart's module imports this one) behind ``webDashboard.enabled``, and the values' defaults."""
     out: dict[str, str] = {}
     defaults: dict[str, Any] = {}
     for obj in own_objects():
@@ -89,12 +96,10 @@ def templates(template: Callable[[Obj], str]) -> tuple[dict[str, str], dict[str,
         if kind == "Deployment":
             text = text.replace(_token("image"), '"{{ .Values.image.repository }}:{{ .Values.image.tag }}"')
             text = text.replace(_token("pull_policy"), "{{ .Values.image.pullPolicy }}")
-            text = chart._block(
-                text, _token("resources"), "resources", "toYaml .Values.webDashboard.resources"
-            )
+            text = block(text, _token("resources"), "resources", "toYaml .Values.webDashboard.resources")
             for name, expr in FLAGS.values():
                 text = text.replace(_token(name), expr)
-            text = chart._args(
+            text = args(
                 text,
                 _token("extra_args"),
                 ["{{- range .Values.webDashboard.extraArgs }}", "- {{ . | quote }}", "{{- end }}"],
