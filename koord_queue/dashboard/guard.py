@@ -47,7 +47,22 @@ def refusal(status: int, message: str) -> web.Response:
     return web.json_response({"error": message, "status": status}, status=status)
 
 
-class Guard:
+class Secured:
+    """A middleware whose every answer, refusals included, carries :data:`SECURITY_HEADERS`;
+    the subclass says in ``_check`` what a request must show (the local and the in-cluster
+    server check different things)."""
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await self._check(request, handler)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    async def _check(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        raise NotImplementedError
+
+
+class Guard(Secured):
     """This run's secrets and the middleware that checks them."""
 
     def __init__(self, port: int, token: str | None = None, session: str | None = None) -> None:
@@ -82,12 +97,6 @@ class Guard:
 
     def has_session(self, request: web.Request) -> bool:
         return hmac.compare_digest(request.cookies.get(self.cookie, ""), self.session)
-
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        response = await self._check(request, handler)
-        response.headers.update(SECURITY_HEADERS)
-        return response
 
     async def _check(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if not self.host_ok(request):

@@ -33,14 +33,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Final
+from typing import Final, TypeVar
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from koord_queue.cli.client import Reader
 from koord_queue.dashboard.api import Api
-from koord_queue.dashboard.guard import SECURITY_HEADERS, Handler, refusal
+from koord_queue.dashboard.guard import Handler, Secured, refusal
 from koord_queue.shared import kube
 from koord_queue.shared.core import access
 
@@ -51,6 +51,7 @@ OPEN_PATHS: Final = frozenset({"/login", "/static/login.js", "/static/style.css"
 #: Where the guard leaves the caller's Api on the request.
 API_KEY: Final = web.RequestKey("koord_queue_dashboard_api", Api)
 BEARER: Final = "bearer:"
+T = TypeVar("T")
 
 
 class TokenRefused(Exception):
@@ -260,7 +261,7 @@ def write_refusal(request: web.Request) -> web.Response | None:
     return None
 
 
-class ClusterGuard:
+class ClusterGuard(Secured):
     """The middleware of the in-cluster server, and its login and logout handlers."""
 
     def __init__(self, sessions: Sessions) -> None:
@@ -272,12 +273,6 @@ class ClusterGuard:
             web.post("/login", self.login),
             web.post("/logout", self.logout),
         ]
-
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        response = await self._check(request, handler)
-        response.headers.update(SECURITY_HEADERS)
-        return response
 
     async def _check(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method not in ("GET", "HEAD"):
@@ -304,14 +299,7 @@ class ClusterGuard:
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
                 return refusal(401, "refused: the Authorization header must be 'Bearer <token>'")
-            try:
-                return await self.sessions.by_header(token.strip())
-            except TokenRefused as err:
-                return refusal(401, f"refused: {err}")
-            except Full:
-                return _full()
-            except Busy:
-                return _busy()
+            return await _opened(self.sessions.by_header(token.strip()))
         key = request.cookies.get(COOKIE, "")
         if not key or key.startswith(BEARER):  # a header caller's session is never a cookie's
             return None
@@ -336,15 +324,12 @@ class ClusterGuard:
         if namespace is not None and not isinstance(namespace, str):
             return refusal(400, "the namespace must be a string")
         try:
-            key, session = await self.sessions.open(token.strip(), (namespace or "").strip() or None)
-        except TokenRefused as err:
-            return refusal(401, f"refused: {err}")
-        except Full:
-            return _full()
-        except Busy:
-            return _busy()
+            opened = await _opened(self.sessions.open(token.strip(), (namespace or "").strip() or None))
         except kube.KubeError as err:
             return refusal(502, f"the API server failed: {err}")
+        if isinstance(opened, web.Response):
+            return opened
+        key, session = opened
         old = request.cookies.get(COOKIE)
         if old and not old.startswith(BEARER) and old in self.sessions.by_key:
             await self.sessions.close(old)
@@ -362,14 +347,21 @@ class ClusterGuard:
         return response
 
 
-def _full() -> web.Response:
-    return refusal(
-        503, "refused: the dashboard has as many sessions as it may keep (--max-sessions); try again later"
-    )
-
-
-def _busy() -> web.Response:
-    return refusal(429, "refused: too many new tokens to check at once; try again in a moment")
+async def _opened(opening: Awaitable[T]) -> T | web.Response:
+    """A session being found or opened for a token, or the refusal to answer instead: 401 for a
+    token the API server rejects, 503 when the sessions are full, 429 when the review budget is
+    spent."""
+    try:
+        return await opening
+    except TokenRefused as err:
+        return refusal(401, f"refused: {err}")
+    except Full:
+        return refusal(
+            503,
+            "refused: the dashboard has as many sessions as it may keep (--max-sessions); try again later",
+        )
+    except Busy:
+        return refusal(429, "refused: too many new tokens to check at once; try again in a moment")
 
 
 def api_of(request: web.Request) -> Api:
