@@ -47,6 +47,21 @@ def refusal(status: int, message: str) -> web.Response:
     return web.json_response({"error": message, "status": status}, status=status)
 
 
+def write_refusal(request: web.Request, own_origin: bool) -> web.Response | None:
+    """The CSRF rules of every write, of the local and the in-cluster server alike (None when they
+    hold): a POST, from the dashboard's own page (``own_origin``: the request's Origin is this
+    server's, as each server judges it; a ``Sec-Fetch-Site``, when sent, same-origin), with a JSON
+    body (a cross-site form cannot send one without a preflight the server never answers)."""
+    if request.method != "POST":
+        return refusal(405, "refused: only GET and POST")
+    fetch_site = request.headers.get("Sec-Fetch-Site", "same-origin")
+    if not own_origin or fetch_site not in ("same-origin", "none"):
+        return refusal(403, "refused: a write must come from the dashboard's own page (Origin)")
+    if request.content_type != "application/json":
+        return refusal(415, "refused: a write must be sent as application/json")
+    return None
+
+
 class Secured:
     """A middleware whose every answer, refusals included, carries :data:`SECURITY_HEADERS`;
     the subclass says in ``_check`` what a request must show (the local and the in-cluster
@@ -116,13 +131,7 @@ class Guard(Secured):
                 "refused: no session; open the URL that kubectl koord-queue dashboard printed",
             )
         if request.method not in ("GET", "HEAD"):
-            if request.method != "POST":
-                return refusal(405, "refused: only GET and POST")
-            if not self.origin_ok(request) or request.headers.get("Sec-Fetch-Site", "same-origin") not in (
-                "same-origin",
-                "none",
-            ):
-                return refusal(403, "refused: a write must come from the dashboard's own page (Origin)")
-            if request.content_type != "application/json":
-                return refusal(415, "refused: a write must be sent as application/json")
+            refused = write_refusal(request, self.origin_ok(request))
+            if refused is not None:
+                return refused
         return await handler(request)

@@ -40,7 +40,7 @@ from aiohttp import web
 
 from koord_queue.cli.client import Reader
 from koord_queue.dashboard.api import Api
-from koord_queue.dashboard.guard import Handler, Secured, refusal
+from koord_queue.dashboard.guard import Handler, Secured, refusal, write_refusal
 from koord_queue.shared import kube
 from koord_queue.shared.core import access
 
@@ -249,18 +249,6 @@ def same_origin(request: web.Request) -> bool:
     return parts.hostname == target.hostname and origin_port == host_port
 
 
-def write_refusal(request: web.Request) -> web.Response | None:
-    """The CSRF rules of every write (and of the login and logout): None when they hold."""
-    if request.method != "POST":
-        return refusal(405, "refused: only GET and POST")
-    fetch_site = request.headers.get("Sec-Fetch-Site", "same-origin")
-    if not same_origin(request) or fetch_site not in ("same-origin", "none"):
-        return refusal(403, "refused: a write must come from the dashboard's own page (Origin)")
-    if request.content_type != "application/json":
-        return refusal(415, "refused: a write must be sent as application/json")
-    return None
-
-
 class ClusterGuard(Secured):
     """The middleware of the in-cluster server, and its login and logout handlers."""
 
@@ -276,7 +264,7 @@ class ClusterGuard(Secured):
 
     async def _check(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method not in ("GET", "HEAD"):
-            refused = write_refusal(request)
+            refused = write_refusal(request, same_origin(request))
             if refused is not None:
                 return refused
         if request.path in OPEN_PATHS or request.path == "/logout":
